@@ -1,0 +1,1 @@
+"""Thin click commands, one per MLproject entry point; no logic lives here."""

@@ -1,0 +1,45 @@
+"""``scarcelab`` command line: mirrors the MLproject entry points (DESIGN §4.1).
+
+``main`` is the click group; every other module of this package adds its commands to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True)
+def main(verbose: bool) -> None:
+    """scarcelab: learning from scarce labels, tuned fairly, tracked in MLflow."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+def _load_commands() -> None:
+    """Import every module of this package: each adds its commands to ``main``.
+
+    A new entry point is one new file here (plus its MLproject entry); this file is not
+    edited.
+    """
+    import importlib
+    import pkgutil
+
+    import entrypoints
+
+    for info in pkgutil.iter_modules(entrypoints.__path__):
+        if info.name not in ("cli", "__main__") and not info.name.startswith("_"):
+            importlib.import_module(f"entrypoints.{info.name}")
+
+
+_load_commands()
+
+if __name__ == "__main__":
+    # Run through the imported module so that commands registered on ``entrypoints.cli.main``
+    # (not on this ``__main__`` copy of it) are present.
+    from entrypoints.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,27 @@
+"""``scarcelab list methods|datasets|archs|strategies``."""
+
+from __future__ import annotations
+
+import click
+
+from entrypoints.cli import main
+
+
+@main.command(name="list")
+@click.argument("what", type=click.Choice(["methods", "datasets", "archs", "strategies"]))
+def list_cmd(what: str) -> None:
+    """Print registered names, one per line, with their family/kind."""
+    if what == "methods":
+        from scarcelab.methods import METHODS
+        for name, cls in METHODS.items():
+            click.echo(f"{name}\t{cls.family}")
+    elif what == "datasets":
+        from scarcelab.data import DATASETS
+        for name, _ in DATASETS.items():
+            click.echo(f"{name}\tdataset")
+    elif what == "archs":
+        from scarcelab.models import MODELS
+        for name, _ in MODELS.items():
+            click.echo(f"{name}\tarch")
+    else:
+        click.echo("(no active-learning strategies are registered yet)", err=True)

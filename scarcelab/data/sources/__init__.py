@@ -1,0 +1,1 @@
+"""Dataset sources: each module registers its loaders in ``scarcelab.data.DATASETS``."""

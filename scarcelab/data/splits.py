@@ -1,0 +1,163 @@
+"""The realistic split (SSL-vs-SSL §4): small labeled train and validation sets drawn with
+the natural class frequencies, everything else of the train split unlabeled.
+
+Published benchmarks often validate on sets larger than the labeled training set, which
+no practitioner with 400 labels has; here validation is capped at the labeled size unless
+the caller explicitly allows more. Splits are deterministic in a seed, stored as JSON of
+indices and identified by a hash that travels with every run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+from scarcelab.data.bundle import DatasetBundle, RawDataset
+from scarcelab.errors import ConfigError, DataError
+
+# (n_labeled, n_val) where a study defines them; SSL-vs-SSL Table 1 for tissue/path.
+DEFAULT_BUDGETS: dict[str, tuple[int, int]] = {
+    "tissuemnist": (400, 400),
+    "pathmnist": (450, 450),
+    "breastmnist": (100, 100),
+    "pneumoniamnist": (400, 400),
+    "synthetic_tiny": (30, 30),
+    "synthetic_tiny_rgb": (30, 30),
+}
+FALLBACK_BUDGET = 400
+
+
+def default_budget(name: str, n_train: int) -> tuple[int, int]:
+    """The stated default, else 400/400 capped at a quarter of the train split each."""
+    if name in DEFAULT_BUDGETS:
+        return DEFAULT_BUDGETS[name]
+    n = min(FALLBACK_BUDGET, max(2, n_train // 4))
+    return n, n
+
+
+def stratified_counts(class_counts: np.ndarray, n: int) -> np.ndarray:
+    """Split ``n`` over classes proportionally (largest remainder), at least 1 per class.
+
+    Natural frequency, not balanced: a balanced labeled set would leak the true class
+    prior into a setting where nobody knows it.
+    """
+    present = class_counts > 0
+    k = int(present.sum())
+    if n < k:
+        raise ConfigError(f"cannot draw {n} samples with at least one from each of {k} classes")
+    quota = class_counts / class_counts.sum() * n
+    counts = np.floor(quota).astype(int)
+    counts[present] = np.maximum(counts[present], 1)
+    while counts.sum() > n:  # the max(.,1) floor may overshoot: take from the largest
+        counts[np.argmax(counts - quota)] -= 1
+    remainder = quota - counts
+    while counts.sum() < n:
+        i = int(np.argmax(np.where(counts < class_counts, remainder, -np.inf)))
+        counts[i] += 1
+        remainder[i] = -np.inf
+    if np.any(counts > class_counts):
+        raise ConfigError(f"not enough samples per class for {n} draws: have {class_counts}")
+    return counts
+
+
+def make_split(
+    raw: RawDataset,
+    n_labeled: int | str | None = None,
+    n_val: int | str | None = None,
+    seed: int = 0,
+    allow_large_val: bool = False,
+) -> dict[str, Any]:
+    """Draw labeled / validation / unlabeled index sets from ``raw``'s train split."""
+    if raw.task != "multi-class":
+        raise ConfigError(
+            f"dataset {raw.name!r} is {raw.task}; scarcelab's classifiers and splits are "
+            "single-label multi-class (pick another dataset)"
+        )
+    y = np.asarray(raw.train_y)
+    n_train = len(y)
+    d_lab, d_val = default_budget(raw.name, n_train)
+    if n_labeled in (None, "default", ""):
+        n_labeled = d_lab
+    if n_labeled == "all":
+        n_labeled = n_train - (0 if n_val in (None, "default", "", 0, "0") else int(n_val))
+    n_labeled = int(n_labeled)  # type: ignore[arg-type]
+    n_val = n_labeled if n_val in (None, "default", "") else int(n_val)  # type: ignore[arg-type]
+    if n_val > n_labeled and not allow_large_val:
+        raise ConfigError(
+            f"n_val={n_val} is larger than n_labeled={n_labeled}; a validation set larger "
+            "than the labeled training set is unrealistic. Lower n_val or pass "
+            "allow_large_val=true to override."
+        )
+    if n_labeled + n_val > n_train:
+        raise ConfigError(
+            f"n_labeled + n_val = {n_labeled + n_val} exceeds the {n_train} training samples "
+            f"of {raw.name}"
+        )
+    counts = np.bincount(y, minlength=raw.num_classes)
+    rng = np.random.default_rng(seed)
+    labeled: list[int] = []
+    val: list[int] = []
+    n_lab_c = stratified_counts(counts, n_labeled)
+    remaining = counts - n_lab_c
+    n_val_c = stratified_counts(remaining, n_val) if n_val > 0 else np.zeros_like(counts)
+    for c in range(raw.num_classes):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        labeled += idx[: n_lab_c[c]].tolist()
+        val += idx[n_lab_c[c] : n_lab_c[c] + n_val_c[c]].tolist()
+    taken = np.zeros(n_train, dtype=bool)
+    taken[labeled] = True
+    taken[val] = True
+    split = {
+        "dataset": raw.name,
+        "seed": int(seed),
+        "n_labeled": n_labeled,
+        "n_val": n_val,
+        "labeled": sorted(labeled),
+        "val": sorted(val),
+        "unlabeled": np.flatnonzero(~taken).tolist(),
+        "test": "official",
+    }
+    split["hash"] = split_hash(split)
+    return split
+
+
+def split_hash(split: dict[str, Any]) -> str:
+    """Content hash of the index sets (12 hex chars), independent of the JSON layout."""
+    payload = {k: split[k] for k in ("dataset", "labeled", "val", "unlabeled", "test")}
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def apply_split(raw: RawDataset, split: dict[str, Any]) -> DatasetBundle:
+    """Materialise a bundle; checks the split refers to this dataset."""
+    if split.get("dataset") != raw.name:
+        raise DataError(f"split was drawn for {split.get('dataset')!r}, not {raw.name!r}")
+    n = len(raw.train_y)
+    for part in ("labeled", "val", "unlabeled"):
+        if split[part] and max(split[part]) >= n:
+            raise DataError(f"split {part} indices exceed the {n} training samples of {raw.name}")
+    lab, val, unl = (np.asarray(split[k], dtype=np.int64) for k in ("labeled", "val", "unlabeled"))
+    meta = {
+        "name": raw.name,
+        "num_classes": raw.num_classes,
+        "class_names": list(raw.class_names),
+        "channels": raw.channels,
+        "resolution": list(raw.resolution),
+        "split_hash": split["hash"],
+        "source": raw.source,
+        "md5": raw.md5,
+    }
+    return DatasetBundle(
+        labeled_x=raw.train_x[lab],
+        labeled_y=raw.train_y[lab],
+        unlabeled_x=raw.train_x[unl],
+        val_x=raw.train_x[val],
+        val_y=raw.train_y[val],
+        test_x=raw.test_x,
+        test_y=raw.test_y,
+        meta=meta,
+        unlabeled_y=raw.train_y[unl],
+    )

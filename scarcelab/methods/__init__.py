@@ -1,0 +1,42 @@
+"""Training methods by name. One file per method under ``supervised/``, ``semi/``, ``selfsup/``.
+
+Adding a method = adding one file that subclasses ``SupervisedMethod`` / ``SemiMethod`` /
+``SelfSupMethod`` and decorates it with ``@register("name")``; nothing else changes.
+"""
+
+from __future__ import annotations
+
+from scarcelab.methods.base import (
+    Batch,
+    Losses,
+    Method,
+    Progress,
+    SelfSupMethod,
+    SemiMethod,
+    SupervisedMethod,
+)
+from scarcelab.registry import Registry
+
+METHODS: Registry = Registry(
+    "method",
+    ("scarcelab.methods.supervised", "scarcelab.methods.semi", "scarcelab.methods.selfsup"),
+)
+register = METHODS.register
+
+
+def get_method(name: str) -> type[Method]:
+    return METHODS.get(name)
+
+
+__all__ = [
+    "METHODS",
+    "Batch",
+    "Losses",
+    "Method",
+    "Progress",
+    "SelfSupMethod",
+    "SemiMethod",
+    "SupervisedMethod",
+    "get_method",
+    "register",
+]

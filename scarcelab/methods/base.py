@@ -1,0 +1,124 @@
+"""The method interface (DESIGN §2): every method is one small class with one ``step``.
+
+Every classifier method optimises ``λL·ℓL(labeled) + λU·ℓU(unlabeled)``. A method says
+which augmented views it needs, declares its search space and literature defaults, and
+returns named loss terms from ``step``; the shared epoch loop (``scarcelab.train``) does
+sampling, augmentation, optimisation, evaluation and early stopping for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from scarcelab.methods.space import Distribution
+
+
+@dataclass
+class Batch:
+    """One training step's inputs, already augmented and normalised.
+
+    ``x`` holds the labeled views in the order of ``Method.labeled_views``; ``u`` the
+    unlabeled views in the order of ``Method.views`` (several views of the *same*
+    unlabeled samples); ``u_index`` their positions in the unlabeled pool, for methods
+    that keep per-sample state (memory banks, class-wise thresholds).
+    """
+
+    x: list[torch.Tensor]
+    y: torch.Tensor
+    u: list[torch.Tensor]
+    u_index: torch.Tensor | None = None
+
+
+@dataclass
+class Progress:
+    """Where training stands, for warm-ups and schedules."""
+
+    step: int
+    total_steps: int
+    epoch: int
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.step / max(1, self.total_steps))
+
+
+Losses = dict[str, torch.Tensor]
+
+
+class Method(nn.Module):
+    """Base class. Subclasses register with ``@register("name")`` from ``scarcelab.methods``.
+
+    Class attributes form the declarative part of a method:
+
+    - ``family``: ``supervised`` | ``semi`` | ``self``; picks the entry point.
+    - ``search_space``: hyperparameter -> distribution (SSL-vs-SSL App. F.1).
+    - ``defaults``: literature defaults, used for fixed parameters and ``search=none``.
+    - ``batch_sizes``: the paper's labeled / unlabeled batch sizes (overridable).
+    - ``labeled_views`` / ``views``: augmentation names (``scarcelab.data.augment``).
+    - ``linear_probe``: evaluate with a linear probe on frozen features every epoch
+      instead of the method's own head (self-supervised methods, supcon).
+    """
+
+    family: ClassVar[str] = ""
+    registered_name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    search_space: ClassVar[dict[str, Distribution]] = {}
+    defaults: ClassVar[dict[str, Any]] = {}
+    batch_sizes: ClassVar[dict[str, int]] = {"labeled": 64, "unlabeled": 0}
+    labeled_views: ClassVar[tuple[str, ...]] = ("weak",)
+    views: ClassVar[tuple[str, ...]] = ()
+    linear_probe: ClassVar[bool] = False
+
+    def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.num_classes = num_classes
+        self.hp = {**self.defaults, **hp}
+        if not self.linear_probe:
+            self.head = nn.Linear(backbone.num_features, num_classes)
+
+    # -- what subclasses implement -------------------------------------------------
+    def step(self, batch: Batch, progress: Progress) -> Losses:
+        """Return named loss terms; ``"loss"`` is the total that is back-propagated."""
+        raise NotImplementedError  # abstract
+
+    def after_optimizer_step(self, progress: Progress) -> None:
+        """Hook for EMA teachers, queues and other post-update state."""
+
+    # -- shared --------------------------------------------------------------------
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Representation used by the linear probe and by diagnostics."""
+        return self.backbone(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.linear_probe:
+            raise TypeError(f"{type(self).__name__} has no classifier head; use the probe")
+        return self.head(self.backbone(x))
+
+    def classifier_parts(self) -> tuple[nn.Module, nn.Module]:
+        """(backbone, head) of the model used for prediction, for export."""
+        return self.backbone, self.head
+
+    @classmethod
+    def describe(cls) -> str:
+        return f"{cls.registered_name}\t{cls.family}"
+
+
+class SupervisedMethod(Method):
+    family = "supervised"
+
+
+class SemiMethod(Method):
+    family = "semi"
+    batch_sizes = {"labeled": 64, "unlabeled": 448}
+
+
+class SelfSupMethod(Method):
+    family = "self"
+    labeled_views = ()
+    linear_probe = True
+    batch_sizes = {"labeled": 0, "unlabeled": 256}

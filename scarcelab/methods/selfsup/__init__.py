@@ -1,0 +1,1 @@
+"""selfsup methods: one file each."""

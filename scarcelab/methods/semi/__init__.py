@@ -1,0 +1,1 @@
+"""semi methods: one file each."""

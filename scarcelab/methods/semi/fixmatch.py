@@ -1,0 +1,43 @@
+"""``fixmatch`` (Sohn et al., NeurIPS 2020): pseudo-labels from a weak view, trained on a
+strong view of the same image, kept only above a confidence threshold τ.
+
+Defaults follow the paper (τ = 0.95, λU = 1, hard labels, T = 1); the search space is
+SSL-vs-SSL App. F.1 (λU = 10^U(−1, 1), no warm-up). Labeled and both unlabeled views go
+through the network in one concatenated pass so BatchNorm sees one joint batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
+from scarcelab.methods._parts import confidence_mask, masked_cross_entropy
+from scarcelab.methods.space import pow10
+
+
+@register("fixmatch")
+class FixMatch(SemiMethod):
+    paper = "Sohn et al. 2020, FixMatch, arXiv:2001.07685"
+    search_space = {
+        "lr": pow10(3, -5, -2),
+        "weight_decay": pow10(4, -6, -3),
+        "lambda_u": pow10(1, -1, 1),
+    }
+    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
+                "temperature": 1.0}
+    views = ("weak", "strong")
+
+    def step(self, batch: Batch, progress: Progress) -> Losses:
+        x, (u_weak, u_strong) = batch.x[0], batch.u
+        logits = self.logits(torch.cat([x, u_weak, u_strong]))
+        l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
+        loss_l = F.cross_entropy(l_x, batch.y)
+        mask, pseudo, _ = confidence_mask(l_w, self.hp["threshold"], self.hp["temperature"])
+        loss_u = masked_cross_entropy(l_s, pseudo, mask)
+        return {
+            "loss": loss_l + self.hp["lambda_u"] * loss_u,
+            "loss_labeled": loss_l,
+            "loss_unlabeled": loss_u,
+            "mask_rate": mask.mean(),
+        }

@@ -1,0 +1,1 @@
+"""supervised methods: one file each."""

@@ -1,0 +1,297 @@
+"""Budgeted random search (SSL-vs-SSL Alg. D.1) — the default way every method is tuned.
+
+Sample a configuration from the method's search space (Optuna's RandomSampler, seeded),
+train it until early stopping or ``max_epochs``, repeat until ``budget_minutes`` of wall
+clock are spent. The study's answer is the checkpoint with the best validation balanced
+accuracy over *all* trials and epochs, tracked as it happens (``best/*`` metrics on the
+study, stepped by a global epoch counter) so an interrupted or budget-cut study still
+has its best-so-far recorded. A trial that diverges is recorded as failed and the search
+goes on; repeated *unexpected* errors abort, since they are bugs, not bad configurations.
+
+``search="none"`` is the "transfer" strategy: one run with the method's literature
+defaults, trained on labeled train + validation (no model selection: the last epoch is
+the answer and validation scores are optimistic, tagged as such).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optuna
+import torch
+
+import scarcelab
+from scarcelab.data import load_raw
+from scarcelab.data.bundle import DatasetBundle
+from scarcelab.data.splits import apply_split, make_split
+from scarcelab.errors import ConfigError, TrialFailed
+from scarcelab.methods import get_method
+from scarcelab.methods.base import Method
+from scarcelab.methods.space import sample
+from scarcelab.models import create_model
+from scarcelab.tracker import DatasetInfo, Tracker
+from scarcelab.train import EpochReport, TrainConfig, export_classifier, train_trial
+
+log = logging.getLogger("scarcelab")
+
+MAX_CONSECUTIVE_ERRORS = 3
+CHECKPOINT_MIN_INTERVAL_S = 30.0
+
+
+@dataclass
+class StudyConfig:
+    method: str
+    dataset: str = "breastmnist"
+    family: str | None = None  # the entry point used; checked against the method's family
+    data_dir: str | None = None
+    arch: str = "auto"
+    seed: int = 0
+    budget_minutes: float = 3.0
+    max_epochs: int = 200
+    patience: int = 20
+    n_labeled: int | str | None = None
+    n_val: int | str | None = None
+    allow_large_val: bool = False
+    search: str = "random"
+    batch_size: int | None = None
+    unlabeled_batch_size: int | None = None
+    max_steps_per_epoch: int | None = None
+    max_trials: int = 0  # 0 = until the budget is spent
+    device: str = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def resolved_arch(self) -> str:
+        """``auto``: resnet18 on a GPU (the paper's backbone), small_cnn on CPU."""
+        if self.arch == "auto":
+            return "resnet18" if self.resolved_device().startswith("cuda") else "small_cnn"
+        return self.arch
+
+
+@dataclass
+class StudyResult:
+    best_val: float
+    best_test: dict[str, float]
+    best_trial: int
+    n_trials: int
+    n_failed: int
+    split_hash: str
+    best_checkpoint: dict[str, Any] | None
+
+
+def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
+    if cfg.family and method_cls.family != cfg.family:
+        raise ConfigError(
+            f"method {cfg.method!r} is {method_cls.family}, not {cfg.family}; run it with the "
+            f"'{method_cls.family}' entry point (mlflow run . -e {method_cls.family} "
+            f"-P method={cfg.method})"
+        )
+    if cfg.search not in ("random", "none"):
+        raise ConfigError(f"search={cfg.search!r}: valid values are 'random' and 'none'")
+    if cfg.budget_minutes <= 0:
+        raise ConfigError(f"budget_minutes must be > 0, got {cfg.budget_minutes}")
+    for name in ("max_epochs", "patience"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    unknown = set(cfg.overrides) - set(method_cls.search_space) - set(method_cls.defaults)
+    if unknown:
+        valid = sorted(set(method_cls.search_space) | set(method_cls.defaults))
+        raise ConfigError(f"unknown hyperparameter(s) {sorted(unknown)} for {cfg.method}; "
+                          f"valid: {valid}")
+
+
+def prepare_data(cfg: StudyConfig) -> tuple[DatasetBundle, dict[str, Any]]:
+    raw = load_raw(cfg.dataset, cfg.data_dir)
+    split = make_split(raw, cfg.n_labeled, cfg.n_val, cfg.seed, cfg.allow_large_val)
+    bundle = apply_split(raw, split)
+    if cfg.search == "none":  # transfer: validation joins the training set
+        bundle.labeled_x = np.concatenate([bundle.labeled_x, bundle.val_x])
+        bundle.labeled_y = np.concatenate([bundle.labeled_y, bundle.val_y])
+    return bundle, split
+
+
+def _dataset_info(bundle: DatasetBundle) -> DatasetInfo:
+    m = bundle.meta
+    digest = hashlib.sha256(f"{m.get('md5')}:{m['split_hash']}".encode()).hexdigest()[:16]
+    return DatasetInfo(name=m["name"], source=m.get("source") or m["name"], digest=digest)
+
+
+def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
+    method_cls = get_method(cfg.method)
+    _validate(cfg, method_cls)
+    arch = cfg.resolved_arch()
+    create_model(arch, in_channels=1)  # fail fast on an unknown arch, before loading data
+    device = cfg.resolved_device()
+    bundle, split = prepare_data(cfg)
+    bl = cfg.batch_size or method_cls.batch_sizes["labeled"]
+    bu = cfg.unlabeled_batch_size or method_cls.batch_sizes["unlabeled"]
+    train_cfg = TrainConfig(
+        max_epochs=cfg.max_epochs, patience=cfg.patience if cfg.search == "random" else 10**9,
+        max_steps_per_epoch=cfg.max_steps_per_epoch, batch_labeled=bl, batch_unlabeled=bu,
+        device=device)
+    tags = {
+        "scarcelab.role": "study",
+        "scarcelab.family": method_cls.family,
+        "scarcelab.method": method_cls.registered_name,
+        "scarcelab.dataset": cfg.dataset,
+        "scarcelab.seed": str(cfg.seed),
+        "scarcelab.split_hash": split["hash"],
+        "scarcelab.version": scarcelab.__version__,
+        "scarcelab.arch": arch,
+        "scarcelab.search": cfg.search,
+    }
+    if cfg.search == "none":
+        tags["scarcelab.val_in_train"] = "true"
+    resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": device,
+                "batch_size": bl, "unlabeled_batch_size": bu,
+                "n_labeled": split["n_labeled"], "n_val": split["n_val"],
+                "n_unlabeled": len(split["unlabeled"]), "n_test": len(bundle.test_y),
+                "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
+    study_params = {k: v for k, v in resolved.items() if k not in ("overrides", "search_space")}
+    study_params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
+    tracker.start_study(
+        name=f"{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
+        params=study_params, artifacts={"split.json": split, "config.json": resolved},
+        dataset=_dataset_info(bundle))
+
+    start = time.time()
+    deadline = start + cfg.budget_minutes * 60.0
+    sampler = optuna.samplers.RandomSampler(seed=cfg.seed)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    best: dict[str, Any] = {"val": -1.0, "test": {}, "trial": -1, "ckpt": None}
+    state = {"global_epoch": 0, "last_upload": 0.0, "dirty": False}
+    n_failed = errors_in_row = n_trials = 0
+    status = "FINISHED"
+
+    def upload_best(force: bool) -> None:
+        if state["dirty"] and (force or time.time() - state["last_upload"]
+                               >= CHECKPOINT_MIN_INTERVAL_S):
+            tracker.log_checkpoint(best["ckpt"])
+            state["last_upload"], state["dirty"] = time.time(), False
+
+    try:
+        while time.time() < deadline and (cfg.max_trials <= 0 or n_trials < cfg.max_trials):
+            trial = study.ask()
+            number = trial.number
+            if cfg.search == "random":
+                fixed = {k: v for k, v in method_cls.defaults.items()
+                         if k not in method_cls.search_space}
+                hp = {**fixed, **sample(method_cls.search_space, trial), **cfg.overrides}
+            else:
+                hp = {**method_cls.defaults, **cfg.overrides}
+            n_trials += 1
+            trial_seed = cfg.seed * 100_003 + number
+            torch.manual_seed(trial_seed)  # model init; batches use their own generator
+            g = torch.Generator().manual_seed(trial_seed)
+            tracker.start_trial(number, {**tags, "scarcelab.role": "trial",
+                                         "scarcelab.trial": str(number)},
+                                {**hp, "batch_size": bl, "unlabeled_batch_size": bu,
+                                 "arch": arch, "trial_seed": trial_seed})
+            backbone = create_model(arch, in_channels=bundle.channels)
+            method = method_cls(backbone, bundle.num_classes, hp)
+
+            def on_epoch(rep: EpochReport, improved: bool, snap: Any, number: int = number,
+                         hp: dict[str, Any] = hp, method: Method = method) -> None:
+                elapsed = time.time() - start
+                tracker.log_metrics({**rep.metrics, "time/elapsed_s": elapsed}, rep.epoch)
+                if rep.val_balanced_accuracy > best["val"] or (
+                        cfg.search == "none"):  # transfer: the latest epoch is the answer
+                    best.update(val=rep.val_balanced_accuracy, test=rep.test_metrics,
+                                trial=number, ckpt={**snap(), "method": cfg.method,
+                                                    "arch": arch, "hp": hp, "trial": number,
+                                                    "num_classes": bundle.num_classes,
+                                                    "in_channels": bundle.channels,
+                                                    "split_hash": split["hash"]},
+                                method=method)
+                    state["dirty"] = True
+                study_metrics = {"best/val_balanced_accuracy": best["val"],
+                                 "time/elapsed_s": elapsed}
+                study_metrics.update({f"best/test_{k}": v for k, v in best["test"].items()})
+                tracker.log_metrics(study_metrics, state["global_epoch"], scope="study")
+                state["global_epoch"] += 1
+                upload_best(force=False)
+
+            try:
+                res = train_trial(method, bundle, train_cfg, deadline=deadline, generator=g,
+                                  probe_rng=np.random.default_rng(trial_seed),
+                                  on_epoch=on_epoch)
+            except TrialFailed as e:
+                n_failed += 1
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                tracker.end_trial("FAILED", str(e))
+                log.warning("trial %d failed: %s", number, e)
+                continue
+            except (ConfigError, KeyboardInterrupt):
+                tracker.end_trial("FAILED", traceback.format_exc(limit=3))
+                raise
+            except Exception as e:  # noqa: BLE001 - recorded, then re-raised if systematic
+                n_failed += 1
+                errors_in_row += 1
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                tracker.end_trial("FAILED", traceback.format_exc(limit=5))
+                log.error("trial %d raised %s: %s", number, type(e).__name__, e)
+                if errors_in_row >= MAX_CONSECUTIVE_ERRORS:
+                    raise
+                continue
+            errors_in_row = 0
+            if res.epochs == 0:  # budget ran out before one epoch: not a real trial
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                tracker.end_trial("KILLED", "budget exhausted before the first epoch")
+                n_trials -= 1
+                break
+            study.tell(trial, res.best_val)
+            tracker.log_metrics({"best/val_balanced_accuracy": res.best_val,
+                                 "best/epoch": res.best_epoch, "epochs": res.epochs,
+                                 **{f"best/test_{k}": v for k, v in res.best_test.items()}},
+                                res.epochs, scope="trial")
+            tracker.set_tags({"scarcelab.stopped": res.stopped}, scope="trial")
+            tracker.end_trial("FINISHED")
+            upload_best(force=True)
+            if cfg.search == "none":
+                break
+        if best["ckpt"] is None:
+            raise TrialFailed(
+                f"no trial of {cfg.method} completed an epoch within {cfg.budget_minutes} min "
+                f"({n_failed} failed); raise budget_minutes or lower max_steps_per_epoch")
+        upload_best(force=True)
+        model = export_classifier(best["method"], best["ckpt"], bundle.meta["class_names"])
+        example = torch.rand(2, bundle.channels, *bundle.meta["resolution"])
+        tracker.set_tags({"scarcelab.n_trials": str(n_trials),
+                          "scarcelab.n_failed": str(n_failed),
+                          "scarcelab.best_trial": str(best["trial"])})
+        tracker.log_model(model, example)
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        tracker.end_study(status)
+    return StudyResult(best_val=best["val"], best_test=best["test"], best_trial=best["trial"],
+                       n_trials=n_trials, n_failed=n_failed, split_hash=split["hash"],
+                       best_checkpoint=best["ckpt"])
+
+
+def parse_overrides(text: str | None) -> dict[str, Any]:
+    """``"lambda_u=2,threshold=0.9"`` -> ``{"lambda_u": 2.0, "threshold": 0.9}`` (JSON values)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        if "=" not in part:
+            raise ConfigError(f"--set expects key=value pairs separated by commas, got {part!r}")
+        k, v = part.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v.strip()
+    return out

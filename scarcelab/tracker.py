@@ -1,0 +1,132 @@
+"""How protocols report: one ``Tracker`` interface, implemented with MLflow in ``tracking/``.
+
+The core never imports mlflow; its unit tests use :class:`InMemoryTracker`. A study is a
+parent record holding trials; metrics go to the trial (per-epoch curves) or to the study
+(best-so-far across all trials, which is what a budgeted search is judged on).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+
+@dataclass
+class DatasetInfo:
+    """What ``mlflow.log_input`` needs to identify the data without shipping it."""
+
+    name: str
+    source: str
+    digest: str
+    context: str = "train"
+
+
+class Tracker(ABC):
+    """Receives everything a study produces. Implementations must not raise on metric
+    logging failures that a retry can fix; losing a metric is worse than a delay."""
+
+    @abstractmethod
+    def start_study(
+        self,
+        name: str,
+        tags: dict[str, str],
+        params: dict[str, Any],
+        artifacts: dict[str, Any],
+        dataset: DatasetInfo | None = None,
+    ) -> None:
+        """Open the study record; ``artifacts`` maps a file name to a JSON-able object."""
+
+    @abstractmethod
+    def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial") -> None:
+        """``scope`` is ``"trial"`` (the open trial) or ``"study"``."""
+
+    @abstractmethod
+    def log_checkpoint(self, checkpoint: dict[str, Any], name: str = "best.pt") -> None:
+        """Store the study's best-so-far checkpoint under ``checkpoints/<name>``."""
+
+    @abstractmethod
+    def end_trial(self, status: str, error: str | None = None) -> None:
+        """``status``: ``FINISHED`` or ``FAILED`` (then ``error`` says why)."""
+
+    @abstractmethod
+    def log_model(self, model: nn.Module, example: Any) -> None:
+        """Log the final best model (a module mapping [0, 1] images to logits)."""
+
+    @abstractmethod
+    def end_study(self, status: str) -> None: ...
+
+    def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:  # noqa: B027
+        """Optional: add tags after the fact (e.g. the resolved number of trials)."""
+
+
+@dataclass
+class _Record:
+    name: str
+    tags: dict[str, str]
+    params: dict[str, Any]
+    metrics: list[tuple[str, float, int]] = field(default_factory=list)
+    status: str = "RUNNING"
+    error: str | None = None
+
+    def history(self, key: str) -> list[tuple[int, float]]:
+        return [(s, v) for k, v, s in self.metrics if k == key]
+
+    def last(self, key: str) -> float | None:
+        h = self.history(key)
+        return h[-1][1] if h else None
+
+
+class InMemoryTracker(Tracker):
+    """Keeps everything in lists: the reference implementation for tests."""
+
+    def __init__(self) -> None:
+        self.study: _Record | None = None
+        self.trials: list[_Record] = []
+        self.artifacts: dict[str, Any] = {}
+        self.checkpoints: list[dict[str, Any]] = []
+        self.model: nn.Module | None = None
+        self.dataset: DatasetInfo | None = None
+        self._open_trial: _Record | None = None
+
+    def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
+        self.study = _Record(name, dict(tags), dict(params))
+        self.artifacts.update(artifacts)
+        self.dataset = dataset
+
+    def start_trial(self, number, tags, params):  # type: ignore[no-untyped-def]
+        if self._open_trial is not None:
+            raise RuntimeError("start_trial while a trial is open")
+        self._open_trial = _Record(f"trial-{number}", dict(tags), dict(params))
+        self.trials.append(self._open_trial)
+
+    def log_metrics(self, metrics, step, scope="trial"):  # type: ignore[no-untyped-def]
+        rec = self._open_trial if scope == "trial" else self.study
+        if rec is None:
+            raise RuntimeError(f"log_metrics({scope}) with no open {scope}")
+        rec.metrics += [(k, float(v), int(step)) for k, v in metrics.items()]
+
+    def log_checkpoint(self, checkpoint, name="best.pt"):  # type: ignore[no-untyped-def]
+        self.checkpoints.append(checkpoint)
+
+    def end_trial(self, status, error=None):  # type: ignore[no-untyped-def]
+        assert self._open_trial is not None
+        self._open_trial.status, self._open_trial.error = status, error
+        self._open_trial = None
+
+    def log_model(self, model, example):  # type: ignore[no-untyped-def]
+        self.model = model
+
+    def end_study(self, status):  # type: ignore[no-untyped-def]
+        assert self.study is not None
+        self.study.status = status
+
+    def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]
+        rec = self.study if scope == "study" else self._open_trial
+        if rec is not None:
+            rec.tags.update(tags)

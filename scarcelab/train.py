@@ -1,0 +1,277 @@
+"""The one epoch loop every method shares (DESIGN §2).
+
+Adam with a per-step cosine schedule; an epoch is enough steps to see |L ∪ U| once
+(SSL-vs-SSL §4), optionally capped for small budgets; after every epoch the validation
+balanced accuracy decides early stopping (``patience``) and the best-so-far checkpoint,
+and test metrics of the same epoch are recorded so that "test score of the checkpoint
+best on validation" is a lookup, never a re-evaluation. Data lives on the device as uint8
+tensors and is augmented per batch, so the loop never waits on a DataLoader.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from scarcelab.data.augment import AUGMENTATIONS, to_float
+from scarcelab.data.bundle import DatasetBundle
+from scarcelab.errors import TrialFailed
+from scarcelab.methods.base import Batch, Method, Progress
+from scarcelab.metrics import classification_metrics
+from scarcelab.models.classifier import ExportedClassifier, normalize
+from scarcelab.protocols.probe import LinearProbe
+
+
+@dataclass
+class TrainConfig:
+    max_epochs: int = 200
+    patience: int = 20
+    max_steps_per_epoch: int | None = None
+    batch_labeled: int = 64
+    batch_unlabeled: int = 0
+    eval_batch_size: int = 512
+    device: str = "cpu"
+
+
+@dataclass
+class EpochReport:
+    epoch: int
+    metrics: dict[str, float]
+    val_balanced_accuracy: float
+    test_metrics: dict[str, float]
+
+
+@dataclass
+class TrialResult:
+    best_val: float = -1.0
+    best_epoch: int = -1
+    best_test: dict[str, float] = field(default_factory=dict)
+    epochs: int = 0
+    steps: int = 0
+    stopped: str = ""  # "patience" | "max_epochs" | "budget"
+    best_state: dict[str, Any] | None = None
+
+
+class BatchSource:
+    """Draws and augments batches from a bundle held on the device as uint8 tensors."""
+
+    def __init__(
+        self,
+        bundle: DatasetBundle,
+        method: type[Method],
+        batch_labeled: int,
+        batch_unlabeled: int,
+        device: torch.device,
+        generator: torch.Generator,
+    ) -> None:
+        self.device = device
+        self.g = generator
+        self.xl = torch.as_tensor(bundle.labeled_x).to(device)
+        self.yl = torch.as_tensor(bundle.labeled_y, dtype=torch.long).to(device)
+        self.xu = torch.as_tensor(bundle.unlabeled_x).to(device)
+        self.labeled_views = [AUGMENTATIONS.get(v) for v in method.labeled_views]
+        self.views = [AUGMENTATIONS.get(v) for v in method.views]
+        self.bl = batch_labeled if self.labeled_views else 0
+        self.bu = batch_unlabeled if self.views else 0
+        if self.views and len(self.xu) == 0:
+            raise TrialFailed("the method needs unlabeled data but the unlabeled pool is empty")
+        self._perm_l = torch.empty(0, dtype=torch.long)
+        self._perm_u = torch.empty(0, dtype=torch.long)
+
+    def _take(self, which: str, n: int, size: int) -> torch.Tensor:
+        perm = getattr(self, f"_perm_{which}")
+        while len(perm) < n:
+            perm = torch.cat([perm, torch.randperm(size, generator=self.g)])
+        setattr(self, f"_perm_{which}", perm[n:])
+        return perm[:n].to(self.device)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.bl + self.bu
+
+    def next(self) -> Batch:
+        xs: list[torch.Tensor] = []
+        y = torch.empty(0, dtype=torch.long, device=self.device)
+        if self.bl:
+            idx = self._take("l", self.bl, len(self.xl))
+            x = to_float(self.xl[idx])
+            xs = [normalize(aug(x, self.g)) for aug in self.labeled_views]
+            y = self.yl[idx]
+        us: list[torch.Tensor] = []
+        u_idx = None
+        if self.bu:
+            u_idx = self._take("u", self.bu, len(self.xu))
+            u = to_float(self.xu[u_idx])
+            us = [normalize(aug(u, self.g)) for aug in self.views]
+        return Batch(x=xs, y=y, u=us, u_index=u_idx)
+
+
+@torch.no_grad()
+def _forward_all(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, bs: int, device: torch.device
+) -> np.ndarray:
+    out = []
+    for i in range(0, len(x), bs):
+        xb = normalize(to_float(torch.as_tensor(x[i : i + bs]).to(device)))
+        out.append(fn(xb).float().cpu())
+    return torch.cat(out).numpy() if out else np.zeros((0, 0))
+
+
+def evaluate(
+    method: Method, bundle: DatasetBundle, cfg: TrainConfig, rng: np.random.Generator
+) -> tuple[float, dict[str, float], LinearProbe | None]:
+    """Validation balanced accuracy, test metrics, and the fitted probe if one is used."""
+    device = torch.device(cfg.device)
+    method.eval()
+    try:
+        if method.linear_probe:
+            fl = _forward_all(method.features, bundle.labeled_x, cfg.eval_batch_size, device)
+            fv = _forward_all(method.features, bundle.val_x, cfg.eval_batch_size, device)
+            ft = _forward_all(method.features, bundle.test_x, cfg.eval_batch_size, device)
+            if not (np.isfinite(fl).all() and np.isfinite(fv).all() and np.isfinite(ft).all()):
+                raise TrialFailed("non-finite features from the encoder")
+            probe = LinearProbe(bundle.num_classes).fit(fl, bundle.labeled_y, fv, bundle.val_y, rng)
+            pv, pt = probe.predict_proba(fv), probe.predict_proba(ft)
+        else:
+            probe = None
+            pv = torch.softmax(torch.as_tensor(
+                _forward_all(method.logits, bundle.val_x, cfg.eval_batch_size, device)), 1).numpy()
+            pt = torch.softmax(torch.as_tensor(
+                _forward_all(method.logits, bundle.test_x, cfg.eval_batch_size, device)), 1).numpy()
+            if not (np.isfinite(pv).all() and np.isfinite(pt).all()):
+                raise TrialFailed("non-finite predictions")
+    finally:
+        method.train()
+    val_bacc = classification_metrics(bundle.val_y, pv)["balanced_accuracy"]
+    return val_bacc, classification_metrics(bundle.test_y, pt), probe
+
+
+def steps_per_epoch(bundle: DatasetBundle, per_step: int, cap: int | None) -> int:
+    """Steps to see |L ∪ U| once; the cap keeps small CPU budgets from one endless epoch."""
+    seen = len(bundle.labeled_y) + len(bundle.unlabeled_x)
+    steps = max(1, math.ceil(seen / max(1, per_step)))
+    return min(steps, cap) if cap else steps
+
+
+def snapshot(method: Method, probe: LinearProbe | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """A CPU copy of everything needed to rebuild the predictor (encoder *and* probe)."""
+    state = {k: v.detach().to("cpu", copy=True) for k, v in method.state_dict().items()}
+    return {"state_dict": state, "probe": copy.deepcopy(probe), **extra}
+
+
+def export_classifier(method: Method, ckpt: dict[str, Any], class_names: list[str]) -> ExportedClassifier:
+    """Rebuild the best predictor from a checkpoint as an ``ExportedClassifier`` on CPU."""
+    m = copy.deepcopy(method).to("cpu")
+    m.load_state_dict(ckpt["state_dict"])
+    if ckpt.get("probe") is not None:
+        head = ckpt["probe"].to_linear()
+        backbone = m.backbone
+    else:
+        backbone, head = m.classifier_parts()
+    return ExportedClassifier(backbone, head, class_names).eval()
+
+
+def train_trial(
+    method: Method,
+    bundle: DatasetBundle,
+    cfg: TrainConfig,
+    *,
+    deadline: float,
+    generator: torch.Generator,
+    probe_rng: np.random.Generator,
+    on_epoch: Callable[[EpochReport, bool, Callable[[], dict[str, Any]]], None] | None = None,
+) -> TrialResult:
+    """Train one configuration until early stop, ``max_epochs`` or the wall-clock deadline.
+
+    ``on_epoch(report, improved, snapshot_fn)`` is called after each evaluation; it may
+    call ``snapshot_fn()`` to get a checkpoint of this epoch (only done on demand, since
+    copying a ResNet every epoch is not free). Raises :class:`TrialFailed` on a
+    non-finite loss.
+    """
+    device = torch.device(cfg.device)
+    method.to(device).train()
+    source = BatchSource(bundle, type(method), cfg.batch_labeled, cfg.batch_unlabeled, device,
+                         generator)
+    spe = steps_per_epoch(bundle, source.samples_per_step, cfg.max_steps_per_epoch)
+    total = spe * cfg.max_epochs
+    opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
+                           weight_decay=float(method.hp["weight_decay"]))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
+    res = TrialResult()
+    since_best = 0
+    step = 0
+    for epoch in range(cfg.max_epochs):
+        t0 = time.perf_counter()
+        sums: dict[str, torch.Tensor] = {}
+        t_data = 0.0
+        n = 0
+        out_of_time = False
+        for _ in range(spe):
+            if time.time() >= deadline:
+                out_of_time = True
+                break
+            td = time.perf_counter()
+            batch = source.next()
+            t_data += time.perf_counter() - td
+            progress = Progress(step=step, total_steps=total, epoch=epoch)
+            losses = method.step(batch, progress)
+            loss = losses["loss"]
+            if not torch.isfinite(loss):
+                raise TrialFailed(f"non-finite loss ({loss.item()}) at epoch {epoch}, step {step}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            method.after_optimizer_step(progress)
+            for k, v in losses.items():
+                sums[k] = sums.get(k, 0.0) + v.detach()
+            n += 1
+            step += 1
+        if n == 0:
+            res.stopped = "budget"
+            break
+        t_train = time.perf_counter() - t0
+        te = time.perf_counter()
+        val_bacc, test_m, probe = evaluate(method, bundle, cfg, probe_rng)
+        t_eval = time.perf_counter() - te
+        metrics = {f"train/{k}": float(v) / n for k, v in sums.items()}
+        metrics.update({
+            "val/balanced_accuracy": val_bacc,
+            **{f"test/{k}": v for k, v in test_m.items()},
+            "train/lr": sched.get_last_lr()[0],
+            "time/epoch_s": t_train + t_eval,
+            "time/data_s": t_data,
+            "time/eval_s": t_eval,
+            "time/steps": float(n),
+        })
+        if method.linear_probe and probe is not None:
+            metrics["time/probe_s"] = t_eval
+            metrics["probe/C"] = float(probe.C or 0.0)
+        improved = val_bacc > res.best_val
+        res.epochs, res.steps = epoch + 1, step
+        if improved:
+            res.best_val, res.best_epoch, res.best_test = val_bacc, epoch, test_m
+            since_best = 0
+        else:
+            since_best += 1
+        report = EpochReport(epoch, metrics, val_bacc, test_m)
+        if on_epoch is not None:
+            on_epoch(report, improved, lambda p=probe, e=epoch: snapshot(
+                method, p, {"epoch": e, "val_balanced_accuracy": val_bacc}))
+        if out_of_time:
+            res.stopped = "budget"
+            break
+        if since_best >= cfg.patience:
+            res.stopped = "patience"
+            break
+    else:
+        res.stopped = "max_epochs"
+    return res

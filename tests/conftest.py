@@ -1,0 +1,33 @@
+"""Shared fixtures. Tests run single-threaded torch for determinism and to leave the
+second core to the test runner / tracking server on 2-core CI machines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("SCARCELAB_SHARED_DATA", REPO.parent / "shared" / "data"))
+MEDMNIST_DIR = SHARED_DATA / "medmnist"
+
+
+@pytest.fixture
+def medmnist_dir() -> Path:
+    if not (MEDMNIST_DIR / "breastmnist.npz").exists():
+        pytest.skip(f"real MedMNIST copies not found at {MEDMNIST_DIR} (../shared/data is "
+                    "only present on the project machines)")
+    return MEDMNIST_DIR
+
+
+@pytest.fixture
+def tiny_bundle():  # type: ignore[no-untyped-def]
+    from scarcelab.data import load_raw
+    from scarcelab.data.splits import apply_split, make_split
+
+    raw = load_raw("synthetic_tiny")
+    return apply_split(raw, make_split(raw, 30, 30, seed=0))

@@ -1,0 +1,98 @@
+"""The MLflow side against a real (file-backed sqlite) tracking store, never a mock."""
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from scarcelab.protocols.search import StudyConfig, run_study
+from tracking.leaderboard import leaderboard, load_studies
+from tracking.mlflow_tracker import MlflowTracker
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    while mlflow.active_run():
+        mlflow.end_run()
+
+
+def _study(method, seed=0, **kw):
+    cfg = dict(method=method, dataset="synthetic_tiny", budget_minutes=0.5, max_epochs=2,
+               patience=2, batch_size=16, unlabeled_batch_size=32, max_steps_per_epoch=4,
+               max_trials=2, arch="small_cnn", device="cpu", seed=seed)
+    cfg.update(kw)
+    tracker = MlflowTracker(experiment="unit")
+    res = run_study(StudyConfig(**cfg), tracker)
+    return tracker.study_run_id, res
+
+
+def test_study_and_trials_land_in_mlflow(store):
+    run_id, res = _study("fixmatch")
+    c = MlflowClient()
+    study = c.get_run(run_id)
+    assert study.info.status == "FINISHED"
+    t = study.data.tags
+    assert t["scarcelab.role"] == "study" and t["scarcelab.family"] == "semi"
+    assert t["scarcelab.method"] == "fixmatch" and t["scarcelab.split_hash"] == res.split_hash
+    assert t["scarcelab.dataset"] == "synthetic_tiny" and t["scarcelab.seed"] == "0"
+    assert "scarcelab.version" in t
+    assert study.data.params["arch"] == "small_cnn"
+    m = study.data.metrics
+    assert m["best/val_balanced_accuracy"] == pytest.approx(res.best_val)
+    assert m["best/test_balanced_accuracy"] == pytest.approx(res.best_test["balanced_accuracy"])
+    trials = mlflow.search_runs(experiment_ids=[study.info.experiment_id],
+                                filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
+    assert len(trials) == 2 and set(trials["tags.scarcelab.role"]) == {"trial"}
+    tid = trials.iloc[0].run_id
+    hist = c.get_metric_history(tid, "val/balanced_accuracy")
+    assert [h.step for h in hist] == list(range(len(hist))) and len(hist) >= 1
+    for key in ("train/loss", "train/loss_labeled", "train/loss_unlabeled", "train/mask_rate",
+                "test/auroc", "test/pauroc_spec90", "test/sensitivity_at_spec95",
+                "time/elapsed_s"):
+        assert c.get_metric_history(tid, key), key
+    arts = {a.path for a in c.list_artifacts(run_id)}
+    assert {"split.json", "config.json", "checkpoints"} <= arts
+    split = mlflow.artifacts.load_dict(f"runs:/{run_id}/split.json")
+    assert split["hash"] == res.split_hash
+    ckpt_path = mlflow.artifacts.download_artifacts(f"runs:/{run_id}/checkpoints/best.pt")
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    assert ckpt["val_balanced_accuracy"] == pytest.approx(res.best_val)
+    assert study.inputs.dataset_inputs[0].dataset.name == "synthetic_tiny"
+    # the final model, loaded back through MLflow, predicts with the best checkpoint
+    model_uri = f"runs:/{run_id}/model"
+    model = mlflow.pytorch.load_model(model_uri)
+    from scarcelab.data import load_raw
+
+    raw = load_raw("synthetic_tiny")
+    pred = model(torch.as_tensor(raw.test_x).float() / 255).argmax(1).numpy()
+    assert (pred == raw.test_y).mean() == pytest.approx(res.best_test["accuracy"])
+
+
+def test_failed_study_marked_failed(store):
+    with pytest.raises(Exception):
+        _study("sup", overrides={"lr": "not-a-number"})
+    runs = mlflow.search_runs(experiment_names=["unit"])
+    study = runs[runs["tags.scarcelab.role"] == "study"]
+    assert list(study["status"]) == ["FAILED"]
+
+
+def test_leaderboard(store):
+    ids = [_study("sup", seed=s, max_trials=1)[1] for s in (0, 1)]
+    _study("fixmatch", seed=0, max_trials=1)
+    studies = load_studies("unit")
+    assert len(studies) == 3
+    lb = leaderboard("unit")
+    row = lb[(lb.dataset == "synthetic_tiny") & (lb.method == "sup")].iloc[0]
+    assert row["n"] == 2
+    expect = np.mean([r.best_test["balanced_accuracy"] for r in ids])
+    assert row["test_balanced_accuracy_mean"] == pytest.approx(expect)
+    assert set(lb.method) == {"sup", "fixmatch"}
+    with pytest.raises(ValueError, match="no MLflow experiment named 'nope'"):
+        leaderboard("nope")
