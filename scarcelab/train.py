@@ -166,7 +166,9 @@ def snapshot(method: Method, probe: LinearProbe | None, extra: dict[str, Any]) -
     return {"state_dict": state, "probe": copy.deepcopy(probe), **extra}
 
 
-def export_classifier(method: Method, ckpt: dict[str, Any], class_names: list[str]) -> ExportedClassifier:
+def export_classifier(
+    method: Method, ckpt: dict[str, Any], class_names: list[str]
+) -> ExportedClassifier:
     """Rebuild the best predictor from a checkpoint as an ``ExportedClassifier`` on CPU."""
     m = copy.deepcopy(method).to("cpu")
     m.load_state_dict(ckpt["state_dict"])
@@ -264,8 +266,8 @@ def train_trial(
             since_best += 1
         report = EpochReport(epoch, metrics, val_bacc, test_m)
         if on_epoch is not None:
-            on_epoch(report, improved, lambda p=probe, e=epoch: snapshot(
-                method, p, {"epoch": e, "val_balanced_accuracy": val_bacc}))
+            on_epoch(report, improved, lambda p=probe, e=epoch, v=val_bacc: snapshot(
+                method, p, {"epoch": e, "val_balanced_accuracy": v}))
         if out_of_time:
             res.stopped = "budget"
             break

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scarcelab.data import DATASETS, load_raw
+from scarcelab.data import DATASETS, RawDataset, load_raw
 from scarcelab.data.download import data_root, download, md5sum
 from scarcelab.data.sources import medmnist as mm
 from scarcelab.errors import DataError
@@ -64,7 +64,7 @@ def write_fake(
     return path
 
 
-def load_exact(name: str, root: Path) -> object:
+def load_exact(name: str, root: Path) -> RawDataset:
     """Load a generated file with its own md5 as the expected one (so no warning)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")

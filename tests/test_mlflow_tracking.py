@@ -6,6 +6,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from scarcelab.errors import TrialFailed
 from scarcelab.protocols.search import StudyConfig, run_study
 from tracking.leaderboard import leaderboard, load_studies
 from tracking.mlflow_tracker import MlflowTracker
@@ -76,7 +77,7 @@ def test_study_and_trials_land_in_mlflow(store):
 
 
 def test_failed_study_marked_failed(store):
-    with pytest.raises(Exception):
+    with pytest.raises(TrialFailed, match="all 2 trials of sup failed.*could not convert"):
         _study("sup", overrides={"lr": "not-a-number"})
     runs = mlflow.search_runs(experiment_names=["unit"])
     study = runs[runs["tags.scarcelab.role"] == "study"]

@@ -66,4 +66,5 @@ def leaderboard(experiments: str | Iterable[str], tracking_uri: str | None = Non
         test_balanced_accuracy_std=("test_balanced_accuracy", "std"),
         n=("run_id", "count"),
     )
-    return out.sort_values(["dataset", sort_by], ascending=[True, False]).reset_index(drop=True)[cols]
+    out = out.sort_values(["dataset", sort_by], ascending=[True, False])
+    return out.reset_index(drop=True)[cols]

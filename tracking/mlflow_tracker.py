@@ -91,8 +91,14 @@ class MlflowTracker(Tracker):
         commit = _git_commit()
         if commit and "mlflow.source.git.commit" not in run.data.tags:
             all_tags["mlflow.source.git.commit"] = commit
+        # Under `mlflow run` the entry point's raw strings ("default", "''") are logged
+        # already and params are immutable: log the resolved value beside them.
         existing = run.data.params
-        new_params = [Param(k, _param_value(v)) for k, v in params.items() if k not in existing]
+        new_params = [
+            Param(k if k not in existing else f"resolved.{k}", _param_value(v))
+            for k, v in params.items()
+            if k not in existing or existing[k] != _param_value(v)
+        ]
         _retry(self.client.log_batch, self.study_run_id, params=new_params,
                tags=[RunTag(k, str(v)) for k, v in all_tags.items()])
         for fname, obj in artifacts.items():

@@ -174,6 +174,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
     best: dict[str, Any] = {"val": -1.0, "test": {}, "trial": -1, "ckpt": None}
     state = {"global_epoch": 0, "last_upload": 0.0, "dirty": False}
     n_failed = errors_in_row = n_trials = 0
+    last_error = ""
     status = "FINISHED"
 
     def upload_best(force: bool) -> None:
@@ -230,6 +231,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
                                   on_epoch=on_epoch)
             except TrialFailed as e:
                 n_failed += 1
+                last_error = str(e)
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 tracker.end_trial("FAILED", str(e))
                 log.warning("trial %d failed: %s", number, e)
@@ -240,6 +242,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
             except Exception as e:  # noqa: BLE001 - recorded, then re-raised if systematic
                 n_failed += 1
                 errors_in_row += 1
+                last_error = f"{type(e).__name__}: {e}"
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 tracker.end_trial("FAILED", traceback.format_exc(limit=5))
                 log.error("trial %d raised %s: %s", number, type(e).__name__, e)
@@ -263,9 +266,12 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
             if cfg.search == "none":
                 break
         if best["ckpt"] is None:
+            if n_failed and n_failed == n_trials:
+                raise TrialFailed(f"all {n_trials} trials of {cfg.method} failed; last error: "
+                                  f"{last_error}")
             raise TrialFailed(
-                f"no trial of {cfg.method} completed an epoch within {cfg.budget_minutes} min "
-                f"({n_failed} failed); raise budget_minutes or lower max_steps_per_epoch")
+                f"no trial of {cfg.method} completed an epoch within {cfg.budget_minutes} min; "
+                "raise budget_minutes or lower max_steps_per_epoch")
         upload_best(force=True)
         model = export_classifier(best["method"], best["ckpt"], bundle.meta["class_names"])
         example = torch.rand(2, bundle.channels, *bundle.meta["resolution"])
