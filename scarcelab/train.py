@@ -23,7 +23,7 @@ import torch
 from scarcelab.data.augment import AUGMENTATIONS, to_float
 from scarcelab.data.bundle import DatasetBundle
 from scarcelab.errors import TrialFailed
-from scarcelab.methods.base import Batch, Method, Progress
+from scarcelab.methods.base import Batch, DataInfo, Method, Progress
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, normalize
 from scarcelab.protocols.probe import LinearProbe
@@ -153,6 +153,12 @@ def evaluate(
     return val_bacc, classification_metrics(bundle.test_y, pt), probe
 
 
+def data_info(bundle: DatasetBundle) -> DataInfo:
+    counts = np.bincount(bundle.labeled_y, minlength=bundle.num_classes)
+    return DataInfo(n_labeled=len(bundle.labeled_y), n_unlabeled=len(bundle.unlabeled_x),
+                    num_classes=bundle.num_classes, labeled_class_counts=counts.tolist())
+
+
 def steps_per_epoch(bundle: DatasetBundle, per_step: int, cap: int | None) -> int:
     """Steps to see |L ∪ U| once; the cap keeps small CPU budgets from one endless epoch."""
     seen = len(bundle.labeled_y) + len(bundle.unlabeled_x)
@@ -199,6 +205,7 @@ def train_trial(
     """
     device = torch.device(cfg.device)
     method.to(device).train()
+    method.on_train_start(data_info(bundle))
     source = BatchSource(bundle, type(method), cfg.batch_labeled, cfg.batch_unlabeled, device,
                          generator)
     spe = steps_per_epoch(bundle, source.samples_per_step, cfg.max_steps_per_epoch)

@@ -17,7 +17,7 @@ from scarcelab.data.augment import to_float
 from scarcelab.methods import Batch, Method, Progress, get_method
 from scarcelab.methods.space import Distribution, contains
 from scarcelab.models import create_model
-from scarcelab.train import BatchSource, TrainConfig, evaluate
+from scarcelab.train import BatchSource, TrainConfig, data_info, evaluate
 
 FAMILIES = {"supervised", "semi", "self"}
 BATCH = {"labeled": 24, "unlabeled": 48}
@@ -26,8 +26,10 @@ BATCH = {"labeled": 24, "unlabeled": 48}
 def build(name: str, bundle: Any, seed: int = 0, **hp: Any) -> Method:
     torch.manual_seed(seed)
     cls = get_method(name)
-    return cls(create_model("small_cnn", in_channels=bundle.channels), bundle.num_classes,
-               {**cls.defaults, **hp})
+    m = cls(create_model("small_cnn", in_channels=bundle.channels), bundle.num_classes,
+            {**cls.defaults, **hp})
+    m.on_train_start(data_info(bundle))
+    return m
 
 
 def run_steps(method: Method, bundle: Any, steps: int, seed: int = 0) -> list[float]:

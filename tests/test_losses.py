@@ -40,3 +40,30 @@ def test_confidence_mask_and_masked_ce():
     assert abs(float(val) - math.log(1 + math.exp(-4)) / 2) < 1e-6
     none = masked_cross_entropy(target_logits, pseudo, torch.zeros(2))
     assert float(none) == 0.0
+
+
+def test_ema_update_and_sharpen():
+    from scarcelab.methods._parts import ema_update, sharpen
+
+    a, b = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        a.weight.fill_(1.0)
+        b.weight.fill_(3.0)
+    ema_update(a, b, 0.75)
+    assert torch.allclose(a.weight, torch.full((1, 2), 1.5))
+    p = sharpen(torch.tensor([[0.6, 0.4]]), 0.5)  # squares: .36, .16 -> .6923, .3077
+    assert torch.allclose(p, torch.tensor([[0.36 / 0.52, 0.16 / 0.52]]))
+
+
+def test_feature_queue_fifo():
+    from scarcelab.methods._parts import FeatureQueue
+
+    q = FeatureQueue(4, 2, label_dim=1)
+    q.push(torch.ones(3, 2), torch.tensor([1, 2, 3]))
+    assert q.filled == 3
+    q.push(torch.full((2, 2), 2.0), torch.tensor([4, 5]))
+    feats, labels = q.get()
+    assert q.filled == 4 and int(q.ptr) == 1
+    assert sorted(labels.flatten().tolist()) == [2, 3, 4, 5]  # the oldest (1) overwritten
+    q.push(torch.arange(20.0).reshape(10, 2))
+    assert q.filled == 4 and set(q.get()[0][:, 0].tolist()) == {12.0, 14.0, 16.0, 18.0}

@@ -23,12 +23,6 @@ from scarcelab.data.download import data_root, download, md5sum
 from scarcelab.data.sources import medmnist as mm
 from scarcelab.errors import DataError
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "medmnist"
-needs_shared = pytest.mark.skipif(
-    not SHARED.is_dir(),
-    reason=f"real MedMNIST files not available ({SHARED} is absent; see DESIGN.md §3)",
-)
-
 ALL_2D = (
     "pathmnist", "chestmnist", "dermamnist", "octmnist", "pneumoniamnist", "retinamnist",
     "breastmnist", "bloodmnist", "tissuemnist", "organamnist", "organcmnist", "organsmnist",
@@ -106,11 +100,11 @@ def test_default_url_is_the_official_zenodo_record(monkeypatch: pytest.MonkeyPat
 # ----------------------------------------------------------------------------- real files
 
 
-@needs_shared
-def test_breastmnist_real_file_flat_labels_and_md5_warning() -> None:
-    path = SHARED / "breastmnist.npz"
+def test_breastmnist_real_file_flat_labels_and_md5_warning(medmnist_dir: Path) -> None:
+    """Real shared copy (``medmnist_dir`` from conftest skips when ../shared is absent)."""
+    path = medmnist_dir / "breastmnist.npz"
     with pytest.warns(UserWarning) as record:
-        ds = load_raw("breastmnist", SHARED)
+        ds = load_raw("breastmnist", medmnist_dir)
     message = " ".join(str(w.message) for w in record)
     assert str(path) in message
     assert mm.MEDMNIST_INFO["breastmnist"].md5 in message and md5sum(path) in message
@@ -123,12 +117,13 @@ def test_breastmnist_real_file_flat_labels_and_md5_warning() -> None:
     assert ds.md5 == md5sum(path) and str(path) in ds.source
 
 
-@needs_shared
 def test_pneumoniamnist_real_file_found_via_data_root_subfolder(
-    monkeypatch: pytest.MonkeyPatch,
+    medmnist_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if not (medmnist_dir / "pneumoniamnist.npz").is_file():
+        pytest.skip(f"{medmnist_dir / 'pneumoniamnist.npz'} not found")
     # SCARCELAB_DATA pointing at the shared root finds medmnist/<name>.npz
-    monkeypatch.setenv("SCARCELAB_DATA", str(SHARED.parent))
+    monkeypatch.setenv("SCARCELAB_DATA", str(medmnist_dir.parent))
     with pytest.warns(UserWarning, match="differs from the official"):
         ds = load_raw("pneumoniamnist")
     assert ds.train_x.shape == (4708, 1, 28, 28)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from scarcelab.methods.base import (
     Batch,
+    DataInfo,
     Losses,
     Method,
     Progress,
@@ -31,6 +32,7 @@ def get_method(name: str) -> type[Method]:
 __all__ = [
     "METHODS",
     "Batch",
+    "DataInfo",
     "Losses",
     "Method",
     "Progress",

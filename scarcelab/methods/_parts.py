@@ -75,3 +75,42 @@ def sharpen(probs: torch.Tensor, temperature: float) -> torch.Tensor:
     """Temperature sharpening of a distribution (MixMatch Eq. 7): p^(1/T), renormalised."""
     p = probs ** (1.0 / temperature)
     return p / p.sum(dim=-1, keepdim=True)
+
+
+class FeatureQueue(nn.Module):
+    """A fixed-size FIFO of vectors (and optional integer labels / soft labels).
+
+    Serves MoCo's negatives queue and CoMatch's memory bank alike. Stored as buffers so a
+    checkpoint restores it; ``filled`` tells how many rows are valid yet.
+    """
+
+    def __init__(self, size: int, dim: int, label_dim: int = 0) -> None:
+        super().__init__()
+        self.register_buffer("feats", torch.zeros(size, dim))
+        self.register_buffer("labels", torch.zeros(size, max(label_dim, 1)))
+        self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+        self.size = size
+
+    @property
+    def filled(self) -> int:
+        return int(self.count)
+
+    @torch.no_grad()
+    def push(self, feats: torch.Tensor, labels: torch.Tensor | None = None) -> None:
+        n = feats.shape[0]
+        if n >= self.size:  # keep the newest `size` rows
+            feats = feats[-self.size :]
+            labels = labels[-self.size :] if labels is not None else None
+            n = self.size
+        idx = (int(self.ptr) + torch.arange(n, device=feats.device)) % self.size
+        self.feats[idx] = feats.detach().to(self.feats.dtype)
+        if labels is not None:
+            self.labels[idx] = labels.detach().reshape(n, -1).to(self.labels.dtype)
+        self.ptr.fill_((int(self.ptr) + n) % self.size)
+        self.count.fill_(min(self.size, int(self.count) + n))
+
+    def get(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Valid rows (order not significant)."""
+        n = self.filled
+        return self.feats[:n], self.labels[:n]

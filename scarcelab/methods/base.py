@@ -46,6 +46,20 @@ class Progress:
         return min(1.0, self.step / max(1, self.total_steps))
 
 
+@dataclass
+class DataInfo:
+    """What a method may know about its data before training (never unlabeled labels).
+
+    Methods with per-sample state (FlexMatch's learning status, CoMatch's memory) size
+    it from ``n_unlabeled``; distribution alignment uses ``labeled_class_counts``.
+    """
+
+    n_labeled: int
+    n_unlabeled: int
+    num_classes: int
+    labeled_class_counts: list[int]
+
+
 Losses = dict[str, torch.Tensor]
 
 
@@ -85,6 +99,9 @@ class Method(nn.Module):
     def step(self, batch: Batch, progress: Progress) -> Losses:
         """Return named loss terms; ``"loss"`` is the total that is back-propagated."""
         raise NotImplementedError  # abstract
+
+    def on_train_start(self, info: DataInfo) -> None:
+        """Hook called once before the first step (allocate per-sample state here)."""
 
     def after_optimizer_step(self, progress: Progress) -> None:
         """Hook for EMA teachers, queues and other post-update state."""
