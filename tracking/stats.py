@@ -1,0 +1,209 @@
+"""Comparing many methods over many problems: average ranks, Friedman, pairwise Wilcoxon
+with Holm's correction, and the critical-difference (CD) diagram.
+
+One implementation shared by the leaderboard (methods over datasets) and active learning
+(strategies over dataset × query size × repetition). The input is always a *scores* frame:
+rows are problems (blocks), columns are methods, higher is better. Ranks are computed
+within each row (1 = best, ties get the mean of the ranks they span), as in Demšar (2006),
+"Statistical Comparisons of Classifiers over Multiple Data Sets", JMLR 7.
+
+Why Wilcoxon–Holm for the cliques rather than the Nemenyi critical difference: Benavoli,
+Corani & Mangili (2016, JMLR 17) show that the mean-ranks post-hoc test makes the verdict
+on a pair depend on which *other* methods are in the comparison; the pairwise signed-rank
+test does not. The Nemenyi CD is still drawn as a scale bar for readers used to it.
+
+The Friedman and Wilcoxon tests need complete blocks: rows with a missing score are dropped
+with a warning rather than imputed, since imputing would invent results.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: reports are rendered on servers and in CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from scipy import stats  # noqa: E402
+
+__all__ = ["average_ranks", "cd_diagram", "cliques", "friedman_test", "nemenyi_cd",
+           "wilcoxon_holm"]
+
+
+def _complete(scores: pd.DataFrame, need_methods: int = 2) -> pd.DataFrame:
+    """Numeric scores with incomplete rows dropped (and said so)."""
+    if not isinstance(scores, pd.DataFrame):
+        raise TypeError(f"scores must be a DataFrame (rows = problems, columns = methods), "
+                        f"got {type(scores).__name__}")
+    df = scores.apply(pd.to_numeric, errors="coerce").astype(float)
+    full = df.dropna(axis=0, how="any")
+    if len(full) < len(df):
+        warnings.warn(f"dropped {len(df) - len(full)} of {len(df)} problems with a missing "
+                      "score: rank tests need every method scored on every problem",
+                      stacklevel=3)
+    if full.shape[1] < need_methods:
+        raise ValueError(f"need at least {need_methods} methods (columns), got "
+                         f"{full.shape[1]}: {list(full.columns)}")
+    if full.empty:
+        raise ValueError("no problem (row) has a score for every method")
+    return full
+
+
+def _row_ranks(df: pd.DataFrame) -> pd.DataFrame:
+    """Rank within each row, 1 = highest score, ties averaged."""
+    ranks = np.apply_along_axis(lambda r: stats.rankdata(-r, method="average"), 1,
+                                df.to_numpy())
+    return pd.DataFrame(ranks, index=df.index, columns=df.columns)
+
+
+def average_ranks(scores: pd.DataFrame) -> pd.Series:
+    """Mean rank of each method over problems (1 = best), best first."""
+    df = _complete(scores, need_methods=1)
+    out = _row_ranks(df).mean(axis=0).sort_values(kind="mergesort")
+    out.name = "average_rank"
+    return out
+
+
+def friedman_test(scores: pd.DataFrame) -> tuple[float, float]:
+    """Friedman's chi-square statistic (tie-corrected) and its p-value.
+
+    Computed from the rank sums so that it also works for two methods, where
+    ``scipy.stats.friedmanchisquare`` refuses; for k >= 3 it equals scipy's.
+    """
+    df = _complete(scores)
+    n, k = df.shape
+    ranks = _row_ranks(df).to_numpy()
+    rank_sums = ranks.sum(axis=0)
+    stat = 12.0 / (n * k * (k + 1)) * float(np.sum(rank_sums**2)) - 3.0 * n * (k + 1)
+    ties = 0.0
+    for row in df.to_numpy():
+        _, counts = np.unique(row, return_counts=True)
+        ties += float(np.sum(counts**3 - counts))
+    denom = 1.0 - ties / (n * k * (k * k - 1))
+    if denom <= 0:  # every row entirely tied: no evidence of any difference
+        return 0.0, 1.0
+    stat /= denom
+    return float(stat), float(stats.chi2.sf(stat, k - 1))
+
+
+def _holm(p: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values (monotone, capped at 1)."""
+    m = len(p)
+    order = np.argsort(p, kind="mergesort")
+    adj = np.empty(m)
+    running = 0.0
+    for i, idx in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[idx]))
+        adj[idx] = running
+    return adj
+
+
+def wilcoxon_holm(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Every pair of methods: two-sided Wilcoxon signed-rank p-value, Holm-adjusted over
+    all pairs; ``significant`` is ``p_holm < alpha``.
+
+    A pair whose scores are identical on every problem gets p = 1 (no evidence of a
+    difference) instead of scipy's error.
+    """
+    df = _complete(scores)
+    rows = []
+    for a, b in itertools.combinations(df.columns, 2):
+        x, y = df[a].to_numpy(), df[b].to_numpy()
+        if np.all(x == y):
+            p = 1.0
+        else:
+            p = float(stats.wilcoxon(x, y).pvalue)
+        rows.append((a, b, p))
+    out = pd.DataFrame(rows, columns=["a", "b", "p_value"])
+    out["p_holm"] = _holm(out["p_value"].to_numpy()) if len(out) else []
+    out["significant"] = out["p_holm"] < alpha
+    return out
+
+
+def nemenyi_cd(n_methods: int, n_problems: int, alpha: float = 0.05) -> float:
+    """Nemenyi critical difference of average ranks (Demšar 2006, Eq. in §3.2.2):
+    q_alpha * sqrt(k (k + 1) / (6 N)), q_alpha = studentized range quantile / sqrt(2)."""
+    k, n = n_methods, n_problems
+    q = stats.studentized_range.ppf(1 - alpha, k, np.inf) / np.sqrt(2.0)
+    return float(q * np.sqrt(k * (k + 1) / (6.0 * n)))
+
+
+def cliques(ranks: pd.Series, pairwise: pd.DataFrame) -> list[list[str]]:
+    """Maximal groups of methods, contiguous in rank order, in which no pair differs
+    significantly; singletons are not cliques (they need no bar)."""
+    order = list(ranks.sort_values(kind="mergesort").index)
+    sig = {frozenset((r.a, r.b)) for r in pairwise.itertuples() if r.significant}
+    groups: list[tuple[int, int]] = []
+    for i in range(len(order)):
+        j = i
+        while j + 1 < len(order) and not any(
+                frozenset((order[m], order[j + 1])) in sig for m in range(i, j + 1)):
+            j += 1
+        if j > i and not any(s <= i and j <= e for s, e in groups):
+            groups.append((i, j))
+    return [order[s:e + 1] for s, e in groups]
+
+
+def cd_diagram(scores: pd.DataFrame, alpha: float = 0.05, title: str = "") -> Figure:
+    """Critical-difference diagram: average ranks on an axis (best on the left), methods
+    labelled below it, thick bars joining methods not significantly different
+    (Wilcoxon–Holm), the Nemenyi CD as a scale bar, the Friedman p-value in the title."""
+    df = _complete(scores)
+    ranks = average_ranks(df)
+    pairwise = wilcoxon_holm(df, alpha)
+    groups = cliques(ranks, pairwise)
+    k, n = df.shape[1], df.shape[0]
+    _, p_friedman = friedman_test(df)
+    cd = nemenyi_cd(k, n, alpha)
+
+    half = (k + 1) // 2
+    n_bar_rows = len(groups)
+    height = 1.0 + 0.18 * n_bar_rows + 0.3 + 0.28 * half  # inches, top to bottom
+    fig = plt.figure(figsize=(7.5, height))
+    ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    lo, hi = 1, max(k, 2)
+    x0, x1 = 0.25, 0.75  # the rank axis; labels go in the margins
+
+    def xpos(rank: float) -> float:
+        return x0 + (rank - lo) / (hi - lo) * (x1 - x0)
+
+    head = f"{title}  " if title else ""
+    ax.text(0.5, height - 0.08, f"{head}(Friedman p = {p_friedman:.3g}, N = {n}, "
+            f"Wilcoxon–Holm α = {alpha})", ha="center", va="top", fontsize=9)
+    y_axis = height - 0.85
+    ax.plot([x0, x1], [y_axis, y_axis], color="black", lw=1.2)
+    for r in range(lo, hi + 1):
+        ax.plot([xpos(r)] * 2, [y_axis, y_axis + 0.08], color="black", lw=1)
+        ax.text(xpos(r), y_axis + 0.12, str(r), ha="center", va="bottom", fontsize=9)
+    # Nemenyi CD scale bar, between the title and the axis, on the left
+    if np.isfinite(cd) and cd < hi - lo:
+        yc = y_axis + 0.42
+        ax.plot([xpos(lo), xpos(lo + cd)], [yc, yc], color="dimgray", lw=1.2)
+        for r in (lo, lo + cd):
+            ax.plot([xpos(r)] * 2, [yc - 0.04, yc + 0.04], color="dimgray", lw=1)
+        ax.text(xpos(lo) - 0.01, yc, f"Nemenyi CD = {cd:.2f}", ha="right", va="center",
+                fontsize=8, color="dimgray")
+
+    y_bar0 = y_axis - 0.15
+    for gi, members in enumerate(groups):
+        y = y_bar0 - 0.18 * gi
+        ax.plot([xpos(ranks[members[0]]) - 0.005, xpos(ranks[members[-1]]) + 0.005], [y, y],
+                color="black", lw=3.5, solid_capstyle="butt")
+    y_lab0 = y_bar0 - 0.18 * len(groups) - 0.15
+    for i, (name, r) in enumerate(ranks.items()):
+        left = i < half
+        row = i if left else k - 1 - i
+        y = y_lab0 - 0.28 * row
+        x_end = 0.2 if left else 0.8
+        ax.plot([xpos(r), xpos(r), x_end], [y_axis, y, y], color="black", lw=0.8)
+        ax.text(x_end - 0.01 if left else x_end + 0.01, y, f"{name} ({r:.2f})",
+                ha="right" if left else "left", va="center", fontsize=9)
+    return fig
