@@ -1,0 +1,478 @@
+"""The local tracking stack (DESIGN §4.4): PostgreSQL + S3-compatible store + ``mlflow server``.
+
+Everything lives in one state folder (default ``<repo>/.scarcelab/stack``, or
+``$SCARCELAB_STACK_DIR``): the PostgreSQL cluster, the object store's files, logs and
+``stack.json`` (ports, generated passwords, the pids this module started). Keeping the
+pids is what lets ``stop`` end exactly the processes ``start`` launched and nothing else,
+and keeping the ports is what lets a second ``start`` find the data of the first one.
+
+Why these pieces (see ../shared/ENV.md for the verified recipes):
+
+* PostgreSQL refuses to run as root, and CI runs as root, so the cluster is owned by the
+  ``postgres`` user and driven through ``su``; host connections need a generated password
+  (local socket stays ``trust`` for administration).
+* ``moto_server`` keeps objects in memory only, which breaks "data survives stop + start";
+  npm's ``s3rver@3`` writes to disk, so it is the store (installed project-locally on first
+  use). Its access keys are fixed (``S3RVER``), which is fine on loopback; a real deployment
+  brings its own store (docs/tracking.md).
+* ``mlflow server`` proxies artifacts (``--artifacts-destination s3://…``) so clients need
+  only the tracking URI; it runs in its own session (``setsid``) so that ``stop`` can end its
+  whole process group (gunicorn/uvicorn workers included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PG_BIN = Path(os.environ.get("SCARCELAB_PG_BIN", "/usr/lib/postgresql/15/bin"))
+NODE_PREFIX = REPO / ".scarcelab" / "node"
+S3RVER_VERSION = "3"
+S3_KEY = "S3RVER"  # s3rver@3 accepts only its built-in account
+DEFAULT_PORTS = {"pg_port": 15432, "s3_port": 14568, "mlflow_port": 15000}
+HEALTH_TIMEOUT_S = float(os.environ.get("SCARCELAB_STACK_TIMEOUT", "120"))
+
+
+class StackError(RuntimeError):
+    """A stack component could not be started/stopped; the message names the log to read."""
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("SCARCELAB_STACK_DIR") or REPO / ".scarcelab" / "stack")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class StackState:
+    """What ``stack.json`` holds. Passwords are generated once and never printed by ``status``."""
+
+    host: str = "127.0.0.1"
+    pg_port: int = DEFAULT_PORTS["pg_port"]
+    s3_port: int = DEFAULT_PORTS["s3_port"]
+    mlflow_port: int = DEFAULT_PORTS["mlflow_port"]
+    bucket: str = "scarcelab"
+    auth: bool = False
+    pg_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    flask_secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    pids: dict[str, int] = field(default_factory=dict)
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def tracking_uri(self) -> str:
+        return f"http://{self.host}:{self.mlflow_port}"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{self.host}:{self.s3_port}"
+
+    def db_uri(self, db: str) -> str:
+        return f"postgresql+psycopg2://postgres:{self.pg_password}@{self.host}:{self.pg_port}/{db}"
+
+    def client_env(self) -> dict[str, str]:
+        """What a client (a training process, a test) needs to use this stack."""
+        env = {
+            "MLFLOW_TRACKING_URI": self.tracking_uri,
+            "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint,
+            "AWS_ACCESS_KEY_ID": S3_KEY,
+            "AWS_SECRET_ACCESS_KEY": S3_KEY,
+            "OPTUNA_STORAGE": self.db_uri("optuna"),
+        }
+        if self.auth:
+            env["MLFLOW_TRACKING_USERNAME"] = "admin"
+            env["MLFLOW_TRACKING_PASSWORD"] = self.admin_password
+        return env
+
+
+class Stack:
+    def __init__(self, root: Path | str | None = None) -> None:
+        self.root = Path(root) if root else default_root()
+        self.state_file = self.root / "stack.json"
+        self.logs = self.root / "logs"
+        self.pg_dir = self.root / "pg"
+        self.s3_dir = self.root / "s3"
+        self.state = self._load()
+
+    # -- state -----------------------------------------------------------------------------
+    def _load(self) -> StackState:
+        if self.state_file.exists():
+            data = json.loads(self.state_file.read_text())
+            return StackState(**data)
+        return StackState()
+
+    def _save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self.state), indent=2))
+        os.chmod(tmp, 0o600)  # holds the generated passwords
+        tmp.replace(self.state_file)
+
+    def configure(self, *, host: str | None = None, ports: dict[str, int | None] | None = None,
+                  auth: bool | None = None, bucket: str | None = None) -> None:
+        """Apply explicit settings; unset ones keep what a previous ``start`` chose."""
+        if self.is_running():
+            changed = [k for k, v in (ports or {}).items() if v and getattr(self.state, k) != v]
+            if changed or (auth is not None and auth != self.state.auth):
+                raise StackError(f"the stack in {self.root} is running with other settings "
+                                 f"({', '.join(changed) or 'auth'}); stop it first")
+        if host:
+            self.state.host = host
+        for k, v in (ports or {}).items():
+            if v:
+                setattr(self.state, k, int(v))
+        if auth is not None:
+            self.state.auth = auth
+        if bucket:
+            self.state.bucket = bucket
+
+    # -- process helpers -------------------------------------------------------------------
+    @staticmethod
+    def _alive(pid: int | None, needle: str) -> bool:
+        """``pid`` runs and its command line contains ``needle`` (guards against pid reuse)."""
+        if not pid:
+            return False
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        return needle in cmd and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> int:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, cwd=self.root,
+                                    start_new_session=True)
+        finally:
+            log.close()
+        self.state.pids[name] = proc.pid
+        self._save()
+        return proc.pid
+
+    def _kill_group(self, name: str, needle: str, timeout: float = 15.0) -> bool:
+        pid = self.state.pids.get(name)
+        if not self._alive(pid, needle):
+            self.state.pids.pop(name, None)
+            return False
+        assert pid is not None
+        try:
+            pgid = os.getpgid(pid)
+        except ProcessLookupError:
+            pgid = -1
+        # Only signal the group if this pid leads it (we started it with setsid).
+        target = (lambda s: os.killpg(pgid, s)) if pgid == pid else (lambda s: os.kill(pid, s))
+        target(signal.SIGTERM)
+        end = time.time() + timeout
+        while time.time() < end and self._alive(pid, needle):
+            time.sleep(0.2)
+        if self._alive(pid, needle):
+            target(signal.SIGKILL)
+        if pgid == pid:  # leftovers of the group (workers) — same session, ours
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.state.pids.pop(name, None)
+        self._save()
+        return True
+
+    def _as_postgres(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        cmd = [str(a) for a in argv]
+        if os.geteuid() == 0:
+            cmd = ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(cmd)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if check and out.returncode != 0:
+            raise StackError(f"{shlex.join([str(a) for a in argv[:2]])} failed: "
+                             f"{(out.stderr or out.stdout)[-1500:]}")
+        return out
+
+    # -- PostgreSQL ------------------------------------------------------------------------
+    def _pg_running(self) -> bool:
+        pidfile = self.pg_dir / "postmaster.pid"
+        try:
+            pid = int(pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return False
+        return self._alive(pid, "postgres")
+
+    def _start_pg(self) -> None:
+        if not (PG_BIN / "initdb").exists():
+            raise StackError(f"PostgreSQL binaries not found in {PG_BIN}; install postgresql-15 "
+                             "or set SCARCELAB_PG_BIN")
+        root_user = os.geteuid() == 0
+        if root_user:  # the postgres user must reach the folder
+            for p in [self.root, *self.root.parents]:
+                if p == Path("/"):
+                    break
+                if not os.stat(p).st_mode & 0o001:
+                    if p == self.root:
+                        os.chmod(p, 0o755)
+                    else:
+                        raise StackError(f"{p} is not traversable by the postgres user; choose a "
+                                         "stack folder elsewhere (SCARCELAB_STACK_DIR)")
+        if not (self.pg_dir / "PG_VERSION").exists():
+            self.pg_dir.mkdir(parents=True, exist_ok=True)
+            pwfile = self.root / ".pgpass-init"
+            pwfile.write_text(self.state.pg_password + "\n")
+            if root_user:
+                shutil.chown(self.pg_dir, "postgres")
+                shutil.chown(pwfile, "postgres")
+            os.chmod(self.pg_dir, 0o700)
+            os.chmod(pwfile, 0o600)
+            try:
+                self._as_postgres([PG_BIN / "initdb", "-D", self.pg_dir, "-U", "postgres",
+                                   "--auth-local=trust", "--auth-host=scram-sha-256",
+                                   f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync"])
+            finally:
+                pwfile.unlink(missing_ok=True)
+        if not self._pg_running():
+            (self.logs).mkdir(parents=True, exist_ok=True)
+            logf = self.logs / "postgres.log"
+            if root_user and not logf.exists():
+                logf.touch()
+                shutil.chown(logf, "postgres")
+            opts = (f"-p {self.state.pg_port} -k {self.pg_dir} "
+                    f"-c listen_addresses={self.state.host} -c fsync=off")
+            self._as_postgres([PG_BIN / "pg_ctl", "-D", self.pg_dir, "-w", "-t", "60",
+                               "-l", logf, "-o", opts, "start"])
+        self._ensure_databases(("mlflow", "optuna", "mlflow_auth"))
+
+    def _ensure_databases(self, names: tuple[str, ...]) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(host=self.state.host, port=self.state.pg_port, user="postgres",
+                                password=self.state.pg_password, dbname="postgres",
+                                connect_timeout=10)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT datname FROM pg_database")
+                have = {r[0] for r in cur.fetchall()}
+                for n in names:
+                    if n not in have:
+                        cur.execute(f'CREATE DATABASE "{n}"')
+        finally:
+            conn.close()
+
+    def _stop_pg(self) -> bool:
+        if not self._pg_running():
+            return False
+        self._as_postgres([PG_BIN / "pg_ctl", "-D", self.pg_dir, "-w", "-t", "30",
+                           "-m", "fast", "stop"])
+        return True
+
+    # -- object store ----------------------------------------------------------------------
+    @staticmethod
+    def s3rver_script() -> Path:
+        return NODE_PREFIX / "node_modules" / "s3rver" / "bin" / "s3rver.js"
+
+    @classmethod
+    def ensure_s3rver(cls) -> Path:
+        """Install s3rver project-locally once (npm); scripts/setup calls this too."""
+        script = cls.s3rver_script()
+        if not script.exists():
+            if not shutil.which("npm"):
+                raise StackError("npm not found: install Node.js 18+ (the local S3 store is npm's "
+                                 "s3rver) or bring your own S3 store (docs/tracking.md)")
+            NODE_PREFIX.mkdir(parents=True, exist_ok=True)
+            out = subprocess.run(["npm", "install", "--prefix", str(NODE_PREFIX), "--no-audit",
+                                  "--no-fund", f"s3rver@{S3RVER_VERSION}"],
+                                 capture_output=True, text=True, timeout=600)
+            if out.returncode != 0 or not script.exists():
+                raise StackError(f"npm install s3rver@{S3RVER_VERSION} failed: "
+                                 f"{out.stderr[-1500:]}")
+        return script
+
+    def _start_s3(self) -> None:
+        if self._alive(self.state.pids.get("s3"), "s3rver"):
+            return
+        script = self.ensure_s3rver()
+        self.s3_dir.mkdir(parents=True, exist_ok=True)
+        node = shutil.which("node") or "node"
+        self._spawn("s3", [node, str(script), "-d", str(self.s3_dir), "-a", self.state.host,
+                           "-p", str(self.state.s3_port), "--configure-bucket",
+                           self.state.bucket], dict(os.environ))
+        self._wait_port(self.state.s3_port, "s3", 30)
+
+    def _wait_port(self, port: int, name: str, timeout: float) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                if s.connect_ex((self.state.host, port)) == 0:
+                    return
+            if not self._alive(self.state.pids.get(name), ""):
+                break
+            time.sleep(0.2)
+        raise StackError(f"{name} did not open port {port}; see {self.logs / (name + '.log')}")
+
+    # -- MLflow server ---------------------------------------------------------------------
+    def _mlflow_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+        env.update({
+            "MLFLOW_S3_ENDPOINT_URL": self.state.s3_endpoint,
+            "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_KEY,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            # passed through the environment, not argv, so `ps` does not show the password
+            "MLFLOW_BACKEND_STORE_URI": self.state.db_uri("mlflow"),
+        })
+        if self.state.auth:
+            ini = self.root / "auth.ini"
+            ini.write_text(
+                "[mlflow]\ndefault_permission = READ\n"
+                f"database_uri = {self.state.db_uri('mlflow_auth')}\n"
+                "admin_username = admin\n"
+                f"admin_password = {self.state.admin_password}\n"
+                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+            os.chmod(ini, 0o600)
+            env["MLFLOW_AUTH_CONFIG_PATH"] = str(ini)
+            env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = self.state.flask_secret
+        return env
+
+    def start_mlflow(self) -> None:
+        if self._alive(self.state.pids.get("mlflow"), "mlflow"):
+            return
+        mlflow_bin = Path(sys.executable).parent / "mlflow"
+        argv = [str(mlflow_bin), "server", "--host", self.state.host,
+                "--port", str(self.state.mlflow_port), "--workers", "1",
+                "--artifacts-destination", f"s3://{self.state.bucket}/artifacts"]
+        if self.state.auth:
+            argv += ["--app-name", "basic-auth"]
+        self._spawn("mlflow", argv, self._mlflow_env())
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout: float = HEALTH_TIMEOUT_S) -> None:
+        end = time.time() + timeout
+        url = f"{self.state.tracking_uri}/health"
+        while time.time() < end:
+            if not self._alive(self.state.pids.get("mlflow"), "mlflow"):
+                raise StackError(f"mlflow server exited; see {self.logs / 'mlflow.log'}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        raise StackError(f"mlflow server not healthy after {timeout:.0f}s; see "
+                         f"{self.logs / 'mlflow.log'}")
+
+    def stop_mlflow(self) -> bool:
+        return self._kill_group("mlflow", "mlflow")
+
+    # -- public ----------------------------------------------------------------------------
+    def is_running(self) -> bool:
+        return self._alive(self.state.pids.get("mlflow"), "mlflow")
+
+    def start(self) -> float:
+        """Start whatever is not running; returns the seconds it took."""
+        t0 = time.time()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._save()
+        self._start_pg()
+        self._start_s3()
+        self.start_mlflow()
+        return time.time() - t0
+
+    def stop(self) -> list[str]:
+        stopped = []
+        if self.stop_mlflow():
+            stopped.append("mlflow")
+        if self._kill_group("s3", "s3rver"):
+            stopped.append("s3")
+        if self._stop_pg():
+            stopped.append("postgres")
+        self._save()
+        return stopped
+
+    def status(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "root": str(self.root),
+            "postgres": {"running": self._pg_running(), "port": s.pg_port},
+            "s3": {"running": self._alive(s.pids.get("s3"), "s3rver"), "port": s.s3_port,
+                   "endpoint": s.s3_endpoint, "bucket": s.bucket},
+            "mlflow": {"running": self.is_running(), "port": s.mlflow_port,
+                       "tracking_uri": s.tracking_uri, "auth": s.auth},
+        }
+
+    def env_lines(self) -> list[str]:
+        return [f"export {k}={shlex.quote(v)}" for k, v in self.state.client_env().items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tracking.stack start|stop|status|env [--root DIR] [--*-port N] [--auth]``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="scripts/stack", description=__doc__.split("\n")[0])
+    p.add_argument("action", choices=["start", "stop", "status", "env", "restart-server"])
+    p.add_argument("--root", default=None, help="state folder (default $SCARCELAB_STACK_DIR "
+                   "or .scarcelab/stack)")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    for k in DEFAULT_PORTS:
+        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=None,
+                       help=f"(default {DEFAULT_PORTS[k]}, or what the last start used; 0 = "
+                       "pick a free one)")
+    p.add_argument("--auth", action=argparse.BooleanOptionalAction, default=None,
+                   help="MLflow basic auth (user admin; password in `env` output)")
+    a = p.parse_args(argv)
+    stack = Stack(a.root)
+    try:
+        if a.action in ("start", "restart-server"):
+            ports: dict[str, int | None] = {}
+            for k in DEFAULT_PORTS:
+                v = getattr(a, k)
+                ports[k] = free_port() if v == 0 else v
+            stack.configure(host=a.host, ports=ports, auth=a.auth)
+            if a.action == "restart-server":
+                stack.stop_mlflow()
+            was = stack.is_running()
+            took = stack.start()
+            st = stack.state
+            print(f"[stack] {'already running' if was else f'up in {took:.1f}s'}: "
+                  f"tracking URI {st.tracking_uri}  S3 endpoint {st.s3_endpoint} "
+                  f"(bucket {st.bucket})  state {stack.root}")
+            print(f"[stack] clients: eval \"$(scripts/stack env{_root_arg(a.root)})\"")
+        elif a.action == "stop":
+            stopped = stack.stop()
+            print(f"[stack] stopped: {', '.join(stopped) or 'nothing was running'}")
+        elif a.action == "status":
+            st = stack.status()
+            print(json.dumps(st, indent=2))
+            return 0 if st["mlflow"]["running"] else 3
+        else:
+            print("\n".join(stack.env_lines()))
+    except StackError as e:
+        print(f"[stack] error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _root_arg(root: str | None) -> str:
+    return f" --root {shlex.quote(root)}" if root else ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
