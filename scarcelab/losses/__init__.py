@@ -3,3 +3,13 @@
 from scarcelab.losses.ntxent import nt_xent
 
 __all__ = ["nt_xent"]
+
+# self-supervised losses (issue 5)
+from scarcelab.losses.barlow import barlow_twins  # noqa: E402
+from scarcelab.losses.dino import dino_loss, update_center  # noqa: E402
+from scarcelab.losses.infonce import info_nce  # noqa: E402
+from scarcelab.losses.negative_cosine import negative_cosine  # noqa: E402
+from scarcelab.losses.swav import swapped_prediction  # noqa: E402
+
+__all__ += ["barlow_twins", "dino_loss", "info_nce", "negative_cosine", "swapped_prediction",
+            "update_center"]
