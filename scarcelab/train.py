@@ -195,13 +195,16 @@ def train_trial(
     generator: torch.Generator,
     probe_rng: np.random.Generator,
     on_epoch: Callable[[EpochReport, bool, Callable[[], dict[str, Any]]], None] | None = None,
+    diagnostics: Callable[[Method, int], dict[str, float]] | None = None,
 ) -> TrialResult:
     """Train one configuration until early stop, ``max_epochs`` or the wall-clock deadline.
 
     ``on_epoch(report, improved, snapshot_fn)`` is called after each evaluation; it may
     call ``snapshot_fn()`` to get a checkpoint of this epoch (only done on demand, since
     copying a ResNet every epoch is not free). Raises :class:`TrialFailed` on a
-    non-finite loss.
+    non-finite loss. ``diagnostics(method, epoch)``, if given, runs after the epoch's steps
+    and its metrics (e.g. ``diag/*``, see ``scarcelab.metrics.diagnostics``) join the
+    epoch's, with their cost as ``time/diag_s``.
     """
     device = torch.device(cfg.device)
     method.to(device).train()
@@ -248,6 +251,11 @@ def train_trial(
             res.stopped = "budget"
             break
         t_train = time.perf_counter() - t0
+        diag: dict[str, float] = {}
+        if diagnostics is not None:
+            td = time.perf_counter()
+            diag = diagnostics(method, epoch)
+            diag["time/diag_s"] = time.perf_counter() - td
         te = time.perf_counter()
         val_bacc, test_m, probe = evaluate(method, bundle, cfg, probe_rng)
         t_eval = time.perf_counter() - te
@@ -261,6 +269,7 @@ def train_trial(
             "time/eval_s": t_eval,
             "time/steps": float(n),
         })
+        metrics.update(diag)
         if method.linear_probe and probe is not None:
             metrics["time/probe_s"] = t_eval
             metrics["probe/C"] = float(probe.C or 0.0)

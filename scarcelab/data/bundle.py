@@ -48,7 +48,9 @@ class DatasetBundle:
     augmentation can run on batches; conversion to float happens per batch.
     ``unlabeled_y`` keeps the hidden labels for diagnostics only: training code must
     never read it (the split builder keeps it so that e.g. pseudo-label accuracy can be
-    reported).
+    reported). ``unlabeled_ood`` (bool, one per unlabeled image) marks images added by the
+    contamination protocol (``scarcelab.protocols.contamination``); like ``unlabeled_y``
+    it is an oracle for diagnostics (``diag/ood_ff``) and never reaches training.
     """
 
     labeled_x: np.ndarray
@@ -60,6 +62,7 @@ class DatasetBundle:
     test_y: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
     unlabeled_y: np.ndarray | None = None
+    unlabeled_ood: np.ndarray | None = None
 
     @property
     def num_classes(self) -> int:

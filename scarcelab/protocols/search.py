@@ -19,8 +19,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,9 +38,17 @@ from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.methods import get_method
 from scarcelab.methods.base import Method
 from scarcelab.methods.space import sample
+from scarcelab.metrics.diagnostics import DiagnosticsConfig, EpochDiagnostics
 from scarcelab.models import create_model
-from scarcelab.tracker import DatasetInfo, Tracker
-from scarcelab.train import EpochReport, TrainConfig, export_classifier, train_trial
+from scarcelab.protocols.study_store import StudyStore, redact
+from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
+from scarcelab.train import (
+    EpochReport,
+    TrainConfig,
+    data_info,
+    export_classifier,
+    train_trial,
+)
 
 log = logging.getLogger("scarcelab")
 
@@ -67,6 +77,12 @@ class StudyConfig:
     max_trials: int = 0  # 0 = until the budget is spent
     device: str = "auto"
     overrides: dict[str, Any] = field(default_factory=dict)
+    # Shared Optuna storage (the stack's PostgreSQL): several workers per study, and a
+    # killed study continues when the same command runs again. None = in memory.
+    storage: str | None = field(
+        default_factory=lambda: os.environ.get("OPTUNA_STORAGE") or None)
+    study_name: str | None = None  # workers given the same name share one study
+    diag_samples: int = 512  # C-Score diagnostics subsample for semi methods; 0 = off
 
     def resolved_device(self) -> str:
         if self.device == "auto":
@@ -128,13 +144,22 @@ def _dataset_info(bundle: DatasetBundle) -> DatasetInfo:
     return DatasetInfo(name=m["name"], source=m.get("source") or m["name"], digest=digest)
 
 
-def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
+def run_study(cfg: StudyConfig, tracker: Tracker,
+              bundle_transform: Callable[[DatasetBundle], DatasetBundle] | None = None
+              ) -> StudyResult:
+    """``bundle_transform`` rewrites the split bundle before training (e.g. the
+    contamination protocol adds OOD images to the unlabeled pool)."""
     method_cls = get_method(cfg.method)
     _validate(cfg, method_cls)
     arch = cfg.resolved_arch()
     create_model(arch, in_channels=1)  # fail fast on an unknown arch, before loading data
     device = cfg.resolved_device()
     bundle, split = prepare_data(cfg)
+    if bundle_transform is not None:
+        bundle = bundle_transform(bundle)
+    diagnostics = EpochDiagnostics(bundle, device, DiagnosticsConfig(
+        n_unlabeled=cfg.diag_samples, seed=cfg.seed)) if (
+        method_cls.family == "semi" and cfg.diag_samples > 0) else None
     bl = cfg.batch_size or method_cls.batch_sizes["labeled"]
     bu = cfg.unlabeled_batch_size or method_cls.batch_sizes["unlabeled"]
     train_cfg = TrainConfig(
@@ -159,6 +184,11 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
                 "n_unlabeled": len(split["unlabeled"]), "n_test": len(bundle.test_y),
                 "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
+    resolved["storage"] = redact(cfg.storage)  # the URI holds the DB password
+    study_key = cfg.study_name or _study_key(cfg, split["hash"])
+    store, resume = _open_store(cfg, tracker, study_key)
+    tags["scarcelab.study_key"] = study_key
+    tags["scarcelab.optuna_study"] = store.name
     study_params = {k: v for k, v in resolved.items() if k not in ("overrides", "search_space")}
     study_params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
     tracker.start_study(
@@ -166,13 +196,12 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
         params=study_params, artifacts={"split.json": split, "config.json": resolved},
         dataset=_dataset_info(bundle))
 
-    start = time.time()
+    start = time.time() - (resume.elapsed_s if resume else 0.0)  # time already spent counts
     deadline = start + cfg.budget_minutes * 60.0
-    sampler = optuna.samplers.RandomSampler(seed=cfg.seed)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    best: dict[str, Any] = {"val": -1.0, "test": {}, "trial": -1, "ckpt": None}
+    best: dict[str, Any] = {"val": -1.0, "test": {}, "trial": -1, "ckpt": None, "method": None}
     state = {"global_epoch": 0, "last_upload": 0.0, "dirty": False}
+    if resume is not None:
+        _restore(resume, best, state)
     n_failed = errors_in_row = n_trials = 0
     last_error = ""
     status = "FINISHED"
@@ -184,9 +213,14 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
             state["last_upload"], state["dirty"] = time.time(), False
 
     try:
-        while time.time() < deadline and (cfg.max_trials <= 0 or n_trials < cfg.max_trials):
-            trial = study.ask()
+        while time.time() < deadline and (cfg.max_trials <= 0
+                                          or _started(store) < cfg.max_trials):
+            _reap(store, tracker, study_key)
+            trial = store.ask()
             number = trial.number
+            if cfg.max_trials > 0 and store.started_before(number) >= cfg.max_trials:
+                store.tell(trial, state=optuna.trial.TrialState.PRUNED)  # a worker took the slot
+                break
             if cfg.search == "random":
                 fixed = {k: v for k, v in method_cls.defaults.items()
                          if k not in method_cls.search_space}
@@ -215,7 +249,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
                                                     "arch": arch, "hp": hp, "trial": number,
                                                     "num_classes": bundle.num_classes,
                                                     "in_channels": bundle.channels,
-                                                    "split_hash": split["hash"]},
+                                                    "split_hash": split["hash"],
+                                                    "test_metrics": dict(rep.test_metrics)},
                                 method=method)
                     state["dirty"] = True
                 study_metrics = {"best/val_balanced_accuracy": best["val"],
@@ -228,11 +263,11 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
             try:
                 res = train_trial(method, bundle, train_cfg, deadline=deadline, generator=g,
                                   probe_rng=np.random.default_rng(trial_seed),
-                                  on_epoch=on_epoch)
+                                  on_epoch=on_epoch, diagnostics=diagnostics)
             except TrialFailed as e:
                 n_failed += 1
                 last_error = str(e)
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                store.tell(trial, state=optuna.trial.TrialState.FAIL)
                 tracker.end_trial("FAILED", str(e))
                 log.warning("trial %d failed: %s", number, e)
                 continue
@@ -243,7 +278,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
                 n_failed += 1
                 errors_in_row += 1
                 last_error = f"{type(e).__name__}: {e}"
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                store.tell(trial, state=optuna.trial.TrialState.FAIL)
                 tracker.end_trial("FAILED", traceback.format_exc(limit=5))
                 log.error("trial %d raised %s: %s", number, type(e).__name__, e)
                 if errors_in_row >= MAX_CONSECUTIVE_ERRORS:
@@ -251,11 +286,11 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
                 continue
             errors_in_row = 0
             if res.epochs == 0:  # budget ran out before one epoch: not a real trial
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                store.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 tracker.end_trial("KILLED", "budget exhausted before the first epoch")
                 n_trials -= 1
                 break
-            study.tell(trial, res.best_val)
+            store.tell(trial, res.best_val)
             tracker.log_metrics({"best/val_balanced_accuracy": res.best_val,
                                  "best/epoch": res.best_epoch, "epochs": res.epochs,
                                  **{f"best/test_{k}": v for k, v in res.best_test.items()}},
@@ -265,6 +300,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
             upload_best(force=True)
             if cfg.search == "none":
                 break
+        counts = store.counts()  # the whole study: earlier (killed) runs and other workers
+        n_trials, n_failed = counts["complete"] + counts["failed"], counts["failed"]
         if best["ckpt"] is None:
             if n_failed and n_failed == n_trials:
                 raise TrialFailed(f"all {n_trials} trials of {cfg.method} failed; last error: "
@@ -273,6 +310,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
                 f"no trial of {cfg.method} completed an epoch within {cfg.budget_minutes} min; "
                 "raise budget_minutes or lower max_steps_per_epoch")
         upload_best(force=True)
+        if best["method"] is None:  # the best is the checkpoint a resumed study restored
+            best["method"] = _method_from_checkpoint(method_cls, best["ckpt"], bundle)
         model = export_classifier(best["method"], best["ckpt"], bundle.meta["class_names"])
         example = torch.rand(2, bundle.channels, *bundle.meta["resolution"])
         tracker.set_tags({"scarcelab.n_trials": str(n_trials),
@@ -283,10 +322,64 @@ def run_study(cfg: StudyConfig, tracker: Tracker) -> StudyResult:
         status = "FAILED"
         raise
     finally:
+        store.close()
         tracker.end_study(status)
     return StudyResult(best_val=best["val"], best_test=best["test"], best_trial=best["trial"],
                        n_trials=n_trials, n_failed=n_failed, split_hash=split["hash"],
                        best_checkpoint=best["ckpt"])
+
+
+def _study_key(cfg: StudyConfig, split_hash: str) -> str:
+    """Identifies "the same command": every setting that changes what the search does."""
+    d = {k: v for k, v in dataclasses.asdict(cfg).items()
+         if k not in ("storage", "study_name", "device")}
+    blob = json.dumps({**d, "split_hash": split_hash}, sort_keys=True, default=str)
+    return "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _open_store(cfg: StudyConfig, tracker: Tracker, key: str
+                ) -> tuple[StudyStore, ResumeState | None]:
+    """In memory, or the shared storage; there, continue a killed study of the same key."""
+    if not cfg.storage:
+        return StudyStore(key, cfg.seed), None
+    resume = tracker.resume_state(key)
+    if resume is not None:
+        name = resume.optuna_study
+    else:  # a finished study is not continued: running the command again repeats it
+        name = cfg.study_name or f"{key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    return StudyStore(name, cfg.seed, cfg.storage), resume
+
+
+def _reap(store: StudyStore, tracker: Tracker, key: str) -> None:
+    """Trials whose process died are failed in the storage and in the tracker."""
+    dead = store.fail_orphans()
+    if dead:
+        log.warning("trials %s were left running by a dead process: marked failed", dead)
+        tracker.mark_trials_failed(key, dead, "the process running this trial died")
+
+
+def _started(store: StudyStore) -> int:
+    c = store.counts()
+    return c["complete"] + c["failed"] + c["running"]
+
+
+def _restore(resume: ResumeState, best: dict[str, Any], state: dict[str, Any]) -> None:
+    state["global_epoch"] = resume.global_epoch
+    ck = resume.best_checkpoint
+    if ck is not None:
+        best.update(val=float(ck["val_balanced_accuracy"]), test=dict(ck.get("test_metrics", {})),
+                    trial=int(ck["trial"]), ckpt=ck)
+        state["dirty"] = not resume.same_record  # a new record gets its own copy
+    log.warning("resuming study %s: %.0f s of the budget already spent, best val %.4f",
+                resume.optuna_study, resume.elapsed_s, best["val"])
+
+
+def _method_from_checkpoint(method_cls: type[Method], ckpt: dict[str, Any],
+                            bundle: DatasetBundle) -> Method:
+    m = method_cls(create_model(ckpt["arch"], in_channels=ckpt["in_channels"]),
+                   ckpt["num_classes"], ckpt["hp"])
+    m.on_train_start(data_info(bundle))
+    return m
 
 
 def parse_overrides(text: str | None) -> dict[str, Any]:

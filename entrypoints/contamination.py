@@ -1,0 +1,144 @@
+"""``contamination``: one child study per (OOD source, ratio) under one parent run.
+
+    mlflow run . -e contamination -P method=fixmatch -P dataset=pneumoniamnist \\
+        -P ood=mnist -P ratios=0,0.1,0.3,0.5
+
+The parent is the run MLflow Projects created (``MLFLOW_RUN_ID``), or a new one when run
+as ``scarcelab contamination``. Children are ordinary study runs (with their trials nested
+below them) tagged ``scarcelab.ood`` / ``scarcelab.ratio`` and linked to the parent by
+``mlflow.parentRunId``. The parent is never the *active* fluent run, so the unchanged
+study tracker can open each child as a top-level fluent run. When the sweep ends, the
+parent gets the Table A1 view (``contamination_table.{csv,md}``) and the diagnostics-vs-r
+plot.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from entrypoints.cli import main
+from entrypoints.options import bool_option, label_budget, opt_int
+from entrypoints.study import study_options
+from scarcelab.errors import ScarcelabError
+
+
+def _config(kw: dict[str, Any]) -> Any:
+    from scarcelab.protocols.search import StudyConfig, parse_overrides
+
+    return StudyConfig(
+        method=kw["method"], dataset=kw["dataset"], family="semi",
+        data_dir=kw["data_dir"] or None, arch=kw["arch"],
+        seed=opt_int(kw["seed"], "--seed") or 0,
+        budget_minutes=float(kw["budget_minutes"]),
+        max_epochs=opt_int(kw["max_epochs"], "--max-epochs") or 200,
+        patience=opt_int(kw["patience"], "--patience") or 20,
+        n_labeled=label_budget(kw["n_labeled"], "--n-labeled"),
+        n_val=label_budget(kw["n_val"], "--n-val"),
+        allow_large_val=bool_option(kw["allow_large_val"]), search=kw["search"],
+        batch_size=opt_int(kw["batch_size"], "--batch-size"),
+        unlabeled_batch_size=opt_int(kw["unlabeled_batch_size"], "--unlabeled-batch-size"),
+        max_steps_per_epoch=opt_int(kw["max_steps_per_epoch"], "--max-steps-per-epoch"),
+        max_trials=opt_int(kw["max_trials"], "--max-trials") or 0,
+        device=kw["device"], overrides=parse_overrides(kw["overrides"]),
+        diag_samples=opt_int(kw["diag_samples"], "--diag-samples") or 0,
+    )
+
+
+def _child_tracker_class() -> type:
+    from tracking.mlflow_tracker import MlflowTracker
+
+    class ChildStudyTracker(MlflowTracker):
+        """A study tracker whose run is linked to the sweep's parent run."""
+
+        def __init__(self, parent_run_id: str) -> None:
+            super().__init__()
+            self.parent_run_id = parent_run_id
+
+        def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
+            super().start_study(name, {**tags, "mlflow.parentRunId": self.parent_run_id},
+                                params, artifacts, dataset)
+
+    return ChildStudyTracker
+
+
+def _run(kw: dict[str, Any]) -> None:
+    import mlflow
+    from mlflow.entities import Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab.protocols.contamination import parse_ratios, run_contamination
+    from tracking.contamination import contamination_table, plot_vs_ratio, to_markdown
+
+    cfg = _config(kw)
+    sources = [s.strip() for s in kw["ood"].split(",") if s.strip()]
+    ratios = parse_ratios(kw["ratios"])
+    client = MlflowClient()
+    parent_id = os.environ.pop("MLFLOW_RUN_ID", None)
+    if parent_id:
+        exp_id = client.get_run(parent_id).info.experiment_id
+    else:
+        if kw["experiment"]:
+            exp_id = mlflow.set_experiment(kw["experiment"]).experiment_id
+        else:
+            from mlflow.tracking.fluent import _get_experiment_id
+
+            exp_id = _get_experiment_id() or "0"
+        parent_id = client.create_run(
+            exp_id, run_name=f"contamination-{cfg.method}-{cfg.dataset}").info.run_id
+    mlflow.set_experiment(experiment_id=exp_id)
+    existing = client.get_run(parent_id).data.params
+    params = {"method": cfg.method, "dataset": cfg.dataset, "ood": ",".join(sources),
+              "ratios": ",".join(f"{r:g}" for r in ratios), "seed": cfg.seed,
+              "budget_minutes": cfg.budget_minutes, "arch": cfg.resolved_arch(),
+              "diag_samples": cfg.diag_samples, "ood_dir": kw["ood_dir"]}
+    client.log_batch(parent_id, params=[Param(k, str(v)) for k, v in params.items()
+                                        if k not in existing],
+                     tags=[RunTag(k, v) for k, v in {
+                         "scarcelab.role": "contamination", "scarcelab.family": "semi",
+                         "scarcelab.method": cfg.method, "scarcelab.dataset": cfg.dataset,
+                         "scarcelab.ood": ",".join(sources), "scarcelab.seed": str(cfg.seed),
+                         "scarcelab.ratios": params["ratios"]}.items()])
+    tracker_cls = _child_tracker_class()
+    status = "FAILED"
+    try:
+        points = run_contamination(cfg, sources, ratios, lambda s, r: tracker_cls(parent_id),
+                                   ood_dir=kw["ood_dir"] or None)
+        table = contamination_table(parent_run_id=parent_id)
+        with tempfile.TemporaryDirectory() as tmp:
+            table.to_csv(Path(tmp) / "contamination_table.csv", index=False)
+            (Path(tmp) / "contamination_table.md").write_text(to_markdown(table) + "\n")
+            plot_vs_ratio(table, Path(tmp) / "diagnostics_vs_ratio.png")
+            client.log_artifacts(parent_id, tmp)
+        status = "FINISHED"
+    finally:
+        client.set_terminated(parent_id, status)
+    for p in points:
+        click.echo(f"{p.source} r={p.ratio:g}: best val {p.result.best_val:.4f}, test "
+                   f"{p.result.best_test.get('balanced_accuracy', float('nan')):.4f} "
+                   f"(n_ood={p.contamination.get('n_ood')})")
+    click.echo(to_markdown(table))
+    click.echo(f"parent run {parent_id} at {mlflow.get_tracking_uri()}")
+
+
+@main.command(name="contamination", help="Sweep OOD contamination ratios of the unlabeled "
+              "pool for a semi-supervised method; one child study per (source, ratio).")
+@study_options
+@click.option("--ood", default="mnist", show_default=True,
+              help="OOD source(s), comma-separated: mnist, digits, textures, lfw, cifar10, "
+              "gaussian (far) or another MedMNIST set, e.g. breastmnist (near)")
+@click.option("--ratios", default="0,0.1,0.3,0.5", show_default=True,
+              help="OOD fractions r of the contaminated pool: n_ood = round(r/(1-r)·n_id)")
+@click.option("--ood-dir", default="", help="folder laid out like ../shared/data "
+              "(ood/…, cifar10_jpg/…); default: next to the data root")
+@click.option("--diag-samples", default="512", show_default=True,
+              help="unlabeled subsample for the per-epoch C-Score diagnostics")
+def contamination(**kw: Any) -> None:
+    try:
+        _run(kw)
+    except ScarcelabError as e:
+        raise click.ClickException(str(e)) from e

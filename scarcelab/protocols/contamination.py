@@ -1,0 +1,195 @@
+"""Open-world contamination sweeps: one study per (OOD source, ratio) on a fixed ID pool.
+
+Definition of the ratio (used everywhere in scarcelab): the in-distribution unlabeled
+pool of the realistic split is kept *fixed* (``n_id`` images, the same for every ratio),
+and ``n_ood = round(r / (1 − r) · n_id)`` OOD images are added, so that OOD images make up
+the fraction ``r`` of the *contaminated* pool: ``n_ood / (n_id + n_ood) ≈ r`` (exact up to
+rounding). ``r = 0`` is the clean run; ``0 ≤ r < 1``. Keeping the ID pool fixed (rather
+than replacing ID images) means every ratio sees the same in-distribution information, so
+a change in accuracy or dynamics is caused by the added OOD images alone. With one seed the
+OOD sets are nested: the images added at r = 0.1 are among those added at r = 0.3.
+
+The contaminated pool is shuffled with a seeded permutation (so the position of an image
+says nothing about its origin); ``unlabeled_ood`` carries the oracle ID/OOD flags and
+``unlabeled_y`` gets −1 for OOD images. Neither reaches training: ``BatchSource`` reads
+``unlabeled_x`` only, and only the diagnostics hook reads the flags (``diag/ood_ff``).
+
+The core stays free of MLflow: :func:`run_contamination` takes a factory of
+:class:`~scarcelab.tracker.Tracker` objects (one per child study) and tags each child
+through :class:`TaggingTracker`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from scarcelab.data.bundle import DatasetBundle
+from scarcelab.data.ood import ImageFormat, SourceContext, draw_ood, get_source
+from scarcelab.errors import ConfigError
+from scarcelab.protocols.search import StudyConfig, StudyResult, run_study
+from scarcelab.tracker import DatasetInfo, Tracker
+
+
+def n_ood_for(ratio: float, n_id: int) -> int:
+    """Number of OOD images that make up the fraction ``ratio`` of the contaminated pool."""
+    if not 0.0 <= ratio < 1.0:
+        raise ConfigError(f"contamination ratio must be in [0, 1), got {ratio}")
+    return int(round(ratio / (1.0 - ratio) * n_id))
+
+
+def parse_ratios(text: str) -> list[float]:
+    """``"0,0.1,0.3"`` -> ``[0.0, 0.1, 0.3]`` (validated, order kept, duplicates dropped)."""
+    out: list[float] = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        try:
+            r = float(part)
+        except ValueError:
+            raise ConfigError(f"ratios: {part!r} is not a number") from None
+        n_ood_for(r, 0)  # validates the range
+        if r not in out:
+            out.append(r)
+    if not out:
+        raise ConfigError("ratios: give at least one ratio, e.g. 0,0.1,0.3,0.5")
+    return out
+
+
+def contaminate(bundle: DatasetBundle, source: str, ratio: float, seed: int = 0,
+                ctx: SourceContext | None = None) -> DatasetBundle:
+    """A copy of ``bundle`` whose unlabeled pool holds OOD images at fraction ``ratio``."""
+    ctx = ctx or SourceContext(id_dataset=str(bundle.meta.get("name", "")))
+    src = get_source(source)
+    n_id = len(bundle.unlabeled_x)
+    n_ood = n_ood_for(ratio, n_id)
+    fmt = ImageFormat.of(bundle.unlabeled_x)
+    draw = draw_ood(source, n_ood, fmt, seed, bundle.unlabeled_x, ctx)
+    x = np.concatenate([bundle.unlabeled_x, draw.images])
+    y_id = bundle.unlabeled_y if bundle.unlabeled_y is not None else np.full(n_id, -1)
+    y = np.concatenate([np.asarray(y_id, dtype=np.int64), np.full(n_ood, -1, np.int64)])
+    flags = np.concatenate([np.zeros(n_id, bool), np.ones(n_ood, bool)])
+    perm = np.random.default_rng([seed, 0xC0]).permutation(len(x))
+    meta = {**bundle.meta, "contamination": {
+        "source": source, "kind": src.kind, "ratio": ratio, "n_id": n_id, "n_ood": n_ood,
+        "n_ood_unique": draw.n_unique, "realised_ratio": n_ood / max(1, n_id + n_ood)}}
+    return dataclasses.replace(bundle, unlabeled_x=x[perm], unlabeled_y=y[perm],
+                               unlabeled_ood=flags[perm], meta=meta)
+
+
+class TaggingTracker(Tracker):
+    """Delegates to ``inner``, adding fixed tags to the study and its trials and fixed
+    params to the study: how a child study of a sweep says which (source, ratio) it is."""
+
+    def __init__(self, inner: Tracker, tags: dict[str, str],
+                 params: dict[str, Any] | None = None) -> None:
+        self.inner, self.tags, self.params = inner, dict(tags), dict(params or {})
+
+    def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
+                    artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
+        ratio = self.tags.get("scarcelab.ratio")
+        self.inner.start_study(f"{name}-{self.tags.get('scarcelab.ood', 'ood')}-r{ratio}",
+                               {**tags, **self.tags}, {**params, **self.params}, artifacts,
+                               dataset)
+
+    def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None:
+        self.inner.start_trial(number, {**tags, **self.tags}, params)
+
+    def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial") -> None:
+        self.inner.log_metrics(metrics, step, scope)
+
+    def log_checkpoint(self, checkpoint: dict[str, Any], name: str = "best.pt") -> None:
+        self.inner.log_checkpoint(checkpoint, name)
+
+    def end_trial(self, status: str, error: str | None = None) -> None:
+        self.inner.end_trial(status, error)
+
+    def log_model(self, model: nn.Module, example: Any) -> None:
+        self.inner.log_model(model, example)
+
+    def end_study(self, status: str) -> None:
+        self.inner.end_study(status)
+
+    def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
+        self.inner.set_tags(tags, scope)
+
+
+@dataclass
+class SweepPoint:
+    source: str
+    kind: str
+    ratio: float
+    result: StudyResult
+    contamination: dict[str, Any]
+
+
+def run_contamination(
+    cfg: StudyConfig,
+    sources: Sequence[str],
+    ratios: Sequence[float],
+    tracker_for: Callable[[str, float], Tracker],
+    ood_dir: str | None = None,
+) -> list[SweepPoint]:
+    """One child study per (source, ratio), sources in order, ratios in order.
+
+    ``r = 0`` is the same clean pool for every source, so it runs once, tagged with the
+    first source (its ``scarcelab.ood_kind`` is ``none``); views use it as the baseline of
+    every source. Every child uses the same seed, hence the same split, the same ID pool,
+    the same diagnostic subsample of the ID part and the same first sampled configuration.
+    """
+    from scarcelab.methods import get_method
+
+    if get_method(cfg.method).family != "semi":
+        raise ConfigError(f"contamination sweeps need a semi-supervised method; {cfg.method!r} "
+                          f"is {get_method(cfg.method).family}")
+    if not sources:
+        raise ConfigError("give at least one OOD source, e.g. ood=mnist")
+    for s in sources:
+        get_source(s)  # fail fast on a typo, before any training
+    ctx = SourceContext(data_dir=cfg.data_dir, ood_dir=ood_dir, id_dataset=cfg.dataset)
+    points: list[SweepPoint] = []
+    done_clean = False
+    for source in sources:
+        kind = get_source(source).kind
+        for r in ratios:
+            if r == 0.0 and done_clean:
+                continue
+            seen: dict[str, Any] = {}
+
+            def transform(b: DatasetBundle, source: str = source, r: float = r,
+                          seen: dict[str, Any] = seen) -> DatasetBundle:
+                out = contaminate(b, source, r, cfg.seed, ctx)
+                seen.update(out.meta["contamination"])
+                return out
+
+            tags = {"scarcelab.ood": source, "scarcelab.ratio": f"{r:g}",
+                    "scarcelab.ood_kind": kind if r > 0 else "none"}
+            tracker = tracker_for(source, r)
+            # the contamination counts are known only after the transform ran; they are
+            # logged as params of the child study through a lazily-filled dict
+            child = _ParamsAfterTransform(tracker, tags, seen)
+            res = run_study(cfg, child, bundle_transform=transform)
+            points.append(SweepPoint(source, kind if r > 0 else "none", r, res, dict(seen)))
+            done_clean = done_clean or r == 0.0
+    return points
+
+
+class _ParamsAfterTransform(TaggingTracker):
+    """Adds the contamination counts (filled by the transform, which runs before the study
+    record is opened) as ``contamination.*`` params."""
+
+    def __init__(self, inner: Tracker, tags: dict[str, str], seen: dict[str, Any]) -> None:
+        super().__init__(inner, tags)
+        self.seen = seen
+
+    def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
+                    artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
+        self.params = {f"contamination.{k}": v for k, v in self.seen.items()}
+        super().start_study(name, tags, params, artifacts, dataset)
+
+
+__all__ = ["SweepPoint", "TaggingTracker", "contaminate", "n_ood_for", "parse_ratios",
+           "run_contamination"]

@@ -1,0 +1,201 @@
+"""Contamination sweep view, shaped like C-Score's Table A1 (Chen et al., arXiv 2608.20667).
+
+Rows: method × OOD source × ratio. Columns: best accuracy (test balanced accuracy of the
+checkpoint best on validation, and that validation score), final and peak CCI, final PLE,
+Sem-Drift, Grad-Align and OOD-FF, each with its relative change against r = 0 of the same
+method (``(x − x₀) / |x₀|``). The diagnostics are those of the study's *best* trial (the
+one whose checkpoint is the study's answer), read from its per-epoch ``diag/*`` history:
+"final" is the last epoch, "peak" the maximum over epochs (NaN epochs ignored).
+
+The r = 0 study of a sweep is shared by all its sources (same clean pool), so it is
+repeated as the r = 0 row of each source. This module reads MLflow; the table and plot
+builders are pure functions on DataFrames so they can be tested without a store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+DIAGNOSTICS = ("cci", "ple", "sem_drift", "grad_align", "ood_ff")
+VALUE_COLUMNS = ["best_test_bacc", "best_val_bacc", "cci_final", "cci_peak", "ple_final",
+                 "sem_drift_final", "grad_align_final", "ood_ff_final"]
+KEY_COLUMNS = ["method", "dataset", "source", "kind", "ratio"]
+
+
+def summarise_history(history: dict[str, list[float]]) -> dict[str, float]:
+    """Final and peak values of each ``diag/*`` history (lists in epoch order)."""
+    out: dict[str, float] = {}
+    for d in DIAGNOSTICS:
+        h = [v for v in history.get(d, [])]
+        out[f"{d}_final"] = float(h[-1]) if h else math.nan
+        finite = [v for v in h if not math.isnan(v)]
+        out[f"{d}_peak"] = float(max(finite)) if finite else math.nan
+    return out
+
+
+def table_a1(points: pd.DataFrame) -> pd.DataFrame:
+    """Table A1 from one row per child study (``KEY_COLUMNS`` + ``VALUE_COLUMNS``).
+
+    The r = 0 row of each method is copied to every source of that method, then every
+    value column gets a ``rel_<column>`` relative change against it.
+    """
+    cols = KEY_COLUMNS + VALUE_COLUMNS
+    rel_cols = [f"rel_{c}" for c in VALUE_COLUMNS]
+    if points.empty:
+        return pd.DataFrame(columns=cols + rel_cols)
+    df = points[cols].copy()
+    df["ratio"] = df["ratio"].astype(float)
+    rows: list[dict[str, Any]] = []
+    for (method, dataset), g in df.groupby(["method", "dataset"], sort=True):
+        clean = g[g["ratio"] == 0.0]
+        base = clean.iloc[0].to_dict() if len(clean) else None
+        dirty = g[g["ratio"] > 0.0]
+        for source in sorted(dirty["source"].unique()) or sorted(g["source"].unique()):
+            part = dirty[dirty["source"] == source].sort_values("ratio")
+            kind = str(part["kind"].iloc[0]) if len(part) else "none"
+            recs = [{**base, "source": source, "kind": kind}] if base is not None else []
+            recs += [r.to_dict() for _, r in part.iterrows()]
+            for rec in recs:
+                for c in VALUE_COLUMNS:
+                    rec[f"rel_{c}"] = _relative(rec[c], base[c] if base is not None else None)
+                rec["method"], rec["dataset"] = method, dataset
+                rows.append(rec)
+    out = pd.DataFrame(rows, columns=cols + rel_cols)
+    for c in VALUE_COLUMNS + rel_cols + ["ratio"]:
+        out[c] = pd.to_numeric(out[c], errors="coerce")
+    return out.reset_index(drop=True)
+
+
+def _relative(x: Any, x0: Any) -> float:
+    """``(x − x₀) / |x₀|``; NaN when either is missing or the baseline is 0."""
+    try:
+        xf, x0f = float(x), float(x0)
+    except (TypeError, ValueError):
+        return math.nan
+    if math.isnan(xf) or math.isnan(x0f) or x0f == 0.0:
+        return math.nan
+    return (xf - x0f) / abs(x0f)
+
+
+def plot_vs_ratio(table: pd.DataFrame, path: str | Path) -> Path:
+    """One panel per diagnostic (and best accuracy) against r; a line per method × source."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("best_test_bacc", "best test balanced acc."), ("cci_final", "CCI (final)"),
+              ("cci_peak", "CCI (peak)"), ("ple_final", "PLE (final)"),
+              ("sem_drift_final", "Sem-Drift (final)"), ("grad_align_final", "Grad-Align"),
+              ("ood_ff_final", "OOD-FF (final)")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False)
+    for ax, (col, title) in zip(axes[0], panels, strict=True):
+        for (method, source), g in table.groupby(["method", "source"], sort=True):
+            g = g.sort_values("ratio")
+            ax.plot(g["ratio"], g[col], marker="o", label=f"{method}/{source}")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("OOD ratio r")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# reading MLflow
+
+
+def _history(client: MlflowClient, run_id: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for d in DIAGNOSTICS:
+        hist = sorted(client.get_metric_history(run_id, f"diag/{d}"), key=lambda m: m.step)
+        out[d] = [m.value for m in hist]
+    return out
+
+
+def _experiment_ids(client: MlflowClient, experiments: Iterable[str]) -> list[str]:
+    ids = []
+    for n in experiments:
+        exp = client.get_experiment_by_name(n)
+        if exp is None:
+            raise ValueError(f"no MLflow experiment named {n!r} at {mlflow.get_tracking_uri()}")
+        ids.append(exp.experiment_id)
+    return ids
+
+
+def load_points(parent_run_id: str | None = None, experiments: str | Iterable[str] | None = None,
+                tracking_uri: str | None = None) -> pd.DataFrame:
+    """One row per finished contamination child study (under ``parent_run_id``, or every
+    one in ``experiments``), with the best trial's diagnostics summarised."""
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    client = MlflowClient()
+    if parent_run_id:
+        exp_ids = [client.get_run(parent_run_id).info.experiment_id]
+    elif experiments is not None:
+        names = [experiments] if isinstance(experiments, str) else list(experiments)
+        exp_ids = _experiment_ids(client, names)
+    else:
+        raise ValueError("give parent_run_id or experiments")
+    flt = ("tags.`scarcelab.role` = 'study' and tags.`scarcelab.ratio` != '' "
+           "and attributes.status = 'FINISHED'")
+    if parent_run_id:
+        flt += f" and tags.`mlflow.parentRunId` = '{parent_run_id}'"
+    studies = client.search_runs(exp_ids, flt, max_results=5000)
+    rows: list[dict[str, Any]] = []
+    for s in studies:
+        t, m = s.data.tags, s.data.metrics
+        trials = client.search_runs(
+            exp_ids, f"tags.`mlflow.parentRunId` = '{s.info.run_id}' and "
+            f"tags.`scarcelab.trial` = '{t.get('scarcelab.best_trial', '0')}'", max_results=1)
+        hist = _history(client, trials[0].info.run_id) if trials else {}
+        rows.append({
+            "method": t.get("scarcelab.method"), "dataset": t.get("scarcelab.dataset"),
+            "source": t.get("scarcelab.ood"), "kind": t.get("scarcelab.ood_kind", ""),
+            "ratio": float(t["scarcelab.ratio"]), "study_run_id": s.info.run_id,
+            "best_test_bacc": m.get("best/test_balanced_accuracy", math.nan),
+            "best_val_bacc": m.get("best/val_balanced_accuracy", math.nan),
+            **summarise_history(hist),
+        })
+    return pd.DataFrame(rows, columns=[*KEY_COLUMNS, "study_run_id", *VALUE_COLUMNS]) if not \
+        rows else pd.DataFrame(rows)
+
+
+def contamination_table(parent_run_id: str | None = None,
+                        experiments: str | Iterable[str] | None = None,
+                        tracking_uri: str | None = None) -> pd.DataFrame:
+    """Table A1 for a sweep (``parent_run_id``) or for all sweeps in ``experiments``."""
+    return table_a1(load_points(parent_run_id, experiments, tracking_uri))
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A compact text rendering: values with their relative change in parentheses."""
+    if table.empty:
+        return "(no finished contamination studies)"
+    lines = []
+    head = ["method", "source", "kind", "r"] + VALUE_COLUMNS
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for _, r in table.iterrows():
+        cells = [str(r["method"]), str(r["source"]), str(r["kind"]), f"{r['ratio']:g}"]
+        for c in VALUE_COLUMNS:
+            v, rel = r[c], r[f"rel_{c}"]
+            cell = "—" if pd.isna(v) else f"{v:.4g}"
+            if r["ratio"] > 0 and not pd.isna(rel):
+                cell += f" ({rel:+.0%})"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["DIAGNOSTICS", "contamination_table", "load_points", "plot_vs_ratio",
+           "summarise_history", "table_a1", "to_markdown"]
