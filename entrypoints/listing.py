@@ -24,4 +24,6 @@ def list_cmd(what: str) -> None:
         for name, _ in MODELS.items():
             click.echo(f"{name}\tarch")
     else:
-        click.echo("(no active-learning strategies are registered yet)", err=True)
+        from scarcelab.active import STRATEGIES
+        for name, _ in STRATEGIES.items():
+            click.echo(f"{name}\tstrategy")

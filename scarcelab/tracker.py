@@ -24,6 +24,17 @@ class DatasetInfo:
     context: str = "train"
 
 
+@dataclass
+class ResumeState:
+    """What a killed study had achieved, as its tracker recorded it."""
+
+    optuna_study: str  # the search's study name in the shared Optuna storage
+    elapsed_s: float  # wall clock already spent (counts against budget_minutes)
+    global_epoch: int  # next step of the study-level best/* metrics
+    best_checkpoint: dict[str, Any] | None  # best-so-far checkpoint, from the artifact store
+    same_record: bool = True  # False: a new record continues it (copy the checkpoint over)
+
+
 class Tracker(ABC):
     """Receives everything a study produces. Implementations must not raise on metric
     logging failures that a retry can fix; losing a metric is worse than a delay."""
@@ -63,6 +74,22 @@ class Tracker(ABC):
 
     def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:  # noqa: B027
         """Optional: add tags after the fact (e.g. the resolved number of trials)."""
+
+    def resume_state(self, study_key: str) -> ResumeState | None:
+        """Optional: find the unfinished study ``study_key`` of a dead process and reattach
+        to it (the next ``start_study`` continues that record). Trackers that cannot
+        persist a study return None: the search then starts afresh."""
+        return None
+
+    def mark_trials_failed(self, study_key: str, numbers: list[int], reason: str) -> None:  # noqa: B027
+        """Optional: close the records of trials a dead process left running."""
+
+    def log_metrics_batch(self, rows: list[tuple[dict[str, float], int]],
+                          scope: str = "trial") -> None:
+        """Many ``(metrics, step)`` rows at once (a whole AL curve); stores that can batch
+        override this to send one request instead of one per step."""
+        for metrics, step in rows:
+            self.log_metrics(metrics, step, scope)
 
 
 @dataclass

@@ -1,11 +1,22 @@
 """``Tracker`` on MLflow: one ``study`` run with nested ``trial`` runs (DESIGN §4.2).
 
 Metrics go out with ``MlflowClient.log_batch`` — one request per epoch and scope, ~50x
-cheaper than one ``log_metric`` call per value (see ../shared/ENV.md, "Logging cost").
-Checkpoints are ``torch.save`` + ``log_artifact`` (fast); only the final model goes
-through ``mlflow.pytorch.log_model`` (~10 s, once per study). Under ``mlflow run`` the
-study run *is* the run MLflow Projects created (``MLFLOW_RUN_ID``), so the UI shows the
-entry point's parameters and the study's results in one place.
+cheaper than one ``log_metric`` call per value (see ../shared/ENV.md, "Logging cost"; the
+numbers for this stack are in docs/tracking.md). Checkpoints are ``torch.save`` +
+``log_artifact`` (fast); only the final model goes through ``mlflow.pytorch.log_model``
+(~10 s, once per study). Under ``mlflow run`` the study run *is* the run MLflow Projects
+created (``MLFLOW_RUN_ID``), so the UI shows the entry point's parameters and the study's
+results in one place.
+
+Everything after the study run exists goes through a :class:`~tracking.spool.Spool`: if
+the tracking server is down, training goes on and the records wait on local disk, in
+order, until it is back (or are printed as a folder to replay). The client API is used
+throughout instead of MLflow's fluent "active run" stack, because an operation that must
+wait in a spool cannot depend on process-global state.
+
+Resuming (``resume_state``): the study run carries ``scarcelab.study_key`` and its owner
+(``host:pid``); a RUNNING study run of the same key whose owner is dead is reattached, its
+best checkpoint downloaded from the artifact store and its spent time read back.
 """
 
 from __future__ import annotations
@@ -13,9 +24,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +38,26 @@ import mlflow
 import torch
 from mlflow.data.http_dataset_source import HTTPDatasetSource
 from mlflow.data.meta_dataset import MetaDataset
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from torch import nn
 
-from scarcelab.tracker import DatasetInfo, Tracker
+from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
+from tracking.spool import Spool, leftovers, replay
 
 log = logging.getLogger("scarcelab.tracking")
 
 MAX_PARAM_LEN = 6000
 RETRIES = 5
+FLUSH_TIMEOUT_S = float(os.environ.get("SCARCELAB_SPOOL_FLUSH_S", "60"))
+OWNER = f"{socket.gethostname()}:{os.getpid()}"
+
+# A dead server must cost seconds, not MLflow's default ~2 minutes of backoff per call:
+# the spool retries later anyway. Users can still override these.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0.5")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 
 def _retry(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -65,15 +90,71 @@ def _git_commit() -> str | None:
         return None
 
 
+def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
+    """Perform one spooled operation against the current tracking URI; ``ids`` maps the
+    tracker's run keys to run ids (a run created during an outage gets its id here)."""
+    client = MlflowClient()
+    kind = op["op"]
+    if kind == "create_run":
+        tags = dict(op["tags"])
+        if op.get("parent"):
+            tags[MLFLOW_PARENT_RUN_ID] = ids[op["parent"]]
+        run = client.create_run(op["experiment_id"], start_time=op["start_time"], tags=tags,
+                                run_name=op["run_name"])
+        return str(run.info.run_id)
+    run_id = ids[op["key"]]
+    if kind == "log_batch":
+        client.log_batch(run_id,
+                         metrics=[Metric(k, v, ts, s) for k, v, ts, s in op.get("metrics", [])],
+                         params=[Param(k, v) for k, v in op.get("params", [])],
+                         tags=[RunTag(k, v) for k, v in op.get("tags", [])])
+    elif kind == "log_artifact":
+        if op.get("name") and Path(op["path"]).name != op["name"]:
+            # a spooled copy has a numbered name; the artifact keeps the one asked for
+            with tempfile.TemporaryDirectory() as d:
+                dst = Path(d) / op["name"]
+                shutil.copyfile(op["path"], dst)
+                client.log_artifact(run_id, str(dst), op.get("artifact_path"))
+        else:
+            client.log_artifact(run_id, op["path"], op.get("artifact_path"))
+    elif kind == "log_model":
+        model = torch.load(op["path"], weights_only=False)
+        example = torch.load(op["example_path"], weights_only=False)
+        mlflow.pytorch.log_model(model, name="model", serialization_format="pickle",
+                                 input_example=example.numpy(), run_id=run_id)
+    elif kind == "terminate":
+        client.set_terminated(run_id, op["status"], end_time=op["end_time"])
+    else:
+        raise ValueError(f"unknown spool operation {kind!r}")
+    return None
+
+
+def _experiment_id(name: str | None) -> str:
+    """The experiment a new study goes to: ``name``, else MLflow's env vars, else Default."""
+    client = MlflowClient()
+    name = name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    if name:
+        exp = client.get_experiment_by_name(name)
+        return exp.experiment_id if exp else client.create_experiment(name)
+    return os.environ.get("MLFLOW_EXPERIMENT_ID") or "0"
+
+
 class MlflowTracker(Tracker):
-    def __init__(self, experiment: str | None = None, tracking_uri: str | None = None) -> None:
+    def __init__(self, experiment: str | None = None, tracking_uri: str | None = None,
+                 spool_root: Path | None = None) -> None:
         if tracking_uri:
             mlflow.set_tracking_uri(tracking_uri)
         self._client: MlflowClient | None = None  # created lazily: no store is touched
         self.experiment = experiment
         self.study_run_id: str | None = None
         self.trial_run_id: str | None = None
+        self._trial_key: str | None = None
+        self._resume_run: str | None = None
+        self._spool_root = spool_root
+        self.spool: Spool | None = None
+        self.spool_left: Path | None = None  # set when end_study could not deliver
         self._tmp = tempfile.TemporaryDirectory(prefix="scarcelab-")
+        self._n = 0
 
     @property
     def client(self) -> MlflowClient:
@@ -81,16 +162,76 @@ class MlflowTracker(Tracker):
             self._client = MlflowClient()
         return self._client
 
-    # -- runs ---------------------------------------------------------------------
+    # -- resume ---------------------------------------------------------------------------
+    def _study_runs(self, key: str, role: str, extra: str = "") -> list[Any]:
+        exp = _experiment_id(self.experiment) if not os.environ.get("MLFLOW_RUN_ID") else \
+            self.client.get_run(os.environ["MLFLOW_RUN_ID"]).info.experiment_id
+        flt = (f"tags.`scarcelab.study_key` = '{key}' and tags.`scarcelab.role` = '{role}' "
+               f"and attributes.status = 'RUNNING'{extra}")
+        return list(_retry(self.client.search_runs, [exp], flt, max_results=1000,
+                           order_by=["attributes.start_time DESC"]))
+
+    @staticmethod
+    def _owner_dead(owner: str) -> bool:
+        host, _, pid = owner.rpartition(":")
+        return host == socket.gethostname() and pid.isdigit() and \
+            int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}")
+
+    def resume_state(self, study_key: str) -> ResumeState | None:
+        mine = os.environ.get("MLFLOW_RUN_ID")
+        for run in self._study_runs(study_key, "study"):
+            if run.info.run_id == mine or not self._owner_dead(
+                    run.data.tags.get("scarcelab.owner", "")):
+                continue
+            rid = run.info.run_id
+            ckpt = None
+            try:
+                path = mlflow.artifacts.download_artifacts(
+                    run_id=rid, artifact_path="checkpoints/best.pt", dst_path=self._tmp.name)
+                ckpt = torch.load(path, weights_only=False)
+            except Exception as e:  # noqa: BLE001 - no checkpoint yet is a normal case
+                log.info("no checkpoint to restore from run %s (%s)", rid, e)
+            hist = self.client.get_metric_history(rid, "best/val_balanced_accuracy")
+            elapsed = self.client.get_metric_history(rid, "time/elapsed_s")
+            self._resume_run = rid
+            print(f"[scarcelab] resuming study run {rid} (its process "
+                  f"{run.data.tags.get('scarcelab.owner')} died)", file=sys.stderr, flush=True)
+            return ResumeState(
+                optuna_study=run.data.tags.get("scarcelab.optuna_study", study_key),
+                elapsed_s=max((m.value for m in elapsed), default=0.0),
+                global_epoch=max((m.step for m in hist), default=-1) + 1,
+                best_checkpoint=ckpt, same_record=not mine)
+        return None
+
+    def mark_trials_failed(self, study_key: str, numbers: list[int], reason: str) -> None:
+        wanted = {str(n) for n in numbers}
+        for run in self._study_runs(study_key, "trial"):
+            if run.data.tags.get("scarcelab.trial") in wanted:
+                _retry(self.client.set_tag, run.info.run_id, "scarcelab.error", reason)
+                _retry(self.client.set_terminated, run.info.run_id, "FAILED")
+
+    # -- runs ---------------------------------------------------------------------------
     def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
-        if self.experiment and not os.environ.get("MLFLOW_RUN_ID"):
-            mlflow.set_experiment(self.experiment)
-        run = mlflow.start_run(run_name=None if os.environ.get("MLFLOW_RUN_ID") else name)
+        from mlflow.tracking.context.registry import resolve_tags
+
+        project_run = os.environ.get("MLFLOW_RUN_ID")
+        if project_run:
+            run = _retry(self.client.get_run, project_run)
+        elif self._resume_run:
+            run = _retry(self.client.get_run, self._resume_run)
+        else:
+            exp = _experiment_id(self.experiment)
+            run = _retry(self.client.create_run, exp, tags=resolve_tags({}), run_name=name)
         self.study_run_id = run.info.run_id
-        all_tags = dict(tags)
+        self._experiment_id = run.info.experiment_id
+        all_tags = {**tags, "scarcelab.owner": OWNER}
         commit = _git_commit()
         if commit and "mlflow.source.git.commit" not in run.data.tags:
             all_tags["mlflow.source.git.commit"] = commit
+        if project_run and self._resume_run:  # a new run continues the dead one
+            all_tags["scarcelab.resumed_from"] = self._resume_run
+            _retry(self.client.set_tag, self._resume_run, "scarcelab.resumed_by", project_run)
+            _retry(self.client.set_terminated, self._resume_run, "FAILED")
         # Under `mlflow run` the entry point's raw strings ("default", "''") are logged
         # already and params are immutable: log the resolved value beside them.
         existing = run.data.params
@@ -99,59 +240,125 @@ class MlflowTracker(Tracker):
             for k, v in params.items()
             if k not in existing or existing[k] != _param_value(v)
         ]
+        new_params = [p for p in new_params if existing.get(p.key) in (None, p.value)]
         _retry(self.client.log_batch, self.study_run_id, params=new_params,
                tags=[RunTag(k, str(v)) for k, v in all_tags.items()])
         for fname, obj in artifacts.items():
-            _retry(mlflow.log_dict, obj, fname)
+            _retry(self.client.log_dict, self.study_run_id, obj, fname)
         if dataset is not None:
             self._log_input(dataset)
+        uri = mlflow.get_tracking_uri()
+        self.spool = Spool(uri, deliver_op, root=self._spool_root)
+        self.spool.ids["study"] = self.study_run_id
+        self._replay_leftovers(uri)
+
+    def _replay_leftovers(self, uri: str) -> None:
+        for d in leftovers(uri, self._spool_root):
+            try:
+                ok = replay(d, deliver_op)
+            except Exception as e:  # noqa: BLE001 - a broken old spool must not stop a study
+                ok = False
+                log.warning("could not replay %s: %s", d, e)
+            print(f"[scarcelab] spool {d} left by an ended process: "
+                  f"{'delivered' if ok else 'still pending'}", file=sys.stderr, flush=True)
 
     def _log_input(self, d: DatasetInfo) -> None:
         source = HTTPDatasetSource(d.source) if "://" in d.source else HTTPDatasetSource(
             f"file://{d.source}" if d.source.startswith("/") else f"scarcelab://{d.source}")
         ds = MetaDataset(source=source, name=d.name, digest=d.digest)
-        _retry(mlflow.log_input, ds, context=d.context)
+        inp = DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context",
+                                                                  d.context)])
+        _retry(self.client.log_inputs, self.study_run_id, datasets=[inp])
+
+    def _submit(self, op: dict[str, Any]) -> None:
+        assert self.spool is not None, "start_study first"
+        self.spool.submit(op)
+        self.spool.flush()  # retries the backlog at most every few seconds
 
     def start_trial(self, number, tags, params):  # type: ignore[no-untyped-def]
-        run = mlflow.start_run(run_name=f"trial-{number}", nested=True)
-        self.trial_run_id = run.info.run_id
-        _retry(self.client.log_batch, self.trial_run_id,
-               params=[Param(k, _param_value(v)) for k, v in params.items()],
-               tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        from mlflow.tracking.context.registry import resolve_tags
+
+        self._n += 1
+        key = f"trial-{number}-{self._n}"
+        run_name = f"trial-{number}"
+        self._trial_key = key
+        self._submit({"op": "create_run", "key": key, "parent": "study",
+                      "experiment_id": self._experiment_id, "run_name": run_name,
+                      "start_time": int(time.time() * 1000),
+                      "tags": {**resolve_tags({}), MLFLOW_RUN_NAME: run_name}})
+        self._submit({"op": "log_batch", "key": key,
+                      "params": [[k, _param_value(v)] for k, v in params.items()],
+                      "tags": [[k, str(v)] for k, v in tags.items()]})
+        assert self.spool is not None
+        self.trial_run_id = self.spool.ids.get(key)  # None while the server is away
+
+    def _key(self, scope: str) -> str:
+        if scope == "trial":
+            if self._trial_key is None:
+                raise RuntimeError("log_metrics(trial) with no open trial run")
+            return self._trial_key
+        if self.study_run_id is None:
+            raise RuntimeError("log_metrics(study) with no open study run")
+        return "study"
 
     def log_metrics(self, metrics, step, scope="trial"):  # type: ignore[no-untyped-def]
-        run_id = self.trial_run_id if scope == "trial" else self.study_run_id
-        if run_id is None:
-            raise RuntimeError(f"log_metrics({scope}) with no open {scope} run")
+        key = self._key(scope)
         ts = int(time.time() * 1000)
-        batch = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()]
-        _retry(self.client.log_batch, run_id, metrics=batch)
+        self._submit({"op": "log_batch", "key": key,
+                      "metrics": [[k, float(v), ts, int(step)] for k, v in metrics.items()]})
+
+    def log_metrics_batch(self, rows, scope="trial"):  # type: ignore[no-untyped-def]
+        key = self._key(scope)
+        ts = int(time.time() * 1000)
+        batch = [[k, float(v), ts, int(step)] for metrics, step in rows
+                 for k, v in metrics.items()]
+        for s in range(0, len(batch), 1000):  # MLflow's per-request metric limit
+            self._submit({"op": "log_batch", "key": key, "metrics": batch[s:s + 1000]})
 
     def log_checkpoint(self, checkpoint, name="best.pt"):  # type: ignore[no-untyped-def]
-        assert self.study_run_id is not None
         path = Path(self._tmp.name) / name
         torch.save(checkpoint, path)
-        _retry(self.client.log_artifact, self.study_run_id, str(path), "checkpoints")
+        self._submit({"op": "log_artifact", "key": "study", "path": str(path),
+                      "artifact_path": "checkpoints", "name": name})
 
     def end_trial(self, status, error=None):  # type: ignore[no-untyped-def]
-        if error and self.trial_run_id:
-            _retry(self.client.set_tag, self.trial_run_id, "scarcelab.error", error[:5000])
-        mlflow.end_run(status=status)
-        self.trial_run_id = None
+        if self._trial_key is None:
+            return
+        if error:
+            self._submit({"op": "log_batch", "key": self._trial_key,
+                          "tags": [["scarcelab.error", error[:5000]]]})
+        self._submit({"op": "terminate", "key": self._trial_key, "status": status,
+                      "end_time": int(time.time() * 1000)})
+        self._trial_key = self.trial_run_id = None
 
     def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]
-        run_id = self.study_run_id if scope == "study" else self.trial_run_id
-        if run_id:
-            _retry(self.client.log_batch, run_id,
-                   tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        key = self._trial_key if scope == "trial" else ("study" if self.study_run_id else None)
+        if key:
+            self._submit({"op": "log_batch", "key": key,
+                          "tags": [[k, str(v)] for k, v in tags.items()]})
 
     def log_model(self, model: nn.Module, example: Any) -> None:
-        mlflow.pytorch.log_model(model, name="model", serialization_format="pickle",
-                                 input_example=example.numpy())
+        d = Path(self._tmp.name) / uuid.uuid4().hex[:8]
+        d.mkdir()
+        torch.save(model, d / "model.pt")
+        torch.save(example, d / "example.pt")
+        self._submit({"op": "log_model", "key": "study", "path": str(d / "model.pt"),
+                      "example_path": str(d / "example.pt")})
 
     def end_study(self, status):  # type: ignore[no-untyped-def]
-        while mlflow.active_run() is not None and mlflow.active_run().info.run_id != \
-                self.study_run_id:
-            mlflow.end_run(status="FAILED" if status == "FAILED" else "KILLED")
-        mlflow.end_run(status=status)
+        if self._trial_key is not None:  # a trial interrupted by an exception
+            self.end_trial("FAILED" if status == "FAILED" else "KILLED")
+        if self.spool is not None and self.study_run_id is not None:
+            self._submit({"op": "terminate", "key": "study", "status": status,
+                          "end_time": int(time.time() * 1000)})
+            self.spool_left = self.spool.close(FLUSH_TIMEOUT_S)
+            if self.spool_left is not None:
+                msg = (f"tracking server {self.spool.tracking_uri} did not take every record "
+                       f"of study run {self.study_run_id} before exit: they are kept in "
+                       f"{self.spool_left}; deliver them with `python -m tracking.spool replay "
+                       f"{self.spool_left}` (the next study against this server does it too). "
+                       "The run stays RUNNING until then and is tagged "
+                       "scarcelab.spool=delivered_late when delivered.")
+                log.error(msg)
+                print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
         self._tmp.cleanup()

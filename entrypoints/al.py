@@ -1,0 +1,96 @@
+"""``al``: one active-learning sweep (strategy x dataset x query size, all repetitions), and
+``al-report``: ranks and a critical-difference diagram over the tracked sweeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from entrypoints.cli import main
+from entrypoints.options import opt_int
+
+
+def _parse_set(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``budget=100,fitting=scratch,hidden=24x12,strategy.tau=5`` -> (config, strategy)."""
+    from scarcelab.protocols.search import parse_overrides
+
+    cfg: dict[str, Any] = {}
+    strat: dict[str, Any] = {}
+    for k, v in parse_overrides(text).items():
+        if k == "hidden":
+            v = tuple(int(h) for h in str(v).split("x") if h) if v not in ("", "none") else ()
+        if k.startswith("strategy."):
+            strat[k.split(".", 1)[1]] = v
+        else:
+            cfg[k] = v
+    return cfg, strat
+
+
+@main.command(name="al")
+@click.option("--strategy", required=True, help="query strategy (scarcelab list strategies)")
+@click.option("--dataset", default="splice", show_default=True,
+              help="splice, dna, usps, sms, honeypot, diverging_sine")
+@click.option("--data-dir", default="", help="folder with the data files (default: "
+              "$SCARCELAB_DATA or ~/.cache/scarcelab); synthetic sets need none")
+@click.option("--query-size", default="1", show_default=True)
+@click.option("--budget", default="default", show_default=True,
+              help="labels to acquire after the seed set (default: the dataset's, Table 6)")
+@click.option("--seed-set", default="default", show_default=True,
+              help="initial labeled samples per class (default 1)")
+@click.option("--repetitions", default="1", show_default=True)
+@click.option("--seed-strategy", default="0", show_default=True, help="s_Ω (fixed)")
+@click.option("--seed-data", default="0", show_default=True, help="s_D (+ repetition)")
+@click.option("--seed-model", default="0", show_default=True, help="s_θ (+ repetition)")
+@click.option("--max-candidates", default="default", show_default=True,
+              help="unlabeled candidates subsampled per query (default: the strategy's)")
+@click.option("--set", "overrides", default="",
+              help="config overrides, e.g. 'fitting=scratch,lr=0.01,hidden=24x12,"
+              "strategy.tau=5'")
+@click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+def al_cmd(strategy: str, dataset: str, data_dir: str, query_size: str, budget: str,
+           seed_set: str, repetitions: str, seed_strategy: str, seed_data: str,
+           seed_model: str, max_candidates: str, overrides: str, experiment: str) -> None:
+    """Run the CDALBench protocol for one strategy; one MLflow run per repetition."""
+    import mlflow
+
+    from scarcelab.active.loop import ALRunConfig, run_al, sweep_summary
+    from tracking.mlflow_tracker import MlflowTracker
+
+    cfg_over, strat_params = _parse_set(overrides)
+    if (b := opt_int(budget, "--budget")) is not None:
+        cfg_over["budget"] = b
+    if (s := opt_int(seed_set, "--seed-set")) is not None:
+        cfg_over["seed_per_class"] = s
+    rc = ALRunConfig(
+        strategy=strategy, dataset=dataset, data_dir=data_dir or None,
+        query_size=opt_int(query_size, "--query-size") or 1,
+        repetitions=opt_int(repetitions, "--repetitions") or 1,
+        seed_strategy=opt_int(seed_strategy, "--seed-strategy") or 0,
+        seed_data=opt_int(seed_data, "--seed-data") or 0,
+        seed_model=opt_int(seed_model, "--seed-model") or 0,
+        overrides=cfg_over, strategy_params=strat_params,
+        max_candidates=opt_int(max_candidates, "--max-candidates"),
+    )
+    tracker = MlflowTracker(experiment=experiment or None)
+    res = run_al(rc, tracker)
+    click.echo(sweep_summary(res))
+    click.echo(f"sweep run {tracker.study_run_id}; tracking URI: {mlflow.get_tracking_uri()}")
+
+
+@main.command(name="al-report")
+@click.option("--experiment", required=True, help="experiment name(s), comma-separated")
+@click.option("--tracking-uri", default="")
+@click.option("--alpha", default=0.05, show_default=True)
+@click.option("--log/--no-log", default=True, show_default=True,
+              help="log the tables and the critical-difference diagram as a report run")
+def al_report_cmd(experiment: str, tracking_uri: str, alpha: float, log: bool) -> None:
+    """Ranks of strategies per dataset and query size, and a critical-difference diagram."""
+    from tracking.al import al_report
+
+    rep = al_report([e for e in experiment.split(",") if e], tracking_uri or None,
+                    alpha=alpha, log=log)
+    click.echo(rep.ranks.to_string())
+    if rep.run_id:
+        click.echo(f"report run {rep.run_id} (artifacts: al_scores.csv, al_ranks.csv, "
+                   "al_cd_diagram.png)")

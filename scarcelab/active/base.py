@@ -1,0 +1,139 @@
+"""The query-strategy contract and the numeric kernels strategies share.
+
+A strategy sees a :class:`QueryState` (the pool's features, which indices are labeled and
+with what, the eligible unlabeled candidates, and a read-only view of the current
+classifier) and returns ``q`` distinct candidate indices. All randomness comes from the
+``rng`` argument (the strategy seed s_Ω of the protocol); a strategy never touches a global
+RNG, so a repetition is reproducible from its three seeds alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import numpy as np
+import torch
+
+
+class ModelView(Protocol):
+    """What strategies may ask of the classifier. Arrays in, arrays out (float32)."""
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        """(N, C) class probabilities, evaluation mode."""
+
+    def embed(self, x: np.ndarray) -> np.ndarray:
+        """(N, E) penultimate activations (the input itself for a linear classifier)."""
+
+    def mc_predict_proba(self, x: np.ndarray, passes: int, generator: torch.Generator,
+                         p: float | None = None) -> np.ndarray:
+        """(passes, N, C) probabilities with dropout active, masks drawn from ``generator``;
+        ``p`` overrides the dropout rate for these passes."""
+
+
+@dataclass
+class QueryState:
+    """Everything a strategy may look at for one query.
+
+    Indices (``labeled``, ``candidates``, and what ``query`` returns) refer to rows of ``x``.
+    ``oracle_score`` is only set by the loop for the oracle strategy: it retrains on
+    ``labeled + extra`` and returns test accuracy — the one place where test labels leak on
+    purpose, to build the greedy upper bound of CDALBench.
+    """
+
+    x: np.ndarray
+    labeled: np.ndarray
+    y_labeled: np.ndarray
+    candidates: np.ndarray
+    model: ModelView
+    num_classes: int
+    oracle_score: Callable[[np.ndarray], float] | None = None
+    current_accuracy: float | None = None
+
+
+class Strategy:
+    """Base class: subclasses implement :meth:`select` on a non-empty candidate set.
+
+    :meth:`query` handles what every strategy must do the same way — ``q`` larger than the
+    candidate set returns all of it, and the result is checked to be distinct candidates —
+    so that the contract holds for all strategies by construction and by test.
+    """
+
+    registered_name: ClassVar[str] = ""
+    #: Candidates drawn (from s_Ω) out of the unlabeled pool per query; None = the whole pool.
+    max_candidates: ClassVar[int | None] = 5000
+
+    def __init__(self, **params: object) -> None:
+        for k, v in params.items():
+            if not hasattr(self, k):
+                raise TypeError(f"{type(self).__name__} has no parameter {k!r}")
+            setattr(self, k, v)
+
+    def query(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
+        cand = np.asarray(state.candidates, dtype=np.int64)
+        if q <= 0 or cand.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if q >= cand.size:
+            return cand.copy()
+        picked = np.asarray(self.select(state, q, rng), dtype=np.int64)
+        if picked.size != q or np.unique(picked).size != q or not np.isin(picked, cand).all():
+            raise RuntimeError(f"strategy {self.registered_name!r} broke the query contract: "
+                               f"returned {picked.tolist()[:10]} for q={q}")
+        return picked
+
+    def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
+        """Return ``q`` distinct entries of ``state.candidates`` (1 <= q < #candidates)."""
+        raise NotImplementedError
+
+
+# -- shared kernels -----------------------------------------------------------------------
+
+def top_q(scores: np.ndarray, q: int, candidates: np.ndarray) -> np.ndarray:
+    """The ``q`` candidates with the highest scores; ties go to the lower position, so the
+    result is deterministic without consuming randomness."""
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:q]
+    return candidates[order]
+
+
+def sq_dists(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Pairwise squared Euclidean distances, clamped at 0 (the expansion can go negative)."""
+    d = (a * a).sum(1, keepdim=True) - 2.0 * a @ b.T + (b * b).sum(1)[None, :]
+    return d.clamp_min_(0.0)
+
+
+def min_sq_dist_to(points: torch.Tensor, centers: torch.Tensor,
+                   chunk: int = 8192) -> torch.Tensor:
+    """For every point, the squared distance to its nearest center, in chunks so that a
+    50k-point pool never materialises a 50k x |L| matrix at once."""
+    out = torch.empty(points.shape[0], dtype=points.dtype)
+    for s in range(0, points.shape[0], chunk):
+        out[s:s + chunk] = sq_dists(points[s:s + chunk], centers).min(1).values
+    return out
+
+
+def k_center_greedy(emb: np.ndarray, n_labeled: int, q: int) -> np.ndarray:
+    """Greedy k-center (Sener & Savarese): rows ``[:n_labeled]`` are centers already; return
+    ``q`` positions among the remaining rows, each time the one farthest from all centers.
+
+    With no labeled rows the first pick is the point farthest from the pool mean, which
+    keeps the routine deterministic without an RNG.
+    """
+    x = torch.from_numpy(np.ascontiguousarray(emb, dtype=np.float32))
+    pool = x[n_labeled:]
+    if n_labeled > 0:
+        dist = min_sq_dist_to(pool, x[:n_labeled])
+    else:
+        dist = ((pool - pool.mean(0)) ** 2).sum(1)
+    picked: list[int] = []
+    for _ in range(q):
+        i = int(torch.argmax(dist))
+        picked.append(i)
+        dist = torch.minimum(dist, ((pool - pool[i]) ** 2).sum(1))
+        dist[i] = -1.0
+    return np.asarray(picked, dtype=np.int64)
+
+
+def entropy(p: np.ndarray, axis: int = -1) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1.0)
+    return -(p * np.log(p)).sum(axis)

@@ -1,0 +1,285 @@
+"""The pool-based AL loop (CDALBench Alg. 1) with three independent seeds.
+
+Seeds: s_Ω drives the strategy (and its candidate subsample) and is the same in every
+repetition; s_D + k drives repetition k's data (synthetic draw, validation split, seed set,
+mini-batch order); s_θ + k drives its model (initial weights, dropout). Nothing reads a
+global RNG, so one repetition is reproduced from (s_Ω, s_D + k, s_θ + k) alone, and two
+strategies compared under the same k see the same data and the same initial model.
+
+Score: AUC = mean test accuracy over the iterations after each query (CDALBench Eq. 1); the
+whole curve is logged with step = labeled-set size.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from scarcelab.active import STRATEGIES
+from scarcelab.active.base import QueryState, Strategy
+from scarcelab.active.classifier import ALNet, FitConfig, TorchModelView, accuracy, fit
+from scarcelab.active.datasets import ALConfig, ALData, dataset_config, load_al_dataset, spec
+from scarcelab.errors import ConfigError, DataError
+from scarcelab.tracker import DatasetInfo, Tracker
+
+
+@dataclass
+class ALRunConfig:
+    """One sweep: a strategy on a dataset at one query size, over several repetitions."""
+
+    strategy: str
+    dataset: str
+    query_size: int = 1
+    data_dir: str | None = None
+    repetitions: int = 1
+    seed_strategy: int = 0
+    seed_data: int = 0
+    seed_model: int = 0
+    overrides: dict[str, Any] = field(default_factory=dict)  # ALConfig fields
+    strategy_params: dict[str, Any] = field(default_factory=dict)
+    max_candidates: int | None = None  # None = the strategy's own default
+
+    def resolved(self) -> ALConfig:
+        return dataset_config(self.dataset).replace(**self.overrides)
+
+
+@dataclass
+class RepetitionResult:
+    repetition: int
+    seeds: dict[str, int]
+    sizes: list[int]  # labeled-set size at each recorded accuracy (first = seed set)
+    accuracies: list[float]
+    query_times: list[float]
+    auc: float
+    split_hash: str
+
+
+@dataclass
+class ALResult:
+    config: ALRunConfig
+    repetitions: list[RepetitionResult]
+    failed: list[tuple[int, str]]
+
+    @property
+    def aucs(self) -> np.ndarray:
+        return np.asarray([r.auc for r in self.repetitions])
+
+
+def _split(data: ALData, cfg: ALConfig, rng: np.random.Generator
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validation indices, pool indices, seed-set indices (into ``x_train``)."""
+    n = len(data.y_train)
+    perm = rng.permutation(n)
+    n_val = max(1, int(round(cfg.val_fraction * n)))
+    val, pool = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+    seed_parts = []
+    for c in range(data.num_classes):
+        members = pool[data.y_train[pool] == c]
+        if len(members) < cfg.seed_per_class:
+            raise DataError(f"{data.name}: class {c} has {len(members)} pool samples, fewer than "
+                            f"seed_per_class={cfg.seed_per_class}")
+        seed_parts.append(rng.choice(members, cfg.seed_per_class, replace=False))
+    return val, pool, np.sort(np.concatenate(seed_parts))
+
+
+def _hash_split(*parts: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(np.asarray(p, dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+def make_strategy(name: str, params: dict[str, Any] | None = None,
+                  max_candidates: int | None = None) -> Strategy:
+    cls = STRATEGIES.get(name)
+    strat: Strategy = cls(**(params or {}))
+    if max_candidates is not None:
+        strat.max_candidates = max_candidates  # type: ignore[misc]
+    return strat
+
+
+def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: int,
+                   repetition: int, seed_strategy: int, seed_data: int, seed_model: int,
+                   data_rng: np.random.Generator | None = None) -> RepetitionResult:
+    """One repetition of Alg. 1. ``data_rng`` continues the stream that generated ``data``
+    (synthetic sets); otherwise it is created from ``seed_data + repetition``."""
+    if query_size < 1:
+        raise ConfigError(f"query_size must be >= 1, got {query_size}")
+    s_d, s_t = seed_data + repetition, seed_model + repetition
+    rng_d = data_rng if data_rng is not None else np.random.default_rng(s_d)
+    rng_s = np.random.default_rng(seed_strategy)  # s_Ω: fixed across repetitions
+    data_gen = torch.Generator().manual_seed(s_d)
+    model_gen = torch.Generator().manual_seed(s_t)
+
+    val, pool, seed_idx = _split(data, cfg, rng_d)
+    budget = min(cfg.budget, len(pool) - len(seed_idx))
+    x_all = torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32))
+    y_all = torch.from_numpy(data.y_train)
+    x_val, y_val = x_all[val], y_all[val]
+    x_te = torch.from_numpy(np.ascontiguousarray(data.x_test, dtype=np.float32))
+    y_te = torch.from_numpy(data.y_test)
+
+    net = ALNet(x_all.shape[1], data.num_classes, cfg.hidden, cfg.dropout)
+    net.seeded_init(model_gen)
+    init_state = copy.deepcopy(net.state_dict())
+    fcfg = FitConfig(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.batch_size, cfg.max_epochs,
+                     cfg.patience)
+
+    def train(model: ALNet, idx: np.ndarray, dgen: torch.Generator,
+              mgen: torch.Generator) -> float:
+        if cfg.fitting == "scratch":
+            model.load_state_dict(init_state)
+        t = torch.from_numpy(idx)
+        fit(model, x_all[t], y_all[t], x_val, y_val, fcfg, dgen, mgen)
+        return accuracy(model, x_te, y_te)
+
+    in_labeled = np.zeros(len(data.y_train), dtype=bool)
+    in_labeled[seed_idx] = True
+    in_pool = np.zeros(len(data.y_train), dtype=bool)
+    in_pool[pool] = True
+    labeled = seed_idx.copy()
+
+    acc = train(net, labeled, data_gen, model_gen)
+    sizes, accs, qtimes = [len(labeled)], [acc], []
+    added = 0
+    while added < budget:
+        q = min(query_size, budget - added)
+        unlabeled = np.flatnonzero(in_pool & ~in_labeled)
+        cap = strategy.max_candidates
+        cand = (np.sort(rng_s.choice(unlabeled, cap, replace=False))
+                if cap is not None and len(unlabeled) > cap else unlabeled)
+
+        def oracle_score(extra: np.ndarray, _lab: np.ndarray = labeled) -> float:
+            # Copies of the generators: every candidate is judged under the same batch order
+            # and dropout masks, and the main trajectory's streams are left untouched.
+            dg, mg = torch.Generator(), torch.Generator()
+            dg.set_state(data_gen.get_state())
+            mg.set_state(model_gen.get_state())
+            trial = copy.deepcopy(net)
+            return train(trial, np.concatenate([_lab, np.asarray(extra, dtype=np.int64)]), dg,
+                         mg)
+
+        state = QueryState(x=data.x_train, labeled=labeled, y_labeled=data.y_train[labeled],
+                           candidates=cand, model=TorchModelView(net),
+                           num_classes=data.num_classes,
+                           oracle_score=oracle_score if getattr(strategy, "needs_oracle", False)
+                           else None, current_accuracy=acc)
+        t0 = time.perf_counter()
+        picked = strategy.query(state, q, rng_s)
+        qtimes.append(time.perf_counter() - t0)
+        if picked.size == 0:
+            break
+        in_labeled[picked] = True
+        labeled = np.concatenate([labeled, picked])
+        added += picked.size
+        acc = train(net, labeled, data_gen, model_gen)
+        sizes.append(len(labeled))
+        accs.append(acc)
+    auc = float(np.mean(accs[1:])) if len(accs) > 1 else float(accs[0])
+    return RepetitionResult(repetition, {"strategy": seed_strategy, "data": s_d, "model": s_t},
+                            sizes, accs, qtimes, auc, _hash_split(val, pool, seed_idx))
+
+
+def _digest(data: ALData) -> str:
+    h = hashlib.sha256()
+    for a in (data.x_train, data.y_train, data.x_test, data.y_test):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def run_al(rc: ALRunConfig, tracker: Tracker) -> ALResult:
+    """A sweep: one parent record, one child record (role ``al``) per repetition.
+
+    A repetition that fails is recorded as failed and the sweep goes on; the sweep fails
+    only if every repetition did.
+    """
+    cfg = rc.resolved()
+    sp = spec(rc.dataset)
+    strategy = make_strategy(rc.strategy, rc.strategy_params, rc.max_candidates)
+    name = STRATEGIES.get(rc.strategy).registered_name
+    base_tags = {"scarcelab.family": "active", "scarcelab.method": name,
+                 "scarcelab.dataset": rc.dataset, "scarcelab.query_size": str(rc.query_size),
+                 "scarcelab.seed_strategy": str(rc.seed_strategy)}
+    params: dict[str, Any] = {"strategy": name, "dataset": rc.dataset,
+                              "query_size": rc.query_size, "repetitions": rc.repetitions,
+                              "seed_strategy": rc.seed_strategy, "seed_data": rc.seed_data,
+                              "seed_model": rc.seed_model,
+                              "max_candidates": strategy.max_candidates,
+                              **{f"al.{k}": v for k, v in dataclasses.asdict(cfg).items()},
+                              **{f"strategy.{k}": v for k, v in rc.strategy_params.items()}}
+    first: ALData | None = None
+    if not sp.synthetic:  # real data is identical across repetitions: load it once
+        first = load_al_dataset(rc.dataset, rc.data_dir, np.random.default_rng(rc.seed_data))
+    tracker.start_study(
+        f"al-{rc.dataset}-{name}-q{rc.query_size}",
+        {**base_tags, "scarcelab.role": "al_sweep"}, params,
+        {"al_config.json": {**params, "note": first.note if first else ""}},
+        DatasetInfo(rc.dataset, first.source if first else f"synthetic:{rc.dataset}",
+                    _digest(first) if first else "regenerated-per-repetition"),
+    )
+    result = ALResult(rc, [], [])
+    try:
+        for k in range(rc.repetitions):
+            s_d, s_t = rc.seed_data + k, rc.seed_model + k
+            tracker.start_trial(k, {**base_tags, "scarcelab.role": "al",
+                                    "scarcelab.repetition": str(k),
+                                    "scarcelab.seed_data": str(s_d),
+                                    "scarcelab.seed_model": str(s_t),
+                                    "scarcelab.seed": str(s_d)},
+                                {"repetition": k, "seed_data": s_d, "seed_model": s_t})
+            try:
+                rng_d = np.random.default_rng(s_d)
+                data = first if first is not None else load_al_dataset(rc.dataset, rc.data_dir,
+                                                                        rng_d)
+                rep = run_repetition(data, cfg, strategy, rc.query_size, k, rc.seed_strategy,
+                                     rc.seed_data, rc.seed_model,
+                                     data_rng=None if first is not None else rng_d)
+            except (ConfigError, DataError):
+                tracker.end_trial("FAILED", "configuration or data error (see the sweep)")
+                raise
+            except Exception as e:  # noqa: BLE001 - one bad repetition must not end the sweep
+                tracker.end_trial("FAILED", f"{type(e).__name__}: {e}")
+                result.failed.append((k, f"{type(e).__name__}: {e}"))
+                continue
+            rows: list[tuple[dict[str, float], int]] = [
+                ({"al/test_accuracy": a}, s) for s, a in zip(rep.sizes, rep.accuracies,
+                                                             strict=True)]
+            rows += [({"al/query_time_s": t}, s) for s, t in zip(rep.sizes[1:],
+                                                                rep.query_times, strict=True)]
+            rows.append(({"al/auc": rep.auc,
+                          "al/query_time_mean_s": float(np.mean(rep.query_times))
+                          if rep.query_times else 0.0,
+                          "al/final_accuracy": rep.accuracies[-1]}, 0))
+            tracker.log_metrics_batch(rows)
+            tracker.set_tags({"scarcelab.split_hash": rep.split_hash}, scope="trial")
+            tracker.end_trial("FINISHED")
+            result.repetitions.append(rep)
+        if not result.repetitions:
+            raise RuntimeError(f"all {rc.repetitions} repetitions failed: {result.failed}")
+        aucs = result.aucs
+        tracker.log_metrics({"al/auc_mean": float(aucs.mean()),
+                             "al/auc_std": float(aucs.std(ddof=1)) if len(aucs) > 1 else 0.0,
+                             "al/repetitions_finished": float(len(aucs))}, step=0,
+                            scope="study")
+    except BaseException:
+        tracker.end_study("FAILED")
+        raise
+    tracker.end_study("FINISHED")
+    return result
+
+
+def sweep_summary(result: ALResult) -> str:
+    aucs = result.aucs
+    std = aucs.std(ddof=1) if len(aucs) > 1 else math.nan
+    return (f"{result.config.strategy} on {result.config.dataset} q={result.config.query_size}: "
+            f"AUC {aucs.mean():.4f} ± {std:.4f} over {len(aucs)} repetitions"
+            + (f" ({len(result.failed)} failed)" if result.failed else ""))

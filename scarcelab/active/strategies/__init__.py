@@ -1,0 +1,1 @@
+"""One file per query strategy; each registers itself in ``scarcelab.active.STRATEGIES``."""

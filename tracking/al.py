@@ -1,0 +1,126 @@
+"""Active-learning views over tracked runs: AUC tables, ranks, critical-difference diagram.
+
+Every AL repetition is one run (role ``al``) carrying ``al/auc`` and the tags dataset,
+query_size, method and repetition (see ``scarcelab.active.loop``). Repetition k of every
+strategy shares the data seed s_D + k and the model seed s_θ + k, so the AUCs of one
+repetition are paired observations: strategies are ranked within each (dataset, query
+size, repetition) block, the ranks averaged over repetitions per problem, then over problems
+(CDALBench §5). The significance statistics live in ``tracking.stats``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+TAG = "tags.scarcelab"
+
+
+def al_runs(experiments: list[str], tracking_uri: str | None = None) -> pd.DataFrame:
+    """One row per finished AL repetition: dataset, query_size, strategy, repetition, auc."""
+    import mlflow
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    exps = [mlflow.get_experiment_by_name(e) for e in experiments]
+    missing = [n for n, e in zip(experiments, exps, strict=True) if e is None]
+    if missing:
+        raise ValueError(f"experiment(s) {missing} not found at {mlflow.get_tracking_uri()}")
+    df = mlflow.search_runs(
+        experiment_ids=[e.experiment_id for e in exps],  # type: ignore[union-attr]
+        filter_string="tags.`scarcelab.role` = 'al' and attributes.status = 'FINISHED'",
+        output_format="pandas")
+    cols = {f"{TAG}.dataset": "dataset", f"{TAG}.query_size": "query_size",
+            f"{TAG}.method": "strategy", f"{TAG}.repetition": "repetition",
+            "metrics.al/auc": "auc"}
+    if df.empty or not set(cols) <= set(df.columns):
+        return pd.DataFrame(columns=list(cols.values()))
+    out = df[list(cols)].rename(columns=cols).dropna(subset=["auc"])
+    out["query_size"] = out["query_size"].astype(int)
+    out["repetition"] = out["repetition"].astype(int)
+    # A sweep re-run under the same seeds duplicates rows; keep the latest (runs are sorted
+    # newest first by search_runs).
+    return out.drop_duplicates(["dataset", "query_size", "strategy", "repetition"])
+
+
+def paired_blocks(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows = (dataset, query_size, repetition) blocks where every strategy has a result,
+    columns = strategies, values = AUC."""
+    wide = runs.pivot_table(index=["dataset", "query_size", "repetition"], columns="strategy",
+                            values="auc", aggfunc="first")
+    return wide.dropna(axis=0, how="any")
+
+
+def rank_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean rank (1 = best AUC) per (dataset, query_size), plus the mean over problems."""
+    from tracking.stats import average_ranks
+
+    blocks = paired_blocks(runs)
+    rows = {key: average_ranks(sub.droplevel([0, 1]))
+            for key, sub in blocks.groupby(level=[0, 1])}
+    table = pd.DataFrame(rows).T
+    table.index.names = ["dataset", "query_size"]
+    table.loc[("mean", "all"), :] = table.mean(0)
+    return table
+
+
+def problem_scores(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean AUC per (dataset, query_size) problem: the rows of the CD diagram. With a single
+    problem the repetitions are the blocks instead (otherwise no test is possible)."""
+    blocks = paired_blocks(runs)
+    per_problem = blocks.groupby(level=[0, 1]).mean()
+    return per_problem if len(per_problem) >= 2 else blocks
+
+
+@dataclass
+class ALReport:
+    scores: pd.DataFrame
+    ranks: pd.DataFrame
+    friedman: tuple[float, float] | None
+    pairwise: pd.DataFrame | None
+    run_id: str | None
+
+
+def al_report(experiments: list[str], tracking_uri: str | None = None, alpha: float = 0.05,
+              log: bool = True) -> ALReport:
+    """Ranks and, with >= 3 strategies and >= 2 blocks, Friedman + Wilcoxon-Holm and the CD
+    diagram; ``log`` stores them as a run (role ``al_report``) in the first experiment."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import mlflow
+
+    from tracking.stats import cd_diagram, friedman_test, wilcoxon_holm
+
+    runs = al_runs(experiments, tracking_uri)
+    if runs.empty:
+        raise ValueError(f"no finished AL runs (tag scarcelab.role=al) in {experiments}")
+    ranks = rank_table(runs)
+    scores = problem_scores(runs)
+    fried = pw = fig = None
+    if scores.shape[1] >= 3 and scores.shape[0] >= 2:
+        fried = friedman_test(scores)
+        pw = wilcoxon_holm(scores, alpha=alpha)
+        fig = cd_diagram(scores, alpha=alpha, title=f"AL strategies, {scores.shape[0]} blocks")
+    run_id = None
+    if log:
+        mlflow.set_experiment(experiments[0])
+        with mlflow.start_run(run_name="al-report") as run, \
+                tempfile.TemporaryDirectory() as tmp:
+            mlflow.set_tags({"scarcelab.role": "al_report", "scarcelab.family": "active"})
+            for name, df in (("al_scores.csv", scores), ("al_ranks.csv", ranks),
+                             ("al_pairwise.csv", pw)):
+                if df is not None:
+                    p = Path(tmp) / name
+                    df.to_csv(p)
+                    mlflow.log_artifact(str(p))
+            if fried is not None:
+                mlflow.log_metrics({"al/friedman_stat": float(fried[0]),
+                                    "al/friedman_p": float(fried[1])})
+            if fig is not None:
+                mlflow.log_figure(fig, "al_cd_diagram.png")
+            run_id = run.info.run_id
+    return ALReport(scores, ranks, fried, pw, run_id)
