@@ -91,21 +91,18 @@ def sinkhorn_knopp(scores: torch.Tensor, epsilon: float = 0.05,
     every prototype receiving N/K of the mass, by alternately normalising rows and columns
     of ``exp(scores / ε)``. The equipartition constraint is what prevents SwAV's trivial
     solution (all samples on one prototype). Returns (N, K) codes whose rows sum to 1.
-    The global maximum is subtracted before ``exp`` (it cancels in the normalisation) so
-    small ε cannot overflow.
+    Computed in the log domain: with sharp scores (``scores / ε`` spanning thousands) the
+    plain ``exp`` form underflows to whole rows of zeros and returns NaN.
     """
     if scores.ndim != 2:
         raise ValueError(f"sinkhorn_knopp expects (N, K) scores, got {tuple(scores.shape)}")
-    s = scores.detach().float() / epsilon
-    q = torch.exp(s - s.max()).t()  # (K, N)
-    q /= q.sum()
-    k, n = q.shape
+    log_q = (scores.detach().float() / epsilon).t()  # (K, N), up to a constant
+    k, n = log_q.shape
     for _ in range(iterations):
-        q /= q.sum(dim=1, keepdim=True)  # each prototype: total mass 1/K
-        q /= k
-        q /= q.sum(dim=0, keepdim=True)  # each sample: total mass 1/N
-        q /= n
-    return (q * n).t().to(scores.dtype)
+        # each prototype: total mass 1/K; then each sample: total mass 1/N
+        log_q = log_q - torch.logsumexp(log_q, dim=1, keepdim=True) - math.log(k)
+        log_q = log_q - torch.logsumexp(log_q, dim=0, keepdim=True) - math.log(n)
+    return torch.exp(log_q + math.log(n)).t().to(scores.dtype)
 
 
 @torch.no_grad()

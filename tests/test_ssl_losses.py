@@ -1,0 +1,200 @@
+"""Self-supervised losses and shared parts on hand-computable cases.
+
+Each loss is checked against a value worked out by hand in the comment above it. The
+``lightly`` oracle tests at the end compare with lightly 1.6.0's reference implementations
+on random tensors; lightly is not a dependency of scarcelab (see docs/methods-self.md), so
+they skip unless it is installed (``pip install lightly==1.6.0``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from scarcelab.losses import (
+    barlow_twins,
+    dino_loss,
+    info_nce,
+    negative_cosine,
+    nt_xent,
+    swapped_prediction,
+    update_center,
+)
+from scarcelab.methods._ssl import (
+    CosinePrototypes,
+    embedding_std,
+    momentum_at,
+    momentum_copy,
+    momentum_update,
+    prediction_head,
+    sinkhorn_knopp,
+)
+
+E = math.exp
+
+
+def test_info_nce_hand_computed_in_batch_and_queue_only():
+    # q = k = e1, e2; one queued negative -e1; T = 0.5 (logits are cosines / T).
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    k = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    neg = torch.tensor([[-1.0, 0.0]])
+    # in batch: row 0 logits (2, 0, -2), row 1 (0, 2, 0); positives on the diagonal
+    row0 = -math.log(E(2) / (E(2) + 1 + E(-2)))
+    row1 = -math.log(E(2) / (E(2) + 2))
+    loss = info_nce(q, k, neg, 0.5)
+    assert abs(loss.item() - (row0 + row1) / 2) < 1e-6
+    # queue only (MoCo layout): row 0 (pos 2, neg -2), row 1 (pos 2, neg 0)
+    only = info_nce(q, k, neg, 0.5, in_batch=False)
+    expected = (-math.log(E(2) / (E(2) + E(-2))) - math.log(E(2) / (E(2) + 1))) / 2
+    assert abs(only.item() - expected) < 1e-6
+    loss.backward()
+    assert q.grad is not None and k.grad is None  # keys come from the momentum encoder
+
+
+def test_info_nce_empty_queue_is_in_batch_contrast():
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    # no negatives at all: each row picks among the 2 batch keys, logits (2, 0)
+    assert abs(float(info_nce(q, q, None, 0.5)) + math.log(E(2) / (E(2) + 1))) < 1e-6
+    with pytest.raises(ValueError, match="equal shape"):
+        info_nce(q, q[:1], None, 0.5)
+
+
+def test_negative_cosine_hand_computed_and_stop_gradient():
+    p = torch.tensor([[2.0, 0.0], [1.0, 1.0]], requires_grad=True)
+    z = torch.tensor([[1.0, 0.0], [0.0, 3.0]], requires_grad=True)
+    loss = negative_cosine(p, z)  # cosines 1 and 1/sqrt(2)
+    assert abs(loss.item() + (1 + 1 / math.sqrt(2)) / 2) < 1e-6
+    loss.backward()
+    assert p.grad is not None and z.grad is None
+
+
+def test_swapped_prediction_hand_computed():
+    # T = 1, one sample, K = 2. Scores: view 1 (0, 0) -> softmax (1/2, 1/2);
+    # view 2 (ln 3, 0) -> (3/4, 1/4). Codes: q1 = (1, 0), q2 = (1/2, 1/2).
+    # l(z2, q1) = -ln(3/4); l(z1, q2) = ln 2; loss = their mean.
+    z1, z2 = torch.tensor([[0.0, 0.0]]), torch.tensor([[math.log(3), 0.0]])
+    q1, q2 = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.5, 0.5]])
+    loss = swapped_prediction([z1, z2], [q1, q2], 1.0)
+    assert abs(float(loss) - (-math.log(0.75) + math.log(2)) / 2) < 1e-6
+    # temperature divides the scores: T = 0.5 on (ln 3 / 2, 0) is the same as above
+    half = swapped_prediction([z1, z2 / 2], [q1, q2], 0.5)
+    assert abs(float(half) - float(loss)) < 1e-6
+
+
+def test_sinkhorn_balances_a_batch_that_prefers_one_prototype():
+    # Every sample prefers prototype 0; equipartition still splits the mass evenly: with
+    # identical rows the only balanced answer is (1/2, 1/2) for each sample.
+    codes = sinkhorn_knopp(torch.tensor([[1.0, 0.0]] * 4), epsilon=0.05, iterations=3)
+    assert torch.allclose(codes, torch.full((4, 2), 0.5), atol=1e-6)
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(12, 3, generator=g)
+    c = sinkhorn_knopp(scores, epsilon=0.5, iterations=200)
+    assert torch.allclose(c.sum(1), torch.ones(12), atol=1e-5)  # a distribution per sample
+    assert torch.allclose(c.sum(0), torch.full((3,), 4.0), atol=1e-3)  # N/K per prototype
+    # huge scores / tiny epsilon must not overflow
+    assert torch.isfinite(sinkhorn_knopp(scores * 100, epsilon=0.01)).all()
+
+
+def test_dino_loss_hand_computed_with_centering():
+    # K = 2, one sample, two views, tau_t = tau_s = 1, centre 0.
+    # teacher: t1 = (0, 0) -> (1/2, 1/2); t2 = (ln 3, 0) -> (3/4, 1/4)
+    # student: s1 = (ln 3, 0) -> log(3/4, 1/4); s2 = (0, 0) -> log(1/2, 1/2)
+    # pairs: (t1, s2) = ln 2; (t2, s1) = H(3/4, 1/4)
+    t1, t2 = torch.tensor([[0.0, 0.0]]), torch.tensor([[math.log(3), 0.0]])
+    s1, s2 = torch.tensor([[math.log(3), 0.0]]), torch.tensor([[0.0, 0.0]])
+    h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    loss = dino_loss([s1, s2], [t1, t2], torch.zeros(1, 2), 1.0, 1.0)
+    assert abs(float(loss) - (math.log(2) + h) / 2) < 1e-6
+    # centring on (ln 3, 0) turns t2 uniform and t1 into (1/4, 3/4):
+    # (t1, s2) = ln 2 still; (t2, s1) = -(ln(3/4) + ln(1/4)) / 2
+    centred = dino_loss([s1, s2], [t1, t2], torch.tensor([[math.log(3), 0.0]]), 1.0, 1.0)
+    assert abs(float(centred) - (math.log(2) - (math.log(0.75) + math.log(0.25)) / 2) / 2) < 1e-6
+    c = torch.zeros(1, 2)
+    update_center(c, [torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 2.0]])], 0.9)
+    assert torch.allclose(c, torch.tensor([[0.1, 0.1]]))
+
+
+def test_barlow_twins_hand_computed():
+    # Two samples. z1 = z2 = ((1, 1), (-1, -1)): both dimensions standardise to (1, -1), so
+    # C = [[1, 1], [1, 1]] (up to eps): on-diagonal 0, off-diagonal 1 + 1 -> loss = 2λ.
+    z = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    assert abs(float(barlow_twins(z, z.clone(), 0.5)) - 1.0) < 1e-4
+    # z2 = ((1, -1), (-1, 1)): C = [[1, -1], [1, -1]]; on = 0 + 4, off = 1 + 1 -> 4 + 2λ
+    z2 = torch.tensor([[1.0, -1.0], [-1.0, 1.0]])
+    assert abs(float(barlow_twins(z, z2, 0.5)) - 5.0) < 1e-3
+    with pytest.raises(ValueError, match="N >= 2"):
+        barlow_twins(z[:1], z2[:1], 0.5)
+
+
+def test_momentum_schedule_and_update():
+    assert momentum_at(0.99, 0.0) == pytest.approx(0.99)
+    assert momentum_at(0.99, 0.5) == pytest.approx(0.995)
+    assert momentum_at(0.99, 1.0) == pytest.approx(1.0)
+    assert momentum_at(0.99, 0.7, "constant") == 0.99
+    online = torch.nn.Linear(2, 1)
+    target = momentum_copy(online)
+    assert all(not p.requires_grad for p in target.parameters())
+    with torch.no_grad():
+        online.weight.fill_(1.0)
+        target.weight.fill_(0.0)
+    m = momentum_update(target, online, 0.5, 0.0)  # cosine at fraction 0: base momentum
+    assert m == 0.5 and torch.allclose(target.weight, torch.full((1, 2), 0.5))
+
+
+def test_prototypes_predictor_and_collapse_monitor():
+    protos = CosinePrototypes(3, 4)
+    out = protos(torch.randn(5, 3) * 10)
+    assert out.shape == (5, 4) and out.abs().max() <= 1 + 1e-6
+    assert prediction_head(8, 2)(torch.randn(4, 8)).shape == (4, 8)
+    assert float(embedding_std(torch.ones(6, 4))) == 0.0  # collapsed to one point
+    spread = embedding_std(torch.randn(4096, 16, generator=torch.Generator().manual_seed(0)))
+    assert 0.9 < float(spread) < 1.1  # isotropic: about 1
+
+
+# --- lightly 1.6.0 as a test-time oracle (optional) -------------------------------------
+
+
+def _rand(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_matches_lightly_contrastive():
+    loss = pytest.importorskip("lightly.loss", reason="lightly not installed (optional oracle)")
+    z1, z2 = _rand(16, 8, seed=1), _rand(16, 8, seed=2)
+    ref = loss.NTXentLoss(temperature=0.1)(z1, z2)
+    assert torch.allclose(nt_xent(z1, z2, 0.1), ref, atol=1e-5)
+    bank = torch.nn.functional.normalize(_rand(32, 8, seed=3), dim=1)
+    moco = loss.NTXentLoss(temperature=0.1, memory_bank_size=(32, 8))
+    moco.memory_bank.bank = bank.clone()
+    ref = moco(z1, z2)
+    assert torch.allclose(info_nce(z1, z2, bank, 0.1, in_batch=False), ref, atol=1e-5)
+
+
+def test_matches_lightly_non_contrastive():
+    loss = pytest.importorskip("lightly.loss", reason="lightly not installed (optional oracle)")
+    p, z = _rand(16, 8, seed=4), _rand(16, 8, seed=5)
+    ref = loss.NegativeCosineSimilarity()(p, z)
+    assert torch.allclose(negative_cosine(p, z), ref, atol=1e-6)
+    ref = loss.BarlowTwinsLoss(lambda_param=5e-3)(p, z)
+    assert torch.allclose(barlow_twins(p, z, 5e-3), ref, rtol=1e-5)
+
+
+def test_matches_lightly_swav_and_dino():
+    loss = pytest.importorskip("lightly.loss", reason="lightly not installed (optional oracle)")
+    from lightly.loss.swav_loss import sinkhorn
+
+    s1, s2 = _rand(16, 10, seed=6).tanh(), _rand(16, 10, seed=7).tanh()
+    assert torch.allclose(sinkhorn_knopp(s1, 0.05, 3), sinkhorn(s1, 3, 0.05), atol=1e-5)
+    ref = loss.SwaVLoss(temperature=0.1, sinkhorn_iterations=3, sinkhorn_epsilon=0.05)([s1, s2],
+                                                                                      [])
+    codes = [sinkhorn_knopp(s, 0.05, 3) for s in (s1, s2)]
+    assert torch.allclose(swapped_prediction([s1, s2], codes, 0.1), ref.reshape(()), atol=1e-5)
+    t1, t2 = _rand(16, 10, seed=8), _rand(16, 10, seed=9)
+    d = loss.DINOLoss(output_dim=10, teacher_temp=0.04, student_temp=0.1,
+                      warmup_teacher_temp_epochs=1)
+    center = _rand(1, 10, seed=10)
+    d.center.copy_(center.reshape(1, 1, 10))
+    ref = d([t1, t2], [s1, s2], teacher_temp=0.04)
+    assert torch.allclose(dino_loss([s1, s2], [t1, t2], center, 0.1, 0.04), ref, atol=1e-5)
