@@ -6,6 +6,8 @@ confidence mask treats ties) lands in every method at once.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -114,3 +116,171 @@ class FeatureQueue(nn.Module):
         """Valid rows (order not significant)."""
         n = self.filled
         return self.feats[:n], self.labels[:n]
+
+
+# ---------------------------------------------------------------------------------------
+# Additions for the supervised / semi-supervised method zoo (mixup, ramps, alignment,
+# EMA teacher, class-wise thresholds). Everything below keeps the helpers above unchanged.
+
+
+def soft_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy against a target *distribution* (mixup targets, CoMatch's soft
+    pseudo-labels). ``reduction="none"`` keeps one value per sample for masking."""
+    per_sample = -(targets * F.log_softmax(logits, dim=-1)).sum(dim=-1)
+    return per_sample if reduction == "none" else per_sample.mean()
+
+
+def mixup(
+    x: torch.Tensor, targets: torch.Tensor, alpha: float, keep_larger: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Mixup (Zhang et al. 2018): convex combination with a random partner in the batch.
+
+    ``lam ~ Beta(alpha, alpha)`` is one scalar per batch, as in the paper and MixMatch.
+    ``keep_larger`` applies MixMatch's ``lam' = max(lam, 1 - lam)`` so that the mixed
+    sample stays closer to its own input, which is what lets MixMatch tell the labeled and
+    unlabeled halves of a mixed batch apart. Randomness comes from the global torch RNG,
+    which the training loop seeds per trial, so a run is reproducible from its seed.
+    """
+    if alpha <= 0:
+        return x, targets, 1.0
+    lam = float(torch.distributions.Beta(alpha, alpha).sample())
+    if keep_larger:
+        lam = max(lam, 1.0 - lam)
+    perm = torch.randperm(x.shape[0]).to(x.device)
+    mixed_x = lam * x + (1.0 - lam) * x[perm]
+    mixed_t = lam * targets + (1.0 - lam) * targets[perm]
+    return mixed_x, mixed_t, lam
+
+
+def linear_rampup(fraction: float, warmup: float) -> float:
+    """Weight in [0, 1] growing linearly over the first ``warmup`` share of training.
+
+    Warm-ups are fractions of the planned training length (USB's convention), so they
+    scale with ``max_epochs``; ``warmup <= 0`` means no warm-up.
+    """
+    if warmup <= 0:
+        return 1.0
+    return min(1.0, max(0.0, fraction / warmup))
+
+
+def sigmoid_rampup(fraction: float, warmup: float) -> float:
+    """``exp(-5 (1 - t)^2)`` ramp of Laine & Aila (2017), used by Mean Teacher and DS3L."""
+    if warmup <= 0:
+        return 1.0
+    t = min(1.0, max(0.0, fraction / warmup))
+    return float(torch.exp(torch.tensor(-5.0 * (1.0 - t) ** 2)))
+
+
+class DistributionAlignment(nn.Module):
+    """Distribution alignment of unlabeled predictions (ReMixMatch §3.2).
+
+    Scales every prediction by ``target / running_model_marginal`` and renormalises, so
+    the average pseudo-label distribution is pulled toward ``target`` (uniform unless
+    given, e.g. the labeled class frequencies). The model marginal is estimated either as
+    an EMA of batch means (``momentum``; SoftMatch uses 0.999) or as the mean over the
+    last ``window`` batches (CoMatch uses 32). The estimate is updated with the current
+    batch *before* aligning it, as both reference implementations do.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        momentum: float | None = None,
+        window: int | None = None,
+        target: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        if (momentum is None) == (window is None):
+            raise ValueError("give exactly one of momentum (EMA) or window (moving average)")
+        self.momentum = momentum
+        self.window = window
+        uniform = torch.full((num_classes,), 1.0 / num_classes)
+        self.register_buffer("target", uniform if target is None else target / target.sum())
+        self.register_buffer("p_model", uniform.clone())
+        self.register_buffer("history", torch.zeros(window or 1, num_classes))
+        self.register_buffer("n_seen", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, probs: torch.Tensor) -> None:
+        mean = probs.detach().mean(dim=0).to(self.p_model.dtype)
+        if self.momentum is not None:
+            self.p_model.mul_(self.momentum).add_(mean, alpha=1.0 - self.momentum)
+        else:
+            slot = int(self.n_seen) % int(self.window or 1)
+            self.history[slot] = mean
+            filled = min(int(self.n_seen) + 1, int(self.window or 1))
+            self.p_model.copy_(self.history[:filled].mean(dim=0))
+        self.n_seen.add_(1)
+
+    @torch.no_grad()
+    def forward(self, probs: torch.Tensor, update: bool = True) -> torch.Tensor:
+        if update:
+            self.update(probs)
+        aligned = probs * (self.target + 1e-6) / (self.p_model + 1e-6)
+        return aligned / aligned.sum(dim=-1, keepdim=True)
+
+
+class EMATeacher(nn.Module):
+    """An exponential-moving-average copy of a student network (Mean Teacher).
+
+    The copy is frozen (no gradients) and updated after each optimiser step with decay
+    ``min(1 - 1/(step + 1), decay)``: early on the teacher is the plain running average of
+    the student (Tarvainen & Valpola's code), so it is not dominated by its random
+    initialisation during the first ~1/(1 - decay) steps.
+    """
+
+    def __init__(self, student: nn.Module, decay: float) -> None:
+        super().__init__()
+        self.model = copy.deepcopy(student)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.decay = decay
+
+    @torch.no_grad()
+    def update(self, student: nn.Module, step: int) -> None:
+        ema_update(self.model, student, min(1.0 - 1.0 / (step + 1), self.decay))
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+class LearningStatus(nn.Module):
+    """FlexMatch's curriculum pseudo-labelling (Zhang et al. 2021, Eqs. 6-11).
+
+    Keeps, per unlabeled sample, the last class it was confidently (``>= tau``) predicted
+    as, or -1. The learning effect of class c is the number of samples currently assigned
+    to it, normalised by the largest class count (or, with threshold warm-up, by the
+    number of still-unused samples when that is larger); the class threshold is
+    ``tau * M(sigma_c)`` with the convex mapping ``M(x) = x / (2 - x)``. Before any sample
+    is assigned every threshold is 0, so early training uses all pseudo-labels — the
+    behaviour of the reference implementation.
+    """
+
+    def __init__(self, num_classes: int, n_unlabeled: int = 0) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.register_buffer("selected", torch.full((n_unlabeled,), -1, dtype=torch.long))
+
+    def reset(self, n_unlabeled: int, device: torch.device | None = None) -> None:
+        self.selected = torch.full((n_unlabeled,), -1, dtype=torch.long, device=device)
+
+    def learning_effect(self, warmup: bool) -> torch.Tensor:
+        used = self.selected[self.selected >= 0]
+        counts = torch.bincount(used, minlength=self.num_classes).float()
+        denom = counts.max()
+        if warmup:
+            denom = torch.maximum(denom, (self.selected < 0).sum().float())
+        return counts / denom if float(denom) > 0 else torch.zeros_like(counts)
+
+    def thresholds(self, tau: float, warmup: bool) -> torch.Tensor:
+        sigma = self.learning_effect(warmup)
+        return tau * sigma / (2.0 - sigma)
+
+    @torch.no_grad()
+    def update(self, index: torch.Tensor, pseudo: torch.Tensor, conf: torch.Tensor,
+               tau: float) -> None:
+        keep = conf >= tau
+        self.selected[index[keep]] = pseudo[keep]

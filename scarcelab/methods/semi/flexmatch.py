@@ -1,0 +1,66 @@
+"""``flexmatch`` (Zhang et al., NeurIPS 2021): FixMatch with curriculum pseudo-labelling —
+class-wise thresholds ``τ·M(σ_c)`` that rise as class c is learned.
+
+The learning effect σ_c is estimated over the *whole unlabeled pool*: every sample
+remembers the class it was last predicted as with confidence ≥ τ (``LearningStatus``,
+sized from ``DataInfo.n_unlabeled`` and indexed by ``Batch.u_index``). Defaults follow
+the paper (τ = 0.95, convex mapping x/(2−x), hard labels, T = 1, λU = 1); SSL-vs-SSL
+App. F.1 runs it without the threshold warm-up, which is therefore the default here
+(``threshold_warmup`` can be set). Search space as fixmatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scarcelab.methods import Batch, DataInfo, Losses, Progress, SemiMethod, register
+from scarcelab.methods._parts import LearningStatus, masked_cross_entropy
+from scarcelab.methods.space import pow10
+
+
+@register("flexmatch")
+class FlexMatch(SemiMethod):
+    paper = "Zhang et al. 2021, FlexMatch, arXiv:2110.08263"
+    search_space = {
+        "lr": pow10(3, -5, -2),
+        "weight_decay": pow10(4, -6, -3),
+        "lambda_u": pow10(1, -1, 1),
+    }
+    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
+                "temperature": 1.0, "threshold_warmup": False}
+    views = ("weak", "strong")
+
+    def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
+        super().__init__(backbone, num_classes, hp)
+        self.status = LearningStatus(num_classes)
+
+    def on_train_start(self, info: DataInfo) -> None:
+        self.status.reset(info.n_unlabeled, device=self.head.weight.device)
+
+    def step(self, batch: Batch, progress: Progress) -> Losses:
+        if batch.u_index is None:
+            raise ValueError("flexmatch needs Batch.u_index to track per-sample learning status")
+        if len(self.status.selected) == 0:
+            raise RuntimeError("flexmatch: on_train_start(DataInfo) was not called")
+        x, (u_weak, u_strong) = batch.x[0], batch.u
+        logits = self.logits(torch.cat([x, u_weak, u_strong]))
+        l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
+        loss_l = F.cross_entropy(l_x, batch.y)
+        tau = float(self.hp["threshold"])
+        probs = torch.softmax(l_w.detach() / float(self.hp["temperature"]), dim=-1)
+        conf, pseudo = probs.max(dim=-1)
+        class_thr = self.status.thresholds(tau, bool(self.hp["threshold_warmup"]))
+        mask = (conf >= class_thr[pseudo]).float()
+        self.status.update(batch.u_index.to(pseudo.device), pseudo, conf, tau)
+        loss_u = masked_cross_entropy(l_s, pseudo, mask)
+        return {
+            "loss": loss_l + float(self.hp["lambda_u"]) * loss_u,
+            "loss_labeled": loss_l,
+            "loss_unlabeled": loss_u,
+            "mask_rate": mask.mean(),
+            "threshold": class_thr.mean(),
+        }

@@ -1,0 +1,65 @@
+"""``mixmatch`` (Berthelot et al., NeurIPS 2019).
+
+Per step: guess a label for each unlabeled image by averaging the model's predictions on
+K = 2 weak augmentations and sharpening with T = 0.5 (Eq. 7); then mix up the whole
+labeled + unlabeled batch with a random partner from the same pool, ``lam' = max(lam,
+1 - lam)`` with ``lam ~ Beta(alpha, alpha)``; labeled loss is cross-entropy on the mixed
+labeled part, unlabeled loss the MSE between predicted and mixed guessed distributions
+(Eq. 4: mean over samples and classes). λU is ramped up linearly; the paper ramps over
+the first 16k of 1M steps, i.e. 1.6% of training, kept here as a fraction.
+
+Defaults: the paper's CIFAR-10 values α = 0.75, λU = 75, T = 0.5. Search space:
+SSL-vs-SSL App. F.1 (α ~ U(0.1, 1), λU = 7.5·10^U(0, 2)); batch 64/64.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
+from scarcelab.methods._parts import linear_rampup, mixup, sharpen, soft_cross_entropy
+from scarcelab.methods.space import Uniform, pow10
+
+
+@register("mixmatch")
+class MixMatch(SemiMethod):
+    paper = "Berthelot et al. 2019, MixMatch, arXiv:1905.02249"
+    search_space = {
+        "lr": pow10(3, -5, -2),
+        "weight_decay": pow10(4, -6, -3),
+        "alpha": Uniform(0.1, 1.0),
+        "lambda_u": pow10(7.5, 0, 2),
+    }
+    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "alpha": 0.75, "lambda_u": 75.0,
+                "temperature": 0.5, "warmup": 0.016}
+    batch_sizes = {"labeled": 64, "unlabeled": 64}
+    views = ("weak", "weak")  # K = 2 augmentations for label guessing
+
+    def guess_labels(self, views: list[torch.Tensor]) -> torch.Tensor:
+        """Sharpened mean prediction over the K augmentations; no gradient (a target)."""
+        with torch.no_grad():
+            n = len(views[0])
+            probs = torch.softmax(self.logits(torch.cat(views)), dim=-1)
+            mean = probs.view(len(views), n, -1).mean(dim=0)
+            return sharpen(mean, float(self.hp["temperature"]))
+
+    def step(self, batch: Batch, progress: Progress) -> Losses:
+        x, us = batch.x[0], batch.u
+        n_x = len(x)
+        q = self.guess_labels(us)
+        inputs = torch.cat([x, *us])
+        targets = torch.cat([F.one_hot(batch.y, self.num_classes).float(), *([q] * len(us))])
+        mixed_x, mixed_t, lam = mixup(inputs, targets, float(self.hp["alpha"]),
+                                      keep_larger=True)
+        logits = self.logits(mixed_x)
+        loss_l = soft_cross_entropy(logits[:n_x], mixed_t[:n_x])
+        loss_u = F.mse_loss(torch.softmax(logits[n_x:], dim=-1), mixed_t[n_x:])
+        ramp = linear_rampup(progress.fraction, float(self.hp["warmup"]))
+        return {
+            "loss": loss_l + float(self.hp["lambda_u"]) * ramp * loss_u,
+            "loss_labeled": loss_l,
+            "loss_unlabeled": loss_u,
+            "mixup_lambda": loss_l.new_tensor(lam),
+            "rampup": loss_l.new_tensor(ramp),
+        }

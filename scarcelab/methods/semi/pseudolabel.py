@@ -1,0 +1,47 @@
+"""``pseudolabel`` (Lee, ICML-W 2013): the network's own hard predictions on unlabeled
+images become targets, kept only above a confidence threshold τ.
+
+As in USB's and SSL-vs-SSL's version: one weakly augmented view (prediction and target
+come from the same forward pass, the target detached), τ = 0.95, and λU ramped up
+linearly over the first 40% of training (Lee's α(t) schedule also starts at 0, since
+early pseudo-labels are mostly wrong). Search space: App. F.1 (λU = 10^U(−1, 1)).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
+from scarcelab.methods._parts import confidence_mask, linear_rampup, masked_cross_entropy
+from scarcelab.methods.space import pow10
+
+
+@register("pseudolabel")
+class PseudoLabel(SemiMethod):
+    paper = ("Lee 2013, Pseudo-Label: The Simple and Efficient Semi-Supervised Learning "
+             "Method for Deep Neural Networks, ICML Workshop")
+    search_space = {
+        "lr": pow10(3, -5, -2),
+        "weight_decay": pow10(4, -6, -3),
+        "lambda_u": pow10(1, -1, 1),
+    }
+    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
+                "warmup": 0.4}
+    batch_sizes = {"labeled": 64, "unlabeled": 64}
+    views = ("weak",)
+
+    def step(self, batch: Batch, progress: Progress) -> Losses:
+        x, u = batch.x[0], batch.u[0]
+        l_x, l_u = self.logits(torch.cat([x, u])).split([len(x), len(u)])
+        loss_l = F.cross_entropy(l_x, batch.y)
+        mask, pseudo, _ = confidence_mask(l_u, float(self.hp["threshold"]))
+        loss_u = masked_cross_entropy(l_u, pseudo, mask)
+        ramp = linear_rampup(progress.fraction, float(self.hp["warmup"]))
+        return {
+            "loss": loss_l + float(self.hp["lambda_u"]) * ramp * loss_u,
+            "loss_labeled": loss_l,
+            "loss_unlabeled": loss_u,
+            "mask_rate": mask.mean(),
+            "rampup": loss_l.new_tensor(ramp),
+        }

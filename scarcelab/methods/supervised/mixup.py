@@ -1,0 +1,34 @@
+"""``mixup`` (Zhang et al., ICLR 2018): train on convex combinations of labeled images and
+of their one-hot labels, ``lam ~ Beta(alpha, alpha)``; labeled data only.
+
+The paper's default ``alpha = 1`` (lam uniform on [0, 1]) is the no-search default; the
+search space is SSL-vs-SSL App. F.1 (alpha ~ U(0.1, 10)). ``loss_labeled`` is the loss
+on the mixed batch, i.e. what is optimised, not the clean-batch cross-entropy.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from scarcelab.methods import Batch, Losses, Progress, SupervisedMethod, register
+from scarcelab.methods._parts import mixup, soft_cross_entropy
+from scarcelab.methods.space import Uniform, pow10
+
+
+@register("mixup")
+class Mixup(SupervisedMethod):
+    paper = "Zhang et al. 2018, mixup: Beyond Empirical Risk Minimization, arXiv:1710.09412"
+    search_space = {
+        "lr": pow10(3, -5, -2),
+        "weight_decay": pow10(4, -6, -3),
+        "alpha": Uniform(0.1, 10.0),
+    }
+    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "alpha": 1.0}
+    batch_sizes = {"labeled": 64, "unlabeled": 0}
+
+    def step(self, batch: Batch, progress: Progress) -> Losses:
+        x, y = batch.x[0], batch.y
+        onehot = F.one_hot(y, self.num_classes).float()
+        mixed_x, mixed_y, lam = mixup(x, onehot, float(self.hp["alpha"]))
+        loss = soft_cross_entropy(self.logits(mixed_x), mixed_y)
+        return {"loss": loss, "loss_labeled": loss, "mixup_lambda": loss.new_tensor(lam)}
