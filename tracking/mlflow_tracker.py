@@ -120,6 +120,9 @@ def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
     elif kind == "log_model":
         model = torch.load(op["path"], weights_only=False)
         example = torch.load(op["example_path"], weights_only=False)
+        # the logged-model entity is created in the *current* experiment, and `runs:/<id>/model`
+        # is looked up in the run's experiment: make them the same
+        mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
         mlflow.pytorch.log_model(model, name="model", serialization_format="pickle",
                                  input_example=example.numpy(), run_id=run_id)
     elif kind == "terminate":

@@ -1,0 +1,175 @@
+"""Where a search keeps its trials: in memory, or in a shared Optuna RDB storage.
+
+With ``OPTUNA_STORAGE`` (the tracking stack's PostgreSQL, DESIGN §4.4) several worker
+processes share one study, and a study whose process was killed can be continued:
+
+* Configurations are a pure function of ``(seed, trial number, parameter)``
+  (:class:`TrialSeededSampler`), so a new process never re-draws configurations already
+  tried, and two workers never draw the same one (trial numbers are unique in a study).
+* Every running trial carries its owner (``host:pid``) and a heartbeat (a user attribute
+  refreshed every few seconds by a daemon thread). A trial whose owner is a dead process on
+  this host, or whose heartbeat is older than the grace period, was orphaned by a crash:
+  it is marked FAILED with ``crashed=True`` and does not count as a tried configuration.
+  (Optuna's own heartbeat only runs inside ``study.optimize``; this search uses ask/tell.)
+* Trial budgets (``max_trials``) count the whole study, not one process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+import zlib
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+HEARTBEAT_S = float(os.environ.get("SCARCELAB_HEARTBEAT_S", "5"))
+GRACE_S = float(os.environ.get("SCARCELAB_HEARTBEAT_GRACE_S", "60"))
+HOST = socket.gethostname()
+
+
+def redact(uri: str | None) -> str:
+    """A storage URI without its password, safe to log as a parameter."""
+    if not uri:
+        return ""
+    return re.sub(r"(//[^:/@]+):[^@]*@", r"\1:***@", uri)
+
+
+class TrialSeededSampler(optuna.samplers.BaseSampler):
+    """Random search whose draw for trial ``n`` depends only on ``(seed, n, parameter)``.
+
+    A sequential RandomSampler would restart its stream in a resumed process and propose
+    the configurations of trials 0, 1, … again; seeding per trial avoids that.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    def infer_relative_search_space(self, study: Any, trial: FrozenTrial
+                                    ) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study: Any, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(self, study: Any, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        sub_seed = (self.seed * 1_000_003 + trial.number * 7_919
+                    + zlib.crc32(param_name.encode())) % (2**32)
+        return optuna.samplers.RandomSampler(seed=sub_seed).sample_independent(
+            study, trial, param_name, param_distribution)
+
+
+class StudyStore:
+    """One Optuna study (in memory or shared) plus the crash bookkeeping above."""
+
+    def __init__(self, name: str, seed: int, storage_url: str | None = None) -> None:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.shared = bool(storage_url)
+        self.storage: Any = None
+        if storage_url:
+            self.storage = optuna.storages.RDBStorage(
+                storage_url, engine_kwargs={"pool_pre_ping": True})
+        self.study = optuna.create_study(study_name=name, storage=self.storage,
+                                         direction="maximize",
+                                         sampler=TrialSeededSampler(seed), load_if_exists=True)
+        self.name = name
+        self._beat: threading.Event | None = None
+
+    # -- crashed trials ------------------------------------------------------------------
+    @staticmethod
+    def _owner_dead(owner: str) -> bool:
+        host, _, pid = owner.rpartition(":")
+        if host != HOST or not pid.isdigit():
+            return False
+        return int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}")
+
+    def fail_orphans(self) -> list[int]:
+        """Mark trials left RUNNING by dead processes FAILED; returns their numbers."""
+        if not self.shared:
+            return []
+        now = time.time()
+        out = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = str(t.user_attrs.get("owner", ""))
+            beat = float(t.user_attrs.get("heartbeat", 0.0))
+            if owner == f"{HOST}:{os.getpid()}":
+                continue
+            if not (self._owner_dead(owner) or now - beat > GRACE_S):
+                continue
+            tid = self.storage.get_trial_id_from_study_id_trial_number(
+                self.storage.get_study_id_from_name(self.name), t.number)
+            try:
+                self.storage.set_trial_user_attr(tid, "crashed", True)
+                self.storage.set_trial_state_values(tid, TrialState.FAIL)
+            except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+                continue  # another worker got there first
+            out.append(t.number)
+        return out
+
+    # -- counting ------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """Tried configurations of the whole study (crashed and surplus ones excluded)."""
+        c = {"complete": 0, "failed": 0, "running": 0}
+        for t in self.study.get_trials(deepcopy=False):
+            if t.user_attrs.get("crashed") or t.state == TrialState.PRUNED:
+                continue
+            if t.state == TrialState.COMPLETE:
+                c["complete"] += 1
+            elif t.state == TrialState.FAIL:
+                c["failed"] += 1
+            elif t.state == TrialState.RUNNING:
+                c["running"] += 1
+        return c
+
+    def started_before(self, number: int) -> int:
+        """Counted trials with a smaller number (for a study-wide ``max_trials``)."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.number < number and not t.user_attrs.get("crashed")
+                   and t.state != TrialState.PRUNED)
+
+    # -- trials --------------------------------------------------------------------------
+    def ask(self) -> Trial:
+        trial = self.study.ask()
+        if self.shared:
+            trial.set_user_attr("owner", f"{HOST}:{os.getpid()}")
+            trial.set_user_attr("heartbeat", time.time())
+            self._start_heartbeat(trial)
+        return trial
+
+    def _start_heartbeat(self, trial: Trial) -> None:
+        self._stop_heartbeat()
+        stop = threading.Event()
+        self._beat = stop
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                try:
+                    trial.set_user_attr("heartbeat", time.time())
+                except Exception:  # noqa: BLE001 - finished or DB blip: next beat retries
+                    if stop.is_set():
+                        return
+
+        threading.Thread(target=beat, name="scarcelab-heartbeat", daemon=True).start()
+
+    def _stop_heartbeat(self) -> None:
+        if self._beat is not None:
+            self._beat.set()
+            self._beat = None
+
+    def tell(self, trial: Trial, value: float | None = None,
+             state: TrialState | None = None) -> None:
+        self._stop_heartbeat()
+        if state is None:
+            self.study.tell(trial, value)
+        else:
+            self.study.tell(trial, state=state)
+
+    def close(self) -> None:
+        self._stop_heartbeat()
