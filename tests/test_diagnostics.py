@@ -1,0 +1,259 @@
+"""C-Score diagnostics: each against a hand computation and its invariants, and the
+per-epoch hook (generic over the method interface, free of side effects on training)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import entropy
+
+from scarcelab.methods import get_method
+from scarcelab.metrics.diagnostics import (
+    DiagnosticsConfig,
+    EpochDiagnostics,
+    class_concentration_index,
+    cosine,
+    gradient_alignment,
+    ood_filtration_failure,
+    pseudo_label_entropy,
+    semantic_drift,
+)
+from scarcelab.models import create_model
+from scarcelab.protocols.search import StudyConfig, run_study
+from scarcelab.tracker import InMemoryTracker
+from scarcelab.train import TrainConfig, train_trial
+
+# -- PLE ---------------------------------------------------------------------------------
+
+
+def test_ple_hand_computed():
+    probs = [[0.5, 0.5], [1.0, 0.0], [0.2, 0.8]]
+    h = [math.log(2), 0.0, -(0.2 * math.log(0.2) + 0.8 * math.log(0.8))]
+    assert pseudo_label_entropy(probs) == pytest.approx(sum(h) / 3, abs=1e-12)
+
+
+@pytest.mark.parametrize("c", [2, 3, 10])
+def test_ple_uniform_softmax_is_log_c(c):
+    logits = torch.zeros(7, c)
+    assert pseudo_label_entropy(torch.softmax(logits, 1)) == pytest.approx(math.log(c))
+
+
+def test_ple_matches_scipy_on_random_rows():
+    p = np.random.default_rng(0).dirichlet(np.ones(5), size=40)
+    assert pseudo_label_entropy(p) == pytest.approx(entropy(p, axis=1).mean(), rel=1e-10)
+
+
+# -- CCI ---------------------------------------------------------------------------------
+
+
+def test_cci_uniform_mean_prediction_is_zero_even_if_each_row_is_one_hot():
+    assert class_concentration_index([[1, 0, 0], [0, 1, 0], [0, 0, 1]]) == pytest.approx(0)
+    assert class_concentration_index(np.full((4, 5), 0.2)) == pytest.approx(0)
+
+
+def test_cci_hand_computed_and_collapse_is_log_c():
+    # mean prediction (0.8, 0.2): KL to (0.5, 0.5) = 0.8 ln 1.6 + 0.2 ln 0.4
+    expect = 0.8 * math.log(1.6) + 0.2 * math.log(0.4)
+    assert class_concentration_index([[0.9, 0.1], [0.7, 0.3]]) == pytest.approx(expect)
+    assert class_concentration_index([[0, 1, 0, 0]] * 6) == pytest.approx(math.log(4))
+
+
+def test_cci_matches_scipy_kl():
+    p = np.random.default_rng(1).dirichlet(np.ones(4) * 0.3, size=50)
+    ref = entropy(p.mean(0), np.full(4, 0.25))
+    assert class_concentration_index(p) == pytest.approx(ref, rel=1e-10)
+
+
+def test_bad_shapes_are_rejected():
+    with pytest.raises(ValueError):
+        pseudo_label_entropy(np.zeros((0, 3)))
+    with pytest.raises(ValueError):
+        class_concentration_index(np.ones(3) / 3)
+
+
+# -- Sem-Drift ---------------------------------------------------------------------------
+
+
+def test_sem_drift_hand_computed():
+    zl = [[0, 0], [2, 0], [5, 5]]          # class 0 centroid (1, 0); class 1 (5, 5)
+    yl = [0, 0, 1]
+    zu = [[1, 3], [1, 3], [9, 9], [4, 5]]  # pseudo 0, 0, 1(masked out), 1
+    pseudo = [0, 0, 1, 1]
+    mask = [1, 1, 0, 1]
+    # class 0: |(1,0)-(1,3)| = 3; class 1: |(5,5)-(4,5)| = 1  -> mean 2
+    assert semantic_drift(zl, yl, zu, pseudo, mask, 2) == pytest.approx(2.0)
+    # a class with no passing unlabeled sample is skipped, not counted as 0
+    assert semantic_drift(zl, yl, zu, pseudo, [1, 1, 0, 0], 2) == pytest.approx(3.0)
+
+
+def test_sem_drift_nan_when_no_class_has_both_centroids():
+    assert math.isnan(semantic_drift([[0.0, 1.0]], [0], [[1.0, 0.0]], [1], [1], 2))
+    assert math.isnan(semantic_drift([[0.0, 1.0]], [0], [[1.0, 0.0]], [0], [0], 2))
+
+
+# -- Grad-Align --------------------------------------------------------------------------
+
+
+def _linear_losses(a, b):
+    w = torch.nn.Parameter(torch.randn(2, 3, generator=torch.Generator().manual_seed(0)))
+    return (w * torch.tensor(a)).sum(), (w * torch.tensor(b)).sum(), w
+
+
+def test_grad_align_identical_losses_is_one():
+    head = torch.nn.Linear(4, 3)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    loss = torch.nn.functional.cross_entropy(head(x), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
+    assert gradient_alignment(loss, loss, head.weight) == pytest.approx(1.0)
+
+
+def test_grad_align_hand_computed():
+    # gradients of sum(W * A) are A: cos = <A,B> / (|A||B|)
+    a = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    b = [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    la, lb, w = _linear_losses(a, b)
+    assert gradient_alignment(la, lb, w) == pytest.approx(1 / (math.sqrt(2) * math.sqrt(2)))
+    la, lb, w = _linear_losses(a, [[-2.0, 0, 0], [0, -2.0, 0]])
+    assert gradient_alignment(la, lb, w) == pytest.approx(-1.0)
+
+
+def test_grad_align_nan_when_a_gradient_is_zero():
+    la, lb, w = _linear_losses([[1.0, 0, 0], [0, 0, 0]], [[0.0, 0, 0], [0, 0, 0]])
+    assert math.isnan(gradient_alignment(la, lb, w))
+    assert math.isnan(gradient_alignment(la, torch.tensor(0.0), w))
+    assert math.isnan(cosine([0.0, 0.0], [1.0, 2.0]))
+
+
+# -- OOD-FF ------------------------------------------------------------------------------
+
+
+def test_ood_ff_hand_computed():
+    mask = [1, 1, 0, 0, 1, 0, 0, 0]
+    ood = [0, 0, 0, 0, 1, 1, 1, 1]
+    # ID pass 2/4, OOD pass 1/4 -> 0.5
+    assert ood_filtration_failure(mask, ood) == pytest.approx(0.5)
+    assert ood_filtration_failure([1, 0, 1, 1], [0, 0, 1, 1]) == pytest.approx(2.0)
+
+
+def test_ood_ff_zero_when_no_ood_passes_and_undefined_cases():
+    assert ood_filtration_failure([1, 1, 0, 0], [0, 0, 1, 1]) == 0.0
+    assert ood_filtration_failure([0, 0, 0, 0], [0, 0, 1, 1]) == 0.0
+    assert math.isinf(ood_filtration_failure([0, 0, 1, 0], [0, 0, 1, 1]))
+    assert math.isnan(ood_filtration_failure([1, 0], [0, 0]))  # no OOD sample
+    with pytest.raises(ValueError):
+        ood_filtration_failure([1, 0, 1], [0, 1])
+
+
+# -- the per-epoch hook ------------------------------------------------------------------
+
+
+def _fixmatch(bundle, seed=0):
+    torch.manual_seed(seed)
+    cls = get_method("fixmatch")
+    return cls(create_model("small_cnn", in_channels=bundle.channels), bundle.num_classes,
+               dict(cls.defaults))
+
+
+def test_hook_values_match_a_direct_computation_and_leave_the_method_untouched(tiny_bundle):
+    tiny_bundle.unlabeled_ood = np.arange(len(tiny_bundle.unlabeled_x)) % 3 == 0
+    m = _fixmatch(tiny_bundle)
+    m.hp["threshold"] = 0.0  # everything passes: every diagnostic is defined
+    diag = EpochDiagnostics(tiny_bundle, "cpu", DiagnosticsConfig(n_unlabeled=100,
+                                                                  n_labeled=20, seed=3))
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    torch.manual_seed(123)
+    out = diag(m, 0)
+    after_rng = torch.rand(1)
+    torch.manual_seed(123)
+    assert torch.equal(after_rng, torch.rand(1))  # the hook did not consume the global RNG
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    assert m.training and all(p.grad is None for p in m.parameters())
+    assert {"diag/ple", "diag/cci", "diag/sem_drift", "diag/grad_align",
+            "diag/ood_ff"} <= set(out)
+    # PLE/CCI recomputed independently from the same subsample
+    m.eval()
+    with torch.no_grad():
+        x = torch.as_tensor(tiny_bundle.unlabeled_x[diag.u_idx]).float() / 255
+        from scarcelab.models.classifier import normalize
+
+        p = torch.softmax(m.logits(normalize(x)).double(), 1).numpy()
+    m.train()
+    assert len(diag.u_idx) == 100
+    assert out["diag/ple"] == pytest.approx(entropy(p, axis=1).mean(), rel=1e-6)
+    assert out["diag/cci"] == pytest.approx(entropy(p.mean(0), np.full(3, 1 / 3)), rel=1e-6)
+    assert -1.0 <= out["diag/grad_align"] <= 1.0 and out["diag/sem_drift"] > 0
+    assert out["diag/ood_ff"] == pytest.approx(1.0)  # threshold 0: OOD passes like ID
+    assert diag(m, 0) == pytest.approx(out, nan_ok=True)  # fixed subsample: deterministic
+
+
+def test_hook_uses_threshold_hyperparameter(tiny_bundle):
+    m = _fixmatch(tiny_bundle)
+    diag = EpochDiagnostics(tiny_bundle, "cpu", DiagnosticsConfig(n_unlabeled=64))
+    m.hp["threshold"] = 0.0
+    assert diag(m, 0)["diag/mask_rate"] == 1.0
+    m.hp["threshold"] = 1.01
+    assert diag(m, 0)["diag/mask_rate"] == 0.0
+
+    class NoThreshold(type(m)):  # a method without a threshold hyperparameter
+        defaults = {k: v for k, v in type(m).defaults.items() if k != "threshold"}
+
+        def step(self, batch, progress):
+            self.hp["threshold"] = 0.5
+            try:
+                return super().step(batch, progress)
+            finally:
+                del self.hp["threshold"]
+
+    torch.manual_seed(0)
+    m2 = NoThreshold(create_model("small_cnn", in_channels=1), 3, dict(NoThreshold.defaults))
+    m2.head.weight.data *= 100  # confident on some samples, not all
+    m2.eval()
+    with torch.no_grad():
+        from scarcelab.models.classifier import normalize
+
+        x = torch.as_tensor(tiny_bundle.unlabeled_x[diag.u_idx]).float() / 255
+        conf = torch.softmax(m2.logits(normalize(x)), 1).max(1).values
+    m2.train()
+    out = diag(m2, 0)
+    assert out["diag/mask_rate"] == pytest.approx(float((conf >= 0.95).float().mean()))
+    assert 0.0 < out["diag/mask_rate"] < 1.0
+
+
+def _train(bundle, diagnostics):
+    m = _fixmatch(bundle, seed=5)
+    cfg = TrainConfig(max_epochs=2, patience=5, max_steps_per_epoch=3, batch_labeled=8,
+                      batch_unlabeled=16)
+    reports = []
+    train_trial(m, bundle, cfg, deadline=1e18, generator=torch.Generator().manual_seed(5),
+                probe_rng=np.random.default_rng(5),
+                on_epoch=lambda rep, imp, snap: reports.append(rep.metrics),
+                diagnostics=diagnostics)
+    return m, reports
+
+
+def test_train_trial_merges_diagnostics_without_changing_training(tiny_bundle):
+    m0, plain = _train(tiny_bundle, None)
+    diag = EpochDiagnostics(tiny_bundle, "cpu", DiagnosticsConfig(n_unlabeled=64))
+    m1, with_diag = _train(tiny_bundle, diag)
+    assert all("diag/ple" in r and r["time/diag_s"] > 0 for r in with_diag)
+    assert not any(k.startswith("diag/") for r in plain for k in r)
+    for a, b in zip(plain, with_diag, strict=True):
+        assert a["train/loss"] == b["train/loss"]
+        assert a["val/balanced_accuracy"] == b["val/balanced_accuracy"]
+    s0, s1 = m0.state_dict(), m1.state_dict()
+    assert all(torch.equal(s0[k], s1[k]) for k in s0)
+
+
+def test_every_semi_study_logs_diagnostics_and_supervised_ones_do_not():
+    base = dict(dataset="synthetic_tiny", budget_minutes=0.5, max_epochs=2, batch_size=8,
+                unlabeled_batch_size=16, max_steps_per_epoch=2, max_trials=1,
+                arch="small_cnn", device="cpu", diag_samples=64)
+    t = InMemoryTracker()
+    run_study(StudyConfig(method="fixmatch", **base), t)
+    keys = {k for k, _, _ in t.trials[0].metrics}
+    assert {"diag/ple", "diag/cci", "diag/sem_drift", "diag/grad_align", "time/diag_s"} <= keys
+    assert "diag/ood_ff" not in keys  # no ID/OOD flags outside contamination runs
+    assert len(t.trials[0].history("diag/cci")) == 2
+    t = InMemoryTracker()
+    run_study(StudyConfig(method="sup", **base), t)
+    assert not any(k.startswith("diag/") for k, _, _ in t.trials[0].metrics)
