@@ -1,19 +1,95 @@
-"""``scarcelab leaderboard``: the query layer from the command line."""
+"""``scarcelab leaderboard``: the query layer from the command line (and ``-e leaderboard``).
+
+Without ``--output`` it is a read-only query: the chosen view goes to stdout (CSV by
+default) and nothing is written to the store. With ``--output DIR`` — or under ``mlflow
+run``, where MLflow Projects already opened a run for it — it writes the whole report
+(HTML page, CSV and markdown per view, PNG plots) and logs it as the artifacts of a run
+tagged ``scarcelab.role=report``.
+"""
 
 from __future__ import annotations
+
+import os
+import tempfile
 
 import click
 
 from entrypoints.cli import main
 
+VIEW_NAMES = ("leaderboard", "gains", "profile", "significance", "ranks")
+
+
+def _opt(s: str) -> str | None:
+    s = s.strip()
+    return s or None
+
 
 @main.command(name="leaderboard")
 @click.option("--experiment", required=True, help="experiment name(s), comma-separated")
-@click.option("--tracking-uri", default="")
-@click.option("--format", "fmt", type=click.Choice(["csv", "markdown"]), default="csv")
-def leaderboard_cmd(experiment: str, tracking_uri: str, fmt: str) -> None:
-    """Dataset × method: best-on-validation checkpoint's validation and test scores."""
-    from tracking.leaderboard import leaderboard
+@click.option("--tracking-uri", default="", help="default: MLFLOW_TRACKING_URI / MLflow's")
+@click.option("--view", type=click.Choice(VIEW_NAMES), default="leaderboard",
+              help="the view printed on stdout")
+@click.option("--format", "fmt", type=click.Choice(["csv", "markdown", "html"]),
+              default="csv")
+@click.option("--output", default="", help="folder for the full report; it is then also "
+              "logged as a `report` run")
+@click.option("--family", default="", help="filter: supervised,semi,self (comma-separated)")
+@click.option("--dataset", default="", help="filter: dataset name(s)")
+@click.option("--n-labeled", default="", help="filter: label budget(s)")
+@click.option("--sort-by", default="test_balanced_accuracy_mean",
+              help="leaderboard column to sort by (best first within each dataset)")
+@click.option("--source", type=click.Choice(["auto", "study", "trials"]), default="auto",
+              help="checkpoint record from the study series (auto prefers it) or trials")
+@click.option("--include-failed", is_flag=True, help="also count unfinished studies")
+@click.option("--log/--no-log", "do_log", default=True,
+              help="log a written report as a `report` run")
+def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, output: str,
+                    family: str, dataset: str, n_labeled: str, sort_by: str, source: str,
+                    include_failed: bool, do_log: bool) -> None:
+    """Leaderboard, gains, accuracy-over-time profile, significance and ranks of the
+    studies in EXPERIMENT(s)."""
+    import mlflow
 
-    df = leaderboard([e for e in experiment.split(",") if e], tracking_uri or None)
-    click.echo(df.to_csv(index=False) if fmt == "csv" else df.to_markdown(index=False))
+    from tracking.query import load, log_report, render, report
+
+    uri = _opt(tracking_uri)
+    if uri:
+        mlflow.set_tracking_uri(uri)
+    filters = {k: v for k, v in (("family", _opt(family)), ("dataset", _opt(dataset)),
+                                 ("n_labeled", _opt(n_labeled))) if v is not None}
+    try:
+        t = load(experiment, uri, include_failed=include_failed)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    kw = {"source": source, **filters}
+    out_dir = _opt(output)
+    under_project = bool(os.environ.get("MLFLOW_RUN_ID"))
+    if out_dir is None and not under_project:
+        extra = {"sort_by": sort_by} if view == "leaderboard" else {}
+        df = report.compute(t, view, **kw, **extra)
+        if fmt == "csv":
+            click.echo(render.to_csv(df), nl=False)
+        elif fmt == "markdown":
+            click.echo(render.to_markdown(df))
+        else:
+            sec = report.sections(t, [view], **kw)
+            sec[0].table = df
+            click.echo(render.html_report(sec, f"scarcelab {view}",
+                                          render.report_meta([experiment], t.reader.uri),
+                                          {n: render.png_bytes(f) for n, f in
+                                           sec[0].figures.items() if f is not None}))
+        return
+    if out_dir is None:
+        out_dir = tempfile.mkdtemp(prefix="scarcelab-report-")
+    secs = report.sections(t, VIEW_NAMES, **kw)
+    if sort_by != "test_balanced_accuracy_mean":
+        from tracking.query import leaderboard
+
+        secs[0].table = leaderboard(t, sort_by=sort_by, **kw)
+    names = [n for n in experiment.split(",") if n]
+    paths = render.write_report(secs, out_dir, f"scarcelab report: {', '.join(names)}",
+                                render.report_meta(names, t.reader.uri))
+    click.echo(f"report: {paths['report.html']}")
+    if do_log:
+        run_id = log_report(paths, names[0], tags={"scarcelab.experiments": ",".join(names)})
+        click.echo(f"report run: {run_id}")

@@ -1,0 +1,558 @@
+"""The query layer on a real sqlite MLflow store populated with hand-designed runs.
+
+Every expected value below is computed from the run *specification* with plain loops,
+independently of the pandas code under test: the selection rule (first strict maximum of
+validation in time order), means / sample stds, gains, Welch's t-test from its formula,
+the profile's best-so-far, the rank averages.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from scipy import stats as sps
+
+from tracking import query
+from tracking.query import views
+
+T0 = 1_700_000_000_000  # ms; all timestamps derive from the spec, so the store is fixed
+
+
+@dataclass
+class StudySpec:
+    exp: str
+    dataset: str
+    method: str
+    family: str
+    seed: int
+    n_labeled: int = 40
+    # trials -> epochs -> (val, test_bacc, test_acc, elapsed_s)
+    trials: list[list[tuple[float, float, float, float]]] = field(default_factory=list)
+    status: str = "FINISHED"
+    series: str = "best"  # study-level best/* series: "best" (search), "last" (transfer), ""
+    trial_status: tuple[str, ...] = ()
+
+
+FAMILY = {"sup": "supervised", "mixup": "supervised", "fixmatch": "semi", "simclr": "self"}
+OFFSET = {"sup": 0.0, "mixup": 0.03, "fixmatch": 0.08, "simclr": 0.05}
+
+
+def _random_trials(rng: np.random.Generator, method: str, n_trials: int = 2,
+                   n_epochs: int = 4) -> list[list[tuple[float, float, float, float]]]:
+    trials, t = [], 0.0
+    for _ in range(n_trials):
+        epochs = []
+        for _ in range(n_epochs):
+            t += 10.0
+            val = round(float(rng.uniform(0.4, 0.8)), 1)  # coarse: ties across trials
+            test = round(val * 0.9 + OFFSET[method] + float(rng.normal(0, 0.02)), 3)
+            epochs.append((val, test, round(test + 0.05, 3), t))
+        trials.append(epochs)
+        t += 5.0  # set-up time between trials
+    return trials
+
+
+def make_specs() -> list[StudySpec]:
+    rng = np.random.default_rng(7)
+    specs = []
+    for exp, ds in (("qa", "dA"), ("qb", "dB")):
+        for method in ("sup", "mixup", "fixmatch", "simclr"):
+            seeds = (0, 1) if (ds, method) == ("dB", "mixup") else (0, 1, 2)
+            for seed in seeds:
+                specs.append(StudySpec(exp, ds, method, FAMILY[method], seed,
+                                       trials=_random_trials(rng, method)))
+    # another label budget on dA: must never be averaged with n_labeled=40
+    specs.append(StudySpec("qa", "dA", "sup", "supervised", 0, n_labeled=80,
+                           trials=_random_trials(rng, "sup")))
+    # a failed study with a great score: left out unless include_failed
+    specs.append(StudySpec("qa", "dA", "sup", "supervised", 9, status="FAILED",
+                           trials=[[(0.99, 0.99, 0.99, 10.0)]]))
+    # hand-written dataset dH: literal expectations in test_hand_written_selection
+    specs.append(StudySpec(  # trials only: the record is recomputed from the trials
+        "qa", "dH", "sup", "supervised", 0, series="",
+        trials=[[(0.5, 0.50, 0.55, 10.0), (0.7, 0.60, 0.65, 20.0), (math.nan, 0.1, 0.1, 30.0)],
+                [(0.7, 0.90, 0.95, 45.0), (0.8, 0.65, 0.70, 55.0)],  # 0.7 tie: first wins
+                [(0.6, 0.99, 0.99, 70.0)]],
+        trial_status=("FINISHED", "FAILED", "FINISHED")))  # a failed trial's epochs count
+    specs.append(StudySpec(  # transfer: the study series keeps the *last* epoch
+        "qa", "dH", "fixmatch", "semi", 0, series="last",
+        trials=[[(0.9, 0.70, 0.75, 10.0), (0.6, 0.72, 0.77, 20.0)]]))
+    return specs
+
+
+@dataclass
+class ALSpec:
+    exp: str
+    dataset: str
+    strategy: str
+    query_size: int
+    repetition: int
+    auc: float
+
+
+def make_al_specs() -> list[ALSpec]:
+    base = {"random": 0.60, "margin": 0.66, "badge": 0.64}
+    out = []
+    rng = np.random.default_rng(3)
+    for ds in ("dA", "dB"):
+        for q in (1, 10):
+            for rep in (0, 1):
+                for s, b in base.items():
+                    out.append(ALSpec("qa", ds, s, q, rep,
+                                      round(b + float(rng.normal(0, 0.03)), 3)))
+    return out
+
+
+# -- independent expectations ----------------------------------------------------------
+def checkpoints(spec: StudySpec) -> list[tuple[float, float, float, float]]:
+    """Every evaluated checkpoint, in time order, NaN validation dropped."""
+    out = [e for trial in spec.trials for e in trial if not math.isnan(e[0])]
+    return sorted(out, key=lambda e: e[3])
+
+
+def chosen(spec: StudySpec, until: float = math.inf, rule: str | None = None):
+    best = None
+    for e in checkpoints(spec):
+        if e[3] > until:
+            break
+        if (rule or spec.series) == "last" or best is None or e[0] > best[0]:
+            best = e
+    return best
+
+
+def counted(specs: list[StudySpec]) -> list[StudySpec]:
+    return [s for s in specs if s.status == "FINISHED"]
+
+
+def expected_leaderboard(specs: list[StudySpec]) -> dict[tuple, dict[str, float]]:
+    groups: dict[tuple, list] = {}
+    for s in counted(specs):
+        groups.setdefault((s.dataset, s.n_labeled, s.method), []).append(chosen(s))
+    out = {}
+    for k, sel in groups.items():
+        tests = [c[1] for c in sel]
+        out[k] = {"n": len(sel), "val_mean": statistics.mean(c[0] for c in sel),
+                  "test_mean": statistics.mean(tests),
+                  "test_std": statistics.stdev(tests) if len(tests) > 1 else math.nan,
+                  "acc_mean": statistics.mean(c[2] for c in sel)}
+    return out
+
+
+# -- store ---------------------------------------------------------------------------
+def _log_study(c: MlflowClient, exp_ids: dict[str, str], s: StudySpec, start: int) -> str:
+    tags = {"scarcelab.role": "study", "scarcelab.family": s.family,
+            "scarcelab.method": s.method, "scarcelab.dataset": s.dataset,
+            "scarcelab.seed": str(s.seed)}
+    run = c.create_run(exp_ids[s.exp], start_time=start, tags=tags,
+                       run_name=f"{s.method}-{s.dataset}-s{s.seed}")
+    sid = run.info.run_id
+    # as under `mlflow run`: the raw param plus the resolved value
+    c.log_batch(sid, params=[mlflow.entities.Param("n_labeled", "default"),
+                             mlflow.entities.Param("resolved.n_labeled", str(s.n_labeled)),
+                             mlflow.entities.Param("budget_minutes", "3")])
+    study_metrics, best = [], None
+    g = 0
+    for i, trial in enumerate(s.trials):
+        tr = c.create_run(exp_ids[s.exp], start_time=start + 1 + i, run_name=f"trial-{i}",
+                          tags={**tags, "scarcelab.role": "trial", "scarcelab.trial": str(i),
+                                "mlflow.parentRunId": sid})
+        ms = []
+        for ep, (val, test, acc, el) in enumerate(trial):
+            ts = T0 + int(el * 1000)
+            ms += [Metric("val/balanced_accuracy", val, ts, ep),
+                   Metric("test/balanced_accuracy", test, ts, ep),
+                   Metric("test/accuracy", acc, ts, ep), Metric("time/elapsed_s", el, ts, ep),
+                   Metric("train/loss", 1.0 / (ep + 1), ts, ep)]
+            if not math.isnan(val) and (s.series == "last" or best is None or val > best[0]):
+                best = (val, test, acc)
+            if s.series and best is not None:
+                study_metrics += [Metric("best/val_balanced_accuracy", best[0], ts, g),
+                                  Metric("best/test_balanced_accuracy", best[1], ts, g),
+                                  Metric("best/test_accuracy", best[2], ts, g),
+                                  Metric("time/elapsed_s", el, ts, g)]
+            g += 1
+        c.log_batch(tr.info.run_id, metrics=ms)
+        st = s.trial_status[i] if s.trial_status else "FINISHED"
+        c.set_terminated(tr.info.run_id, st, end_time=start + 100)
+    if study_metrics:
+        c.log_batch(sid, metrics=study_metrics)
+    c.set_terminated(sid, s.status, end_time=start + 200)
+    return sid
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    # sqlite on tmpfs when there is one: MLflow commits every call, and fsync dominates
+    shm = Path("/dev/shm")
+    root = Path(tempfile.mkdtemp(prefix="scarcelab-query-", dir=shm)) if shm.is_dir() \
+        else tmp_path_factory.mktemp("querystore")
+    uri = f"sqlite:///{root}/mlflow.db"
+    c = MlflowClient(tracking_uri=uri)
+    exp_ids = {e: c.create_experiment(e, artifact_location=str(root / "artifacts" / e))
+               for e in ("qa", "qb", "other")}
+    specs, al = make_specs(), make_al_specs()
+    for i, s in enumerate(specs):
+        _log_study(c, exp_ids, s, T0 + 1000 * i)
+    for a in al:
+        r = c.create_run(exp_ids[a.exp], tags={
+            "scarcelab.role": "al", "scarcelab.family": "active", "scarcelab.dataset": a.dataset,
+            "scarcelab.strategy": a.strategy, "scarcelab.query_size": str(a.query_size),
+            "scarcelab.repetition": str(a.repetition)})
+        c.log_batch(r.info.run_id, metrics=[Metric("al/auc", a.auc, T0, 0)])
+        c.set_terminated(r.info.run_id, "FINISHED")
+    # noise that must not leak in: another experiment, a report run, a deleted study
+    junk = StudySpec("other", "dA", "sup", "supervised", 0, trials=[[(1.0, 1.0, 1.0, 1.0)]])
+    _log_study(c, exp_ids, junk, T0)
+    rep = c.create_run(exp_ids["qa"], tags={"scarcelab.role": "report"})
+    c.set_terminated(rep.info.run_id)
+    gone = _log_study(c, exp_ids, StudySpec("qa", "dA", "sup", "supervised", 5,
+                                            trials=[[(1.0, 1.0, 1.0, 1.0)]]), T0)
+    c.delete_run(gone)  # its trial stays: an orphan whose study is not counted
+    yield {"uri": uri, "specs": specs, "al": al, "root": root}
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tracked(store):
+    return query.load("qa,qb", store["uri"])
+
+
+# -- tests ---------------------------------------------------------------------------
+def test_tidy_frame(store, tracked):
+    runs = tracked.runs
+    specs = store["specs"]
+    n_trials = sum(len(s.trials) for s in specs)
+    # + the report run and the deleted study's orphan trial
+    assert len(runs) == len(specs) + n_trials + len(store["al"]) + 2
+    assert set(runs["experiment"]) == {"qa", "qb"}
+    assert runs["role"].value_counts().to_dict() == {
+        "trial": n_trials + 1, "study": len(specs), "al": len(store["al"]), "report": 1}
+    study = runs[(runs.role == "study") & (runs.dataset == "dA") & (runs.n_labeled == 80)]
+    assert len(study) == 1 and study.iloc[0]["params.n_labeled"] == "default"
+    assert study.iloc[0]["budget_minutes"] == 3 and study.iloc[0]["seed"] == 0
+    trials = runs[runs.parent_run_id == study.iloc[0]["run_id"]]
+    assert len(trials) == 2 and set(trials.role) == {"trial"}
+    assert {"metrics.val/balanced_accuracy", "metrics.best/test_balanced_accuracy",
+            "tags.mlflow.parentRunId"} <= set(runs.columns)
+    assert len(tracked.studies()) == len(counted(specs))
+    with pytest.raises(ValueError, match="no MLflow experiment named 'nope'"):
+        query.load("qa,nope", store["uri"])
+
+
+def test_hand_written_selection(tracked):
+    sel = views.per_study(tracked, dataset="dH").set_index("method")
+    # sup: 0.5 -> 0.7 at 20 s (test .60); the 0.7 tie at 45 s loses; 0.8 at 55 s wins
+    assert sel.loc["sup", "val_balanced_accuracy"] == 0.8
+    assert sel.loc["sup", "test_balanced_accuracy"] == 0.65
+    assert sel.loc["sup", "test_accuracy"] == 0.70
+    assert sel.loc["sup", "elapsed_s"] == 55.0 and sel.loc["sup", "source"] == "trial"
+    # transfer study: its own series says the last epoch, and that is what is reported
+    assert sel.loc["fixmatch", "test_balanced_accuracy"] == 0.72
+    assert sel.loc["fixmatch", "source"] == "study"
+    rec = tracked.record().set_index("study_id")
+    sup_id = sel.loc["sup", "study_id"]
+    assert list(rec.loc[sup_id, "val_balanced_accuracy"]) == [0.5, 0.7, 0.8]
+    # recomputed from trials, the transfer study gets the best-on-validation epoch instead
+    trials = views.per_study(tracked, source="trials", dataset="dH").set_index("method")
+    assert trials.loc["fixmatch", "test_balanced_accuracy"] == 0.70
+
+
+def test_record_sources_agree(store, tracked):
+    """The study series and the trial histories give the same choice (search rule)."""
+    a = views.per_study(tracked, source="study").set_index("study_id")
+    b = views.per_study(tracked, source="trials").set_index("study_id")
+    assert len(a) == len([s for s in counted(store["specs"]) if s.series])
+    assert len(b) == len(counted(store["specs"]))
+    transfer = (a.dataset == "dH") & (a.method == "fixmatch")  # the one "last" series
+    both = a.index[~transfer.to_numpy()]
+    cols = ["val_balanced_accuracy", "test_balanced_accuracy", "test_accuracy", "elapsed_s"]
+    pd.testing.assert_frame_equal(a.loc[both, cols], b.loc[both, cols])
+
+
+def test_leaderboard_equals_hand_computation(store, tracked):
+    lb = query.leaderboard(tracked)
+    exp = expected_leaderboard(store["specs"])
+    assert len(lb) == len(exp)
+    for row in lb.itertuples():
+        e = exp[(row.dataset, row.n_labeled, row.method)]
+        assert row.n == e["n"]
+        assert row.val_balanced_accuracy_mean == pytest.approx(e["val_mean"])
+        assert row.test_balanced_accuracy_mean == pytest.approx(e["test_mean"])
+        assert row.test_accuracy_mean == pytest.approx(e["acc_mean"])
+        if math.isnan(e["test_std"]):
+            assert math.isnan(row.test_balanced_accuracy_std)
+        else:
+            assert row.test_balanced_accuracy_std == pytest.approx(e["test_std"])
+        assert row.family == FAMILY[row.method]
+    # sorted best-first within each (dataset, budget) block
+    for _, part in lb.groupby(["dataset", "n_labeled"]):
+        assert part.test_balanced_accuracy_mean.is_monotonic_decreasing
+    by_auc = query.leaderboard(tracked, sort_by="test_accuracy_mean", ascending=True)
+    for _, part in by_auc.groupby(["dataset", "n_labeled"]):
+        assert part.test_accuracy_mean.is_monotonic_increasing
+    with pytest.raises(ValueError, match="cannot sort by 'nope'"):
+        query.leaderboard(tracked, sort_by="nope")
+
+
+def test_leaderboard_filters(store, tracked):
+    semi = query.leaderboard(tracked, family="semi")
+    assert set(semi.method) == {"fixmatch"} and set(semi.dataset) == {"dA", "dB", "dH"}
+    one = query.leaderboard(tracked, dataset="dA", n_labeled=80)
+    assert list(one.method) == ["sup"] and one.n.tolist() == [1]
+    both = query.leaderboard(tracked, dataset=["dA", "dB"], family="supervised,self")
+    assert set(both.method) == {"sup", "mixup", "simclr"}
+    assert set(both.dataset) == {"dA", "dB"}
+    assert query.leaderboard(tracked, budget_minutes=99).empty
+    # a failed study only counts on request
+    full = query.load("qa", store["uri"], include_failed=True)
+    lb = query.leaderboard(full, dataset="dA", n_labeled=40, method="sup")
+    assert lb.n.tolist() == [4]
+    # one experiment only
+    assert set(query.leaderboard(query.load("qb", store["uri"])).dataset) == {"dB"}
+
+
+def test_gains_equal_hand_computation(store, tracked):
+    g = query.gains(tracked, n_labeled=40).set_index("method")
+    exp = expected_leaderboard(store["specs"])
+    blocks = {}
+    for (ds, nl, m), v in exp.items():
+        if nl == 40:
+            blocks.setdefault(ds, {})[m] = v["test_mean"]
+    for ds, means in blocks.items():
+        ref = max(v for m, v in means.items() if m in ("sup", "mixup", "supcon"))
+        for m, v in means.items():
+            assert g.loc[m, ds] == pytest.approx(v - ref)
+    for m in g.index:
+        gains_m = [blocks[ds][m] - max(v for k, v in blocks[ds].items() if k in ("sup", "mixup"))
+                   for ds in blocks if m in blocks[ds]]
+        assert g.loc[m, "median_gain"] == pytest.approx(statistics.median(gains_m))
+        assert g.loc[m, "worst_gain"] == pytest.approx(min(gains_m))
+    assert g["median_gain"].is_monotonic_decreasing
+    # a block without a labeled-only method is left out, with a warning
+    with pytest.warns(UserWarning, match="no labeled-only method"):
+        only_semi = query.gains(tracked, family="semi")
+    assert only_semi.empty
+    # two budgets of dA become two columns
+    g2 = query.gains(tracked, dataset="dA")
+    assert {"dA (n=40)", "dA (n=80)"} <= set(g2.columns)
+
+
+def welch_p(x: list[float], y: list[float]) -> float:
+    vx, vy = statistics.variance(x) / len(x), statistics.variance(y) / len(y)
+    t = (statistics.mean(x) - statistics.mean(y)) / math.sqrt(vx + vy)
+    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    return 2 * sps.t.sf(abs(t), df)
+
+
+def test_significance_equals_welch_formula(store, tracked):
+    sig = query.significance(tracked, n_labeled=40)
+    per: dict[str, dict[str, list[float]]] = {}
+    for s in counted(store["specs"]):
+        if s.n_labeled == 40:
+            per.setdefault(s.dataset, {}).setdefault(s.method, []).append(chosen(s)[1])
+    checked = 0
+    for ds, methods in per.items():
+        best = max(methods, key=lambda m: statistics.mean(methods[m]))
+        rows = sig[sig.dataset == ds].set_index("method")
+        assert set(rows.best_method) == {best}
+        for m, vals in methods.items():
+            assert rows.loc[m, "mean"] == pytest.approx(statistics.mean(vals))
+            if m == best or len(vals) < 2 or len(methods[best]) < 2:
+                assert math.isnan(rows.loc[m, "p_value"])
+                continue
+            p = welch_p(vals, methods[best])
+            assert rows.loc[m, "p_value"] == pytest.approx(p)
+            assert rows.loc[m, "significantly_worse"] == (p < 0.05)
+            checked += 1
+    assert checked >= 6 and sig.significantly_worse.any()
+
+
+def test_profile_equals_best_so_far(store, tracked):
+    grid = [0.0, 5.0, 10.0, 25.0, 44.0, 60.0, 95.0]
+    prof = query.profile(tracked, grid=grid, n_labeled=40)
+    groups: dict[tuple, list[StudySpec]] = {}
+    for s in counted(store["specs"]):
+        if s.n_labeled == 40:
+            groups.setdefault((s.dataset, s.method), []).append(s)
+    for (ds, m), studies in groups.items():
+        part = prof[(prof.dataset == ds) & (prof.method == m)].set_index("t_s")
+        assert list(part.index) == grid and set(part.n) == {len(studies)}
+        for t in grid:
+            picks = [chosen(s, until=t) for s in studies]
+            if any(p is None for p in picks):
+                assert math.isnan(part.loc[t, "test_balanced_accuracy_mean"])
+                continue
+            tests, vals = [p[1] for p in picks], [p[0] for p in picks]
+            assert part.loc[t, "test_balanced_accuracy_mean"] == pytest.approx(
+                statistics.mean(tests))
+            assert part.loc[t, "test_balanced_accuracy_min"] == pytest.approx(min(tests))
+            assert part.loc[t, "test_balanced_accuracy_max"] == pytest.approx(max(tests))
+            assert part.loc[t, "val_balanced_accuracy_mean"] == pytest.approx(
+                statistics.mean(vals))
+        if all(s.series != "last" for s in studies):  # transfer keeps the latest epoch
+            assert part["val_balanced_accuracy_mean"].dropna().is_monotonic_increasing
+    # default grid: from 0 to the block's last checkpoint
+    auto = query.profile(tracked, n_points=5, dataset="dA", n_labeled=40)
+    last = max(checkpoints(s)[-1][3] for s in groups[("dA", "sup")])
+    assert sorted(set(auto.t_s)) == pytest.approx(list(np.linspace(0, last, 5)))
+
+
+def _ranks_by_hand(table: dict[str, dict[str, float]]) -> dict[str, float]:
+    """table: problem -> method -> score; rank 1 = best, ties share the mean rank."""
+    total: dict[str, float] = {}
+    for scores in table.values():
+        for m, v in scores.items():
+            higher = sum(1 for w in scores.values() if w > v)
+            equal = sum(1 for w in scores.values() if w == v)
+            total[m] = total.get(m, 0.0) + higher + (equal + 1) / 2
+    return {m: r / len(table) for m, r in total.items()}
+
+
+def test_ranks_study_and_al(store, tracked):
+    r = query.ranks(tracked, n_labeled=40, dataset="dA,dB")
+    study = r[r.scope == "study"].set_index("method")
+    exp = expected_leaderboard(store["specs"])
+    table = {}
+    for (ds, nl, m), v in exp.items():
+        if nl == 40 and ds in ("dA", "dB"):
+            table.setdefault(ds, {})[m] = v["test_mean"]
+    for m, avg in _ranks_by_hand(table).items():
+        assert study.loc[m, "average_rank"] == pytest.approx(avg)
+    al = r[r.scope == "al"].set_index("method")
+    al_table: dict[str, dict[str, list[float]]] = {}
+    for a in store["al"]:
+        al_table.setdefault(f"{a.dataset}/{a.query_size}", {}).setdefault(
+            a.strategy, []).append(a.auc)
+    means = {p: {s: statistics.mean(v) for s, v in d.items()} for p, d in al_table.items()}
+    hand = _ranks_by_hand(means)
+    assert set(al.index) == set(hand) and set(al.n_problems) == {4}
+    for s, avg in hand.items():
+        assert al.loc[s, "average_rank"] == pytest.approx(avg)
+    assert list(al.average_rank) == sorted(al.average_rank)
+    per_rep = query.al_scores(tracked, per_repetition=True)
+    assert len(per_rep) == 8 and list(per_rep.columns) == sorted(hand)
+
+
+def test_api_reader_matches_sql_reader(store, tracked):
+    api = query.load(["qa", "qb"], store["uri"], reader="api")
+    assert isinstance(api.reader, query.ApiReader)
+    assert isinstance(tracked.reader, query.SqlReader)
+    a = query.leaderboard(api)
+    b = query.leaderboard(tracked)
+    pd.testing.assert_frame_equal(a, b)
+    pa = query.profile(api, n_points=7, source="trials")
+    pb = query.profile(tracked, n_points=7, source="trials")
+    pd.testing.assert_frame_equal(pa, pb)
+
+
+def test_cli_csv_on_stdout(store, tracked):
+    from entrypoints.cli import main
+
+    res = CliRunner().invoke(main, ["leaderboard", "--experiment", "qa,qb", "--tracking-uri",
+                                    store["uri"], "--view", "significance"])
+    assert res.exit_code == 0, res.output
+    from io import StringIO
+
+    got = pd.read_csv(StringIO(res.output))
+    want = query.significance(tracked)
+    assert list(got.columns) == list(want.columns) and len(got) == len(want)
+    np.testing.assert_allclose(got["mean"], want["mean"])
+    res = CliRunner().invoke(main, ["leaderboard", "--experiment", "qb", "--tracking-uri",
+                                    store["uri"], "--format", "markdown"])
+    assert res.exit_code == 0 and res.output.lstrip().startswith("| dataset")
+    bad = CliRunner().invoke(main, ["leaderboard", "--experiment", "nope", "--tracking-uri",
+                                    store["uri"]])
+    assert bad.exit_code != 0 and "no MLflow experiment named 'nope'" in bad.output
+
+
+@pytest.fixture(scope="module")
+def report(store, tmp_path_factory):
+    """The full report written by the CLI and logged as a `report` run."""
+    from entrypoints.cli import main
+
+    out = tmp_path_factory.mktemp("report")
+    res = CliRunner().invoke(main, ["leaderboard", "--experiment", "qa,qb", "--tracking-uri",
+                                    store["uri"], "--output", str(out), "--format", "html"])
+    assert res.exit_code == 0, res.output
+    return out, res.output
+
+
+def test_report_files_and_report_run(store, report):
+    out, output = report
+    names = {p.name for p in out.iterdir()}
+    for v in ("leaderboard", "gains", "profile", "significance", "ranks"):
+        assert {f"{v}.csv", f"{v}.md"} <= names
+    assert {"report.html", "leaderboard.png", "profile.png", "cd_study.png",
+            "cd_al.png"} <= names
+    html = (out / "report.html").read_text()
+    assert html.count("<table") == 5 and html.count("data:image/png;base64,") >= 4
+    c = MlflowClient(tracking_uri=store["uri"])
+    exp = c.get_experiment_by_name("qa")
+    runs = c.search_runs([exp.experiment_id], "tags.`scarcelab.role` = 'report'")
+    logged = [r for r in runs if r.info.run_name == "report"]
+    assert len(logged) == 1 and logged[0].info.run_id in output
+    arts = {a.path for a in c.list_artifacts(logged[0].info.run_id, "report")}
+    assert "report/report.html" in arts and "report/leaderboard.csv" in arts
+    # the report run never shows up in a view
+    again = query.load("qa,qb", store["uri"])
+    pd.testing.assert_frame_equal(query.leaderboard(again),
+                                  query.leaderboard(query.load("qa,qb", store["uri"])))
+    assert "report" not in set(query.leaderboard(again).method.astype(str))
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    try:
+        subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True,
+                       timeout=300)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True,
+                       capture_output=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"headless Chromium not installed and apt-get install chromium failed: {e}")
+    found = shutil.which("chromium")
+    if not found:
+        pytest.skip("apt-get install chromium succeeded but no chromium binary on PATH")
+    return found
+
+
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    out, _ = report
+    exe = _chromium()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}", "--window-size=1280,900"]
+    url = (out / "report.html").resolve().as_uri()
+    dom = subprocess.run([exe, *flags, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120)
+    assert "id=\"table-leaderboard\"" in dom.stdout, dom.stderr[-2000:]
+    assert "fixmatch" in dom.stdout and "<img" in dom.stdout
+    shot = tmp_path / "shot.png"
+    subprocess.run([exe, *flags, f"--screenshot={shot}", url], capture_output=True,
+                   timeout=120)
+    assert shot.exists(), "chromium wrote no screenshot"
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(shot)[..., :3]
+    assert img.shape[0] >= 800 and img.shape[1] >= 1200
+    # the top of the page shows the title and the leaderboard table: dark text and the
+    # table header colour (#eef) on white, i.e. far from blank
+    top = img[: img.shape[0] // 2]
+    dark = (top.mean(axis=2) < 0.4).mean()
+    header = (np.abs(top - np.array([0xEE, 0xEE, 0xFF]) / 255).max(axis=2) < 0.02).mean()
+    assert dark > 0.002 and header > 0.001, (dark, header)
+    assert Path(shot).stat().st_size > 10_000

@@ -1,0 +1,31 @@
+"""The query layer: tracked studies -> the tables and figures of the papers we implement.
+
+    from tracking.query import load, leaderboard, gains, profile, significance, ranks
+    t = load("my-benchmark", tracking_uri="sqlite:///mlflow.db")   # read once
+    leaderboard(t, dataset="pathmnist", sort_by="test_auroc_mean")
+    gains(t); profile(t); significance(t); ranks(t)
+
+See docs/query.md for what every column means and how each view is computed.
+"""
+
+from tracking.query.frame import Tracked, load, tidy_runs
+from tracking.query.report import log_report, sections
+from tracking.query.store import ApiReader, SqlReader, open_reader
+from tracking.query.views import (
+    VIEWS,
+    al_ranks,
+    al_scores,
+    filter_frame,
+    gains,
+    leaderboard,
+    per_study,
+    profile,
+    ranks,
+    significance,
+    study_scores,
+)
+
+__all__ = ["VIEWS", "ApiReader", "SqlReader", "Tracked", "al_ranks", "al_scores",
+           "filter_frame", "gains", "leaderboard", "load", "log_report", "open_reader",
+           "per_study", "profile", "ranks", "sections", "significance", "study_scores",
+           "tidy_runs"]

@@ -1,0 +1,258 @@
+"""Load once, query many times: :func:`load` turns the runs of some experiments into one
+tidy frame (one row per study / trial / AL run) plus, on demand, the *checkpoint record* of
+every study that the leaderboard and the accuracy-over-time profile are computed from.
+
+The checkpoint record of a study is the sequence of checkpoints that were, when they were
+evaluated, the best on validation so far (a strict improvement of validation balanced
+accuracy, in the order of ``time/elapsed_s`` since the study started — the same rule the
+search protocol uses to keep ``checkpoints/best.pt``). Its last entry is the checkpoint the
+study reports; the entry current at time t is the answer the study would have given had its
+budget ended at t. Two sources give the same record:
+
+* the study run's own ``best/val_balanced_accuracy``, ``best/test_*`` and ``time/elapsed_s``
+  series (one point per epoch of any trial, on a global epoch counter): authoritative — it
+  is what the protocol decided at every point, including the transfer mode that keeps the
+  *last* epoch (so every point of it is kept, not only improvements);
+* the trial runs' per-epoch ``val/balanced_accuracy``, ``test/*`` and ``time/elapsed_s``
+  (step = epoch, time since the *study* started): used when a study has no series of its
+  own, or on request (``source="trials"``) to recompute the choice independently.
+
+Test metrics are read only for the entries of the record (a few per study), not for every
+epoch of every trial: that second, narrow read is what keeps 10,000 trials interactive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tracking.query.store import StoreReader, open_reader
+
+ROLE_TAG = "scarcelab.role"
+TAG_PREFIX = "scarcelab."
+NUMERIC_COLUMNS = ("seed", "trial", "query_size", "repetition", "n_labeled", "n_val",
+                   "budget_minutes")
+VAL = "val_balanced_accuracy"
+SOURCES = ("auto", "study", "trials")
+# (validation key, test key prefix) per source of the checkpoint record
+STUDY_KEYS = ("best/val_balanced_accuracy", "best/test_")
+TRIAL_KEYS = ("val/balanced_accuracy", "test/")
+ELAPSED = "time/elapsed_s"
+
+
+def _listify(x: str | Iterable[str]) -> list[str]:
+    return [s for s in ([x] if isinstance(x, str) else list(x)) if s]
+
+
+def _wide(long: pd.DataFrame, prefix: str) -> pd.DataFrame:
+    """long (run_id, key, value) -> one column per key, named ``prefix + key``."""
+    if long.empty:
+        return pd.DataFrame(index=pd.Index([], name="run_id"))
+    w = long.drop_duplicates(["run_id", "key"], keep="last").pivot(
+        index="run_id", columns="key", values="value")
+    w.columns = [prefix + str(c) for c in w.columns]
+    return w
+
+
+@dataclass
+class Tracked:
+    """The runs of some experiments, loaded once. ``runs`` is the tidy frame; the views in
+    :mod:`tracking.query.views` take this object."""
+
+    runs: pd.DataFrame
+    reader: StoreReader
+    experiment_ids: list[str]
+    include_failed: bool = False
+    _records: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+
+    # -- selections ---------------------------------------------------------------
+    def role(self, role: str) -> pd.DataFrame:
+        if "role" not in self.runs:
+            return self.runs.iloc[0:0]
+        return self.runs[self.runs["role"] == role]
+
+    def studies(self) -> pd.DataFrame:
+        """Study runs that count: FINISHED ones unless ``include_failed``."""
+        s = self.role("study")
+        if not self.include_failed:
+            s = s[s["status"] == "FINISHED"]
+        return s
+
+    # -- checkpoint record ----------------------------------------------------------
+    def record(self, source: str = "auto") -> pd.DataFrame:
+        """One row per improvement of each counted study: ``study_id``, ``run_id``,
+        ``step``, ``elapsed_s``, ``val_balanced_accuracy``, ``test_*``, ``source``
+        (``study`` or ``trial``), in time order within each study."""
+        if source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+        if source not in self._records:
+            self._records[source] = self._build_record(source)
+        return self._records[source]
+
+    def _build_record(self, source: str) -> pd.DataFrame:
+        studies = self.studies()
+        study_ids = list(studies["run_id"])
+        parts = []
+        if source in ("auto", "study") and study_ids:
+            parts.append(self._candidates(study_ids, STUDY_KEYS[0], "study"))
+        have = set(parts[0]["study_id"]) if parts else set()
+        if source in ("auto", "trials"):
+            trials = self.role("trial")
+            trials = trials[trials["parent_run_id"].isin(set(study_ids) - have)]
+            if len(trials):
+                parts.append(self._candidates(list(trials["run_id"]), TRIAL_KEYS[0], "trial"))
+        cols = ["study_id", "run_id", "step", "elapsed_s", VAL, "source"]
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return pd.DataFrame(columns=cols)
+        cand = pd.concat(parts, ignore_index=True)
+        return self._attach_tests(_record_rows(cand))
+
+    def _candidates(self, run_ids: list[str], val_key: str, source: str) -> pd.DataFrame:
+        """Every evaluated checkpoint (run, step) with its validation score and time."""
+        scope = None if source == "trial" and len(run_ids) == self._n_role("trial") else run_ids
+        h = self.reader.histories(scope, self.experiment_ids, keys=[val_key, ELAPSED])
+        h = h[h["run_id"].isin(set(run_ids))] if scope is None else h
+        if h.empty:
+            return pd.DataFrame(columns=["study_id", "run_id", "step", "elapsed_s", VAL,
+                                         "source", "start_time"])
+        h = h.sort_values("timestamp", kind="stable").drop_duplicates(
+            ["run_id", "key", "step"], keep="last")
+        w = h.pivot(index=["run_id", "step"], columns="key", values="value")
+        w = w.reindex(columns=[val_key, ELAPSED]).reset_index()
+        w.columns = ["run_id", "step", VAL, "elapsed_s"]
+        w = w.dropna(subset=[VAL])
+        meta = self.runs.set_index("run_id")
+        if source == "study":
+            w["study_id"] = w["run_id"]
+        else:
+            w["study_id"] = w["run_id"].map(meta["parent_run_id"])
+        w["start_time"] = w["run_id"].map(meta["start_time"])
+        w["source"] = source
+        return w
+
+    def _n_role(self, role: str) -> int:
+        return int((self.runs.get("role") == role).sum()) if "role" in self.runs else 0
+
+    def _attach_tests(self, rec: pd.DataFrame) -> pd.DataFrame:
+        """Read the test metrics of the record's checkpoints only (see module doc)."""
+        out = []
+        for source, (_, prefix) in (("study", STUDY_KEYS), ("trial", TRIAL_KEYS)):
+            part = rec[rec["source"] == source]
+            if part.empty:
+                continue
+            h = self.reader.histories(sorted(set(part["run_id"])), self.experiment_ids,
+                                      prefixes=[prefix])
+            if len(h):
+                h = h.sort_values("timestamp", kind="stable").drop_duplicates(
+                    ["run_id", "key", "step"], keep="last")
+                h = h.assign(key="test_" + h["key"].str.slice(len(prefix)))
+                w = h.pivot(index=["run_id", "step"], columns="key", values="value")
+                part = part.merge(w.reset_index(), on=["run_id", "step"], how="left")
+            out.append(part)
+        res = pd.concat(out, ignore_index=True) if out else rec
+        res = res.sort_values(["study_id", "order"], kind="stable").drop(columns="order")
+        tests = sorted(c for c in res.columns if c.startswith("test_"))
+        # a study series repeats its answer at every epoch: keep the points where the answer
+        # changed, so that elapsed_s says when it was first given
+        vals = res[[VAL, *tests]]
+        same = (vals.eq(vals.shift(1)) | (vals.isna() & vals.shift(1).isna())).all(axis=1)
+        same &= res["study_id"].eq(res["study_id"].shift(1)) & res["source"].eq("study")
+        res = res[~same.to_numpy()]
+        return res[["study_id", "run_id", "step", "elapsed_s", VAL, *tests, "source"]
+                   ].reset_index(drop=True)
+
+    def selected(self, source: str = "auto") -> pd.DataFrame:
+        """Per counted study: the reported checkpoint (last entry of its record), with the
+        study's tidy columns; studies without any evaluated checkpoint are left out."""
+        rec = self.record(source)
+        last = rec.groupby("study_id", sort=False).tail(1).set_index("study_id")
+        studies = self.studies().set_index("run_id")
+        meta_cols = [c for c in ("experiment", "family", "method", "dataset", "seed",
+                                 "n_labeled", "n_val", "budget_minutes", "arch")
+                     if c in studies]
+        out = studies.loc[studies.index.intersection(last.index), meta_cols].join(
+            last.rename(columns={"run_id": "checkpoint_run_id"}))
+        return out.rename_axis("study_id").reset_index()
+
+
+def _record_rows(cand: pd.DataFrame) -> pd.DataFrame:
+    """Order the candidates in time and keep those that make up the record.
+
+    Trial checkpoints: the strict running-max improvements of validation per study, in time
+    order (elapsed, then run start, then step) — the protocol's ``>`` rule. A study's own
+    series already *is* its answer at each global epoch (a running max in search mode, the
+    latest epoch in transfer mode), so every point of it is kept, in step order.
+    """
+    c = cand.assign(_e=cand["elapsed_s"].fillna(np.inf))
+    is_study = (c["source"] == "study").to_numpy()
+    # study series in step order; trial checkpoints in time order
+    c["_k"] = np.where(is_study, c["step"].astype(float), c["_e"])
+    c = c.sort_values(["study_id", "_k", "start_time", "step"], kind="stable")
+    prev = c.groupby("study_id", sort=False)[VAL].cummax()
+    prev = prev.groupby(c["study_id"], sort=False).shift(1)
+    keep = (c["source"] == "study") | prev.isna() | (c[VAL] > prev)
+    c = c[keep.to_numpy()].drop(columns=["_e", "_k", "start_time"])
+    c["order"] = np.arange(len(c))
+    return c
+
+
+def tidy_runs(reader: StoreReader, experiments: dict[str, str]) -> pd.DataFrame:
+    """One row per run: ids, status, times, ``scarcelab.*`` tags as short columns (role,
+    family, method, dataset, seed, ...), other tags as ``tags.*``, params as ``params.*``
+    and last metric values as ``metrics.*`` (MLflow's own naming)."""
+    ids = list(experiments.values())
+    runs = reader.runs(ids)
+    names = {v: k for k, v in experiments.items()}
+    runs.insert(2, "experiment", runs["experiment_id"].map(names))
+    tags = reader.tags(ids)
+    params = reader.params(ids)
+    latest = reader.latest_metrics(ids)
+    ours = tags[tags["key"].str.startswith(TAG_PREFIX)]
+    ours = ours.assign(key=ours["key"].str.slice(len(TAG_PREFIX)))
+    parent = tags[tags["key"] == "mlflow.parentRunId"].drop_duplicates("run_id", keep="last")
+    other = tags[~tags["key"].str.startswith(TAG_PREFIX)]
+    df = runs.set_index("run_id")
+    df["parent_run_id"] = parent.set_index("run_id")["value"].reindex(df.index)
+    short = _wide(ours, "")
+    short = short.drop(columns=[c for c in short.columns if c in df.columns])
+    df = df.join(short).join(_wide(other, "tags.")).join(_wide(params, "params."))
+    df = df.join(_wide(latest[["run_id", "key", "value"]], "metrics."))
+    # the label budget and compute budget are params; under `mlflow run` the raw entry point
+    # string ("default") is the param and the value actually used is ``resolved.<name>``
+    for name in ("n_labeled", "n_val", "budget_minutes"):
+        for col in (f"params.resolved.{name}", f"params.{name}"):
+            if col in df:
+                val = pd.to_numeric(df[col], errors="coerce")
+                df[name] = val if name not in df else df[name].fillna(val)
+    for col in NUMERIC_COLUMNS:
+        if col in df and not pd.api.types.is_numeric_dtype(df[col]):
+            num = pd.to_numeric(df[col], errors="coerce")
+            if num.notna().sum() == df[col].notna().sum():
+                df[col] = num
+    for col in ("start_time", "end_time"):
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df.reset_index()
+
+
+def load(experiments: str | Iterable[str], tracking_uri: str | None = None, *,
+         include_failed: bool = False, reader: str = "auto") -> Tracked:
+    """Read the runs of the named experiments (comma-separated or a list) once.
+
+    ``tracking_uri``: any MLflow tracking URI (default: the current one); database URIs are
+    read through SQL, servers and file stores through the client API. ``include_failed``
+    also counts studies that did not finish (FAILED, KILLED, RUNNING).
+    """
+    names = [n.strip() for e in _listify(experiments) for n in e.split(",") if n.strip()]
+    if not names:
+        raise ValueError("name at least one experiment")
+    rd = open_reader(tracking_uri, reader)
+    exps = rd.experiment_ids(names)
+    return Tracked(runs=tidy_runs(rd, exps), reader=rd, experiment_ids=list(exps.values()),
+                   include_failed=include_failed)
+
+
+__all__: Sequence[str] = ["Tracked", "load", "tidy_runs"]

@@ -1,0 +1,218 @@
+"""Rendering views: markdown, CSV, PNG plots and one standalone HTML report.
+
+The HTML page embeds its plots as base64 PNGs and its style inline, so it can be mailed,
+attached to a run as an artifact and opened from the MLflow UI with nothing else.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from tracking import stats  # noqa: E402
+from tracking.query.frame import VAL  # noqa: E402
+
+FLOAT_FMT = ".4f"
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "_(no rows)_"
+    return df.to_markdown(index=False, floatfmt=FLOAT_FMT)
+
+
+def to_csv(df: pd.DataFrame) -> str:
+    return df.to_csv(index=False)
+
+
+def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# -- plots ---------------------------------------------------------------------------
+def _grid(n: int, rows: int = 1) -> tuple[Figure, np.ndarray]:
+    cols = max(n, 1)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    return fig, axes
+
+
+def _block_title(ds: object, nl: object) -> str:
+    return f"{ds}" + (f" (n={int(nl)})" if isinstance(nl, int | float) and not
+                      math.isnan(float(nl)) else "")
+
+
+def plot_leaderboard(lb: pd.DataFrame, metric: str = "test_balanced_accuracy") -> Figure | None:
+    """Per dataset block: mean ± std of ``metric`` per method, best at the top."""
+    if lb.empty or f"{metric}_mean" not in lb:
+        return None
+    blocks = list(lb.groupby(["dataset", "n_labeled"], dropna=False, sort=True))
+    fig, axes = _grid(len(blocks))
+    for ax, ((ds, nl), part) in zip(axes[0], blocks, strict=False):
+        part = part.sort_values(f"{metric}_mean", kind="stable")
+        ax.barh(part["method"].astype(str), part[f"{metric}_mean"],
+                xerr=part[f"{metric}_std"].fillna(0), color="tab:blue", alpha=0.8)
+        ax.set_title(_block_title(ds, nl), fontsize=10)
+        ax.set_xlabel(metric.replace("_", " "))
+    fig.tight_layout()
+    return fig
+
+
+def plot_profile(prof: pd.DataFrame, metric: str = "test_balanced_accuracy") -> Figure | None:
+    """SSL-vs-SSL Fig. 1 style: test (top) and validation (bottom) score of the checkpoint
+    best on validation by time t; lines are seed means, bands the min-max over seeds."""
+    if prof.empty:
+        return None
+    blocks = list(prof.groupby(["dataset", "n_labeled"], dropna=False, sort=True))
+    fig, axes = _grid(len(blocks), rows=2)
+    for j, ((ds, nl), part) in enumerate(blocks):
+        for i, (m, label) in enumerate(((metric, "test"), (VAL, "validation"))):
+            ax = axes[i, j]
+            for k, (meth, g) in enumerate(part.groupby("method", sort=True)):
+                color = f"C{k % 10}"
+                x = g["t_s"].to_numpy() / 60.0
+                ax.plot(x, g[f"{m}_mean"], color=color, label=str(meth), lw=1.6,
+                        drawstyle="steps-post")
+                ax.fill_between(x, g[f"{m}_min"], g[f"{m}_max"], color=color, alpha=0.15,
+                                step="post", lw=0)
+            ax.set_title(f"{_block_title(ds, nl)}: {label}", fontsize=10)
+            ax.set_xlabel("minutes")
+            ax.set_ylabel("balanced accuracy" if "balanced" in m else m)
+        axes[0, j].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_gains(g: pd.DataFrame) -> Figure | None:
+    """Median gain (bar) and worst gain (marker) per method, in points of the metric."""
+    if g.empty:
+        return None
+    g = g.iloc[::-1]
+    fig, ax = plt.subplots(figsize=(6, 0.4 * len(g) + 1.2))
+    ax.barh(g["method"].astype(str), g["median_gain"], color="tab:green", alpha=0.7,
+            label="median gain")
+    ax.plot(g["worst_gain"], g["method"].astype(str), "kx", label="worst gain")
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel("gain over the best labeled-only method")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# -- report -------------------------------------------------------------------------
+@dataclass
+class Section:
+    title: str
+    table: pd.DataFrame
+    figures: dict[str, Figure | None] = field(default_factory=dict)
+    note: str = ""
+
+
+def _safe_uri(uri: str) -> str:
+    """Drop credentials (user:password@) from a URI before it goes into a report."""
+    parts = urlsplit(uri)
+    if parts.password or parts.username:
+        host = parts.hostname or ""
+        netloc = host + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return uri
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222}
+h1{font-size:1.5em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}
+table.scarcelab{border-collapse:collapse;font-size:0.85em;margin:0.5em 0}
+table.scarcelab th,table.scarcelab td{border:1px solid #bbb;padding:3px 8px;text-align:right}
+table.scarcelab th{background:#eef}
+table.scarcelab td:first-child,table.scarcelab th:first-child{text-align:left}
+img{max-width:100%;margin:0.5em 0} .note{color:#555;font-size:0.9em}
+"""
+
+
+def html_report(sections: Sequence[Section], title: str = "scarcelab report",
+                meta: dict[str, str] | None = None, pngs: dict[str, bytes] | None = None
+                ) -> str:
+    """One standalone HTML page: every section's table and its plots (base64 PNG)."""
+    pngs = pngs or {}
+    out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>",
+           f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+           f"<h1>{html.escape(title)}</h1>"]
+    if meta:
+        out.append("<p class='note'>" + "<br>".join(
+            f"{html.escape(k)}: {html.escape(v)}" for k, v in meta.items()) + "</p>")
+    for s in sections:
+        anchor = s.title.lower().replace(" ", "-")
+        out.append(f"<h2 id='{html.escape(anchor)}'>{html.escape(s.title)}</h2>")
+        if s.note:
+            out.append(f"<p class='note'>{html.escape(s.note)}</p>")
+        if s.table.empty:
+            out.append("<p><em>no rows</em></p>")
+        else:
+            out.append(s.table.to_html(index=False, classes="scarcelab", border=0,
+                                       float_format=lambda x: format(x, FLOAT_FMT),
+                                       na_rep="", table_id=f"table-{anchor}"))
+        for name in s.figures:
+            data = pngs.get(name)
+            if data:
+                b64 = base64.b64encode(data).decode()
+                out.append(f"<img alt='{html.escape(name)}' src='data:image/png;base64,{b64}'>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write_report(sections: Sequence[Section], out_dir: str | Path,
+                 title: str = "scarcelab report", meta: dict[str, str] | None = None
+                 ) -> dict[str, Path]:
+    """Write ``report.html``, ``<view>.csv``, ``<view>.md`` and ``<plot>.png`` into
+    ``out_dir``; returns name -> path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    pngs: dict[str, bytes] = {}
+    for s in sections:
+        stem = s.title.lower().replace(" ", "_")
+        for ext, text in (("csv", to_csv(s.table)), ("md", to_markdown(s.table))):
+            p = out / f"{stem}.{ext}"
+            p.write_text(text)
+            paths[p.name] = p
+        for name, fig in s.figures.items():
+            if fig is None:
+                continue
+            pngs[name] = png_bytes(fig)
+            p = out / f"{name}.png"
+            p.write_bytes(pngs[name])
+            paths[p.name] = p
+    p = out / "report.html"
+    p.write_text(html_report(sections, title, meta, pngs))
+    paths[p.name] = p
+    return paths
+
+
+def report_meta(experiments: Sequence[str], uri: str) -> dict[str, str]:
+    return {"experiments": ", ".join(experiments), "tracking URI": _safe_uri(uri),
+            "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")}
+
+
+def cd_figure(scores: pd.DataFrame, title: str) -> Figure | None:
+    """A CD diagram when the scores allow one (two methods, one complete problem)."""
+    if scores.shape[1] < 2 or scores.dropna().empty:
+        return None
+    return stats.cd_diagram(scores, title=title)

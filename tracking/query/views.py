@@ -1,0 +1,296 @@
+"""The views: each takes a :class:`~tracking.query.frame.Tracked` and returns a DataFrame.
+
+* :func:`leaderboard` — per study the checkpoint best on validation, its test metrics,
+  aggregated per (dataset, label budget, method) over seeds.
+* :func:`gains` — SSL-vs-SSL (Table 3): each method's gain over the best labeled-only
+  method per dataset, with the median and worst gain across datasets.
+* :func:`profile` — SSL-vs-SSL (Fig. 1): at each time t, the test score of the checkpoint
+  that was best on validation by t; mean and min/max over seeds.
+* :func:`significance` — "Tune It or Don't Use It" (Table 3): Welch's t-test of every
+  method against the best one per dataset.
+* :func:`ranks` / :func:`al_ranks` — average ranks over problems (``tracking.stats``).
+
+Label budgets never mix: a "dataset" block is (dataset, n_labeled) whenever the studies
+carry ``n_labeled``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from tracking import stats
+from tracking.query.frame import VAL, Tracked
+
+TEST = "test_balanced_accuracy"
+LABELED_ONLY = ("sup", "mixup", "supcon")
+
+
+def _as_set(x: Any) -> set[Any] | None:
+    if x is None:
+        return None
+    if isinstance(x, str):
+        return {s for s in x.split(",") if s}
+    if isinstance(x, Iterable):
+        return set(x)
+    return {x}
+
+
+def filter_frame(df: pd.DataFrame, family: Any = None, dataset: Any = None,
+                 n_labeled: Any = None, budget_minutes: Any = None,
+                 method: Any = None) -> pd.DataFrame:
+    """Keep rows matching every given filter (a value, a list, or a comma-separated str)."""
+    for col, want in (("family", family), ("dataset", dataset), ("method", method),
+                      ("n_labeled", n_labeled), ("budget_minutes", budget_minutes)):
+        allowed = _as_set(want)
+        if allowed is None:
+            continue
+        if col not in df:
+            return df.iloc[0:0]
+        if col in ("n_labeled", "budget_minutes"):
+            allowed = {float(a) for a in allowed}
+            df = df[pd.to_numeric(df[col], errors="coerce").isin(allowed)]
+        else:
+            df = df[df[col].astype(str).isin({str(a) for a in allowed})]
+    return df
+
+
+def _block_keys(df: pd.DataFrame) -> list[str]:
+    return ["dataset", "n_labeled"] if "n_labeled" in df and df["n_labeled"].notna().any() \
+        else ["dataset"]
+
+
+def per_study(t: Tracked, source: str = "auto", **filters: Any) -> pd.DataFrame:
+    """One row per counted study: its reported checkpoint's validation and test metrics."""
+    sel = t.selected(source)
+    if "n_labeled" not in sel:
+        sel["n_labeled"] = np.nan
+    return filter_frame(sel, **filters).reset_index(drop=True)
+
+
+def leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = False,
+                source: str = "auto", **filters: Any) -> pd.DataFrame:
+    """Mean, std (sample, ddof=1) and n over seeds of the selected checkpoint's metrics per
+    (dataset, n_labeled, family, method); sorted by ``sort_by`` within each dataset block.
+
+    ``filters``: ``family``, ``dataset``, ``n_labeled``, ``budget_minutes``, ``method``.
+    """
+    s = per_study(t, source, **filters)
+    metrics = [VAL] + sorted(c for c in s.columns if c.startswith("test_"))
+    keys = ["dataset", "n_labeled", "family", "method"]
+    for k in keys:
+        if k not in s:
+            s[k] = np.nan
+    cols = [*keys, "n"] + [f"{m}_{a}" for m in metrics for a in ("mean", "std")]
+    if s.empty:
+        return pd.DataFrame(columns=cols)
+    g = s.groupby(keys, dropna=False, sort=True)
+    out = g[metrics].agg(["mean", "std"])
+    out.columns = [f"{m}_{a}" for m, a in out.columns]
+    out.insert(0, "n", g.size())
+    out = out.reset_index()[cols]
+    if sort_by not in out:
+        raise ValueError(f"cannot sort by {sort_by!r}; columns: {', '.join(out.columns)}")
+    out = out.sort_values(["dataset", "n_labeled", sort_by],
+                          ascending=[True, True, ascending], kind="stable", na_position="last")
+    return out.reset_index(drop=True)
+
+
+def _block_label(row: pd.Series, multi_budget: set[str]) -> str:
+    if row["dataset"] in multi_budget and pd.notna(row.get("n_labeled")):
+        return f"{row['dataset']} (n={int(row['n_labeled'])})"
+    return str(row["dataset"])
+
+
+def gains(t: Tracked, labeled_only: Sequence[str] = LABELED_ONLY, metric: str = TEST,
+          source: str = "auto", **filters: Any) -> pd.DataFrame:
+    """Rows: methods; columns: per dataset, mean ``metric`` minus the best labeled-only
+    method's mean on that dataset; then ``median_gain`` and ``worst_gain`` across datasets.
+    The reference (method, score) per dataset is in ``.attrs["reference"]``. Datasets with
+    no labeled-only method are left out, with a warning."""
+    lb = leaderboard(t, source=source, **filters)
+    col = f"{metric}_mean"
+    if lb.empty:
+        return pd.DataFrame(columns=["method", "median_gain", "worst_gain"])
+    budgets = lb.groupby("dataset")["n_labeled"].nunique(dropna=True)
+    multi = set(budgets[budgets > 1].index)
+    lb = lb.assign(block=lb.apply(_block_label, axis=1, multi_budget=multi))
+    table, reference = {}, {}
+    for block, part in lb.groupby("block", sort=True):
+        base = part[part["method"].isin(labeled_only)].dropna(subset=[col])
+        if base.empty:
+            warnings.warn(f"gains: no labeled-only method ({', '.join(labeled_only)}) on "
+                          f"{block}; left out", stacklevel=2)
+            continue
+        best = base.loc[base[col].idxmax()]
+        reference[block] = (best["method"], float(best[col]))
+        table[block] = part.set_index("method")[col] - float(best[col])
+    out = pd.DataFrame(table)
+    if out.empty:
+        return pd.DataFrame(columns=["method", "median_gain", "worst_gain"])
+    out["median_gain"] = out.median(axis=1, skipna=True)
+    out["worst_gain"] = out.drop(columns="median_gain").min(axis=1, skipna=True)
+    out = out.sort_values("median_gain", ascending=False, kind="stable")
+    out = out.rename_axis("method").reset_index()
+    out.attrs["reference"] = reference
+    return out
+
+
+def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: str = "auto",
+                 **filters: Any) -> pd.DataFrame:
+    """Per dataset block, every method's per-seed ``metric`` against the best method's
+    (highest mean): two-sided Welch's t-test (unequal variances). ``p_value`` is NaN for the
+    best itself and where either side has fewer than two seeds; ``significantly_worse``
+    is ``p_value < alpha`` (the paper sets the others in italics: not distinguishable from
+    the best)."""
+    s = per_study(t, source, **filters)
+    cols = ["dataset", "n_labeled", "method", "mean", "std", "n", "best_method", "t_statistic",
+            "p_value", "significantly_worse"]
+    if s.empty or metric not in s:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for (ds, nl), part in s.groupby(["dataset", "n_labeled"], dropna=False, sort=True):
+        vals = {m: g[metric].dropna().to_numpy() for m, g in part.groupby("method")}
+        means = {m: v.mean() for m, v in vals.items() if len(v)}
+        if not means:
+            continue
+        best = max(means, key=lambda m: (means[m], m))
+        for m, v in vals.items():
+            tstat = p = np.nan
+            if m != best and len(v) >= 2 and len(vals[best]) >= 2:
+                res = sps.ttest_ind(v, vals[best], equal_var=False)
+                tstat, p = float(res.statistic), float(res.pvalue)
+            rows.append((ds, nl, m, v.mean() if len(v) else np.nan,
+                         v.std(ddof=1) if len(v) > 1 else np.nan, len(v), best, tstat, p,
+                         bool(p < alpha) if np.isfinite(p) else False))
+    out = pd.DataFrame(rows, columns=cols)
+    return out.sort_values(["dataset", "n_labeled", "mean"], ascending=[True, True, False],
+                           kind="stable").reset_index(drop=True)
+
+
+def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
+            metric: str = TEST, source: str = "auto", **filters: Any) -> pd.DataFrame:
+    """Accuracy over time: for each (dataset, n_labeled, method) and time ``t_s`` on a grid
+    (seconds since each study started; default: ``n_points`` from 0 to the block's last
+    checkpoint), the ``metric`` of the checkpoint best on validation by then and that
+    validation score (``val_*``, monotone in t), mean/min/max over the seeds. A value is
+    NaN until every seed has evaluated a checkpoint, so the mean is over a fixed set of
+    seeds and the validation mean stays monotone."""
+    rec = t.record(source)
+    studies = per_study(t, source, **filters)
+    cols = ["dataset", "n_labeled", "method", "t_s", "n", f"{metric}_mean", f"{metric}_min",
+            f"{metric}_max", f"{VAL}_mean", f"{VAL}_min", f"{VAL}_max"]
+    if studies.empty or rec.empty:
+        return pd.DataFrame(columns=cols)
+    if metric not in rec:
+        raise ValueError(f"no {metric!r} in the checkpoint record; have "
+                         f"{[c for c in rec.columns if c.startswith('test_')]}")
+    rec = rec[rec["study_id"].isin(set(studies["study_id"]))].dropna(subset=["elapsed_s"])
+    by_study = {sid: g for sid, g in rec.groupby("study_id", sort=False)}
+    out = []
+    for (ds, nl), block in studies.groupby(["dataset", "n_labeled"], dropna=False, sort=True):
+        ends = [by_study[s]["elapsed_s"].max() for s in block["study_id"] if s in by_study]
+        if not ends:
+            continue
+        ts = np.asarray(grid, dtype=float) if grid is not None else np.linspace(
+            0.0, float(max(ends)), n_points)
+        for m, grp in block.groupby("method", sort=True):
+            test = np.full((len(grp), len(ts)), np.nan)
+            val = np.full_like(test, np.nan)
+            for i, sid in enumerate(grp["study_id"]):
+                r = by_study.get(sid)
+                if r is None:
+                    continue
+                idx = np.searchsorted(r["elapsed_s"].to_numpy(), ts, side="right") - 1
+                ok = idx >= 0
+                test[i, ok] = r[metric].to_numpy()[idx[ok]]
+                val[i, ok] = r[VAL].to_numpy()[idx[ok]]
+            complete = ~np.isnan(val).any(axis=0)
+
+            def agg(a: np.ndarray, fn: Any, complete: np.ndarray = complete) -> np.ndarray:
+                res = np.full(a.shape[1], np.nan)
+                if complete.any():
+                    res[complete] = fn(a[:, complete], axis=0)
+                return res
+
+            out.append(pd.DataFrame({
+                "dataset": ds, "n_labeled": nl, "method": m, "t_s": ts, "n": len(grp),
+                f"{metric}_mean": agg(test, np.mean), f"{metric}_min": agg(test, np.min),
+                f"{metric}_max": agg(test, np.max), f"{VAL}_mean": agg(val, np.mean),
+                f"{VAL}_min": agg(val, np.min), f"{VAL}_max": agg(val, np.max)}))
+    if not out:
+        return pd.DataFrame(columns=cols)
+    return pd.concat(out, ignore_index=True)[cols]
+
+
+def study_scores(t: Tracked, metric: str = TEST, source: str = "auto",
+                 **filters: Any) -> pd.DataFrame:
+    """Rows: dataset blocks; columns: methods; values: the leaderboard mean of ``metric``."""
+    lb = leaderboard(t, source=source, **filters)
+    if lb.empty:
+        return pd.DataFrame()
+    lb = lb.assign(problem=lb["dataset"].astype(str) + np.where(
+        lb["n_labeled"].notna(), " n=" + lb["n_labeled"].astype("Int64").astype(str), ""))
+    return lb.pivot_table(index="problem", columns="method", values=f"{metric}_mean",
+                          aggfunc="mean")
+
+
+def al_scores(t: Tracked, metric: str = "al/auc", blocks: Sequence[str] = ("dataset",
+              "query_size"), per_repetition: bool = False, **filters: Any) -> pd.DataFrame:
+    """Rows: AL problems (``blocks``, plus ``repetition`` if ``per_repetition``); columns:
+    strategies; values: the run's last ``metric`` (mean over repetitions otherwise)."""
+    runs = t.role("al")
+    if not t.include_failed:
+        runs = runs[runs["status"] == "FINISHED"]
+    col = f"metrics.{metric}"
+    if runs.empty or col not in runs:
+        return pd.DataFrame()
+    runs = filter_frame(runs, **filters)
+    name = runs["strategy"] if "strategy" in runs else runs.get("method")
+    if name is None:
+        raise ValueError("AL runs carry neither a scarcelab.strategy nor a scarcelab.method tag")
+    keys = [b for b in blocks if b in runs] + (
+        ["repetition"] if per_repetition and "repetition" in runs else [])
+    runs = runs.assign(_strategy=name)
+    scores = runs.pivot_table(index=keys, columns="_strategy", values=col, aggfunc="mean")
+    scores.columns.name = "strategy"
+    return scores
+
+
+def _rank_table(scores: pd.DataFrame, scope: str) -> pd.DataFrame:
+    cols = ["scope", "method", "average_rank", "n_problems", "friedman_statistic",
+            "friedman_p"]
+    if scores.shape[1] < 2 or scores.dropna().empty:
+        return pd.DataFrame(columns=cols)
+    r = stats.average_ranks(scores)
+    n = len(scores.dropna())
+    stat, p = stats.friedman_test(scores)
+    return pd.DataFrame({"scope": scope, "method": r.index, "average_rank": r.to_numpy(),
+                         "n_problems": n, "friedman_statistic": stat, "friedman_p": p})[cols]
+
+
+def ranks(t: Tracked, metric: str = TEST, al_metric: str = "al/auc", source: str = "auto",
+          **filters: Any) -> pd.DataFrame:
+    """Average ranks (1 = best) of methods over dataset blocks (scope ``study``) and of AL
+    strategies over (dataset, query size) problems (scope ``al``), whichever exist. Only
+    the ``dataset`` filter applies to the AL runs."""
+    parts = [_rank_table(study_scores(t, metric, source, **filters), "study")]
+    if len(t.role("al")):  # label-budget / family filters are about studies, not AL runs
+        al_filters = {k: v for k, v in filters.items() if k == "dataset"}
+        parts.append(_rank_table(al_scores(t, al_metric, **al_filters), "al"))
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else _rank_table(pd.DataFrame(), "")
+
+
+def al_ranks(t: Tracked, metric: str = "al/auc", **kw: Any) -> pd.DataFrame:
+    """Average ranks of AL strategies (see :func:`al_scores` for the problems)."""
+    return _rank_table(al_scores(t, metric, **kw), "al")
+
+
+VIEWS = {"leaderboard": leaderboard, "gains": gains, "profile": profile,
+         "significance": significance, "ranks": ranks}
