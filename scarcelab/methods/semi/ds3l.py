@@ -16,7 +16,10 @@ Per step (the paper's bi-level problem, one-step approximation as in its code):
 Defaults from the authors' code: virtual step η = 1e-3, WNet Adam lr 3e-4, λU = 10 with
 the ``exp(−5(1−t)²)`` ramp-up over the whole run. Search space: SSL-vs-SSL's shared
 fixmatch ranges; the meta step sizes are kept fixed (the authors note they need care and
-give no range). Cost: about three forward/backward passes per step.
+give no range). Batch 64/64: SSL-vs-SSL did not run DS3L, whose code uses equal labeled
+and unlabeled batches (50/50); with a second-order meta step (about three
+forward/backward passes) a 448-image unlabeled batch would also make it the slowest
+method by far.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class DS3L(SemiMethod):
     }
     defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 10.0, "warmup": 1.0,
                 "meta_lr": 1e-3, "wnet_lr": 3e-4, "wnet_hidden": 100}
-    batch_sizes = {"labeled": 64, "unlabeled": 448}
+    batch_sizes = {"labeled": 64, "unlabeled": 64}  # authors' code: 50/50; see docstring
     views = ("weak", "weak")
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
