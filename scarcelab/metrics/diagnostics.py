@@ -163,7 +163,7 @@ class DiagnosticsConfig:
     """
 
     n_unlabeled: int = 512
-    n_labeled: int = 256
+    n_labeled: int = 128
     batch_labeled: int = 32
     batch_unlabeled: int = 64
     seed: int = 0
