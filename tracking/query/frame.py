@@ -83,9 +83,10 @@ class Tracked:
 
     # -- checkpoint record ----------------------------------------------------------
     def record(self, source: str = "auto") -> pd.DataFrame:
-        """One row per improvement of each counted study: ``study_id``, ``run_id``,
+        """One row per change of each counted study's answer: ``study_id``, ``run_id``,
         ``step``, ``elapsed_s``, ``val_balanced_accuracy``, ``test_*``, ``source``
-        (``study`` or ``trial``), in time order within each study."""
+        (``study`` or ``trial``), ``end_s`` (when the study evaluated its last checkpoint),
+        in time order within each study."""
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         if source not in self._records:
@@ -104,12 +105,15 @@ class Tracked:
             trials = trials[trials["parent_run_id"].isin(set(study_ids) - have)]
             if len(trials):
                 parts.append(self._candidates(list(trials["run_id"]), TRIAL_KEYS[0], "trial"))
-        cols = ["study_id", "run_id", "step", "elapsed_s", VAL, "source"]
+        cols = ["study_id", "run_id", "step", "elapsed_s", VAL, "source", "end_s"]
         parts = [p for p in parts if len(p)]
         if not parts:
             return pd.DataFrame(columns=cols)
         cand = pd.concat(parts, ignore_index=True)
-        return self._attach_tests(_record_rows(cand))
+        rec = self._attach_tests(_record_rows(cand))
+        # when each study evaluated its last checkpoint: the end of its time axis
+        rec["end_s"] = rec["study_id"].map(cand.groupby("study_id")["elapsed_s"].max())
+        return rec
 
     def _candidates(self, run_ids: list[str], val_key: str, source: str) -> pd.DataFrame:
         """Every evaluated checkpoint (run, step) with its validation score and time."""
@@ -229,10 +233,14 @@ def tidy_runs(reader: StoreReader, experiments: dict[str, str]) -> pd.DataFrame:
                 val = pd.to_numeric(df[col], errors="coerce")
                 df[name] = val if name not in df else df[name].fillna(val)
     for col in NUMERIC_COLUMNS:
-        if col in df and not pd.api.types.is_numeric_dtype(df[col]):
-            num = pd.to_numeric(df[col], errors="coerce")
-            if num.notna().sum() == df[col].notna().sum():
-                df[col] = num
+        if col not in df:
+            continue
+        num = pd.to_numeric(df[col], errors="coerce")
+        if num.notna().sum() != df[col].notna().sum():
+            continue  # not numbers after all: leave the strings alone
+        whole = num.dropna()
+        df[col] = num.astype("Int64") if (whole == whole.round()).all() and \
+            col != "budget_minutes" else num
     for col in ("start_time", "end_time"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
     return df.reset_index()

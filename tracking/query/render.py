@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -56,8 +55,7 @@ def _grid(n: int, rows: int = 1) -> tuple[Figure, np.ndarray]:
 
 
 def _block_title(ds: object, nl: object) -> str:
-    return f"{ds}" + (f" (n={int(nl)})" if isinstance(nl, int | float) and not
-                      math.isnan(float(nl)) else "")
+    return f"{ds}" + (f" (n={int(nl)})" if nl is not None and pd.notna(nl) else "")  # type: ignore[call-overload]
 
 
 def plot_leaderboard(lb: pd.DataFrame, metric: str = "test_balanced_accuracy") -> Figure | None:
@@ -120,10 +118,14 @@ def plot_gains(g: pd.DataFrame) -> Figure | None:
 # -- report -------------------------------------------------------------------------
 @dataclass
 class Section:
+    """One view in a report. ``display`` (default: ``table``) is what the HTML page shows,
+    e.g. a few time points of a long profile; the CSV and markdown files hold ``table``."""
+
     title: str
     table: pd.DataFrame
     figures: dict[str, Figure | None] = field(default_factory=dict)
     note: str = ""
+    display: pd.DataFrame | None = None
 
 
 def _safe_uri(uri: str) -> str:
@@ -144,6 +146,7 @@ table.scarcelab th,table.scarcelab td{border:1px solid #bbb;padding:3px 8px;text
 table.scarcelab th{background:#eef}
 table.scarcelab td:first-child,table.scarcelab th:first-child{text-align:left}
 img{max-width:100%;margin:0.5em 0} .note{color:#555;font-size:0.9em}
+div.wide{overflow-x:auto}
 """
 
 
@@ -163,12 +166,14 @@ def html_report(sections: Sequence[Section], title: str = "scarcelab report",
         out.append(f"<h2 id='{html.escape(anchor)}'>{html.escape(s.title)}</h2>")
         if s.note:
             out.append(f"<p class='note'>{html.escape(s.note)}</p>")
-        if s.table.empty:
+        shown = s.table if s.display is None else s.display
+        if shown.empty:
             out.append("<p><em>no rows</em></p>")
         else:
-            out.append(s.table.to_html(index=False, classes="scarcelab", border=0,
-                                       float_format=lambda x: format(x, FLOAT_FMT),
-                                       na_rep="", table_id=f"table-{anchor}"))
+            out.append("<div class='wide'>" + shown.to_html(
+                index=False, classes="scarcelab", border=0, na_rep="",
+                float_format=lambda x: format(x, FLOAT_FMT), table_id=f"table-{anchor}")
+                + "</div>")
         for name in s.figures:
             data = pngs.get(name)
             if data:
@@ -209,6 +214,18 @@ def write_report(sections: Sequence[Section], out_dir: str | Path,
 def report_meta(experiments: Sequence[str], uri: str) -> dict[str, str]:
     return {"experiments": ", ".join(experiments), "tracking URI": _safe_uri(uri),
             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")}
+
+
+def condense_profile(prof: pd.DataFrame, k: int = 6) -> pd.DataFrame:
+    """At most ``k`` evenly spaced time points per block: a readable table for the page."""
+    if prof.empty:
+        return prof
+    keep = []
+    for _, part in prof.groupby(["dataset", "n_labeled"], dropna=False, sort=False):
+        ts = np.sort(part["t_s"].unique())
+        pick = ts[np.unique(np.linspace(0, len(ts) - 1, min(k, len(ts))).round().astype(int))]
+        keep.append(part[part["t_s"].isin(pick)])
+    return pd.concat(keep)
 
 
 def cd_figure(scores: pd.DataFrame, title: str) -> Figure | None:

@@ -60,7 +60,11 @@ def sections(t: Tracked, which: Sequence[str] = ALL_VIEWS, **filters: Any
                     al_filters = {k: v for k, v in filters.items() if k != "source"}
                     figs["cd_al"] = render.cd_figure(views.al_scores(t, **al_filters),
                                                      "AL strategies")
-            out.append(render.Section(v, df, figs, NOTES.get(v, "")))
+            sec = render.Section(v, df, figs, NOTES.get(v, ""))
+            if v == "profile":
+                sec.display = render.condense_profile(df)
+                sec.note += f" The page shows a few time points; {v}.csv has all."
+            out.append(sec)
     return out
 
 

@@ -176,11 +176,11 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
 def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
             metric: str = TEST, source: str = "auto", **filters: Any) -> pd.DataFrame:
     """Accuracy over time: for each (dataset, n_labeled, method) and time ``t_s`` on a grid
-    (seconds since each study started; default: ``n_points`` from 0 to the block's last
-    checkpoint), the ``metric`` of the checkpoint best on validation by then and that
-    validation score (``val_*``, monotone in t), mean/min/max over the seeds. A value is
-    NaN until every seed has evaluated a checkpoint, so the mean is over a fixed set of
-    seeds and the validation mean stays monotone."""
+    (seconds since each study started; default: ``n_points`` from 0 to when the block's last
+    checkpoint was evaluated), the ``metric`` of the checkpoint best on validation by then
+    and that validation score (``val_*``, monotone in t), mean/min/max over the seeds. A
+    value is NaN until every seed has evaluated a checkpoint, so the mean is over a fixed set
+    of seeds and the validation mean stays monotone."""
     rec = t.record(source)
     studies = per_study(t, source, **filters)
     cols = ["dataset", "n_labeled", "method", "t_s", "n", f"{metric}_mean", f"{metric}_min",
@@ -194,7 +194,7 @@ def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
     by_study = {sid: g for sid, g in rec.groupby("study_id", sort=False)}
     out = []
     for (ds, nl), block in studies.groupby(["dataset", "n_labeled"], dropna=False, sort=True):
-        ends = [by_study[s]["elapsed_s"].max() for s in block["study_id"] if s in by_study]
+        ends = [by_study[s]["end_s"].max() for s in block["study_id"] if s in by_study]
         if not ends:
             continue
         ts = np.asarray(grid, dtype=float) if grid is not None else np.linspace(
