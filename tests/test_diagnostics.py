@@ -257,3 +257,18 @@ def test_every_semi_study_logs_diagnostics_and_supervised_ones_do_not():
     t = InMemoryTracker()
     run_study(StudyConfig(method="sup", **base), t)
     assert not any(k.startswith("diag/") for k, _, _ in t.trials[0].metrics)
+
+
+def test_a_failing_diagnostic_gives_nan_not_a_failed_run(tiny_bundle, caplog):
+    m = _fixmatch(tiny_bundle)
+    diag = EpochDiagnostics(tiny_bundle, "cpu", DiagnosticsConfig(n_unlabeled=32))
+
+    def broken(batch, progress):
+        raise RuntimeError("boom")
+
+    m.step = broken
+    out = diag(m, 0)
+    assert math.isnan(out["diag/grad_align"]) and "boom" in caplog.text
+    assert math.isfinite(out["diag/ple"]) and math.isfinite(out["diag/cci"])
+    m.logits = broken
+    assert all(math.isnan(v) for v in diag(m, 0).values())

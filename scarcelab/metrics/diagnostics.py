@@ -31,6 +31,7 @@ perfect filtration, 0, whatever the ID pass rate.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ from scarcelab.data.bundle import DatasetBundle
 from scarcelab.methods._parts import confidence_mask
 from scarcelab.methods.base import Batch, Method, Progress
 from scarcelab.models.classifier import normalize
+
+log = logging.getLogger("scarcelab")
 
 DEFAULT_THRESHOLD = 0.95
 """Confidence threshold for methods that have no ``threshold`` hyperparameter (FixMatch's τ)."""
@@ -207,6 +210,7 @@ class EpochDiagnostics:
         self.gl = torch.arange(bl)
         self.gu = torch.arange(bu)
         self.gu_pool = torch.as_tensor(self.u_idx[:bu], dtype=torch.long, device=self.device)
+        self._warned = False
 
     @torch.no_grad()
     def _logits(self, method: Method, x: torch.Tensor) -> torch.Tensor:
@@ -224,6 +228,8 @@ class EpochDiagnostics:
         return Batch(x=xs, y=self.yl[self.gl].to(self.device), u=us, u_index=self.gu_pool)
 
     def grad_align(self, method: Method, epoch: int) -> float:
+        if not hasattr(method, "head"):
+            return math.nan
         probe = copy.deepcopy(method)
         probe.train()
         devices = [self.device.index or 0] if self.device.type == "cuda" else []
@@ -235,6 +241,26 @@ class EpochDiagnostics:
                                   probe.head.weight)
 
     def __call__(self, method: Method, epoch: int) -> dict[str, float]:
+        """The epoch's diagnostics. A diagnostic that cannot be computed for a method (an
+        unusual ``step`` or head) gives NaN and one warning: measuring must never be what
+        fails a training run."""
+        out = self._guarded(self._compute, method, epoch)
+        if isinstance(out, dict):
+            return out
+        return {k: math.nan for k in ("diag/ple", "diag/cci", "diag/sem_drift",
+                                      "diag/grad_align")}
+
+    def _guarded(self, fn: Any, method: Method, epoch: int) -> Any:
+        try:
+            return fn(method, epoch)
+        except Exception as e:  # noqa: BLE001 - see __call__
+            if not self._warned:
+                log.warning("C-Score diagnostics failed for %s (%s: %s); logging NaN",
+                            type(method).__name__, type(e).__name__, e)
+                self._warned = True
+            return math.nan
+
+    def _compute(self, method: Method, epoch: int) -> dict[str, float]:
         threshold = float(method.hp.get("threshold", DEFAULT_THRESHOLD))
         was_training = method.training
         method.eval()
@@ -248,7 +274,7 @@ class EpochDiagnostics:
             "diag/ple": pseudo_label_entropy(probs),
             "diag/cci": class_concentration_index(probs),
             "diag/sem_drift": semantic_drift(zl, self.yl, zu, pseudo, mask, self.num_classes),
-            "diag/grad_align": self.grad_align(method, epoch),
+            "diag/grad_align": self._guarded(self.grad_align, method, epoch),
             "diag/mask_rate": float(mask.mean()),
         }
         if self.is_ood is not None and bool(self.is_ood.any()):
