@@ -95,8 +95,11 @@ def plot_vs_ratio(table: pd.DataFrame, path: str | Path) -> Path:
               ("cci_peak", "CCI (peak)"), ("ple_final", "PLE (final)"),
               ("sem_drift_final", "Sem-Drift (final)"), ("grad_align_final", "Grad-Align"),
               ("ood_ff_final", "OOD-FF (final)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False)
-    for ax, (col, title) in zip(axes[0], panels, strict=True):
+    fig, axes = plt.subplots(2, 4, figsize=(13.0, 6.0), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[len(panels):]:
+        ax.axis("off")
+    for ax, (col, title) in zip(flat, panels, strict=False):
         for (method, source), g in table.groupby(["method", "source"], sort=True):
             g = g.sort_values("ratio")
             ax.plot(g["ratio"], g[col], marker="o", label=f"{method}/{source}")
