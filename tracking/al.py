@@ -63,7 +63,7 @@ def rank_table(runs: pd.DataFrame) -> pd.DataFrame:
             for key, sub in blocks.groupby(level=[0, 1])}
     table = pd.DataFrame(rows).T
     table.index.names = ["dataset", "query_size"]
-    table.loc[("mean", "all"), :] = table.mean(0)
+    table.loc[("mean", "all"), :] = table.mean(axis=0)
     return table
 
 

@@ -104,32 +104,42 @@ def sq_dists(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def min_sq_dist_to(points: torch.Tensor, centers: torch.Tensor,
                    chunk: int = 8192) -> torch.Tensor:
-    """For every point, the squared distance to its nearest center, in chunks so that a
-    50k-point pool never materialises a 50k x |L| matrix at once."""
+    """For every point, the squared distance to its nearest center: min_j(||c_j||² - 2x·c_j)
+    in one fused ``addmm`` per chunk, plus ||x||² afterwards — the GEMM is the whole cost.
+    Chunks keep a 50k-point pool from materialising a 50k x |L| matrix at once."""
+    cn = (centers * centers).sum(1)[None, :]
     out = torch.empty(points.shape[0], dtype=points.dtype)
     for s in range(0, points.shape[0], chunk):
-        out[s:s + chunk] = sq_dists(points[s:s + chunk], centers).min(1).values
+        p = points[s:s + chunk]
+        m = torch.addmm(cn, p, centers.T, alpha=-2.0).min(1).values
+        out[s:s + chunk] = (m + (p * p).sum(1)).clamp_min_(0.0)
     return out
 
 
-def k_center_greedy(emb: np.ndarray, n_labeled: int, q: int) -> np.ndarray:
-    """Greedy k-center (Sener & Savarese): rows ``[:n_labeled]`` are centers already; return
-    ``q`` positions among the remaining rows, each time the one farthest from all centers.
+def k_center_greedy(pool_emb: np.ndarray, center_emb: np.ndarray, q: int) -> np.ndarray:
+    """Greedy k-center (Sener & Savarese): return ``q`` row positions of ``pool_emb``, each
+    time the one farthest from ``center_emb`` (the labeled set) and all earlier picks.
 
-    With no labeled rows the first pick is the point farthest from the pool mean, which
-    keeps the routine deterministic without an RNG.
+    Distances to a new center use the expansion ||x||² - 2x·c + ||c||² with cached norms: a
+    matrix-vector product per pick instead of an N x D temporary. The pool and the centers
+    come separately so that a 50,000-row pool is never copied into one stacked array. With
+    no centers the first pick is the point farthest from the pool mean, which keeps the
+    routine deterministic without an RNG.
     """
-    x = torch.from_numpy(np.ascontiguousarray(emb, dtype=np.float32))
-    pool = x[n_labeled:]
-    if n_labeled > 0:
-        dist = min_sq_dist_to(pool, x[:n_labeled])
+    pool = torch.from_numpy(np.ascontiguousarray(pool_emb, dtype=np.float32))
+    norms = (pool * pool).sum(1)
+    if len(center_emb) > 0:
+        centers = torch.from_numpy(np.ascontiguousarray(center_emb, dtype=np.float32))
+        dist = min_sq_dist_to(pool, centers)
     else:
-        dist = ((pool - pool.mean(0)) ** 2).sum(1)
+        mu = pool.mean(0)
+        dist = (norms - 2.0 * (pool @ mu) + mu @ mu).clamp_min_(0.0)
     picked: list[int] = []
     for _ in range(q):
         i = int(torch.argmax(dist))
         picked.append(i)
-        dist = torch.minimum(dist, ((pool - pool[i]) ** 2).sum(1))
+        c = pool[i]
+        dist = torch.minimum(dist, (norms - 2.0 * (pool @ c) + norms[i]).clamp_min_(0.0))
         dist[i] = -1.0
     return np.asarray(picked, dtype=np.int64)
 

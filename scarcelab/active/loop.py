@@ -60,6 +60,7 @@ class RepetitionResult:
     query_times: list[float]
     auc: float
     split_hash: str
+    labeled: list[int] = field(default_factory=list)  # seed set, then queries in order
 
 
 @dataclass
@@ -186,7 +187,8 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
         accs.append(acc)
     auc = float(np.mean(accs[1:])) if len(accs) > 1 else float(accs[0])
     return RepetitionResult(repetition, {"strategy": seed_strategy, "data": s_d, "model": s_t},
-                            sizes, accs, qtimes, auc, _hash_split(val, pool, seed_idx))
+                            sizes, accs, qtimes, auc, _hash_split(val, pool, seed_idx),
+                            labeled.tolist())
 
 
 def _digest(data: ALData) -> str:

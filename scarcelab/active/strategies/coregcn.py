@@ -68,4 +68,5 @@ class CoreGCN(Strategy):
                                                 state.x[state.candidates]]))
         gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
         feats = self.gcn_features(emb, len(state.labeled), gen)
-        return state.candidates[k_center_greedy(feats, len(state.labeled), q)]
+        n_lab = len(state.labeled)
+        return state.candidates[k_center_greedy(feats[n_lab:], feats[:n_lab], q)]

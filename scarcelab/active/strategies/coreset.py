@@ -15,7 +15,6 @@ from scarcelab.active.base import QueryState, Strategy, k_center_greedy
 @register_strategy("coreset")
 class CoreSet(Strategy):
     def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
-        emb = state.model.embed(np.concatenate([state.x[state.labeled],
-                                                state.x[state.candidates]]))
-        pos = k_center_greedy(emb, len(state.labeled), q)
+        pos = k_center_greedy(state.model.embed(state.x[state.candidates]),
+                              state.model.embed(state.x[state.labeled]), q)
         return state.candidates[pos]

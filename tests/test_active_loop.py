@@ -1,0 +1,186 @@
+"""The AL loop: seeds, reproducibility, curve bookkeeping, Alg. 2 fitting, synthetic data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from scarcelab.active.classifier import ALNet, FitConfig, fit
+from scarcelab.active.datasets import (
+    dataset_config,
+    diverging_sine,
+    honeypot,
+    load_al_dataset,
+)
+from scarcelab.active.loop import ALRunConfig, make_strategy, run_al, run_repetition
+from scarcelab.errors import ConfigError
+from scarcelab.tracker import InMemoryTracker
+
+TINY = {"budget": 6, "max_epochs": 5}
+
+
+def _rep(strategy: str = "margin", k: int = 0, s_o: int = 0, s_d: int = 0, s_t: int = 0,
+         q: int = 2, **over: object):  # type: ignore[no-untyped-def]
+    cfg = dataset_config("honeypot").replace(**{**TINY, **over})
+    rng_d = np.random.default_rng(s_d + k)
+    data = load_al_dataset("honeypot", None, rng_d)
+    return run_repetition(data, cfg, make_strategy(strategy), q, k, s_o, s_d, s_t,
+                          data_rng=rng_d)
+
+
+def test_honeypot_generator_layout() -> None:
+    x, y = honeypot(np.random.default_rng(0))
+    assert x.shape == (600, 2) and np.bincount(y).tolist() == [300, 300]
+    # cluster order: class 1 at (0,0), class 1 at (4,3), class 0 at (0,6), class 0 at (4,3)
+    means = x.reshape(4, 150, 2).mean(1)
+    np.testing.assert_allclose(means, [[0, 0], [4, 3], [0, 6], [4, 3]], atol=0.25)
+    np.testing.assert_allclose(x.reshape(4, 150, 2).std(1), 1.0, atol=0.15)
+
+
+def test_diverging_sine_follows_its_curves() -> None:
+    x, y = diverging_sine(np.random.default_rng(0))
+    assert x[:, 0].min() >= 0 and x[:, 0].max() <= 10
+    for lab, slope in ((0, 0.5), (1, -0.5)):
+        t, v = x[y == lab, 0], x[y == lab, 1]
+        resid = v - np.sin(2 * t) - slope * t
+        assert abs(resid.mean()) < 0.05 and abs(resid.std() - 0.3) < 0.05
+
+
+def test_synthetic_sets_are_regenerated_per_data_seed_and_minmax_scaled() -> None:
+    a = load_al_dataset("honeypot", None, np.random.default_rng(0))
+    b = load_al_dataset("honeypot", None, np.random.default_rng(1))
+    c = load_al_dataset("honeypot", None, np.random.default_rng(0))
+    assert not np.allclose(a.x_train, b.x_train)
+    np.testing.assert_array_equal(a.x_train, c.x_train)
+    assert a.x_train.min() == 0.0 and a.x_train.max() == 1.0
+    assert not np.allclose(a.x_train, a.x_test)  # the test set is its own draw
+
+
+def test_repetition_is_reproducible_from_its_seeds_alone() -> None:
+    torch.manual_seed(1)
+    np.random.seed(1)
+    a = _rep("badge")
+    torch.manual_seed(2)
+    np.random.seed(2)
+    b = _rep("badge")
+    assert a.accuracies == b.accuracies and a.split_hash == b.split_hash
+    assert a.labeled == b.labeled and len(set(a.labeled)) == len(a.labeled) == 8
+
+
+def test_repetition_k_uses_data_and_model_seed_plus_k() -> None:
+    via_k = _rep("random", k=1, s_d=0, s_t=0)
+    via_seeds = _rep("random", k=0, s_d=1, s_t=1)
+    assert via_k.accuracies == via_seeds.accuracies
+    assert via_k.split_hash == via_seeds.split_hash
+    assert via_k.seeds == {"strategy": 0, "data": 1, "model": 1}
+
+
+def test_each_seed_moves_only_its_own_part() -> None:
+    base = _rep("random")
+    other_data = _rep("random", s_d=5)
+    assert other_data.split_hash != base.split_hash
+    # the model seed changes the classifier, hence margin's picks, not the data
+    m_base, m_other = _rep("margin"), _rep("margin", s_t=5)
+    assert m_other.split_hash == m_base.split_hash
+    assert m_other.labeled[:2] == m_base.labeled[:2]  # same seed set
+    assert m_other.labeled != m_base.labeled
+    other_strategy = _rep("random", s_o=5)
+    assert other_strategy.split_hash == base.split_hash
+    assert other_strategy.labeled[:2] == base.labeled[:2]
+    assert other_strategy.labeled != base.labeled  # different queries
+
+
+def test_curve_bookkeeping_and_auc() -> None:
+    r = _rep("margin", q=4, budget=10)
+    assert r.sizes == [2, 6, 10, 12]  # 1 seed per class, then q=4, 4, and the rest (2)
+    assert len(r.query_times) == 3
+    assert r.auc == pytest.approx(np.mean(r.accuracies[1:]))
+
+
+def test_scratch_fitting_restarts_from_the_initial_weights() -> None:
+    a = _rep("margin", fitting="scratch")
+    b = _rep("margin", fitting="finetune")
+    assert a.labeled[:3] == b.labeled[:3]  # the first fit starts from the init either way
+    assert a.labeled != b.labeled
+
+
+def test_fit_runs_one_epoch_then_stops_after_patience() -> None:
+    g = torch.Generator().manual_seed(0)
+    net = ALNet(3, 2, (4,))
+    net.seeded_init(g)
+    x, y = torch.randn(20, 3, generator=g), torch.randint(0, 2, (20,), generator=g)
+    # lr = 0: the validation loss never improves after the first epoch
+    cfg = FitConfig("sgd", 0.0, 0.0, batch_size=8, max_epochs=50, patience=2)
+    assert fit(net, x, y, x, y, cfg, torch.Generator(), torch.Generator()) == 3
+    cfg = FitConfig("adam", 0.05, 0.0, batch_size=8, max_epochs=4, patience=2)
+    assert fit(net, x, y, x, y, cfg, torch.Generator(), torch.Generator()) == 4
+
+
+def test_fit_keeps_the_best_validation_weights() -> None:
+    g = torch.Generator().manual_seed(0)
+    net = ALNet(3, 2, (8,))
+    net.seeded_init(g)
+    x, y = torch.randn(40, 3, generator=g), torch.randint(0, 2, (40,), generator=g)
+    xv, yv = torch.randn(40, 3, generator=g), torch.randint(0, 2, (40,), generator=g)
+    cfg = FitConfig("adam", 0.3, 0.0, batch_size=8, max_epochs=30, patience=2)
+    fit(net, x, y, xv, yv, cfg, torch.Generator().manual_seed(0), g)
+    with torch.no_grad():
+        final = float(torch.nn.functional.cross_entropy(net(xv), yv))
+    net2 = ALNet(3, 2, (8,))
+    net2.seeded_init(torch.Generator().manual_seed(0))
+    # replay epoch by epoch: the kept weights match the minimum validation loss seen
+    opt = torch.optim.Adam(net2.parameters(), lr=0.3, foreach=True)
+    dg = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(30):
+        perm = torch.randperm(40, generator=dg)
+        net2.train()
+        for s in range(0, 40, 8):
+            i = perm[s:s + 8]
+            loss = torch.nn.functional.cross_entropy(net2(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        net2.eval()
+        with torch.no_grad():
+            losses.append(float(torch.nn.functional.cross_entropy(net2(xv), yv)))
+    best_prefix = []
+    for v in losses:  # stop rule: two epochs without improvement
+        best_prefix.append(v)
+        if len(best_prefix) > 2 and min(best_prefix[-2:]) >= min(best_prefix[:-2]):
+            break
+    assert final == pytest.approx(min(best_prefix), rel=1e-5)
+
+
+def test_run_al_reports_one_trial_per_repetition() -> None:
+    tr = InMemoryTracker()
+    rc = ALRunConfig("margin", "honeypot", query_size=3, repetitions=2, seed_strategy=4,
+                     seed_data=10, seed_model=20, overrides=TINY)
+    res = run_al(rc, tr)
+    assert tr.study is not None and tr.study.tags["scarcelab.role"] == "al_sweep"
+    assert tr.study.status == "FINISHED" and len(tr.trials) == 2
+    for k, t in enumerate(tr.trials):
+        assert t.tags["scarcelab.role"] == "al" and t.tags["scarcelab.family"] == "active"
+        assert t.tags["scarcelab.method"] == "margin"
+        assert t.tags["scarcelab.query_size"] == "3"
+        assert t.tags["scarcelab.repetition"] == str(k)
+        assert t.tags["scarcelab.seed_data"] == str(10 + k)
+        assert t.tags["scarcelab.seed_model"] == str(20 + k)
+        assert t.tags["scarcelab.seed_strategy"] == "4"
+        steps = [s for s, _ in t.history("al/test_accuracy")]
+        assert steps == [2, 5, 8]
+        assert t.last("al/auc") == pytest.approx(res.repetitions[k].auc)
+        assert len(t.history("al/query_time_s")) == 2
+    assert tr.study.last("al/auc_mean") == pytest.approx(res.aucs.mean())
+
+
+def test_bad_config_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="valid"):
+        dataset_config("honeypot").replace(budgett=3)
+    with pytest.raises(ConfigError, match="fitting"):
+        dataset_config("honeypot").replace(fitting="warm")
+    with pytest.raises(ConfigError, match="unknown AL dataset"):
+        run_al(ALRunConfig("margin", "nope"), InMemoryTracker())
+    with pytest.raises(ConfigError, match="unknown strategy"):
+        run_al(ALRunConfig("nope", "honeypot"), InMemoryTracker())

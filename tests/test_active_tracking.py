@@ -1,0 +1,92 @@
+"""AL sweeps through real MLflow (sqlite store): run structure, views, the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+TINY = {"budget": 4, "max_epochs": 3}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One sqlite store for the module: creating MLflow's schema costs seconds, so the
+    tests share it and keep apart by experiment name."""
+    import mlflow
+
+    tmp = tmp_path_factory.mktemp("al_mlflow")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        mp.chdir(tmp)  # artifacts (./mlruns) stay in the temporary folder
+        mp.delenv("MLFLOW_RUN_ID", raising=False)
+        mlflow.set_tracking_uri(uri)
+        yield uri
+
+
+def _sweep(strategy: str, experiment: str, reps: int = 2) -> object:
+    from scarcelab.active.loop import ALRunConfig, run_al
+    from tracking.mlflow_tracker import MlflowTracker
+
+    rc = ALRunConfig(strategy, "honeypot", query_size=2, repetitions=reps, overrides=TINY)
+    return run_al(rc, MlflowTracker(experiment=experiment))
+
+
+def test_sweep_is_a_parent_with_one_al_run_per_repetition(store: str) -> None:
+    import mlflow
+
+    res = _sweep("margin", "al-t1")
+    runs = mlflow.search_runs(experiment_names=["al-t1"])
+    assert len(runs) == 3
+    parent = runs[runs["tags.scarcelab.role"] == "al_sweep"].iloc[0]
+    kids = runs[runs["tags.scarcelab.role"] == "al"].sort_values("tags.scarcelab.repetition")
+    assert len(kids) == 2 and (kids["tags.mlflow.parentRunId"] == parent.run_id).all()
+    assert set(kids["tags.scarcelab.family"]) == {"active"}
+    assert set(kids["tags.scarcelab.method"]) == {"margin"}
+    assert kids["tags.scarcelab.seed_data"].tolist() == ["0", "1"]
+    np.testing.assert_allclose(kids["metrics.al/auc"], res.aucs)  # type: ignore[attr-defined]
+    hist = mlflow.MlflowClient().get_metric_history(kids.run_id.iloc[0], "al/test_accuracy")
+    assert sorted(m.step for m in hist) == [2, 4, 6]
+    assert parent["metrics.al/auc_mean"] == pytest.approx(res.aucs.mean())  # type: ignore
+
+
+def test_al_views_rank_strategies_and_log_a_cd_diagram(store: str) -> None:
+    import mlflow
+
+    from tracking.al import al_report, al_runs
+
+    for s in ("random", "margin", "coreset"):
+        _sweep(s, "al-t2", reps=3)
+    runs = al_runs(["al-t2"])
+    assert len(runs) == 9 and set(runs.strategy) == {"random", "margin", "coreset"}
+    rep = al_report(["al-t2"])
+    # ranks within each repetition block, averaged: they sum to 1 + 2 + 3 per problem
+    assert rep.ranks.loc[("honeypot", 2)].sum() == pytest.approx(6.0)
+    blocks = runs.pivot_table(index="repetition", columns="strategy", values="auc")
+    by_hand = blocks.rank(axis=1, ascending=False).mean()
+    for s in by_hand.index:
+        assert rep.ranks.loc[("honeypot", 2), s] == pytest.approx(by_hand[s])
+    assert rep.friedman is not None and 0.0 <= rep.friedman[1] <= 1.0
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(rep.run_id)}
+    assert {"al_cd_diagram.png", "al_ranks.csv", "al_scores.csv"} <= arts
+
+
+def test_cli_al_command_and_strategy_listing(store: str) -> None:
+    from entrypoints.cli import main
+
+    r = CliRunner().invoke(main, ["list", "strategies"])
+    assert r.exit_code == 0
+    assert len(r.output.strip().splitlines()) == 13 and "badge\tstrategy" in r.output
+    r = CliRunner().invoke(main, ["al", "--strategy", "badge", "--dataset", "honeypot",
+                                  "--query-size", "2", "--budget", "2", "--set",
+                                  "max_epochs=2,hidden=8x4", "--experiment", "al-t3"])
+    assert r.exit_code == 0, r.output
+    assert "badge on honeypot q=2: AUC" in r.output
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=["al-t3"])
+    parent = runs[runs["tags.scarcelab.role"] == "al_sweep"].iloc[0]
+    assert parent["params.al.hidden"] == "[8, 4]" and parent["params.al.budget"] == "2"
