@@ -1,0 +1,351 @@
+"""End to end through the real tracking stack: PostgreSQL + s3rver + ``mlflow server``.
+
+One stack serves the module (CI's, when ``SCARCELAB_E2E_STACK`` names its state folder;
+otherwise one started here on free ports in a private folder and stopped afterwards).
+Studies run as separate processes, exactly as users start them, and everything is read
+back through MLflow, Optuna and boto3 — nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import boto3
+import mlflow
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tracking.stack import DEFAULT_PORTS, S3_KEY, Stack, free_port
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+STUDY = ["--method", "sup", "--dataset", "synthetic_tiny", "--arch", "small_cnn",
+         "--device", "cpu", "--max-epochs", "2", "--patience", "2", "--batch-size", "16",
+         "--max-steps-per-epoch", "3"]
+
+
+def _private_stack(auth: bool = False) -> Stack:
+    root = tempfile.mkdtemp(prefix="sl-e2e-", dir="/tmp")  # short: PG socket path limit
+    os.chmod(root, 0o755)  # the postgres user must traverse it
+    st = Stack(root)
+    st.configure(ports={k: free_port() for k in DEFAULT_PORTS}, auth=auth)
+    return st
+
+
+@pytest.fixture(scope="module")
+def stack():  # type: ignore[no-untyped-def]
+    ext = os.environ.get("SCARCELAB_E2E_STACK")
+    if ext:
+        st = Stack(ext)
+        assert st.is_running(), f"SCARCELAB_E2E_STACK={ext} but its server is not running"
+        yield st
+        return
+    st = _private_stack()
+    try:
+        st.start()
+        yield st
+    finally:
+        st.stop()
+        shutil.rmtree(st.root, ignore_errors=True)
+
+
+@pytest.fixture
+def client_env(stack, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """The stack's client variables, here and for child processes, and a fresh experiment."""
+    exp = f"e2e-{uuid.uuid4().hex[:8]}"
+    env = {**stack.state.client_env(), "SCARCELAB_SPOOL_DIR": str(tmp_path / "spool"),
+           "OMP_NUM_THREADS": "1", "SCARCELAB_SPOOL_RETRY_S": "1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    return {**os.environ, **env}, exp
+
+
+def _runs(exp: str):  # type: ignore[no-untyped-def]
+    return mlflow.search_runs(experiment_names=[exp])
+
+
+def _wait_for(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            if pred():
+                return
+        except Exception:  # noqa: BLE001 - the server may be starting
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_stack_answers_and_start_is_idempotent(stack, client_env):
+    env, _ = client_env
+    with urllib.request.urlopen(f"{stack.state.tracking_uri}/health", timeout=5) as r:
+        assert r.status == 200
+    with urllib.request.urlopen(f"{stack.state.tracking_uri}/", timeout=10) as r:  # the UI
+        assert r.status == 200 and b"<html" in r.read(2000).lower()
+    pids = dict(stack.state.pids)
+    out = subprocess.run([str(REPO / "scripts" / "stack"), "start", "--root", str(stack.root)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "already running" in out.stdout and stack.state.tracking_uri in out.stdout
+    assert Stack(stack.root).state.pids == pids  # nothing new was started
+    lines = subprocess.run([str(REPO / "scripts" / "stack"), "env", "--root", str(stack.root)],
+                           capture_output=True, text=True, timeout=60).stdout.splitlines()
+    exported = dict(line.removeprefix("export ").split("=", 1) for line in lines)
+    assert {"MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY", "OPTUNA_STORAGE"} <= set(exported)
+    assert exported["OPTUNA_STORAGE"].startswith("postgresql+psycopg2://")
+    for url in (stack.state.tracking_uri, stack.state.s3_endpoint):
+        assert url.startswith("http://127.0.0.1:")
+
+
+def test_kill_and_resume_study_through_server(stack, client_env, tmp_path):
+    """SIGKILL a running study, run the same command again: it continues (items 1, 4, 5, 7)."""
+    env, exp = client_env
+    budget_s = 36.0
+    cmd = [sys.executable, "-m", "entrypoints.cli", "supervised", *STUDY, "--budget-minutes",
+           str(budget_s / 60), "--experiment", exp]
+    log1 = open(tmp_path / "run1.log", "w+")  # noqa: SIM115
+    p1 = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log1, stderr=subprocess.STDOUT)
+    try:
+        def two_done() -> bool:
+            r = _runs(exp)
+            return len(r) > 0 and ((r["tags.scarcelab.role"] == "trial")
+                                   & (r["status"] == "FINISHED")).sum() >= 2
+        _wait_for(two_done, 120, "two finished trials")
+    finally:
+        p1.send_signal(signal.SIGKILL)
+        p1.wait()
+    before = _runs(exp)
+    study0 = before[before["tags.scarcelab.role"] == "study"].iloc[0]
+    assert study0["status"] == "RUNNING"  # what a SIGKILL leaves behind
+    done0 = set(before[(before["tags.scarcelab.role"] == "trial")
+                       & (before["status"] == "FINISHED")]["tags.scarcelab.trial"])
+    storage = env["OPTUNA_STORAGE"]
+    ostudy = optuna.load_study(study_name=study0["tags.scarcelab.optuna_study"],
+                               storage=storage)
+    params0 = {t.number: t.params for t in ostudy.trials
+               if t.state == optuna.trial.TrialState.COMPLETE}
+
+    t0 = time.time()
+    p2 = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=300)
+    wall2 = time.time() - t0
+    assert p2.returncode == 0, p2.stdout[-2000:] + p2.stderr[-4000:]
+    assert "resuming study run" in p2.stderr
+
+    after = _runs(exp)
+    studies = after[after["tags.scarcelab.role"] == "study"]
+    assert len(studies) == 1, "the same study run is continued, not a second one"
+    s = studies.iloc[0]
+    assert s.run_id == study0.run_id and s["status"] == "FINISHED"
+    trials = after[after["tags.scarcelab.role"] == "trial"]
+    assert "RUNNING" not in set(trials["status"])
+    killed = trials[trials["status"] == "FAILED"]
+    assert len(killed) >= 1 and set(killed["tags.scarcelab.error"]) == {
+        "the process running this trial died"}
+    numbers = list(trials["tags.scarcelab.trial"])
+    assert len(numbers) == len(set(numbers)), "a trial number appears twice"
+    ostudy = optuna.load_study(study_name=s["tags.scarcelab.optuna_study"], storage=storage)
+    assert sorted(str(t.number) for t in ostudy.trials) == sorted(numbers)  # none lost
+    assert not [t for t in ostudy.trials if t.state == optuna.trial.TrialState.RUNNING]
+    for n, p in params0.items():  # completed trials were kept, not redone
+        assert ostudy.trials[n].params == p and str(n) in done0
+    crashed = [t.number for t in ostudy.trials if t.user_attrs.get("crashed")]
+    assert sorted(str(n) for n in crashed) == sorted(killed["tags.scarcelab.trial"])
+    assert int(s["tags.scarcelab.n_trials"]) == sum(
+        1 for t in ostudy.trials if t.state in (optuna.trial.TrialState.COMPLETE,
+                                                optuna.trial.TrialState.FAIL)
+        and not t.user_attrs.get("crashed"))
+
+    c = MlflowClient()
+    elapsed = sorted(c.get_metric_history(s.run_id, "time/elapsed_s"), key=lambda m: m.step)
+    values = [m.value for m in elapsed]
+    assert values == sorted(values) and values[-1] <= budget_s + 10  # budget honoured overall
+    assert wall2 < budget_s + 60  # the second process did not get a fresh budget
+    best = sorted(c.get_metric_history(s.run_id, "best/val_balanced_accuracy"),
+                  key=lambda m: m.step)
+    assert [m.step for m in best] == list(range(len(best)))  # global epochs continued
+    bv = [m.value for m in best]
+    assert bv == sorted(bv)  # best-so-far survived the kill (restored checkpoint)
+
+    # checkpoints and the final model are objects in the bucket ...
+    s3 = boto3.client("s3", endpoint_url=env["MLFLOW_S3_ENDPOINT_URL"],
+                      aws_access_key_id=S3_KEY, aws_secret_access_key=S3_KEY,
+                      region_name="us-east-1")
+    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=stack.state.bucket) for o in page.get("Contents", [])]
+    assert any(k.endswith(f"{s.run_id}/artifacts/checkpoints/best.pt") for k in keys)
+    assert any(k.endswith("/MLmodel") and f"/{s.experiment_id}/models/" in k for k in keys)
+    # ... and the model loads in a fresh process, predicting like the best checkpoint
+    load = ("import mlflow, torch, sys\n"
+            "from scarcelab.data import load_raw\n"
+            f"m = mlflow.pytorch.load_model('runs:/{s.run_id}/model')\n"
+            "raw = load_raw('synthetic_tiny')\n"
+            "x = torch.as_tensor(raw.test_x).float() / 255\n"
+            "print((m(x).argmax(1).numpy() == raw.test_y).mean())\n")
+    out = subprocess.run([sys.executable, "-c", load], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert float(out.stdout.strip().splitlines()[-1]) == pytest.approx(
+        s["metrics.best/test_accuracy"])
+
+    # no credential in params, tags, artifacts or the processes' output
+    secrets = [stack.state.pg_password, stack.state.admin_password, S3_KEY]
+    texts = [p2.stdout, p2.stderr, (tmp_path / "run1.log").read_text()]
+    for _, row in after.iterrows():
+        texts += [str(v) for k, v in row.items() if k.startswith(("params.", "tags."))]
+    art = Path(mlflow.artifacts.download_artifacts(run_id=s.run_id, dst_path=tmp_path / "a"))
+    model_dir = Path(mlflow.artifacts.download_artifacts(f"runs:/{s.run_id}/model",
+                                                         dst_path=tmp_path / "m"))
+    files = [f for d in (art, model_dir) for f in d.rglob("*") if f.is_file()]
+    assert any(f.name == "config.json" for f in files)
+    for secret in secrets:
+        assert not any(secret in t for t in texts), "a credential leaked into the run"
+        for f in files:
+            assert secret.encode() not in f.read_bytes(), f"credential in artifact {f.name}"
+    assert "***@" in s["params.storage"]  # the storage is logged, without its password
+
+
+def test_two_workers_share_one_study(stack, client_env, tmp_path):
+    env, exp = client_env
+    name = f"shared-{uuid.uuid4().hex[:6]}"
+    n = 8
+    kw = {"method": "sup", "dataset": "synthetic_tiny", "arch": "small_cnn", "device": "cpu",
+          "max_epochs": 2, "patience": 2, "batch_size": 16, "max_steps_per_epoch": 3,
+          "budget_minutes": 2.0, "max_trials": n, "study_name": name, "experiment": exp}
+    worker = str(REPO / "tests" / "e2e" / "stack_worker.py")
+    env = {**env, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, worker, json.dumps(kw)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, e) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, e[-3000:]
+    ostudy = optuna.load_study(study_name=name, storage=env["OPTUNA_STORAGE"])
+    counted = [t for t in ostudy.trials if t.state != optuna.trial.TrialState.PRUNED]
+    assert len(counted) == n  # max_trials holds for the study, not per worker
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in counted)
+    owners = {t.user_attrs["owner"] for t in counted}
+    assert len(owners) == 2, "both workers ran trials"
+    runs = _runs(exp)
+    trials = runs[runs["tags.scarcelab.role"] == "trial"]
+    assert sorted(trials["tags.scarcelab.trial"]) == sorted(str(t.number) for t in ostudy.trials)
+    assert set(runs[runs["tags.scarcelab.role"] == "study"]["tags.scarcelab.study_key"]) == {name}
+
+
+def test_server_outage_training_goes_on(stack, client_env, tmp_path):
+    """The server is stopped mid-study and restarted: nothing is lost (item 6)."""
+    env, exp = client_env
+    cmd = [sys.executable, "-m", "entrypoints.cli", "supervised", *STUDY, "--budget-minutes",
+           "0.5", "--experiment", exp]
+    log = open(tmp_path / "run.log", "w+")  # noqa: SIM115
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def one_done() -> bool:
+            r = _runs(exp)
+            return len(r) > 0 and ((r["tags.scarcelab.role"] == "trial")
+                                   & (r["status"] == "FINISHED")).sum() >= 1
+        _wait_for(one_done, 120, "a finished trial")
+        n_before = len(_runs(exp))
+        stack.stop_mlflow()
+        time.sleep(8)
+        assert p.poll() is None, "training stopped while the server was down"
+        stack.start_mlflow()
+        assert p.wait(timeout=240) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out = (tmp_path / "run.log").read_text()
+    assert "unreachable" in out and "delivered" in out
+    runs = _runs(exp)
+    assert len(runs) > n_before  # trials created during the outage arrived
+    assert "RUNNING" not in set(runs["status"])
+    assert (runs.get("tags.scarcelab.spool") == "delivered_late").any()
+    c = MlflowClient()
+    for _, t in runs[(runs["tags.scarcelab.role"] == "trial")
+                     & (runs["status"] == "FINISHED")].iterrows():
+        hist = c.get_metric_history(t.run_id, "val/balanced_accuracy")
+        assert sorted(m.step for m in hist) == list(range(int(t["metrics.epochs"])))
+    s = runs[runs["tags.scarcelab.role"] == "study"].iloc[0]
+    assert s["status"] == "FINISHED"
+    steps = sorted(m.step for m in c.get_metric_history(s.run_id, "best/val_balanced_accuracy"))
+    assert steps == list(range(len(steps)))  # no epoch lost
+
+
+def test_undeliverable_records_are_kept_and_data_survives_restart(stack, client_env, tmp_path,
+                                                                  capsys, monkeypatch):
+    """Stack stopped before the run ends: the spool is printed, replayed after `start`;
+    earlier runs and artifacts are still there after stop + start (items 1, 6)."""
+    import tracking.mlflow_tracker as mt
+
+    env, exp = client_env
+    monkeypatch.setattr(mt, "FLUSH_TIMEOUT_S", 1.0)
+    old = _runs(exp)
+    t = mt.MlflowTracker(experiment=exp, spool_root=tmp_path / "spool")
+    t.start_study("outage", {"scarcelab.role": "study"}, {"p": 1}, {"cfg.json": {"a": 1}})
+    t.start_trial(0, {"scarcelab.role": "trial"}, {"lr": 0.1})
+    t.log_metrics({"val/balanced_accuracy": 0.5}, 0)
+    stack.stop()
+    t.log_metrics({"val/balanced_accuracy": 0.7}, 1)
+    t.log_checkpoint({"w": [1, 2, 3]})
+    t.end_trial("FINISHED")
+    t.end_study("FINISHED")
+    err = capsys.readouterr().err
+    assert t.spool_left is not None and str(t.spool_left) in err
+    assert (t.spool_left / "journal.jsonl").exists()
+    stack.start()
+    from tracking.spool import main as spool_main
+
+    assert spool_main(["replay", str(t.spool_left)]) == 0  # `python -m tracking.spool replay`
+    assert "delivered" in capsys.readouterr().out
+    c = MlflowClient()
+    run = c.get_run(t.study_run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["scarcelab.spool"] == "delivered_late"
+    assert mlflow.artifacts.load_dict(f"runs:/{t.study_run_id}/cfg.json") == {"a": 1}
+    ck = mlflow.artifacts.download_artifacts(f"runs:/{t.study_run_id}/checkpoints/best.pt")
+    import torch
+
+    assert torch.load(ck, weights_only=False) == {"w": [1, 2, 3]}
+    trial = [r for r in c.search_runs([run.info.experiment_id])
+             if r.data.tags.get("mlflow.parentRunId") == t.study_run_id][0]
+    assert [m.value for m in c.get_metric_history(trial.info.run_id, "val/balanced_accuracy")
+            ] == [0.5, 0.7]
+    assert len(_runs(exp)) == len(old) + 2
+    assert not t.spool_left.exists()
+
+
+def test_basic_auth_refuses_anonymous_clients(monkeypatch):
+    st = _private_stack(auth=True)
+    try:
+        st.start()
+        url = f"{st.state.tracking_uri}/api/2.0/mlflow/experiments/search?max_results=1"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=10)
+        assert e.value.code == 401
+        env = st.state.client_env()
+        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            monkeypatch.setenv(k, env[k])
+        assert MlflowClient(st.state.tracking_uri).search_experiments()  # with credentials
+        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            monkeypatch.delenv(k)
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        with pytest.raises(mlflow.exceptions.MlflowException, match="401|Unauthorized|credent"):
+            MlflowClient(st.state.tracking_uri).search_experiments()
+    finally:
+        st.stop()
+        shutil.rmtree(st.root, ignore_errors=True)
