@@ -52,11 +52,18 @@ def al_cmd(strategy: str, dataset: str, data_dir: str, query_size: str, budget: 
            seed_set: str, repetitions: str, seed_strategy: str, seed_data: str,
            seed_model: str, max_candidates: str, overrides: str, experiment: str) -> None:
     """Run the CDALBench protocol for one strategy; one MLflow run per repetition."""
+    import os
+
     import mlflow
+    import torch
 
     from scarcelab.active.loop import ALRunConfig, run_al, sweep_summary
     from tracking.mlflow_tracker import MlflowTracker
 
+    if "OMP_NUM_THREADS" not in os.environ:
+        # The AL classifiers are tiny MLPs on a few hundred samples: intra-op threads cost
+        # more in synchronisation than they gain (and starve parallel sweeps).
+        torch.set_num_threads(1)
     cfg_over, strat_params = _parse_set(overrides)
     if (b := opt_int(budget, "--budget")) is not None:
         cfg_over["budget"] = b

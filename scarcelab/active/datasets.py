@@ -92,14 +92,22 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("SCARCELAB_DATA", Path.home() / ".cache" / "scarcelab"))
 
 
+#: The project machines keep real data beside the checkout (../shared/data); it is searched
+#: after the user's data root so that `mlflow run . -e al -P dataset=splice` works there
+#: without a data_dir, while a user's own copy always wins.
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
 def _find(data_dir: Path, *names: str) -> Path:
     """Look for a file directly in ``data_dir`` or in its ``tabular``/``text_sms`` folders,
-    so both a flat folder and the shared-data layout work."""
-    for sub in ("", "tabular", "text_sms"):
-        for n in names:
-            p = data_dir / sub / n
-            if p.is_file():
-                return p
+    so both a flat folder and the shared-data layout work; then in ``SHARED_DATA``."""
+    roots = [data_dir] + ([SHARED_DATA] if SHARED_DATA.is_dir() else [])
+    for root in roots:
+        for sub in ("", "tabular", "text_sms"):
+            for n in names:
+                p = root / sub / n
+                if p.is_file():
+                    return p
     raise DataError(f"none of {list(names)} found in {data_dir} (or its tabular/, text_sms/ "
                     "folders); pass --data-dir pointing at the folder that holds them")
 

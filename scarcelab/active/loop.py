@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -281,7 +280,8 @@ def run_al(rc: ALRunConfig, tracker: Tracker) -> ALResult:
 
 def sweep_summary(result: ALResult) -> str:
     aucs = result.aucs
-    std = aucs.std(ddof=1) if len(aucs) > 1 else math.nan
+    spread = f" ± {aucs.std(ddof=1):.4f}" if len(aucs) > 1 else ""
     return (f"{result.config.strategy} on {result.config.dataset} q={result.config.query_size}: "
-            f"AUC {aucs.mean():.4f} ± {std:.4f} over {len(aucs)} repetitions"
+            f"AUC {aucs.mean():.4f}{spread} over {len(aucs)} repetition"
+            f"{'s' if len(aucs) != 1 else ''}"
             + (f" ({len(result.failed)} failed)" if result.failed else ""))
