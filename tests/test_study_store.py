@@ -1,0 +1,88 @@
+"""Shared-storage search bookkeeping on a real Optuna RDB storage (sqlite file)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from scarcelab.methods.space import LogUniform, Uniform, sample
+from scarcelab.protocols.study_store import HOST, StudyStore, TrialSeededSampler, redact
+
+SPACE = {"lr": LogUniform(1e-4, 1e-1), "wd": Uniform(0.0, 0.1)}
+
+
+@pytest.fixture
+def url(tmp_path):  # type: ignore[no-untyped-def]
+    return f"sqlite:///{tmp_path}/optuna.db"
+
+
+def _draws(study: optuna.Study, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        t = study.ask()
+        out.append(sample(SPACE, t))
+        study.tell(t, 0.0)
+    return out
+
+
+def test_configurations_depend_on_trial_number_only(url):
+    a = optuna.create_study(sampler=TrialSeededSampler(3))
+    b = optuna.create_study(sampler=TrialSeededSampler(3))
+    da, db = _draws(a, 4), _draws(b, 4)
+    assert da == db  # a resumed process draws what the dead one would have
+    assert len({d["lr"] for d in da}) == 4  # and trials differ from each other
+    assert _draws(optuna.create_study(sampler=TrialSeededSampler(4)), 1)[0] != da[0]
+    # a second process joining the study continues the sequence, it does not restart it
+    s1 = StudyStore("s", 3, url)
+    _draws(s1.study, 2)
+    s2 = StudyStore("s", 3, url)
+    assert _draws(s2.study, 2) == da[2:]
+
+
+def test_orphaned_trials_are_failed_and_not_counted(url, monkeypatch):
+    store = StudyStore("s", 0, url)
+    done = store.ask()
+    store.tell(done, 0.5)
+    dead = store.study.ask()
+    dead.set_user_attr("owner", f"{HOST}:999999999")  # no such process
+    dead.set_user_attr("heartbeat", time.time())
+    live = store.study.ask()
+    live.set_user_attr("owner", f"{HOST}:{os.getppid()}")
+    live.set_user_attr("heartbeat", time.time())
+    remote = store.study.ask()
+    remote.set_user_attr("owner", "another-host:1")
+    remote.set_user_attr("heartbeat", time.time())
+    assert store.counts() == {"complete": 1, "failed": 0, "running": 3}
+    assert store.fail_orphans() == [dead.number]
+    monkeypatch.setattr("scarcelab.protocols.study_store.GRACE_S", -1.0)  # heartbeats stale
+    assert sorted(store.fail_orphans()) == [live.number, remote.number]
+    trials = store.study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] + [TrialState.FAIL] * 3
+    assert all(t.user_attrs.get("crashed") for t in trials[1:])
+    assert store.counts() == {"complete": 1, "failed": 0, "running": 0}
+    assert store.started_before(10) == 1
+    store.close()
+
+
+def test_heartbeat_and_owner_recorded(url, monkeypatch):
+    monkeypatch.setattr("scarcelab.protocols.study_store.HEARTBEAT_S", 0.05)
+    store = StudyStore("s", 0, url)
+    t = store.ask()
+    first = store.study.trials[0].user_attrs["heartbeat"]
+    time.sleep(0.5)
+    assert store.study.trials[0].user_attrs["heartbeat"] > first
+    assert store.study.trials[0].user_attrs["owner"] == f"{HOST}:{os.getpid()}"
+    assert store.fail_orphans() == []  # our own trial is never an orphan
+    store.tell(t, 1.0)
+    assert store.counts()["complete"] == 1
+
+
+def test_redact_hides_password_only():
+    assert redact("postgresql+psycopg2://postgres:s3cr:et@127.0.0.1:5432/optuna") == \
+        "postgresql+psycopg2://postgres:***@127.0.0.1:5432/optuna"
+    assert redact("sqlite:///x.db") == "sqlite:///x.db"
+    assert redact(None) == ""
