@@ -184,3 +184,23 @@ def test_bad_config_is_a_clear_error() -> None:
         run_al(ALRunConfig("margin", "nope"), InMemoryTracker())
     with pytest.raises(ConfigError, match="unknown strategy"):
         run_al(ALRunConfig("nope", "honeypot"), InMemoryTracker())
+
+
+@pytest.mark.parametrize("name,shape,test_rows,classes", [
+    ("splice", (1000, 60), 2079, 2), ("usps", (7291, 256), 2007, 10),
+    ("sms", (3902, 384), 1672, 2)])
+def test_real_al_datasets_load(name: str, shape: tuple[int, int], test_rows: int,
+                               classes: int) -> None:
+    from conftest import SHARED_DATA
+
+    from scarcelab.errors import DataError
+
+    try:
+        d = load_al_dataset(name, SHARED_DATA, np.random.default_rng(0))
+    except DataError as e:
+        pytest.skip(f"real data for {name} not found under {SHARED_DATA}: {e}")
+    assert d.x_train.shape == shape and len(d.x_test) == test_rows
+    assert d.num_classes == classes and set(np.unique(d.y_train)) == set(range(classes))
+    assert d.x_train.dtype == np.float32 and np.isfinite(d.x_train).all()
+    if name == "usps":  # LibSVM's scaling of the 0..255 pixels
+        assert d.x_train.min() == -1.0 and d.x_train.max() == 1.0
