@@ -66,7 +66,7 @@ class Tracked:
     reader: StoreReader
     experiment_ids: list[str]
     include_failed: bool = False
-    _records: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+    _records: dict[tuple, pd.DataFrame] = field(default_factory=dict, repr=False)
 
     # -- selections ---------------------------------------------------------------
     def role(self, role: str) -> pd.DataFrame:
@@ -81,48 +81,72 @@ class Tracked:
             s = s[s["status"] == "FINISHED"]
         return s
 
+    def _split(self) -> tuple[list[str], list[str]]:
+        """Counted study ids with their own ``best/*`` series, and those without."""
+        s = self.studies()
+        col = f"metrics.{STUDY_KEYS[0]}"
+        has = s[col].notna() if col in s else pd.Series(False, index=s.index)
+        return list(s.loc[has, "run_id"]), list(s.loc[~has, "run_id"])
+
     # -- checkpoint record ----------------------------------------------------------
-    def record(self, source: str = "auto") -> pd.DataFrame:
+    def record(self, source: str = "auto", tests: Sequence[str] | None = None
+               ) -> pd.DataFrame:
         """One row per change of each counted study's answer: ``study_id``, ``run_id``,
-        ``step``, ``elapsed_s``, ``val_balanced_accuracy``, ``test_*``, ``source``
-        (``study`` or ``trial``), ``end_s`` (when the study evaluated its last checkpoint),
-        in time order within each study."""
+        ``step``, ``elapsed_s``, ``val_balanced_accuracy``, ``test_*`` (all, or the names
+        in ``tests``), ``source`` (``study`` or ``trial``), ``end_s`` (when the study
+        evaluated its last checkpoint), in time order within each study.
+
+        ``auto``: a study's own series where it has one, its trials otherwise; ``study``:
+        own series only; ``trials``: recomputed from the trials for every study."""
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-        if source not in self._records:
-            self._records[source] = self._build_record(source)
-        return self._records[source]
-
-    def _build_record(self, source: str) -> pd.DataFrame:
-        studies = self.studies()
-        study_ids = list(studies["run_id"])
-        parts = []
-        if source in ("auto", "study") and study_ids:
-            parts.append(self._candidates(study_ids, STUDY_KEYS[0], "study"))
-        have = set(parts[0]["study_id"]) if parts else set()
-        if source in ("auto", "trials"):
-            trials = self.role("trial")
-            trials = trials[trials["parent_run_id"].isin(set(study_ids) - have)]
-            if len(trials):
-                parts.append(self._candidates(list(trials["run_id"]), TRIAL_KEYS[0], "trial"))
-        cols = ["study_id", "run_id", "step", "elapsed_s", VAL, "source", "end_s"]
+        with_series, without = self._split()
+        if source == "trials":
+            parts = [self._record_for("trial", with_series + without, tests)]
+        elif source == "study":
+            parts = [self._record_for("study", with_series, tests)]
+        else:
+            parts = [self._record_for("study", with_series, tests),
+                     self._record_for("trial", without, tests)]
         parts = [p for p in parts if len(p)]
         if not parts:
-            return pd.DataFrame(columns=cols)
-        cand = pd.concat(parts, ignore_index=True)
-        rec = self._attach_tests(_record_rows(cand))
+            return pd.DataFrame(columns=["study_id", "run_id", "step", "elapsed_s", VAL,
+                                         "source", "end_s"])
+        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+
+    def _record_for(self, kind: str, study_ids: list[str], tests: Sequence[str] | None
+                    ) -> pd.DataFrame:
+        key = (kind, tuple(study_ids), None if tests is None else tuple(tests))
+        if key not in self._records:
+            self._records[key] = self._build_record(kind, study_ids, tests)
+        return self._records[key]
+
+    def _build_record(self, kind: str, study_ids: list[str], tests: Sequence[str] | None
+                      ) -> pd.DataFrame:
+        cand = pd.DataFrame()
+        if study_ids and kind == "study":
+            cand = self._candidates(study_ids, STUDY_KEYS[0], "study")
+        elif study_ids:
+            trials = self.role("trial")
+            trials = trials[trials["parent_run_id"].isin(set(study_ids))]
+            if len(trials):
+                cand = self._candidates(list(trials["run_id"]), TRIAL_KEYS[0], "trial")
+        if cand.empty:
+            return pd.DataFrame(columns=["study_id", "run_id", "step", "elapsed_s", VAL,
+                                         "source", "end_s"])
+        rec = self._attach_tests(_record_rows(cand), tests)
         # when each study evaluated its last checkpoint: the end of its time axis
         rec["end_s"] = rec["study_id"].map(cand.groupby("study_id")["elapsed_s"].max())
         return rec
 
     def _candidates(self, run_ids: list[str], val_key: str, source: str) -> pd.DataFrame:
         """Every evaluated checkpoint (run, step) with its validation score and time."""
+        # all trials of the experiments: one join instead of long IN (...) lists
         scope = None if source == "trial" and len(run_ids) == self._n_role("trial") else run_ids
         h = self.reader.histories(scope, self.experiment_ids, keys=[val_key, ELAPSED])
         h = h[h["run_id"].isin(set(run_ids))] if scope is None else h
         if h.empty:
-            return pd.DataFrame(columns=["study_id", "run_id", "step", "elapsed_s", VAL,
-                                         "source", "start_time"])
+            return pd.DataFrame()
         h = h.sort_values("timestamp", kind="stable").drop_duplicates(
             ["run_id", "key", "step"], keep="last")
         w = h.pivot(index=["run_id", "step"], columns="key", values="value")
@@ -139,17 +163,21 @@ class Tracked:
         return w
 
     def _n_role(self, role: str) -> int:
-        return int((self.runs.get("role") == role).sum()) if "role" in self.runs else 0
+        return int((self.runs["role"] == role).sum()) if "role" in self.runs else 0
 
-    def _attach_tests(self, rec: pd.DataFrame) -> pd.DataFrame:
+    def _attach_tests(self, rec: pd.DataFrame, tests: Sequence[str] | None) -> pd.DataFrame:
         """Read the test metrics of the record's checkpoints only (see module doc)."""
         out = []
         for source, (_, prefix) in (("study", STUDY_KEYS), ("trial", TRIAL_KEYS)):
             part = rec[rec["source"] == source]
             if part.empty:
                 continue
-            h = self.reader.histories(sorted(set(part["run_id"])), self.experiment_ids,
-                                      prefixes=[prefix])
+            ids = sorted(set(part["run_id"]))
+            if tests is None:
+                h = self.reader.histories(ids, self.experiment_ids, prefixes=[prefix])
+            else:
+                keys = [prefix + t.removeprefix("test_") for t in tests]
+                h = self.reader.histories(ids, self.experiment_ids, keys=keys)
             if len(h):
                 h = h.sort_values("timestamp", kind="stable").drop_duplicates(
                     ["run_id", "key", "step"], keep="last")
@@ -159,27 +187,52 @@ class Tracked:
             out.append(part)
         res = pd.concat(out, ignore_index=True) if out else rec
         res = res.sort_values(["study_id", "order"], kind="stable").drop(columns="order")
-        tests = sorted(c for c in res.columns if c.startswith("test_"))
+        test_cols = sorted(c for c in res.columns if c.startswith("test_"))
         # a study series repeats its answer at every epoch: keep the points where the answer
         # changed, so that elapsed_s says when it was first given
-        vals = res[[VAL, *tests]]
+        vals = res[[VAL, *test_cols]]
         same = (vals.eq(vals.shift(1)) | (vals.isna() & vals.shift(1).isna())).all(axis=1)
         same &= res["study_id"].eq(res["study_id"].shift(1)) & res["source"].eq("study")
         res = res[~same.to_numpy()]
-        return res[["study_id", "run_id", "step", "elapsed_s", VAL, *tests, "source"]
+        return res[["study_id", "run_id", "step", "elapsed_s", VAL, *test_cols, "source"]
                    ].reset_index(drop=True)
 
     def selected(self, source: str = "auto") -> pd.DataFrame:
-        """Per counted study: the reported checkpoint (last entry of its record), with the
-        study's tidy columns; studies without any evaluated checkpoint are left out."""
-        rec = self.record(source)
-        last = rec.groupby("study_id", sort=False).tail(1).set_index("study_id")
+        """Per counted study: the reported checkpoint, with the study's tidy columns.
+
+        A study with its own ``best/*`` series reports its last values, which MLflow keeps
+        as the run's latest metrics: no history is read (``elapsed_s`` is then NaN). Other
+        studies (and every study with ``source="trials"``) get the last entry of their
+        trial record. Studies without any evaluated checkpoint are left out."""
+        if source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         studies = self.studies().set_index("run_id")
+        with_series, without = self._split()
         meta_cols = [c for c in ("experiment", "family", "method", "dataset", "seed",
                                  "n_labeled", "n_val", "budget_minutes", "arch")
                      if c in studies]
-        out = studies.loc[studies.index.intersection(last.index), meta_cols].join(
-            last.rename(columns={"run_id": "checkpoint_run_id"}))
+        parts = []
+        if source != "trials" and with_series:
+            s = studies.loc[with_series]
+            summary = pd.DataFrame({VAL: s[f"metrics.{STUDY_KEYS[0]}"], "elapsed_s": np.nan,
+                                    "checkpoint_run_id": s.index, "source": "study"},
+                                   index=s.index)
+            for c in s.columns:
+                if c.startswith(f"metrics.{STUDY_KEYS[1]}"):
+                    summary["test_" + c[len(f"metrics.{STUDY_KEYS[1]}"):]] = s[c]
+            parts.append(summary)
+        trial_ids = with_series + without if source == "trials" else (
+            without if source == "auto" else [])
+        if trial_ids:
+            rec = self._record_for("trial", trial_ids, None)
+            last = rec.groupby("study_id", sort=False).tail(1).set_index("study_id")
+            parts.append(last.drop(columns=["step", "end_s"]).rename(
+                columns={"run_id": "checkpoint_run_id"}))
+        if not parts:
+            return pd.DataFrame(columns=["study_id", *meta_cols, VAL, "source"])
+        last = pd.concat([p for p in parts if len(p)]) if any(len(p) for p in parts) \
+            else parts[0]
+        out = studies.loc[studies.index.intersection(last.index), meta_cols].join(last)
         return out.rename_axis("study_id").reset_index()
 
 

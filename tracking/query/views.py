@@ -181,7 +181,7 @@ def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
     and that validation score (``val_*``, monotone in t), mean/min/max over the seeds. A
     value is NaN until every seed has evaluated a checkpoint, so the mean is over a fixed set
     of seeds and the validation mean stays monotone."""
-    rec = t.record(source)
+    rec = t.record(source, tests=[metric])
     studies = per_study(t, source, **filters)
     cols = ["dataset", "n_labeled", "method", "t_s", "n", f"{metric}_mean", f"{metric}_min",
             f"{metric}_max", f"{VAL}_mean", f"{VAL}_min", f"{VAL}_max"]

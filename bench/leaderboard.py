@@ -1,0 +1,332 @@
+"""Leaderboard speed at scale: 10,000 trial runs with per-epoch metric histories.
+
+    .venv/bin/python bench/leaderboard.py                      # sqlite (on /dev/shm if any)
+    .venv/bin/python bench/leaderboard.py --stack              # + PostgreSQL behind mlflow server
+    .venv/bin/python bench/leaderboard.py --trials 2000 --naive-sample 300   # quicker
+
+The store is filled in bulk straight into MLflow's tables (creating 10k runs through the
+client would take ~20 min of logging on this machine, see ENV.md "Logging cost"); the schema
+comes from MLflow itself and the result is checked through the public API (run count, one
+metric history) before anything is timed. Per study: 40 trials x 15 epochs, each epoch
+logging val/test metrics and ``time/elapsed_s`` (time since the study started), plus the
+study's own ``best/*`` series on a global epoch counter — what ``scarcelab.protocols.search``
+writes.
+
+Timed (wall clock, best of ``--repeat``; the 2 CPUs are shared, so read ratios):
+* ``ours``: ``tracking.query.load`` + ``leaderboard`` (auto: the studies' own series),
+* ``ours_trials``: the same recomputed from every trial's history (``source="trials"``),
+* ``profile``: the accuracy-over-time view on top of a loaded store,
+* ``api``: the same code through the public client API (``reader="api"``),
+* ``naive``: ``mlflow.search_runs`` over the experiment + ``get_metric_history`` per trial
+  run (val, test, elapsed) and the same selection in pandas. It is run on a random sample of
+  ``--naive-sample`` trials and extrapolated linearly to all trials (``naive_extrapolated=1``)
+  unless ``--naive-sample 0`` (all of them).
+
+Last line: ``key=value`` summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DATASETS = ("pathmnist", "tissuemnist", "bloodmnist", "dermamnist", "breastmnist")
+METHODS = {"sup": "supervised", "mixup": "supervised", "supcon": "supervised",
+           "fixmatch": "semi", "flexmatch": "semi", "freematch": "semi", "comatch": "semi",
+           "simclr": "self", "byol": "self", "dino": "self"}
+TEST_KEYS = ("balanced_accuracy", "accuracy", "auroc")
+T0 = 1_750_000_000_000
+
+
+def generate(n_trials: int, epochs: int, seeds: int, exp_id: int, rng: np.random.Generator
+             ) -> dict[str, pd.DataFrame]:
+    """Rows for runs, tags, params, metrics, latest_metrics."""
+    n_studies = len(DATASETS) * len(METHODS) * seeds
+    per_study = max(1, math.ceil(n_trials / n_studies))
+    runs, tags, params, metrics = [], [], [], []
+    study_no = 0
+    for ds in DATASETS:
+        for method, family in METHODS.items():
+            for seed in range(seeds):
+                sid = uuid.uuid4().hex
+                start = T0 + study_no * 10_000_000
+                study_no += 1
+                base = {"scarcelab.family": family, "scarcelab.method": method,
+                        "scarcelab.dataset": ds, "scarcelab.seed": str(seed)}
+                runs.append((sid, f"{method}-{ds}-s{seed}", start, start + 9_000_000))
+                tags += [(k, v, sid) for k, v in {**base, "scarcelab.role": "study",
+                                                  "mlflow.runName": runs[-1][1]}.items()]
+                params += [("n_labeled", "400", sid), ("budget_minutes", "60", sid),
+                           ("arch", "resnet18", sid)]
+                skill = 0.05 * list(METHODS).index(method) / len(METHODS)
+                t = 0.0
+                best = (-1.0, None)
+                g = 0
+                for tr in range(per_study):
+                    tid = uuid.uuid4().hex
+                    tstart = start + int(t * 1000)
+                    runs.append((tid, f"trial-{tr}", tstart, tstart + epochs * 4000))
+                    tags += [(k, v, tid) for k, v in {**base, "scarcelab.role": "trial",
+                                                      "scarcelab.trial": str(tr),
+                                                      "mlflow.parentRunId": sid,
+                                                      "mlflow.runName": f"trial-{tr}"}.items()]
+                    params += [("lr", f"{10 ** rng.uniform(-4, -1):.6g}", tid),
+                               ("weight_decay", f"{10 ** rng.uniform(-6, -3):.6g}", tid),
+                               ("batch_size", "64", tid), ("arch", "resnet18", tid),
+                               ("trial_seed", str(seed * 100_003 + tr), tid)]
+                    quality = rng.uniform(0.3, 0.8) + skill
+                    for ep in range(epochs):
+                        t += 4.0
+                        ts = start + int(t * 1000)
+                        val = round(min(0.99, quality * (1 - math.exp(-(ep + 1) / 4))
+                                        + rng.normal(0, 0.02)), 3)
+                        test = {k: round(val - 0.02 + rng.normal(0, 0.02), 4) for k in TEST_KEYS}
+                        metrics += [("val/balanced_accuracy", val, ts, tid, ep),
+                                    ("time/elapsed_s", t, ts, tid, ep),
+                                    ("train/loss", 1.0 / (ep + 1), ts, tid, ep)]
+                        metrics += [(f"test/{k}", v, ts, tid, ep) for k, v in test.items()]
+                        if val > best[0]:
+                            best = (val, test)
+                        metrics += [("best/val_balanced_accuracy", best[0], ts, sid, g),
+                                    ("time/elapsed_s", t, ts, sid, g)]
+                        metrics += [(f"best/test_{k}", v, ts, sid, g)
+                                    for k, v in best[1].items()]
+                        g += 1
+                    t += 2.0
+    run_df = pd.DataFrame(runs, columns=["run_uuid", "name", "start_time", "end_time"])
+    run_df = run_df.assign(source_type="LOCAL", source_name="bench", entry_point_name="",
+                           user_id="bench", status="FINISHED", source_version="",
+                           lifecycle_stage="active", experiment_id=exp_id)
+    run_df["artifact_uri"] = "file:///tmp/bench-artifacts/" + run_df["run_uuid"]
+    m = pd.DataFrame(metrics, columns=["key", "value", "timestamp", "run_uuid", "step"])
+    m["is_nan"] = False
+    latest = m.sort_values("step", kind="stable").drop_duplicates(["run_uuid", "key"],
+                                                                   keep="last")
+    return {"runs": run_df, "tags": pd.DataFrame(tags, columns=["key", "value", "run_uuid"]),
+            "params": pd.DataFrame(params, columns=["key", "value", "run_uuid"]),
+            "metrics": m, "latest_metrics": latest[["key", "value", "timestamp", "step",
+                                                    "is_nan", "run_uuid"]]}
+
+
+def bulk_insert(db_uri: str, rows: dict[str, pd.DataFrame]) -> None:
+    """sqlite: executemany in one transaction; PostgreSQL: COPY."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(db_uri)
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        for table in ("runs", "tags", "params", "metrics", "latest_metrics"):
+            df = rows[table]
+            cols = ", ".join(f'"{c}"' if c == "key" else c for c in df.columns)
+            if db_uri.startswith("sqlite"):
+                marks = ", ".join("?" * len(df.columns))
+                cur.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})",  # noqa: S608
+                                df.itertuples(index=False, name=None))
+            else:
+                buf = io.StringIO()
+                df.to_csv(buf, index=False, header=False)
+                buf.seek(0)
+                cur.copy_expert(f"COPY {table} ({cols}) FROM STDIN WITH CSV", buf)
+        raw.commit()
+    finally:
+        raw.close()
+        engine.dispose()
+
+
+def naive(tracking_uri: str, experiment: str, sample: int, rng: np.random.Generator
+          ) -> tuple[float, float, int, int, pd.DataFrame]:
+    """search_runs + get_metric_history per trial; returns (search_s, histories_s, n_done,
+    n_trials, per-study selection of the sampled trials)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(tracking_uri)
+    client = MlflowClient()
+    t = time.perf_counter()
+    df = mlflow.search_runs(experiment_names=[experiment], max_results=100_000)
+    search_s = time.perf_counter() - t
+    trials = df[df["tags.scarcelab.role"] == "trial"]
+    n_trials = len(trials)
+    if 0 < sample < n_trials:
+        trials = trials.iloc[rng.choice(n_trials, sample, replace=False)]
+    t = time.perf_counter()
+    rows = []
+    for run_id, parent in trials[["run_id", "tags.mlflow.parentRunId"]].itertuples(
+            index=False):
+        h = {k: {m.step: m.value for m in client.get_metric_history(run_id, k)}
+             for k in ("val/balanced_accuracy", "test/balanced_accuracy", "time/elapsed_s")}
+        rows += [(parent, val, h["test/balanced_accuracy"].get(step),
+                  h["time/elapsed_s"].get(step))
+                 for step, val in h["val/balanced_accuracy"].items()]
+    hist_s = time.perf_counter() - t
+    sel = pd.DataFrame(rows, columns=["study", "val", "test", "elapsed"]).sort_values(
+        ["study", "elapsed"]).groupby("study").apply(
+        lambda g: g.loc[g["val"].idxmax()], include_groups=False)
+    return search_s, hist_s, len(trials), n_trials, sel
+
+
+def best_of(fn, repeat: int) -> tuple[float, object]:  # type: ignore[no-untyped-def]
+    best, out = math.inf, None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def time_ours(uri: str, experiment: str, repeat: int, reader: str = "auto") -> dict[str, float]:
+    from tracking import query
+
+    res: dict[str, float] = {}
+    res["ours_s"], lb = best_of(lambda: query.leaderboard(query.load(experiment, uri,
+                                                                     reader=reader)), repeat)
+    res["ours_trials_s"], lbt = best_of(lambda: query.leaderboard(
+        query.load(experiment, uri, reader=reader), source="trials"), repeat)
+    cols = ["dataset", "method", "n", "test_balanced_accuracy_mean"]
+    pd.testing.assert_frame_equal(lb[cols], lbt[cols])  # both sources agree
+    t = query.load(experiment, uri, reader=reader)
+    res["load_s"], _ = best_of(lambda: query.load(experiment, uri, reader=reader), repeat)
+    query.leaderboard(t)
+    res["profile_s"], _ = best_of(lambda: query.profile(t), repeat)
+    res["n_runs"] = len(t.runs)
+    return res
+
+
+def check_store(uri: str, experiment: str, expected_runs: int) -> None:
+    """The bulk-filled store reads back through MLflow's public API."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name(experiment)
+    page = c.search_runs([exp.experiment_id], "tags.`scarcelab.role` = 'study'",
+                         max_results=1)
+    run = page[0]
+    h = c.get_metric_history(run.info.run_id, "best/val_balanced_accuracy")
+    assert len(h) > 1 and h[-1].value == run.data.metrics["best/val_balanced_accuracy"]
+    mlflow.set_tracking_uri(uri)
+    n = len(mlflow.search_runs([exp.experiment_id], max_results=100_000, output_format="list"))
+    assert n == expected_runs, (n, expected_runs)
+
+
+def run_sqlite(a: argparse.Namespace, rng: np.random.Generator) -> dict[str, float]:
+    from mlflow.tracking import MlflowClient
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-lb-", dir="/dev/shm" if Path(
+        "/dev/shm").is_dir() else None))
+    uri = f"sqlite:///{folder}/mlflow.db"
+    try:
+        t = time.perf_counter()
+        exp_id = MlflowClient(tracking_uri=uri).create_experiment("bench")
+        rows = generate(a.trials, a.epochs, a.seeds, int(exp_id), rng)
+        bulk_insert(uri, rows)
+        n_runs = len(rows["runs"])
+        print(f"[sqlite] {n_runs} runs, {len(rows['metrics'])} metric rows filled in "
+              f"{time.perf_counter() - t:.1f}s at {uri}", flush=True)
+        check_store(uri, "bench", n_runs)
+        res = time_ours(uri, "bench", a.repeat)
+        from tracking import query
+
+        res["api_s"], _ = best_of(lambda: query.leaderboard(
+            query.load("bench", uri, reader="api")), 1)
+        s_s, h_s, done, n_tr, _ = naive(uri, "bench", a.naive_sample, rng)
+        res.update(naive_search_s=s_s, naive_hist_s=h_s, naive_done=done, n_trials=n_tr,
+                   metric_rows=len(rows["metrics"]))
+        res["naive_s"] = s_s + h_s * n_tr / max(done, 1)
+        return res
+    finally:
+        if not a.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_stack(a: argparse.Namespace, rng: np.random.Generator) -> dict[str, float] | None:
+    from mlflow.tracking import MlflowClient
+
+    try:
+        from tracking.stack import Stack, free_port
+    except ImportError as e:
+        print(f"[postgres] skipped: no tracking.stack ({e})")
+        return None
+    root = Path(tempfile.mkdtemp(prefix="bench-stack-"))
+    os.chmod(root, 0o755)  # postgres (another user) must traverse it
+    stack = Stack(root)
+    stack.configure(ports={k: free_port() for k in ("pg_port", "s3_port", "mlflow_port")})
+    try:
+        took = stack.start()
+        st = stack.state
+        print(f"[postgres] stack up in {took:.1f}s: {st.tracking_uri}", flush=True)
+        os.environ.update(st.client_env())
+        exp_id = MlflowClient(tracking_uri=st.tracking_uri).create_experiment("bench")
+        rows = generate(a.trials, a.epochs, a.seeds, int(exp_id), rng)
+        t = time.perf_counter()
+        bulk_insert(st.db_uri("mlflow"), rows)
+        n_runs = len(rows["runs"])
+        print(f"[postgres] {n_runs} runs filled in {time.perf_counter() - t:.1f}s", flush=True)
+        check_store(st.tracking_uri, "bench", n_runs)
+        res = time_ours(st.db_uri("mlflow"), "bench", a.repeat)
+        from tracking import query
+
+        res["api_server_s"], _ = best_of(lambda: query.leaderboard(
+            query.load("bench", st.tracking_uri)), 1)
+        s_s, h_s, done, n_tr, _ = naive(st.tracking_uri, "bench",
+                                        min(a.naive_sample or 10**9, 500), rng)
+        res.update(naive_search_s=s_s, naive_hist_s=h_s, naive_done=done, n_trials=n_tr)
+        res["naive_s"] = s_s + h_s * n_tr / max(done, 1)
+        return res
+    finally:
+        stack.stop()
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trials", type=int, default=10_000)
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--naive-sample", type=int, default=1000,
+                   help="trials timed for the naive approach (0 = all), then extrapolated")
+    p.add_argument("--stack", action="store_true", help="also PostgreSQL via scripts/stack")
+    p.add_argument("--keep", action="store_true", help="keep the generated stores")
+    a = p.parse_args()
+    rng = np.random.default_rng(0)
+    summary: dict[str, float | int] = {}
+    r = run_sqlite(a, rng)
+    print(f"[sqlite] {r}", flush=True)
+    summary.update(runs=int(r["n_runs"]), trials=int(r["n_trials"]),
+                   metric_rows=int(r["metric_rows"]), sqlite_leaderboard_s=r["ours_s"],
+                   sqlite_trials_leaderboard_s=r["ours_trials_s"],
+                   sqlite_load_s=r["load_s"], sqlite_profile_s=r["profile_s"],
+                   sqlite_api_s=r["api_s"], sqlite_naive_s=r["naive_s"],
+                   naive_extrapolated=int(r["naive_done"] < r["n_trials"]),
+                   vs_naive=r["naive_s"] / r["ours_s"],
+                   vs_naive_trials=r["naive_s"] / r["ours_trials_s"])
+    if a.stack:
+        s = run_stack(a, rng)
+        if s:
+            print(f"[postgres] {s}", flush=True)
+            summary.update(pg_leaderboard_s=s["ours_s"], pg_trials_leaderboard_s=s[
+                "ours_trials_s"], pg_server_api_s=s["api_server_s"],
+                pg_server_naive_s=s["naive_s"], pg_vs_naive=s["naive_s"] / s["ours_s"])
+    print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                   for k, v in summary.items()))
+
+
+if __name__ == "__main__":
+    main()
