@@ -463,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(st, indent=2))
             return 0 if st["mlflow"]["running"] else 3
         else:
+            if not stack.state_file.exists():  # its passwords would be made up on the spot
+                raise StackError(f"no stack in {stack.root}: run `scripts/stack start` first")
             print("\n".join(stack.env_lines()))
     except StackError as e:
         print(f"[stack] error: {e}", file=sys.stderr)
