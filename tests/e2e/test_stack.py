@@ -122,11 +122,12 @@ def test_kill_and_resume_study_through_server(stack, client_env, tmp_path):
     log1 = open(tmp_path / "run1.log", "w+")  # noqa: SIM115
     p1 = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log1, stderr=subprocess.STDOUT)
     try:
-        def two_done() -> bool:
+        def far_enough() -> bool:  # two trials done and 15 s of the budget spent
             r = _runs(exp)
-            return len(r) > 0 and ((r["tags.scarcelab.role"] == "trial")
-                                   & (r["status"] == "FINISHED")).sum() >= 2
-        _wait_for(two_done, 120, "two finished trials")
+            study = r[r["tags.scarcelab.role"] == "study"]
+            return ((r["tags.scarcelab.role"] == "trial") & (r["status"] == "FINISHED")).sum() \
+                >= 2 and study["metrics.time/elapsed_s"].max() >= 15
+        _wait_for(far_enough, 180, "two finished trials and 15 s spent")
     finally:
         p1.send_signal(signal.SIGKILL)
         p1.wait()
@@ -175,8 +176,9 @@ def test_kill_and_resume_study_through_server(stack, client_env, tmp_path):
     c = MlflowClient()
     elapsed = sorted(c.get_metric_history(s.run_id, "time/elapsed_s"), key=lambda m: m.step)
     values = [m.value for m in elapsed]
-    assert values == sorted(values) and values[-1] <= budget_s + 10  # budget honoured overall
-    assert wall2 < budget_s + 60  # the second process did not get a fresh budget
+    # the budget is for the study, not per process: a fresh budget would end >= 15 + 36 s
+    assert values == sorted(values) and values[-1] <= budget_s + 10
+    assert wall2 < budget_s + 150  # (start-up and the final model included)
     best = sorted(c.get_metric_history(s.run_id, "best/val_balanced_accuracy"),
                   key=lambda m: m.step)
     assert [m.step for m in best] == list(range(len(best)))  # global epochs continued
