@@ -5,7 +5,9 @@ layer over 512-d encoded features (CDALBench's setting for encoded data, 10 clas
 core-set works in the 512-d space and BADGE on 10 x 512 gradient embeddings. The labeled
 set has ``--labeled`` points: core-set must find every candidate's nearest labeled point, an
 N x |L| x D matrix product (10 GFLOP at |L| = 400), so its time grows with |L|; BADGE's
-does not. Each figure is the median of ``--repeats`` queries.
+does not. Each figure is the median of ``--repeats`` queries, as wall-clock time and as the
+process's CPU time: on a shared machine (load far above the core count) the wall clock
+mostly measures the neighbours, while single-threaded CPU time is what the query costs.
 
     .venv/bin/python bench/al_query.py [--pool 50000 --dim 512 --q 10 --threads 1]
 """
@@ -50,19 +52,22 @@ def main() -> None:
     for name in ("badge", "coreset"):
         strat = make_strategy(name, max_candidates=None)
         for q in args.q:
-            times = []
+            times, cpu = [], []
             for r in range(args.repeats):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 picked = strat.query(state, q, np.random.default_rng(r))
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 assert len(np.unique(picked)) == q
-            med = statistics.median(times)
+            med, med_cpu = statistics.median(times), statistics.median(cpu)
             results[f"{name}_q{q}_s"] = med
-            print(f"{name:8s} q={q:3d} pool={args.pool}x{args.dim}: median {med:.3f} s "
-                  f"(runs: {', '.join(f'{t:.3f}' for t in times)})")
-    worst = max(results.values())
+            results[f"{name}_q{q}_cpu_s"] = med_cpu
+            print(f"{name:8s} q={q:3d} pool={args.pool}x{args.dim} |L|={args.labeled}: "
+                  f"median wall {med:.3f} s, cpu {med_cpu:.3f} s "
+                  f"(wall runs: {', '.join(f'{t:.3f}' for t in times)})")
+    worst = max(v for k, v in results.items() if k.endswith("_cpu_s"))
     print(" ".join(f"{k}={v:.3f}" for k, v in results.items())
-          + f" threads={args.threads} target_1s_met={worst < 1.0}")
+          + f" threads={args.threads} labeled={args.labeled} target_1s_cpu_met={worst < 1.0}")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,11 @@ def top_q(scores: np.ndarray, q: int, candidates: np.ndarray) -> np.ndarray:
     return candidates[order]
 
 
+def sq_norms(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise squared norms without an N x D temporary (a 50k x 512 pool is 100 MB)."""
+    return torch.linalg.vector_norm(x, dim=1).square_()
+
+
 def sq_dists(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Pairwise squared Euclidean distances, clamped at 0 (the expansion can go negative)."""
     d = (a * a).sum(1, keepdim=True) - 2.0 * a @ b.T + (b * b).sum(1)[None, :]
@@ -107,12 +112,12 @@ def min_sq_dist_to(points: torch.Tensor, centers: torch.Tensor,
     """For every point, the squared distance to its nearest center: min_j(||c_j||² - 2x·c_j)
     in one fused ``addmm`` per chunk, plus ||x||² afterwards — the GEMM is the whole cost.
     Chunks keep a 50k-point pool from materialising a 50k x |L| matrix at once."""
-    cn = (centers * centers).sum(1)[None, :]
+    cn = sq_norms(centers)[None, :]
     out = torch.empty(points.shape[0], dtype=points.dtype)
     for s in range(0, points.shape[0], chunk):
         p = points[s:s + chunk]
         m = torch.addmm(cn, p, centers.T, alpha=-2.0).min(1).values
-        out[s:s + chunk] = (m + (p * p).sum(1)).clamp_min_(0.0)
+        out[s:s + chunk] = (m + sq_norms(p)).clamp_min_(0.0)
     return out
 
 
@@ -127,7 +132,7 @@ def k_center_greedy(pool_emb: np.ndarray, center_emb: np.ndarray, q: int) -> np.
     routine deterministic without an RNG.
     """
     pool = torch.from_numpy(np.ascontiguousarray(pool_emb, dtype=np.float32))
-    norms = (pool * pool).sum(1)
+    norms = sq_norms(pool)
     if len(center_emb) > 0:
         centers = torch.from_numpy(np.ascontiguousarray(center_emb, dtype=np.float32))
         dist = min_sq_dist_to(pool, centers)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from scarcelab.active import register_strategy
-from scarcelab.active.base import QueryState, Strategy
+from scarcelab.active.base import QueryState, Strategy, sq_norms
 
 
 def gradient_factors(proba: np.ndarray, emb: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,7 +27,7 @@ def gradient_factors(proba: np.ndarray, emb: np.ndarray) -> tuple[torch.Tensor, 
 def kmeanspp_gradients(a: torch.Tensor, h: torch.Tensor, q: int,
                        rng: np.random.Generator) -> np.ndarray:
     """k-means++ seeding over the implicit embeddings g_i = a_i ⊗ h_i; returns positions."""
-    sq = (a * a).sum(1) * (h * h).sum(1)  # ||g_i||^2
+    sq = sq_norms(a) * sq_norms(h)  # ||g_i||^2
     first = int(torch.argmax(sq))
     chosen = [first]
     d2 = (sq + sq[first] - 2.0 * (a @ a[first]) * (h @ h[first])).clamp_min_(0.0)
