@@ -26,6 +26,7 @@ import pandas as pd
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 RUN_COLUMNS = ["run_id", "experiment_id", "run_name", "status", "start_time", "end_time"]
 CHUNK = 900  # ids per IN (...) list: below every backend's bound-parameter limit
+METRIC = {"value": float, "step": "int64"}
 
 
 class StoreReader(Protocol):
@@ -45,7 +46,10 @@ class StoreReader(Protocol):
     def latest_metrics(self, experiment_ids: Sequence[str]) -> pd.DataFrame: ...
 
     def histories(self, run_ids: Sequence[str] | None, experiment_ids: Sequence[str],
-                  keys: Sequence[str] = (), prefixes: Sequence[str] = ()) -> pd.DataFrame: ...
+                  keys: Sequence[str] = (), prefixes: Sequence[str] = (),
+                  steps: Sequence[int] | None = None) -> pd.DataFrame:
+        """Long frame ``run_id, key, step, value`` (NaN for NaN), in logging order within
+        each (run, key); ``steps`` keeps only those steps."""
 
 
 def _missing(name: str, uri: str) -> ValueError:
@@ -60,8 +64,7 @@ def _chunks(items: Sequence[str], n: int = CHUNK) -> Iterable[list[str]]:
 
 def _empty_history() -> pd.DataFrame:
     return pd.DataFrame({"run_id": pd.Series(dtype=object), "key": pd.Series(dtype=object),
-                         "step": pd.Series(dtype="int64"), "value": pd.Series(dtype=float),
-                         "timestamp": pd.Series(dtype="int64")})
+                         "step": pd.Series(dtype="int64"), "value": pd.Series(dtype=float)})
 
 
 class SqlReader:
@@ -75,8 +78,11 @@ class SqlReader:
         kwargs = {"connect_args": {"check_same_thread": False}} if uri.startswith(
             "sqlite") else {}
         self.engine = sa.create_engine(uri, **kwargs)
+        self._runs: dict[tuple[str, ...], pd.DataFrame] = {}
 
-    def _read(self, sql: str, **params: object) -> pd.DataFrame:
+    def _read(self, sql: str, numeric: dict[str, object] | None = None,
+              **params: object) -> pd.DataFrame:
+        """Run one read; ``numeric`` names the columns to convert (column -> dtype)."""
         stmt = self._sa.text(sql)
         expanding = [k for k, v in params.items() if isinstance(v, list | tuple)]
         if expanding:
@@ -84,10 +90,19 @@ class SqlReader:
         with self.engine.connect() as conn:
             res = conn.execute(stmt, params)
             cols = list(res.keys())
-            # plain DB-API tuples: building a frame from SQLAlchemy Row objects is ~10x
-            # slower (pandas probes every Row for attributes)
+            # plain DB-API tuples into one object array: building a frame from SQLAlchemy
+            # Row objects is ~10x slower (pandas probes every Row for attributes), and
+            # from_records infers a type per cell
             rows = res.cursor.fetchall() if res.cursor is not None else []
-            return pd.DataFrame.from_records(rows, columns=cols)
+        if not rows:
+            return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+        arr = np.array(rows, dtype=object)
+        numeric = numeric or {}
+        # object columns stay object: pandas' default string inference costs ~1 s per
+        # million cells and the values are only compared and factorized
+        return pd.DataFrame({c: pd.to_numeric(arr[:, i]).astype(numeric[c]) if c in numeric
+                             else pd.Series(arr[:, i], dtype=object)
+                             for i, c in enumerate(cols)})
 
     def experiment_ids(self, names: Sequence[str]) -> dict[str, str]:
         df = self._read("SELECT experiment_id, name FROM experiments WHERE name IN :names "
@@ -102,10 +117,16 @@ class SqlReader:
         return [int(e) for e in experiment_ids]
 
     def runs(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
+        key = tuple(experiment_ids)
+        if key not in self._runs:
+            self._runs[key] = self._read_runs(experiment_ids)
+        return self._runs[key]
+
+    def _read_runs(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
         df = self._read(
             "SELECT run_uuid AS run_id, experiment_id, name AS run_name, status, start_time, "
             "end_time FROM runs WHERE experiment_id IN :e AND lifecycle_stage = 'active'",
-            e=self._ids(experiment_ids))
+            numeric={"start_time": float, "end_time": float}, e=self._ids(experiment_ids))
         df["experiment_id"] = df["experiment_id"].astype(str)
         return df.reindex(columns=RUN_COLUMNS)
 
@@ -122,49 +143,49 @@ class SqlReader:
         return self._kv("params", experiment_ids)
 
     def latest_metrics(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
-        df = self._read(
-            "SELECT m.run_uuid AS run_id, m.key, m.value, m.is_nan, m.step FROM latest_metrics m "
-            "JOIN runs r ON m.run_uuid = r.run_uuid WHERE r.experiment_id IN :e "
-            "AND r.lifecycle_stage = 'active'", e=self._ids(experiment_ids))
-        return _fix_nan(df)
+        return self._read(
+            "SELECT m.run_uuid AS run_id, m.key, CASE WHEN m.is_nan THEN NULL ELSE m.value END "
+            "AS value, m.step FROM latest_metrics m JOIN runs r ON m.run_uuid = r.run_uuid "
+            "WHERE r.experiment_id IN :e AND r.lifecycle_stage = 'active'",
+            numeric=METRIC, e=self._ids(experiment_ids))
 
     def histories(self, run_ids: Sequence[str] | None, experiment_ids: Sequence[str],
-                  keys: Sequence[str] = (), prefixes: Sequence[str] = ()) -> pd.DataFrame:
+                  keys: Sequence[str] = (), prefixes: Sequence[str] = (),
+                  steps: Sequence[int] | None = None) -> pd.DataFrame:
         conds, params = [], {}
         if keys:
             conds.append("m.key IN :keys")
             params["keys"] = list(keys)
         for i, p in enumerate(prefixes):
-            conds.append(f"m.key LIKE :p{i}")
+            # LIKE ... ESCAPE so that '_' and '%' in a prefix are literal
+            conds.append(f"m.key LIKE :p{i} ESCAPE '\\'")
             params[f"p{i}"] = p.replace("%", r"\%").replace("_", r"\_") + "%"
         if not conds:
             return _empty_history()
-        # LIKE ... ESCAPE so that '_' in a prefix is literal
-        where_keys = " OR ".join(c + (" ESCAPE '\\'" if "LIKE" in c else "") for c in conds)
-        cols = "m.run_uuid AS run_id, m.key, m.step, m.value, m.is_nan, m.timestamp"
+        where = "(" + " OR ".join(conds) + ")"
+        if steps is not None:
+            where += " AND m.step IN :steps"
+            params["steps"] = sorted({int(x) for x in steps})
+        # NaN comes back as NULL; rows in logging order so that a step logged twice keeps
+        # its last value (sqlite reads them in this order from its (key, timestamp) index)
+        cols = ("m.run_uuid AS run_id, m.key, m.step, "
+                "CASE WHEN m.is_nan THEN NULL ELSE m.value END AS value")
         if run_ids is None:
-            frames = [self._read(
-                f"SELECT {cols} FROM metrics m JOIN runs r ON m.run_uuid = r.run_uuid "  # noqa: S608
-                f"WHERE r.experiment_id IN :e AND r.lifecycle_stage = 'active' "
-                f"AND ({where_keys})", e=self._ids(experiment_ids), **params)]
+            # every run of the experiments: scan by key (covering index), keep the runs of
+            # these experiments here; cheaper than joining every metric row to its run
+            df = self._read(f"SELECT {cols} FROM metrics m WHERE {where} "  # noqa: S608
+                            "ORDER BY m.timestamp", numeric=METRIC, **params)
+            active = set(self.runs(experiment_ids)["run_id"])
+            frames = [df[df["run_id"].isin(active)]]
         else:
             frames = [self._read(
                 f"SELECT {cols} FROM metrics m WHERE m.run_uuid IN :ids "  # noqa: S608
-                f"AND ({where_keys})", ids=chunk, **params)
+                f"AND {where} ORDER BY m.timestamp", numeric=METRIC, ids=chunk, **params)
                 for chunk in _chunks(list(run_ids))]
         frames = [f for f in frames if len(f)]
         if not frames:
             return _empty_history()
-        return _fix_nan(pd.concat(frames, ignore_index=True))
-
-
-def _fix_nan(df: pd.DataFrame) -> pd.DataFrame:
-    """MLflow stores NaN as value 0 with ``is_nan`` set; give NaN back."""
-    if "is_nan" in df:
-        v = df["value"].astype(float).to_numpy(copy=True)
-        v[df["is_nan"].astype(bool).to_numpy()] = np.nan
-        df = df.drop(columns="is_nan").assign(value=v)
-    return df
+        return pd.concat(frames, ignore_index=True)
 
 
 class ApiReader:
@@ -222,7 +243,8 @@ class ApiReader:
         return pd.DataFrame(rows, columns=["run_id", "key", "value", "step"])
 
     def histories(self, run_ids: Sequence[str] | None, experiment_ids: Sequence[str],
-                  keys: Sequence[str] = (), prefixes: Sequence[str] = ()) -> pd.DataFrame:
+                  keys: Sequence[str] = (), prefixes: Sequence[str] = (),
+                  steps: Sequence[int] | None = None) -> pd.DataFrame:
         runs = self._runs(experiment_ids)
         wanted = None if run_ids is None else set(run_ids)
         jobs = [(r.info.run_id, k) for r in runs
@@ -232,13 +254,18 @@ class ApiReader:
         if not jobs:
             return _empty_history()
 
-        def one(job: tuple[str, str]) -> list[tuple[str, str, int, float, int]]:
-            return [(job[0], m.key, m.step, m.value, m.timestamp)
-                    for m in self.client.get_metric_history(*job)]
+        def one(job: tuple[str, str]) -> list[tuple[str, str, int, float]]:
+            hist = sorted(self.client.get_metric_history(*job), key=lambda m: m.timestamp)
+            return [(job[0], m.key, m.step, m.value) for m in hist]
 
         with ThreadPoolExecutor(self.threads) as pool:
             rows = [row for part in pool.map(one, jobs) for row in part]
-        return pd.DataFrame(rows, columns=["run_id", "key", "step", "value", "timestamp"])
+        df = pd.DataFrame(rows, columns=["run_id", "key", "step", "value"])
+        df["run_id"] = df["run_id"].astype(object)
+        df["key"] = df["key"].astype(object)
+        if steps is not None:
+            df = df[df["step"].isin(set(steps))]
+        return df.reset_index(drop=True)
 
 
 def open_reader(tracking_uri: str | None = None, reader: str = "auto") -> StoreReader:
