@@ -90,3 +90,23 @@ def test_cli_al_command_and_strategy_listing(store: str) -> None:
     runs = mlflow.search_runs(experiment_names=["al-t3"])
     parent = runs[runs["tags.scarcelab.role"] == "al_sweep"].iloc[0]
     assert parent["params.al.hidden"] == "[8, 4]" and parent["params.al.budget"] == "2"
+
+
+def test_partial_strategy_is_ranked_where_run_and_left_out_of_the_cd_diagram() -> None:
+    import pandas as pd
+
+    from tracking.al import problem_scores, rank_table
+
+    rows = []
+    for ds, base in (("a", 0.7), ("b", 0.8)):
+        for k in range(3):
+            for s, off in (("x", 0.02), ("y", 0.0), ("z", -0.02)):
+                rows.append((ds, 1, s, k, base + off + 0.001 * k))
+    rows += [("a", 1, "oracle", k, 0.9) for k in range(3)]  # run on problem "a" only
+    runs = pd.DataFrame(rows, columns=["dataset", "query_size", "strategy", "repetition",
+                                       "auc"])
+    ranks = rank_table(runs)
+    assert ranks.loc[("a", 1), "oracle"] == 1.0 and ranks.loc[("a", 1), "x"] == 2.0
+    assert pd.isna(ranks.loc[("b", 1), "oracle"]) and ranks.loc[("b", 1), "x"] == 1.0
+    scores = problem_scores(runs)
+    assert list(scores.columns) == ["x", "y", "z"] and len(scores) == 2

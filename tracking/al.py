@@ -47,19 +47,22 @@ def al_runs(experiments: list[str], tracking_uri: str | None = None) -> pd.DataF
 
 
 def paired_blocks(runs: pd.DataFrame) -> pd.DataFrame:
-    """Rows = (dataset, query_size, repetition) blocks where every strategy has a result,
-    columns = strategies, values = AUC."""
-    wide = runs.pivot_table(index=["dataset", "query_size", "repetition"], columns="strategy",
+    """Rows = (dataset, query_size, repetition), columns = strategies, values = AUC; NaN
+    where a strategy was not run for that block."""
+    return runs.pivot_table(index=["dataset", "query_size", "repetition"], columns="strategy",
                             values="auc", aggfunc="first")
-    return wide.dropna(axis=0, how="any")
 
 
 def rank_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean rank (1 = best AUC) per (dataset, query_size), plus the mean over problems."""
+    """Mean rank (1 = best AUC) per (dataset, query_size), plus the mean over problems.
+
+    Within a problem, only strategies run on it are ranked, on the repetitions all of them
+    finished; a strategy missing from a problem has no rank there (NaN), and its mean over
+    problems covers the problems it was run on."""
     from tracking.stats import average_ranks
 
     blocks = paired_blocks(runs)
-    rows = {key: average_ranks(sub.droplevel([0, 1]))
+    rows = {key: average_ranks(sub.droplevel([0, 1]).dropna(axis=1, how="all").dropna())
             for key, sub in blocks.groupby(level=[0, 1])}
     table = pd.DataFrame(rows).T
     table.index.names = ["dataset", "query_size"]
@@ -68,9 +71,15 @@ def rank_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def problem_scores(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean AUC per (dataset, query_size) problem: the rows of the CD diagram. With a single
-    problem the repetitions are the blocks instead (otherwise no test is possible)."""
-    blocks = paired_blocks(runs)
+    """Mean AUC per (dataset, query_size) problem: the rows of the CD diagram, over the
+    strategies run on every problem (a partial strategy would shrink the comparison for all;
+    it keeps its per-problem ranks in :func:`rank_table`). With a single problem the
+    repetitions are the blocks instead (otherwise no test is possible)."""
+    n_problems = runs.groupby(["dataset", "query_size"]).ngroups
+    per_strategy = runs.drop_duplicates(["strategy", "dataset", "query_size"])
+    covered = per_strategy["strategy"].value_counts()
+    runs = runs[runs["strategy"].isin(covered[covered == n_problems].index)]
+    blocks = paired_blocks(runs).dropna()
     per_problem = blocks.groupby(level=[0, 1]).mean()
     return per_problem if len(per_problem) >= 2 else blocks
 
