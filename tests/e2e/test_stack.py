@@ -229,12 +229,17 @@ def test_two_workers_share_one_study(stack, client_env, tmp_path):
     n = 8
     kw = {"method": "sup", "dataset": "synthetic_tiny", "arch": "small_cnn", "device": "cpu",
           "max_epochs": 2, "patience": 2, "batch_size": 16, "max_steps_per_epoch": 3,
-          "budget_minutes": 2.0, "max_trials": n, "study_name": name, "experiment": exp}
+          "budget_minutes": 2.0, "max_trials": n, "study_name": name, "experiment": exp,
+          "barrier": str(tmp_path)}
     worker = str(REPO / "tests" / "e2e" / "stack_worker.py")
     env = {**env, "PYTHONPATH": str(REPO)}
     procs = [subprocess.Popen([sys.executable, worker, json.dumps(kw)], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
+    try:
+        _wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2, 300, "both workers")
+    finally:
+        (tmp_path / "go").touch()
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, e) in zip(procs, outs, strict=True):
         assert p.returncode == 0, e[-3000:]
