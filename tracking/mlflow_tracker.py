@@ -56,7 +56,7 @@ OWNER = f"{socket.gethostname()}:{os.getpid()}"
 # A dead server must cost seconds, not MLflow's default ~2 minutes of backoff per call:
 # the spool retries later anyway. Users can still override these.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0.5")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")  # int only
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 
