@@ -15,6 +15,7 @@ builders are pure functions on DataFrames so they can be tested without a store.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,9 @@ def _history(client: MlflowClient, run_id: str) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for d in DIAGNOSTICS:
         hist = sorted(client.get_metric_history(run_id, f"diag/{d}"), key=lambda m: m.step)
-        out[d] = [m.value for m in hist]
+        # stores keep ±inf as ±float max (e.g. OOD-FF when OOD passes and no ID does)
+        out[d] = [math.copysign(math.inf, m.value) if abs(m.value) >= sys.float_info.max
+                  else m.value for m in hist]
     return out
 
 
