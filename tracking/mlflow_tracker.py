@@ -197,6 +197,13 @@ class MlflowTracker(Tracker):
             hist = self.client.get_metric_history(rid, "best/val_balanced_accuracy")
             elapsed = self.client.get_metric_history(rid, "time/elapsed_s")
             self._resume_run = rid
+            # its process is dead, so none of its trials can still be running
+            for t in _retry(self.client.search_runs, [run.info.experiment_id],
+                            f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}' and "
+                            "attributes.status = 'RUNNING'"):
+                _retry(self.client.set_tag, t.info.run_id, "scarcelab.error",
+                       "the process running this trial died")
+                _retry(self.client.set_terminated, t.info.run_id, "FAILED")
             print(f"[scarcelab] resuming study run {rid} (its process "
                   f"{run.data.tags.get('scarcelab.owner')} died)", file=sys.stderr, flush=True)
             return ResumeState(
@@ -288,10 +295,12 @@ class MlflowTracker(Tracker):
         self._submit({"op": "create_run", "key": key, "parent": "study",
                       "experiment_id": self._experiment_id, "run_name": run_name,
                       "start_time": int(time.time() * 1000),
-                      "tags": {**resolve_tags({}), MLFLOW_RUN_NAME: run_name}})
+                      # tags go with the creation: a run killed right after it is still
+                      # findable (and closable) by its study key and trial number
+                      "tags": {**resolve_tags({}), MLFLOW_RUN_NAME: run_name,
+                               **{k: str(v) for k, v in tags.items()}}})
         self._submit({"op": "log_batch", "key": key,
-                      "params": [[k, _param_value(v)] for k, v in params.items()],
-                      "tags": [[k, str(v)] for k, v in tags.items()]})
+                      "params": [[k, _param_value(v)] for k, v in params.items()]})
         assert self.spool is not None
         self.trial_run_id = self.spool.ids.get(key)  # None while the server is away
 
