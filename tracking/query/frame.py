@@ -269,7 +269,7 @@ def tidy_runs(reader: StoreReader, experiments: dict[str, str]) -> pd.DataFrame:
     family, method, dataset, seed, ...), other tags as ``tags.*``, params as ``params.*``
     and last metric values as ``metrics.*`` (MLflow's own naming)."""
     ids = list(experiments.values())
-    runs = reader.runs(ids)
+    runs = reader.runs(ids).copy()  # the reader caches its frame: never modify it
     names = {v: k for k, v in experiments.items()}
     runs.insert(2, "experiment", runs["experiment_id"].map(names))
     tags = reader.tags(ids)
