@@ -5,10 +5,10 @@ whose logits are centred (running mean subtracted) and sharpened (low temperatur
 Search space from SSL-vs-SSL App. F.1: lr 10^U(−4.5,−1.5), wd 10^U(−6.5,−3.5), temperature
 U(0.07, 0.12) — the *student* temperature (DINO's 0.1 lies in that range; the teacher's
 0.04 does not), momentum U(0.99, 0.9999) as the teacher's base momentum, raised to 1 by a
-cosine schedule. Fixed: teacher temperature 0.04, centre momentum 0.9; the centre starts at the first
-batch's teacher mean (not 0, which would leave the first ~20 steps uncentred). Two global views,
-no multi-crop; head MLP → 256-d bottleneck → cosine layer with 1024 outputs (the paper's
-65536 is sized for ImageNet).
+cosine schedule. Fixed: teacher temperature 0.04, centre momentum 0.9; the centre starts
+at the first batch's teacher mean (not 0, which would leave the first ~20 steps
+uncentred). Two global views, no multi-crop; head MLP → 256-d bottleneck → cosine layer
+with 1024 outputs (the paper's 65536 is sized for ImageNet).
 """
 
 from __future__ import annotations
