@@ -264,7 +264,7 @@ def train_trial(
             "val/balanced_accuracy": val_bacc,
             **{f"test/{k}": v for k, v in test_m.items()},
             "train/lr": sched.get_last_lr()[0],
-            "time/epoch_s": t_train + t_eval,
+            "time/epoch_s": t_train + diag.get("time/diag_s", 0.0) + t_eval,
             "time/data_s": t_data,
             "time/eval_s": t_eval,
             "time/steps": float(n),
