@@ -22,31 +22,8 @@ from typing import Any
 import click
 
 from entrypoints.cli import main
-from entrypoints.options import bool_option, label_budget, opt_int
-from entrypoints.study import study_options
+from entrypoints.study import study_config, study_options
 from scarcelab.errors import ScarcelabError
-
-
-def _config(kw: dict[str, Any]) -> Any:
-    from scarcelab.protocols.search import StudyConfig, parse_overrides
-
-    return StudyConfig(
-        method=kw["method"], dataset=kw["dataset"], family="semi",
-        data_dir=kw["data_dir"] or None, arch=kw["arch"],
-        seed=opt_int(kw["seed"], "--seed") or 0,
-        budget_minutes=float(kw["budget_minutes"]),
-        max_epochs=opt_int(kw["max_epochs"], "--max-epochs") or 200,
-        patience=opt_int(kw["patience"], "--patience") or 20,
-        n_labeled=label_budget(kw["n_labeled"], "--n-labeled"),
-        n_val=label_budget(kw["n_val"], "--n-val"),
-        allow_large_val=bool_option(kw["allow_large_val"]), search=kw["search"],
-        batch_size=opt_int(kw["batch_size"], "--batch-size"),
-        unlabeled_batch_size=opt_int(kw["unlabeled_batch_size"], "--unlabeled-batch-size"),
-        max_steps_per_epoch=opt_int(kw["max_steps_per_epoch"], "--max-steps-per-epoch"),
-        max_trials=opt_int(kw["max_trials"], "--max-trials") or 0,
-        device=kw["device"], overrides=parse_overrides(kw["overrides"]),
-        diag_samples=opt_int(kw["diag_samples"], "--diag-samples") or 0,
-    )
 
 
 def _child_tracker_class() -> type:
@@ -74,7 +51,7 @@ def _run(kw: dict[str, Any]) -> None:
     from scarcelab.protocols.contamination import parse_ratios, run_contamination
     from tracking.contamination import contamination_table, plot_vs_ratio, to_markdown
 
-    cfg = _config(kw)
+    cfg = study_config("semi", kw)
     sources = [s.strip() for s in kw["ood"].split(",") if s.strip()]
     ratios = parse_ratios(kw["ratios"])
     client = MlflowClient()
@@ -135,8 +112,6 @@ def _run(kw: dict[str, Any]) -> None:
               help="OOD fractions r of the contaminated pool: n_ood = round(r/(1-r)·n_id)")
 @click.option("--ood-dir", default="", help="folder laid out like ../shared/data "
               "(ood/…, cifar10_jpg/…); default: next to the data root")
-@click.option("--diag-samples", default="512", show_default=True,
-              help="unlabeled subsample for the per-epoch C-Score diagnostics")
 def contamination(**kw: Any) -> None:
     try:
         _run(kw)

@@ -41,17 +41,20 @@ def study_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="fixed hyperparameters, e.g. 'lambda_u=1,threshold=0.9'"),
         click.option("--experiment", default="", help="MLflow experiment (ignored under "
                      "mlflow run, which chooses it)"),
+        click.option("--diag-samples", default="512", show_default=True,
+                     help="unlabeled subsample for the per-epoch C-Score diagnostics of "
+                     "semi-supervised runs (0 = off)"),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
 
 
-def _run(family: str, kw: dict[str, Any]) -> None:
-    from scarcelab.protocols.search import StudyConfig, parse_overrides, run_study
-    from tracking.mlflow_tracker import MlflowTracker
+def study_config(family: str, kw: dict[str, Any]) -> Any:
+    """The ``StudyConfig`` for parsed ``study_options`` (shared by every study command)."""
+    from scarcelab.protocols.search import StudyConfig, parse_overrides
 
-    cfg = StudyConfig(
+    return StudyConfig(
         method=kw["method"], dataset=kw["dataset"], family=family,
         data_dir=kw["data_dir"] or None, arch=kw["arch"],
         seed=opt_int(kw["seed"], "--seed") or 0,
@@ -66,7 +69,15 @@ def _run(family: str, kw: dict[str, Any]) -> None:
         max_steps_per_epoch=opt_int(kw["max_steps_per_epoch"], "--max-steps-per-epoch"),
         max_trials=opt_int(kw["max_trials"], "--max-trials") or 0,
         device=kw["device"], overrides=parse_overrides(kw["overrides"]),
+        diag_samples=opt_int(kw["diag_samples"], "--diag-samples") or 0,
     )
+
+
+def _run(family: str, kw: dict[str, Any]) -> None:
+    from scarcelab.protocols.search import run_study
+    from tracking.mlflow_tracker import MlflowTracker
+
+    cfg = study_config(family, kw)
     tracker = MlflowTracker(experiment=kw["experiment"] or None)
     res = run_study(cfg, tracker)
     click.echo(
