@@ -9,6 +9,7 @@ RNG, so a repetition is reproducible from its three seeds alone.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -52,7 +53,7 @@ class QueryState:
     current_accuracy: float | None = None
 
 
-class Strategy:
+class Strategy(ABC):
     """Base class: subclasses implement :meth:`select` on a non-empty candidate set.
 
     :meth:`query` handles what every strategy must do the same way — ``q`` larger than the
@@ -82,9 +83,9 @@ class Strategy:
                                f"returned {picked.tolist()[:10]} for q={q}")
         return picked
 
+    @abstractmethod
     def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
         """Return ``q`` distinct entries of ``state.candidates`` (1 <= q < #candidates)."""
-        raise NotImplementedError
 
 
 # -- shared kernels -----------------------------------------------------------------------

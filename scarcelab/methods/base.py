@@ -8,6 +8,7 @@ sampling, augmentation, optimisation, evaluation and early stopping for all of t
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -63,7 +64,7 @@ class DataInfo:
 Losses = dict[str, torch.Tensor]
 
 
-class Method(nn.Module):
+class Method(nn.Module, metaclass=ABCMeta):
     """Base class. Subclasses register with ``@register("name")`` from ``scarcelab.methods``.
 
     Class attributes form the declarative part of a method:
@@ -96,9 +97,9 @@ class Method(nn.Module):
             self.head = nn.Linear(backbone.num_features, num_classes)
 
     # -- what subclasses implement -------------------------------------------------
+    @abstractmethod
     def step(self, batch: Batch, progress: Progress) -> Losses:
         """Return named loss terms; ``"loss"`` is the total that is back-propagated."""
-        raise NotImplementedError  # abstract
 
     def on_train_start(self, info: DataInfo) -> None:
         """Hook called once before the first step (allocate per-sample state here)."""

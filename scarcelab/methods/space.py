@@ -10,6 +10,7 @@ class attribute without importing Optuna.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,9 +21,10 @@ class _Trial(Protocol):  # the subset of optuna.Trial we use
     def suggest_categorical(self, name: str, choices: Any) -> Any: ...
 
 
-class Distribution:
+class Distribution(ABC):
+    @abstractmethod
     def suggest(self, trial: _Trial, name: str) -> Any:
-        raise NotImplementedError  # abstract
+        """Draw this hyperparameter for ``trial`` under ``name``."""
 
     def describe(self) -> str:
         return repr(self)
