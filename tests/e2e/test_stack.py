@@ -171,8 +171,13 @@ def test_kill_and_resume_study_through_server(stack, client_env, tmp_path):
     assert {str(t.number) for t in ostudy.trials} - set(numbers) <= crashed
     assert crashed <= set(killed["tags.scarcelab.trial"]) | (
         {str(t.number) for t in ostudy.trials} - set(numbers))
+    killed_numbers = set(killed["tags.scarcelab.trial"])
     for n, p in params0.items():  # completed trials were kept, not redone
-        assert ostudy.trials[n].params == p and str(n) in done0
+        assert ostudy.trials[n].params == p
+        # Optuna and MLflow are two stores: a kill between the trial's Optuna `tell` and
+        # the end of its MLflow run (a few tracking calls) leaves the run RUNNING, and the
+        # resume closes it as FAILED although Optuna kept its result (docs/tracking.md).
+        assert str(n) in done0 or str(n) in killed_numbers
     assert int(s["tags.scarcelab.n_trials"]) == sum(
         1 for t in ostudy.trials if t.state in (optuna.trial.TrialState.COMPLETE,
                                                 optuna.trial.TrialState.FAIL)
