@@ -159,8 +159,10 @@ def test_kill_and_resume_study_through_server(stack, client_env, tmp_path):
     trials = after[after["tags.scarcelab.role"] == "trial"]
     assert "RUNNING" not in set(trials["status"])
     killed = trials[trials["status"] == "FAILED"]
-    assert len(killed) >= 1 and set(killed["tags.scarcelab.error"]) == {
-        "the process running this trial died"}
+    # The kill usually lands mid-trial (then that trial is here, FAILED with the reason); it
+    # can also land between two trials, when no MLflow trial run is open.
+    errors = set(killed["tags.scarcelab.error"]) if len(killed) else set()
+    assert errors <= {"the process running this trial died"}
     numbers = list(trials["tags.scarcelab.trial"])
     assert len(numbers) == len(set(numbers)), "a trial number appears twice"
     ostudy = optuna.load_study(study_name=s["tags.scarcelab.optuna_study"], storage=storage)
