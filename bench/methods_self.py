@@ -21,38 +21,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from steps import load_bundle  # noqa: E402  (bench/steps.py: same data as the step bench)
 
 from scarcelab.data.bundle import DatasetBundle  # noqa: E402
 from scarcelab.methods import Progress, get_method  # noqa: E402
 from scarcelab.models import create_model  # noqa: E402
 from scarcelab.train import BatchSource, TrainConfig, evaluate, steps_per_epoch  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "medmnist"
 METHODS = "simclr,moco,swav,byol,simsiam,dino,barlowtwins"
-
-
-def load_bundle() -> tuple[DatasetBundle, str]:
-    from scarcelab.data import load_raw
-    from scarcelab.data.splits import apply_split, make_split
-
-    if (SHARED / "pneumoniamnist.npz").exists():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            raw = load_raw("pneumoniamnist", SHARED)
-        return apply_split(raw, make_split(raw, 400, 400, 0)), "pneumoniamnist"
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 255, (4708, 1, 28, 28), dtype=np.uint8)
-    y = rng.integers(0, 2, 4708)
-    b = DatasetBundle(x[:400], y[:400], x[800:], x[400:800], y[400:800], x[:624], y[:624],
-                      meta={"num_classes": 2, "name": "noise"})
-    return b, "synthetic-noise-28x28"
 
 
 def time_steps(method: str, arch: str, bundle: DatasetBundle, steps: int,
