@@ -11,26 +11,32 @@ from entrypoints.cli import main
 from entrypoints.options import opt_int
 
 
-def _parse_set(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``budget=100,fitting=scratch,hidden=24x12,strategy.tau=5`` -> (config, strategy)."""
+def _parse_set(text: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``budget=100,fitting=scratch,hidden=24x12,strategy.tau=5,encoder.epochs=50`` ->
+    (config, strategy, encoder)."""
     from scarcelab.protocols.search import parse_overrides
 
     cfg: dict[str, Any] = {}
     strat: dict[str, Any] = {}
+    enc: dict[str, Any] = {}
     for k, v in parse_overrides(text).items():
         if k == "hidden":
             v = tuple(int(h) for h in str(v).split("x") if h) if v not in ("", "none") else ()
         if k.startswith("strategy."):
             strat[k.split(".", 1)[1]] = v
+        elif k.startswith("encoder."):
+            enc[k.split(".", 1)[1]] = v
         else:
             cfg[k] = v
-    return cfg, strat
+    return cfg, strat, enc
 
 
 @main.command(name="al")
 @click.option("--strategy", required=True, help="query strategy (scarcelab list strategies)")
 @click.option("--dataset", default="splice", show_default=True,
-              help="splice, dna, usps, sms, honeypot, diverging_sine")
+              help="splice, dna, usps, sms, honeypot, diverging_sine, an image dataset "
+              "(mnist_5k, cifar10_5k, any MedMNIST name) or encoded_<image dataset> "
+              "(scarcelab list al-datasets)")
 @click.option("--data-dir", default="", help="folder with the data files (default: "
               "$SCARCELAB_DATA or ~/.cache/scarcelab); synthetic sets need none")
 @click.option("--query-size", default="1", show_default=True)
@@ -44,19 +50,26 @@ def _parse_set(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
 @click.option("--seed-model", default="0", show_default=True, help="s_θ (+ repetition)")
 @click.option("--max-candidates", default="default", show_default=True,
               help="unlabeled candidates subsampled per query (default: the strategy's)")
+@click.option("--device", default="cpu", show_default=True,
+              help="cpu, cuda, or auto (cuda when available); image sets want a GPU")
+@click.option("--encoder", default="simclr", show_default=True,
+              help="encoded_* sets: a self-supervised method to train (simclr, byol, …), or "
+              "the model of a scarcelab self run (runs:/<run id>/model, models:/…)")
 @click.option("--set", "overrides", default="",
               help="config overrides, e.g. 'fitting=scratch,lr=0.01,hidden=24x12,"
-              "strategy.tau=5'")
+              "arch=small_cnn,strategy.tau=5,encoder.epochs=50,encoder.arch=resnet18'")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 def al_cmd(strategy: str, dataset: str, data_dir: str, query_size: str, budget: str,
            seed_set: str, repetitions: str, seed_strategy: str, seed_data: str,
-           seed_model: str, max_candidates: str, overrides: str, experiment: str) -> None:
+           seed_model: str, max_candidates: str, device: str, encoder: str, overrides: str,
+           experiment: str) -> None:
     """Run the CDALBench protocol for one strategy; one MLflow run per repetition."""
     import os
 
     import mlflow
     import torch
 
+    from scarcelab.active.datasets import spec
     from scarcelab.active.loop import ALRunConfig, run_al, sweep_summary
     from tracking.mlflow_tracker import MlflowTracker
 
@@ -64,7 +77,7 @@ def al_cmd(strategy: str, dataset: str, data_dir: str, query_size: str, budget: 
         # The AL classifiers are tiny MLPs on a few hundred samples: intra-op threads cost
         # more in synchronisation than they gain (and starve parallel sweeps).
         torch.set_num_threads(1)
-    cfg_over, strat_params = _parse_set(overrides)
+    cfg_over, strat_params, enc_params = _parse_set(overrides)
     if (b := opt_int(budget, "--budget")) is not None:
         cfg_over["budget"] = b
     if (s := opt_int(seed_set, "--seed-set")) is not None:
@@ -77,12 +90,34 @@ def al_cmd(strategy: str, dataset: str, data_dir: str, query_size: str, budget: 
         seed_data=opt_int(seed_data, "--seed-data") or 0,
         seed_model=opt_int(seed_model, "--seed-model") or 0,
         overrides=cfg_over, strategy_params=strat_params,
-        max_candidates=opt_int(max_candidates, "--max-candidates"),
+        max_candidates=opt_int(max_candidates, "--max-candidates"), device=device,
     )
+    ctx = None
+    if spec(dataset).kind == "encoded":
+        ctx = _encoded_context(rc, encoder, enc_params, experiment or None)
     tracker = MlflowTracker(experiment=experiment or None)
-    res = run_al(rc, tracker)
+    res = run_al(rc, tracker, ctx)
     click.echo(sweep_summary(res))
     click.echo(f"sweep run {tracker.study_run_id}; tracking URI: {mlflow.get_tracking_uri()}")
+
+
+def _encoded_context(rc: Any, encoder: str, enc_params: dict[str, Any],
+                     experiment: str | None) -> Any:
+    """Encoding cache on disk + MLflow, and the encoder: a method name to train here, or a
+    logged scarcelab model whose backbone is used as is."""
+    from scarcelab.active.datasets import default_data_dir
+    from scarcelab.active.encoded import DiskEncodingCache
+    from tracking.encoding_cache import MlflowEncodingCache, load_pretrained_backbone
+
+    cache = MlflowEncodingCache(DiskEncodingCache(default_data_dir() / "encoded"), experiment)
+    if ":/" in encoder:
+        if enc_params:
+            raise click.BadParameter(f"encoder settings {sorted(enc_params)} apply to an "
+                                     "encoder trained here, not to a logged model",
+                                     param_hint="--set encoder.*")
+        return rc.load_context(cache, load_pretrained_backbone(encoder), encoder)
+    rc.encoder = {"method": encoder, **enc_params}
+    return rc.load_context(cache)
 
 
 @main.command(name="al-report")

@@ -1,4 +1,4 @@
-"""``scarcelab list methods|datasets|archs|strategies``."""
+"""``scarcelab list methods|datasets|archs|strategies|al-datasets``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from entrypoints.cli import main
 
 
 @main.command(name="list")
-@click.argument("what", type=click.Choice(["methods", "datasets", "archs", "strategies"]))
+@click.argument("what", type=click.Choice(["methods", "datasets", "archs", "strategies",
+                                                  "al-datasets"]))
 def list_cmd(what: str) -> None:
     """Print registered names, one per line, with their family/kind."""
     if what == "methods":
@@ -23,6 +24,10 @@ def list_cmd(what: str) -> None:
         from scarcelab.models import MODELS
         for name, _ in MODELS.items():
             click.echo(f"{name}\tarch")
+    elif what == "al-datasets":
+        from scarcelab.active.datasets import list_al_datasets, spec
+        for name in list_al_datasets():
+            click.echo(f"{name}\t{spec(name).kind}")
     else:
         from scarcelab.active import STRATEGIES
         for name, _ in STRATEGIES.items():

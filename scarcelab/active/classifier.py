@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +33,9 @@ class SeededDropout(nn.Module):
             return x
         if self.generator is None:
             raise RuntimeError("SeededDropout used without a generator (no global RNG allowed)")
-        keep = torch.rand(x.shape, generator=self.generator) >= self.p
+        # Masks come from a CPU generator (s_θ) whatever the device, so a repetition draws
+        # the same masks on CPU and GPU.
+        keep = (torch.rand(x.shape, generator=self.generator) >= self.p).to(x.device)
         return x * keep / (1.0 - self.p)
 
 
@@ -54,6 +56,7 @@ class ALNet(nn.Module):
         self.head = nn.Linear(dims[-1], num_classes)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)  # images work too: an MLP over pixels
         for lin, drop in zip(self.hidden, self.drops, strict=True):
             x = drop(F.relu(lin(x)))
         return x
@@ -66,6 +69,10 @@ class ALNet(nn.Module):
             d.generator = gen  # type: ignore[union-attr]
             d.force = force  # type: ignore[union-attr]
 
+    def mc_dropouts(self) -> list[SeededDropout]:
+        """The dropout layers MC passes switch on (the input's for a linear classifier)."""
+        return list(self.drops) if len(self.hidden) else [self.in_drop]  # type: ignore[list-item]
+
     @torch.no_grad()
     def seeded_init(self, gen: torch.Generator) -> None:
         """PyTorch's default Linear init (U(±1/sqrt(fan_in)) for weight and bias), drawn
@@ -74,6 +81,68 @@ class ALNet(nn.Module):
             bound = 1.0 / math.sqrt(lin.in_features)
             lin.weight.uniform_(-bound, bound, generator=gen)
             lin.bias.uniform_(-bound, bound, generator=gen)
+
+
+class ImageALNet(nn.Module):
+    """A scarcelab backbone (``scarcelab.models``, e.g. ``resnet18``) plus a linear head, for
+    the image sets. Inputs are [0, 1] images; the fixed normalisation of every scarcelab
+    model is applied inside. One seeded dropout sits before the head: rate ``dropout``
+    while training (0 by default) and the MC-dropout rate for BALD's passes, so that the
+    strategies see the same interface as :class:`ALNet`. ``embed`` is the backbone's
+    feature vector (the head's input).
+
+    Construction and initialisation run inside ``torch.random.fork_rng`` seeded from
+    s_θ: torchvision's layers initialise from the global RNG, and forking restores it
+    afterwards, so the global state is untouched and the weights depend on s_θ alone.
+    """
+
+    def __init__(self, arch: str, in_channels: int, num_classes: int, dropout: float,
+                 gen: torch.Generator) -> None:
+        super().__init__()
+        from scarcelab.models import create_model
+
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.backbone = create_model(arch, in_channels=in_channels)
+            self.head = nn.Linear(self.backbone.num_features, num_classes)
+        self.drop = SeededDropout(dropout)
+        self.hidden: list[nn.Module] = []  # the ALNet attribute strategies may read
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        from scarcelab.models.classifier import normalize
+
+        return self.backbone(normalize(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.drop(self.embed(x)))
+
+    def set_dropout_generator(self, gen: torch.Generator | None, force: bool = False) -> None:
+        self.drop.generator = gen
+        self.drop.force = force
+
+    def mc_dropouts(self) -> list[SeededDropout]:
+        return [self.drop]
+
+    def seeded_init(self, gen: torch.Generator) -> None:
+        """Weights were drawn at construction from ``gen``; nothing left to do."""
+
+
+ALModel = ALNet | ImageALNet
+
+
+def build_net(arch: str, x_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int],
+              dropout: float, gen: torch.Generator) -> ALModel:
+    """``arch="mlp"``: :class:`ALNet` over the flattened input (a linear classifier when
+    ``hidden`` is empty); any other name: a scarcelab backbone on (N, C, H, W) images."""
+    if arch == "mlp":
+        net = ALNet(int(np.prod(x_shape[1:])), num_classes, hidden, dropout)
+        net.seeded_init(gen)
+        return net
+    if len(x_shape) != 4:
+        raise ValueError(f"arch={arch!r} needs images (N, C, H, W); this dataset has features "
+                         f"of shape {x_shape[1:]} — use arch=mlp")
+    return ImageALNet(arch, x_shape[1], num_classes, dropout, gen)
 
 
 @dataclass
@@ -86,6 +155,16 @@ class FitConfig:
     batch_size: int = 32
     max_epochs: int = 50
     patience: int = 2
+    eval_batch_size: int = 1024
+
+
+def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+             bs: int) -> torch.Tensor:
+    """``fn`` over ``x`` in chunks: a 5,000-image pool through a ResNet at once would hold
+    gigabytes of activations."""
+    if x.shape[0] <= bs:
+        return fn(x)
+    return torch.cat([fn(x[s:s + bs]) for s in range(0, x.shape[0], bs)])
 
 
 def _optimizer(cfg: FitConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -97,7 +176,7 @@ def _optimizer(cfg: FitConfig, params: list[nn.Parameter]) -> torch.optim.Optimi
     return table[name](params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
 
 
-def fit(net: ALNet, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
+def fit(net: ALModel, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
         cfg: FitConfig, data_gen: torch.Generator, model_gen: torch.Generator) -> int:
     """CDALBench Alg. 2: train at least one epoch, then stop once the validation loss has not
     improved for ``patience`` epochs; the weights with the lowest validation loss are kept.
@@ -114,6 +193,8 @@ def fit(net: ALNet, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val
         perm = torch.randperm(n, generator=data_gen)
         for s in range(0, n, cfg.batch_size):
             idx = perm[s:s + cfg.batch_size]
+            if idx.numel() < 2 and _has_batchnorm(net):
+                continue  # a batch of one breaks BatchNorm's batch statistics
             loss = F.cross_entropy(net(x[idx]), y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -121,7 +202,8 @@ def fit(net: ALNet, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val
         epochs += 1
         net.eval()
         with torch.no_grad():
-            val_loss = float(F.cross_entropy(net(x_val), y_val))
+            logits = _chunked(net, x_val, cfg.eval_batch_size)
+            val_loss = float(F.cross_entropy(logits, y_val))
         if val_loss < best_loss - 1e-12:
             best_loss, bad = val_loss, 0
             best_state = copy.deepcopy(net.state_dict())
@@ -135,41 +217,54 @@ def fit(net: ALNet, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val
     return epochs
 
 
+def _has_batchnorm(net: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
+
+
 @torch.no_grad()
-def accuracy(net: ALNet, x: torch.Tensor, y: torch.Tensor) -> float:
+def accuracy(net: ALModel, x: torch.Tensor, y: torch.Tensor, eval_batch_size: int = 1024
+             ) -> float:
     net.eval()
-    return float((net(x).argmax(1) == y).float().mean())
+    return float((_chunked(net, x, eval_batch_size).argmax(1) == y).float().mean())
 
 
 class TorchModelView:
-    """:class:`~scarcelab.active.base.ModelView` over an :class:`ALNet` (read-only use)."""
+    """:class:`~scarcelab.active.base.ModelView` over an AL net (read-only use). Arrays are
+    moved to the net's device in chunks and results come back as numpy on the CPU."""
 
-    def __init__(self, net: ALNet) -> None:
+    def __init__(self, net: ALModel, eval_batch_size: int = 1024) -> None:
         self.net = net
+        self.bs = eval_batch_size
+        self.device = next(net.parameters()).device
+
+    def _run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray) -> np.ndarray:
+        xt = torch.as_tensor(x, dtype=torch.float32)
+        return torch.cat([fn(xt[s:s + self.bs].to(self.device)).float().cpu()
+                          for s in range(0, max(1, xt.shape[0]), self.bs)]).numpy()
 
     @torch.no_grad()
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
         self.net.eval()
-        return torch.softmax(self.net(torch.as_tensor(x, dtype=torch.float32)), 1).numpy()
+        return self._run(lambda t: torch.softmax(self.net(t), 1), x)
 
     @torch.no_grad()
     def embed(self, x: np.ndarray) -> np.ndarray:
         self.net.eval()
-        return self.net.embed(torch.as_tensor(x, dtype=torch.float32)).numpy()
+        return self._run(self.net.embed, x)
 
     @torch.no_grad()
     def mc_predict_proba(self, x: np.ndarray, passes: int, generator: torch.Generator,
                          p: float | None = None) -> np.ndarray:
         self.net.eval()
-        drops = list(self.net.drops) if len(self.net.hidden) else [self.net.in_drop]
+        drops = self.net.mc_dropouts()
         saved = [d.p for d in drops]
         if p is not None:  # the classifier was trained without dropout: MC passes need some
             for d in drops:
                 d.p = p
         self.net.set_dropout_generator(generator, force=True)
         try:
-            xt = torch.as_tensor(x, dtype=torch.float32)
-            return np.stack([torch.softmax(self.net(xt), 1).numpy() for _ in range(passes)])
+            return np.stack([self._run(lambda t: torch.softmax(self.net(t), 1), x)
+                             for _ in range(passes)])
         finally:
             self.net.set_dropout_generator(None, force=False)
             for d, sp in zip(drops, saved, strict=True):

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,8 @@ class ALData:
     num_classes: int
     source: str
     note: str = ""
+    #: Provenance to log with the sweep (e.g. the encoding key and where it is cached).
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -44,6 +47,8 @@ class ALConfig:
     budget: int
     seed_per_class: int = 1
     val_fraction: float = 0.2
+    #: ``mlp`` (``hidden`` widths; none = linear) or a scarcelab backbone for image sets.
+    arch: str = "mlp"
     hidden: tuple[int, ...] = (24, 12)
     dropout: float = 0.0
     fitting: str = "finetune"
@@ -67,7 +72,22 @@ class ALConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
-Loader = Callable[[Path, np.random.Generator], ALData]
+@dataclass
+class LoadContext:
+    """What a loader may need beyond the data folder: the device and, for ``encoded_*``
+    sets, how to get the encoder and where to cache its embeddings (``cache=None``: the
+    disk cache under the data root; the tracking layer passes an MLflow-backed one).
+    ``pretrained`` is a backbone handed in by the caller (e.g. loaded from a scarcelab
+    ``self`` run), identified by ``pretrained_id``."""
+
+    device: str = "cpu"
+    encoder: dict[str, Any] = field(default_factory=dict)
+    cache: Any = None
+    pretrained: Any = None
+    pretrained_id: str = ""
+
+
+Loader = Callable[[Path, np.random.Generator, LoadContext], ALData]
 
 
 @dataclass
@@ -75,14 +95,17 @@ class ALDatasetSpec:
     loader: Loader
     config: ALConfig
     synthetic: bool = False
+    kind: str = "tabular"  # tabular | text | synthetic | image | encoded
 
 
 AL_DATASETS: dict[str, ALDatasetSpec] = {}
 
 
-def _register(name: str, config: ALConfig, synthetic: bool = False) -> Callable[[Loader], Loader]:
+def _register(name: str, config: ALConfig, synthetic: bool = False,
+              kind: str = "tabular") -> Callable[[Loader], Loader]:
     def deco(fn: Loader) -> Loader:
-        AL_DATASETS[name] = ALDatasetSpec(fn, config, synthetic)
+        AL_DATASETS[name] = ALDatasetSpec(fn, config, synthetic,
+                                          "synthetic" if synthetic else kind)
         return fn
     return deco
 
@@ -117,17 +140,38 @@ def dataset_config(name: str) -> ALConfig:
 
 
 def spec(name: str) -> ALDatasetSpec:
+    """A registered AL set, or one made on the fly from a scarcelab image dataset:
+    ``<image dataset>`` (a backbone on the images) and ``encoded_<image dataset>``
+    (a linear classifier on self-supervised embeddings), for every name in
+    ``scarcelab list datasets``."""
+    from scarcelab.data import DATASETS
+
     key = name.lower()
-    if key not in AL_DATASETS:
-        raise ConfigError(f"unknown AL dataset {name!r}; valid: {sorted(AL_DATASETS)}")
-    return AL_DATASETS[key]
+    if key in AL_DATASETS:
+        return AL_DATASETS[key]
+    base = key.removeprefix("encoded_")
+    if base in DATASETS.names():
+        if key.startswith("encoded_"):
+            return ALDatasetSpec(_encoded_loader(base), _ENCODED, kind="encoded")
+        return ALDatasetSpec(_image_loader(base), _IMAGE, kind="image")
+    raise ConfigError(f"unknown AL dataset {name!r}; valid: {sorted(AL_DATASETS)}, any image "
+                      f"dataset ({', '.join(DATASETS.names())}) and encoded_<image dataset>")
+
+
+def list_al_datasets() -> list[str]:
+    """Registered names plus the image and encoded forms of every image dataset."""
+    from scarcelab.data import DATASETS
+
+    images = [n for n in DATASETS.names() if n != "chestmnist"]  # multi-label: not for AL
+    return sorted(set(AL_DATASETS) | set(images) | {f"encoded_{n}" for n in images})
 
 
 def load_al_dataset(name: str, data_dir: str | Path | None,
-                    data_rng: np.random.Generator) -> ALData:
+                    data_rng: np.random.Generator, ctx: LoadContext | None = None) -> ALData:
     """Load by name; synthetic sets draw from ``data_rng`` (s_D + repetition)."""
     s = spec(name)
-    return s.loader(Path(data_dir) if data_dir else default_data_dir(), data_rng)
+    return s.loader(Path(data_dir) if data_dir else default_data_dir(), data_rng,
+                    ctx or LoadContext())
 
 
 # -- real data ------------------------------------------------------------------------------
@@ -137,7 +181,7 @@ _SPLICE = ALConfig(budget=400, hidden=(24, 12), fitting="finetune", optimizer="n
 
 
 @_register("splice", _SPLICE)
-def _splice(data_dir: Path, rng: np.random.Generator) -> ALData:
+def _splice(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     from scarcelab.data.libsvm import read_libsvm_pair
 
     tr_p = _find(data_dir, "splice")
@@ -152,7 +196,7 @@ def _splice(data_dir: Path, rng: np.random.Generator) -> ALData:
 
 
 @_register("dna", dataclasses.replace(_SPLICE, budget=300))
-def _dna(data_dir: Path, rng: np.random.Generator) -> ALData:
+def _dna(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     """LibSVM ``dna`` / ``dna.t`` (not in the shared data here; the settings are splice's,
     since both are DNA-sequence tasks of the same encoding — override as needed)."""
     from scarcelab.data.libsvm import read_libsvm_pair
@@ -165,7 +209,7 @@ def _dna(data_dir: Path, rng: np.random.Generator) -> ALData:
 
 @_register("usps", ALConfig(budget=400, hidden=(24, 12), fitting="finetune", optimizer="adam",
                             lr=8.1e-3, weight_decay=1.5e-6, batch_size=43, val_fraction=0.2))
-def _usps(data_dir: Path, rng: np.random.Generator) -> ALData:
+def _usps(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     """USPS from an npz of 16x16 uint8 images, scaled to LibSVM's [-1, 1] (x/127.5 - 1), or
     from LibSVM text files ``usps`` / ``usps.t``."""
     try:
@@ -183,9 +227,10 @@ def _usps(data_dir: Path, rng: np.random.Generator) -> ALData:
     return ALData("usps", xs["train"], ys["train"], xs["test"], ys["test"], 10, str(p))
 
 
-@_register("sms", ALConfig(budget=100, hidden=(), fitting="scratch", optimizer="nadam",
-                           lr=1e-3, batch_size=64, val_fraction=0.1))
-def _sms(data_dir: Path, rng: np.random.Generator) -> ALData:
+@_register("sms", kind="text", config=ALConfig(budget=100, hidden=(), fitting="scratch",
+                                               optimizer="nadam", lr=1e-3, batch_size=64,
+                                               val_fraction=0.1))
+def _sms(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     """SMS spam as pre-computed MiniLM sentence embeddings (the encoded-text stand-in).
     The collection has no official split: a fixed 30 % test split (seed 0) is used so that
     every repetition is scored on the same test set."""
@@ -242,7 +287,7 @@ _SYNTH = ALConfig(budget=60, hidden=(24, 12), fitting="finetune", optimizer="nad
 
 def _synthetic(name: str, gen: Callable[[np.random.Generator], tuple[np.ndarray, np.ndarray]]
                ) -> Loader:
-    def load(data_dir: Path, rng: np.random.Generator) -> ALData:
+    def load(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
         x_tr, y_tr = gen(rng)
         x_te, y_te = gen(rng)  # an independent draw of the same distribution
         x_tr, x_te = _minmax(x_tr, x_te)
@@ -254,3 +299,79 @@ def _synthetic(name: str, gen: Callable[[np.random.Generator], tuple[np.ndarray,
 _register("honeypot", _SYNTH, synthetic=True)(_synthetic("honeypot", honeypot))
 _register("diverging_sine", _SYNTH, synthetic=True)(_synthetic("diverging_sine",
                                                                 diverging_sine))
+
+
+# -- images ---------------------------------------------------------------------------------
+# CDALBench's image and encoded settings (their repository's configs/mnist.yaml and
+# configs/cifar10.yaml): ResNet18 fine-tuned with NAdam lr 1e-3, batch 64; encoded sets a
+# linear layer trained from scratch with Adam, budget 500, one seed sample per class.
+
+_IMAGE = ALConfig(budget=400, arch="resnet18", hidden=(), fitting="finetune",
+                  optimizer="nadam", lr=1e-3, weight_decay=0.0, batch_size=64,
+                  val_fraction=0.04, query_sizes=(20,))
+_ENCODED = ALConfig(budget=500, hidden=(), fitting="scratch", optimizer="adam", lr=1.68e-3,
+                    weight_decay=1.03e-5, batch_size=64, dropout=0.05, val_fraction=0.04)
+
+
+def _unit(images: np.ndarray) -> np.ndarray:
+    return images.astype(np.float32) / 255.0
+
+
+def _image_loader(base: str) -> Loader:
+    def load(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
+        from scarcelab.data import load_raw
+
+        raw = load_raw(base, data_dir)
+        if raw.task != "multi-class":
+            raise ConfigError(f"{base} is {raw.task}; AL needs a multi-class dataset")
+        return ALData(base, _unit(raw.train_x), raw.train_y.astype(np.int64),
+                      _unit(raw.test_x),
+                      raw.test_y.astype(np.int64), raw.num_classes, raw.source,
+                      "images in [0, 1]; the network normalises them")
+    return load
+
+
+def _encoded_loader(base: str) -> Loader:
+    def load(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
+        from scarcelab.active.encoded import DiskEncodingCache, EncoderConfig, encode_dataset
+        from scarcelab.active.loop import resolve_device
+        from scarcelab.data import load_raw
+
+        raw = load_raw(base, data_dir)
+        if raw.task != "multi-class":
+            raise ConfigError(f"{base} is {raw.task}; AL needs a multi-class dataset")
+        cfg = EncoderConfig.from_dict(ctx.encoder)
+        cache = ctx.cache if ctx.cache is not None else DiskEncodingCache(
+            default_data_dir() / "encoded")
+        enc, key, where = encode_dataset(base, raw.train_x, raw.train_y, raw.test_x,
+                                         raw.test_y, raw.num_classes, cfg,
+                                         resolve_device(ctx.device), cache, ctx.pretrained,
+                                         ctx.pretrained_id)
+        # Self-supervised features are small and uneven in scale (std ~0.02-0.04 per
+        # dimension here), so a linear layer trained a few steps from a seed set of one
+        # image per class barely leaves its initialisation; standardising with the training
+        # images' statistics (no labels involved) fixes that for every encoder alike.
+        mu, sd = enc.x_train.mean(0), enc.x_train.std(0)
+        sd = np.where(sd > 1e-8, sd, 1.0)
+        x_tr, x_te = ((a - mu) / sd for a in (enc.x_train, enc.x_test))
+        m = enc.meta
+        what = (f"pretrained encoder {m.get('source', '')}" if m.get("encoder") == "pretrained"
+                else f"{m.get('encoder')} {m.get('arch')} {m.get('epochs')} epochs")
+        return ALData(f"encoded_{base}", x_tr.astype(np.float32), enc.y_train,
+                      x_te.astype(np.float32), enc.y_test,
+                      raw.num_classes, raw.source,
+                      f"{m.get('dim')}-d embeddings from {what}; encoding {key} ({where})",
+                      {"scarcelab.encoding_key": key, "scarcelab.encoding_source": where})
+    return load
+
+
+_register("mnist_5k", dataclasses.replace(_IMAGE, budget=400), kind="image")(
+    _image_loader("mnist_5k"))
+# CIFAR-10: budget 2000 after 100 seed images per class, validation 1 % (their config).
+_register("cifar10_5k", dataclasses.replace(_IMAGE, budget=2000, seed_per_class=100,
+                                            val_fraction=0.01, query_sizes=(200,)),
+          kind="image")(_image_loader("cifar10_5k"))
+_register("encoded_mnist_5k", _ENCODED, kind="encoded")(_encoded_loader("mnist_5k"))
+_register("encoded_cifar10_5k", dataclasses.replace(_ENCODED, lr=4.22e-3, weight_decay=1.6e-8,
+                                                    dropout=0.0), kind="encoded")(
+    _encoded_loader("cifar10_5k"))

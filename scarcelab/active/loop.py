@@ -24,8 +24,15 @@ import torch
 
 from scarcelab.active import STRATEGIES
 from scarcelab.active.base import QueryState, Strategy
-from scarcelab.active.classifier import ALNet, FitConfig, TorchModelView, accuracy, fit
-from scarcelab.active.datasets import ALConfig, ALData, dataset_config, load_al_dataset, spec
+from scarcelab.active.classifier import ALModel, FitConfig, TorchModelView, accuracy, build_net, fit
+from scarcelab.active.datasets import (
+    ALConfig,
+    ALData,
+    LoadContext,
+    dataset_config,
+    load_al_dataset,
+    spec,
+)
 from scarcelab.errors import ConfigError, DataError
 from scarcelab.tracker import DatasetInfo, Tracker
 
@@ -45,9 +52,15 @@ class ALRunConfig:
     overrides: dict[str, Any] = field(default_factory=dict)  # ALConfig fields
     strategy_params: dict[str, Any] = field(default_factory=dict)
     max_candidates: int | None = None  # None = the strategy's own default
+    device: str = "cpu"  # "auto" = cuda when available
+    encoder: dict[str, Any] = field(default_factory=dict)  # encoded_* sets (EncoderConfig)
 
     def resolved(self) -> ALConfig:
         return dataset_config(self.dataset).replace(**self.overrides)
+
+    def load_context(self, cache: Any = None, pretrained: Any = None,
+                     pretrained_id: str = "") -> LoadContext:
+        return LoadContext(self.device, dict(self.encoder), cache, pretrained, pretrained_id)
 
 
 @dataclass
@@ -107,9 +120,16 @@ def make_strategy(name: str, params: dict[str, Any] | None = None,
     return strat
 
 
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: int,
                    repetition: int, seed_strategy: int, seed_data: int, seed_model: int,
-                   data_rng: np.random.Generator | None = None) -> RepetitionResult:
+                   data_rng: np.random.Generator | None = None,
+                   device: str | torch.device = "cpu") -> RepetitionResult:
     """One repetition of Alg. 1. ``data_rng`` continues the stream that generated ``data``
     (synthetic sets); otherwise it is created from ``seed_data + repetition``."""
     if query_size < 1:
@@ -120,27 +140,29 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     data_gen = torch.Generator().manual_seed(s_d)
     model_gen = torch.Generator().manual_seed(s_t)
 
+    dev = resolve_device(str(device))
     val, pool, seed_idx = _split(data, cfg, rng_d)
     budget = min(cfg.budget, len(pool) - len(seed_idx))
-    x_all = torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32))
-    y_all = torch.from_numpy(data.y_train)
-    x_val, y_val = x_all[val], y_all[val]
-    x_te = torch.from_numpy(np.ascontiguousarray(data.x_test, dtype=np.float32))
-    y_te = torch.from_numpy(data.y_test)
+    x_all = torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32)).to(dev)
+    y_all = torch.from_numpy(data.y_train).to(dev)
+    t_val = torch.from_numpy(val).to(dev)
+    x_val, y_val = x_all[t_val], y_all[t_val]
+    x_te = torch.from_numpy(np.ascontiguousarray(data.x_test, dtype=np.float32)).to(dev)
+    y_te = torch.from_numpy(data.y_test).to(dev)
 
-    net = ALNet(x_all.shape[1], data.num_classes, cfg.hidden, cfg.dropout)
-    net.seeded_init(model_gen)
+    net = build_net(cfg.arch, tuple(data.x_train.shape), data.num_classes, cfg.hidden,
+                    cfg.dropout, model_gen).to(dev)
     init_state = copy.deepcopy(net.state_dict())
     fcfg = FitConfig(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.batch_size, cfg.max_epochs,
                      cfg.patience)
 
-    def train(model: ALNet, idx: np.ndarray, dgen: torch.Generator,
+    def train(model: ALModel, idx: np.ndarray, dgen: torch.Generator,
               mgen: torch.Generator) -> float:
         if cfg.fitting == "scratch":
             model.load_state_dict(init_state)
-        t = torch.from_numpy(idx)
+        t = torch.from_numpy(idx).to(dev)
         fit(model, x_all[t], y_all[t], x_val, y_val, fcfg, dgen, mgen)
-        return accuracy(model, x_te, y_te)
+        return accuracy(model, x_te, y_te, fcfg.eval_batch_size)
 
     in_labeled = np.zeros(len(data.y_train), dtype=bool)
     in_labeled[seed_idx] = True
@@ -197,14 +219,37 @@ def _digest(data: ALData) -> str:
     return h.hexdigest()[:16]
 
 
-def run_al(rc: ALRunConfig, tracker: Tracker) -> ALResult:
+def load_for_sweep(rc: ALRunConfig, ctx: LoadContext | None = None) -> ALData | None:
+    """Real data is identical across repetitions: load it once (None for synthetic sets,
+    which are regenerated per repetition)."""
+    if spec(rc.dataset).synthetic:
+        return None
+    return load_al_dataset(rc.dataset, rc.data_dir, np.random.default_rng(rc.seed_data),
+                           ctx or rc.load_context())
+
+
+def run_one(rc: ALRunConfig, k: int, first: ALData | None,
+            strategy: Strategy | None = None) -> RepetitionResult:
+    """Repetition ``k`` of a sweep, exactly as :func:`run_al` runs it (used by benches that
+    spread repetitions over processes)."""
+    cfg = rc.resolved()
+    strategy = strategy or make_strategy(rc.strategy, rc.strategy_params, rc.max_candidates)
+    rng_d = np.random.default_rng(rc.seed_data + k)
+    data = first if first is not None else load_al_dataset(rc.dataset, rc.data_dir, rng_d,
+                                                            rc.load_context())
+    return run_repetition(data, cfg, strategy, rc.query_size, k, rc.seed_strategy,
+                          rc.seed_data, rc.seed_model,
+                          data_rng=None if first is not None else rng_d, device=rc.device)
+
+
+def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None) -> ALResult:
     """A sweep: one parent record, one child record (role ``al``) per repetition.
 
     A repetition that fails is recorded as failed and the sweep goes on; the sweep fails
-    only if every repetition did.
+    only if every repetition did. ``ctx`` lets the caller supply an encoding cache or a
+    pretrained encoder (``encoded_*`` sets).
     """
     cfg = rc.resolved()
-    sp = spec(rc.dataset)
     strategy = make_strategy(rc.strategy, rc.strategy_params, rc.max_candidates)
     name = STRATEGIES.get(rc.strategy).registered_name
     base_tags = {"scarcelab.family": "active", "scarcelab.method": name,
@@ -213,16 +258,15 @@ def run_al(rc: ALRunConfig, tracker: Tracker) -> ALResult:
     params: dict[str, Any] = {"strategy": name, "dataset": rc.dataset,
                               "query_size": rc.query_size, "repetitions": rc.repetitions,
                               "seed_strategy": rc.seed_strategy, "seed_data": rc.seed_data,
-                              "seed_model": rc.seed_model,
+                              "seed_model": rc.seed_model, "device": rc.device,
                               "max_candidates": strategy.max_candidates,
                               **{f"al.{k}": v for k, v in dataclasses.asdict(cfg).items()},
-                              **{f"strategy.{k}": v for k, v in rc.strategy_params.items()}}
-    first: ALData | None = None
-    if not sp.synthetic:  # real data is identical across repetitions: load it once
-        first = load_al_dataset(rc.dataset, rc.data_dir, np.random.default_rng(rc.seed_data))
+                              **{f"strategy.{k}": v for k, v in rc.strategy_params.items()},
+                              **{f"encoder.{k}": v for k, v in rc.encoder.items()}}
+    first = load_for_sweep(rc, ctx)
     tracker.start_study(
         f"al-{rc.dataset}-{name}-q{rc.query_size}",
-        {**base_tags, "scarcelab.role": "al_sweep"}, params,
+        {**base_tags, "scarcelab.role": "al_sweep", **(first.tags if first else {})}, params,
         {"al_config.json": {**params, "note": first.note if first else ""}},
         DatasetInfo(rc.dataset, first.source if first else f"synthetic:{rc.dataset}",
                     _digest(first) if first else "regenerated-per-repetition"),
@@ -238,12 +282,7 @@ def run_al(rc: ALRunConfig, tracker: Tracker) -> ALResult:
                                     "scarcelab.seed": str(s_d)},
                                 {"repetition": k, "seed_data": s_d, "seed_model": s_t})
             try:
-                rng_d = np.random.default_rng(s_d)
-                data = first if first is not None else load_al_dataset(rc.dataset, rc.data_dir,
-                                                                        rng_d)
-                rep = run_repetition(data, cfg, strategy, rc.query_size, k, rc.seed_strategy,
-                                     rc.seed_data, rc.seed_model,
-                                     data_rng=None if first is not None else rng_d)
+                rep = run_one(rc, k, first, strategy)
             except (ConfigError, DataError):
                 tracker.end_trial("FAILED", "configuration or data error (see the sweep)")
                 raise

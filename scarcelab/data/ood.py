@@ -118,6 +118,19 @@ def _find(rel: str, data_dir: str | Path | None, ood_dir: str | Path | None) -> 
                     "ood_dir=<folder laid out like ../shared/data> or data_dir")
 
 
+def find_shared_file(rel: str, data_dir: str | Path | None) -> Path:
+    """Public lookup for image files laid out like ``../shared/data`` (``ood/…``,
+    ``cifar10_jpg/…``): the data root and its parent, then the project machines' shared
+    data folder beside the checkout."""
+    try:
+        return _find(rel, data_dir, None)
+    except DataError:
+        shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+        if (shared / rel).exists():
+            return shared / rel
+        raise
+
+
 # ---------------------------------------------------------------------------------------
 # sources: each returns native uint8 images (N, C, h, w) for the given indices-picking rng
 

@@ -1,0 +1,235 @@
+"""Encoded image sets: embeddings of an image dataset from a scarcelab self-supervised
+encoder, computed once and cached.
+
+CDALBench's "encoded" domain runs AL on frozen self-supervised features with a linear
+classifier (their configs: a SimCLR ResNet18 per dataset). Here the encoder is any
+registered self-supervised method (``simclr``, ``byol``, ``dino``…) trained on the
+dataset's *training images* (no labels), or a backbone handed in by the caller (the
+tracking layer loads one from a scarcelab ``self`` run's model). Training an encoder costs
+minutes to hours while an AL sweep re-reads the embeddings hundreds of times, so the
+result is cached under a key that covers everything it depends on (the images, the
+method, architecture, epochs, batch size, learning rate, seed, or the pretrained weights):
+:class:`DiskEncodingCache` here, and an MLflow-artifact cache in ``tracking/`` that makes
+one machine's encoding every machine's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from scarcelab.errors import ConfigError, TrialFailed
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class EncoderConfig:
+    """How to obtain the encoder. ``arch="auto"``: resnet18 on a GPU, small_cnn on a CPU
+    (CDALBench uses a ResNet18; on a CPU that takes hours). ``lr=None`` uses the method's
+    default."""
+
+    method: str = "simclr"
+    arch: str = "auto"
+    epochs: int = 30
+    batch_size: int = 256
+    lr: float | None = None
+    seed: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EncoderConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigError(f"unknown encoder setting(s) {sorted(unknown)} (set as "
+                              f"encoder.<name>=…); valid: {sorted(names)}")
+        types = {"epochs": int, "batch_size": int, "seed": int, "lr": float}
+        return cls(**{k: (types[k](v) if k in types and v is not None else v)
+                      for k, v in d.items()})
+
+    def resolved_arch(self, device: torch.device) -> str:
+        if self.arch != "auto":
+            return self.arch
+        return "resnet18" if device.type == "cuda" else "small_cnn"
+
+
+@dataclass
+class Encoded:
+    """Embeddings of the train and test images, with how they were made."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+    encoder_state: dict[str, torch.Tensor] | None = None
+
+
+class EncodingCache(Protocol):
+    """Where encodings are kept between sweeps. ``get`` returns None on a miss; ``put``
+    returns a short description of where the encoding now lives (logged with the sweep)."""
+
+    def get(self, key: str) -> tuple[Encoded, str] | None: ...
+
+    def put(self, key: str, enc: Encoded) -> str: ...
+
+
+class DiskEncodingCache:
+    """``<root>/<key>.npz`` (arrays), ``<key>.json`` (meta), ``<key>.encoder.pt`` (weights)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def paths(self, key: str) -> tuple[Path, Path, Path]:
+        return (self.root / f"{key}.npz", self.root / f"{key}.json",
+                self.root / f"{key}.encoder.pt")
+
+    def get(self, key: str) -> tuple[Encoded, str] | None:
+        npz, meta, _ = self.paths(key)
+        if not (npz.is_file() and meta.is_file()):
+            return None
+        with np.load(npz) as d:
+            arrays = {k: d[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+        return Encoded(**arrays, meta=json.loads(meta.read_text())), f"disk:{npz}"
+
+    def put(self, key: str, enc: Encoded) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        npz, meta, weights = self.paths(key)
+        tmp = npz.with_suffix(".tmp.npz")  # write-then-rename: a killed run leaves no half file
+        np.savez(tmp, x_train=enc.x_train, y_train=enc.y_train, x_test=enc.x_test,
+                 y_test=enc.y_test)
+        tmp.replace(npz)
+        if enc.encoder_state is not None:
+            torch.save(enc.encoder_state, weights)
+        meta.write_text(json.dumps(enc.meta, indent=1, sort_keys=True))
+        return f"disk:{npz}"
+
+
+def encoding_key(train_x: np.ndarray, test_x: np.ndarray, cfg: EncoderConfig, arch: str,
+                 pretrained: nn.Module | None = None, pretrained_id: str = "") -> str:
+    h = hashlib.sha256(f"scarcelab-encoding-v{FORMAT_VERSION}".encode())
+    for a in (train_x, test_x):
+        h.update(str(a.shape).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    if pretrained is not None:
+        h.update(pretrained_id.encode())
+        for k, v in sorted(pretrained.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    else:
+        h.update(json.dumps({**dataclasses.asdict(cfg), "arch": arch}, sort_keys=True).encode())
+    return h.hexdigest()[:20]
+
+
+def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
+                  device: torch.device) -> tuple[nn.Module, dict[str, float]]:
+    """Train ``cfg.method`` on uint8 images (N, C, H, W) for ``cfg.epochs`` epochs and return
+    its backbone. All randomness comes from ``cfg.seed``; the global RNG is forked, not
+    consumed."""
+    from scarcelab.data.augment import AUGMENTATIONS, to_float
+    from scarcelab.methods import METHODS, Batch, Progress
+    from scarcelab.methods.base import DataInfo
+    from scarcelab.models import create_model
+    from scarcelab.models.classifier import normalize
+
+    cls = METHODS.get(cfg.method)
+    if cls.family != "self":
+        raise ConfigError(f"encoder.method={cfg.method!r} is a {cls.family} method; the "
+                          f"encoder must be self-supervised (scarcelab list methods)")
+    arch = cfg.resolved_arch(device)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    hp = {} if cfg.lr is None else {"lr": cfg.lr}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        method = cls(create_model(arch, in_channels=images.shape[1]), num_classes, hp)
+    method.to(device).train()
+    n = len(images)
+    method.on_train_start(DataInfo(0, n, num_classes, [0] * num_classes))
+    views = [AUGMENTATIONS.get(v) for v in cls.views]
+    bs = min(cfg.batch_size, n)
+    spe = max(1, n // bs)
+    total = spe * cfg.epochs
+    opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
+                           weight_decay=float(method.hp["weight_decay"]))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
+    x = torch.as_tensor(images).to(device)
+    t0, step, last = time.perf_counter(), 0, float("nan")
+    for epoch in range(cfg.epochs):
+        perm = torch.randperm(n, generator=gen)
+        for s in range(spe):
+            idx = perm[s * bs:(s + 1) * bs].to(device)
+            u = to_float(x[idx])
+            batch = Batch(x=[], y=torch.empty(0, dtype=torch.long, device=device),
+                          u=[normalize(aug(u, gen)) for aug in views], u_index=idx)
+            progress = Progress(step=step, total_steps=total, epoch=epoch)
+            loss = method.step(batch, progress)["loss"]
+            if not torch.isfinite(loss):
+                raise TrialFailed(f"encoder {cfg.method}: non-finite loss at epoch {epoch}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            method.after_optimizer_step(progress)
+            step += 1
+        last = float(loss.detach())
+    stats = {"encoder_train_s": time.perf_counter() - t0, "encoder_steps": float(step),
+             "encoder_final_loss": last}
+    return method.backbone.eval(), stats
+
+
+@torch.no_grad()
+def embed_images(backbone: nn.Module, images: np.ndarray, device: torch.device,
+                 batch_size: int = 512) -> np.ndarray:
+    """Backbone features of uint8 images, float32 (N, F), in evaluation mode."""
+    from scarcelab.data.augment import to_float
+    from scarcelab.models.classifier import normalize
+
+    backbone.eval().to(device)
+    out = []
+    for s in range(0, len(images), batch_size):
+        xb = to_float(torch.as_tensor(images[s:s + batch_size]).to(device))
+        out.append(backbone(normalize(xb)).float().cpu())
+    return torch.cat(out).numpy().astype(np.float32)
+
+
+def encode_dataset(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
+                   test_y: np.ndarray, num_classes: int, cfg: EncoderConfig,
+                   device: torch.device, cache: EncodingCache | None,
+                   pretrained: nn.Module | None = None, pretrained_id: str = ""
+                   ) -> tuple[Encoded, str, str]:
+    """Embeddings of a dataset's images, from the cache when the key matches.
+
+    Returns (encoded, key, where): ``where`` says where the encoding came from or now
+    lives (``disk:…``, ``mlflow-run:…``), prefixed ``computed `` when it was made here.
+    """
+    arch = "pretrained" if pretrained is not None else cfg.resolved_arch(device)
+    key = encoding_key(train_x, test_x, cfg, arch, pretrained, pretrained_id)
+    if cache is not None and (hit := cache.get(key)) is not None:
+        return hit[0], key, hit[1]
+    if pretrained is not None:
+        backbone, stats = pretrained, {}
+        desc: dict[str, Any] = {"encoder": "pretrained", "source": pretrained_id}
+    else:
+        backbone, stats = train_encoder(train_x, num_classes, cfg, device)
+        desc = {"encoder": cfg.method, **dataclasses.asdict(cfg), "arch": arch}
+    t0 = time.perf_counter()
+    enc = Encoded(embed_images(backbone, train_x, device), train_y.astype(np.int64),
+                  embed_images(backbone, test_x, device), test_y.astype(np.int64),
+                  meta={**desc, **stats, "dataset": name, "key": key, "device": str(device),
+                        "embed_s": time.perf_counter() - t0,
+                        "dim": 0, "format_version": FORMAT_VERSION},
+                  encoder_state={k: v.detach().cpu() for k, v in backbone.state_dict().items()})
+    enc.meta["dim"] = int(enc.x_train.shape[1])
+    where = cache.put(key, enc) if cache is not None else "memory"
+    return enc, key, f"computed {where}"

@@ -1,0 +1,112 @@
+"""Encodings (``encoded_*`` AL sets) cached as MLflow artifacts, and encoders loaded from
+scarcelab ``self`` runs.
+
+An encoding is an expensive, deterministic function of its key (images + encoder
+settings, see ``scarcelab.active.encoded``). :class:`MlflowEncodingCache` keeps it twice:
+on local disk (first look, no network) and as the artifacts of one MLflow run with role
+``encoding`` and tag ``scarcelab.encoding_key`` — so a second machine pointed at the same
+tracking server downloads the embeddings instead of retraining the encoder, and every AL
+sweep can name the run its features came from.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scarcelab.active.encoded import DiskEncodingCache, Encoded
+
+log = logging.getLogger(__name__)
+ROLE = "encoding"
+
+
+def _experiment_id(client: Any, experiment: str | None) -> str:
+    """The experiment of the run in progress under ``mlflow run``, else ``experiment``,
+    else MLflow's default resolution (env vars, then Default)."""
+    from tracking.mlflow_tracker import _experiment_id as resolve
+
+    if os.environ.get("MLFLOW_RUN_ID"):
+        return str(client.get_run(os.environ["MLFLOW_RUN_ID"]).info.experiment_id)
+    return resolve(experiment)
+
+
+class MlflowEncodingCache:
+    def __init__(self, disk: DiskEncodingCache, experiment: str | None = None) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.disk = disk
+        self.client = MlflowClient()
+        self.experiment_id = _experiment_id(self.client, experiment)
+
+    def _find(self, key: str) -> Any | None:
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=(f"tags.`scarcelab.role` = '{ROLE}' and "
+                           f"tags.`scarcelab.encoding_key` = '{key}' and "
+                           "attributes.status = 'FINISHED'"),
+            max_results=1, order_by=["attributes.start_time DESC"])
+        return runs[0] if runs else None
+
+    def get(self, key: str) -> tuple[Encoded, str] | None:
+        hit = self.disk.get(key)
+        if hit is not None:
+            run = self._find(key)
+            return hit[0], (f"mlflow-run:{run.info.run_id}" if run else hit[1])
+        run = self._find(key)
+        if run is None:
+            return None
+        dst = self.disk.root
+        dst.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=dst) as tmp:
+            got = Path(self.client.download_artifacts(run.info.run_id, "encoding", tmp))
+            for f in got.iterdir():
+                f.replace(dst / f.name)
+        hit = self.disk.get(key)
+        if hit is None:
+            log.warning("encoding run %s has no usable artifacts; recomputing",
+                        run.info.run_id)
+            return None
+        return hit[0], f"mlflow-run:{run.info.run_id}"
+
+    def put(self, key: str, enc: Encoded) -> str:
+        self.disk.put(key, enc)
+        m = enc.meta
+        run = self.client.create_run(
+            self.experiment_id, run_name=f"encoding-{m.get('dataset')}-{key[:8]}",
+            tags={"scarcelab.role": ROLE, "scarcelab.family": "active",
+                  "scarcelab.encoding_key": key, "scarcelab.dataset": str(m.get("dataset")),
+                  "scarcelab.method": str(m.get("encoder"))})
+        rid = run.info.run_id
+        try:
+            for k, v in m.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.client.log_metric(rid, f"encoding/{k}", float(v), timestamp=int(
+                        time.time() * 1000))
+                else:
+                    self.client.log_param(rid, k, str(v)[:500])
+            for p in self.disk.paths(key):
+                if p.is_file():
+                    self.client.log_artifact(rid, str(p), "encoding")
+        except Exception:
+            self.client.set_terminated(rid, "FAILED")
+            raise
+        self.client.set_terminated(rid, "FINISHED")
+        return f"mlflow-run:{rid}"
+
+
+def load_pretrained_backbone(uri: str) -> Any:
+    """The backbone of a scarcelab model logged by a study (``runs:/<id>/model``,
+    ``models:/<name>/<version>``): the exported classifier's ``backbone``, which expects
+    normalised images exactly as ``scarcelab.active.encoded.embed_images`` feeds them."""
+    import mlflow.pytorch
+
+    model = mlflow.pytorch.load_model(uri, map_location="cpu")
+    backbone = getattr(model, "backbone", None)
+    if backbone is None:
+        raise ValueError(f"{uri} is not a scarcelab exported classifier (no .backbone); pass "
+                         "the `model` of a scarcelab study run, e.g. runs:/<run id>/model")
+    return backbone.eval()
