@@ -110,3 +110,72 @@ def test_partial_strategy_is_ranked_where_run_and_left_out_of_the_cd_diagram() -
     assert pd.isna(ranks.loc[("b", 1), "oracle"]) and ranks.loc[("b", 1), "x"] == 1.0
     scores = problem_scores(runs)
     assert list(scores.columns) == ["x", "y", "z"] and len(scores) == 2
+
+
+def _enc_cli(experiment: str, *extra: str) -> object:
+    from entrypoints.cli import main
+
+    r = CliRunner().invoke(main, ["al", "--strategy", "margin", "--dataset",
+                                  "encoded_synthetic_tiny", "--query-size", "2", "--budget",
+                                  "2", "--experiment", experiment, *extra])
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def test_encoding_is_cached_as_an_mlflow_artifact_and_reused_elsewhere(  # type: ignore[no-untyped-def]
+        store: str, tmp_path, monkeypatch) -> None:
+    import mlflow
+
+    settings = ["--set", "encoder.epochs=1,encoder.arch=small_cnn,encoder.batch_size=64"]
+    monkeypatch.setenv("SCARCELAB_DATA", str(tmp_path / "machine1"))
+    _enc_cli("al-enc", *settings)
+    runs = mlflow.search_runs(experiment_names=["al-enc"])
+    enc = runs[runs["tags.scarcelab.role"] == "encoding"]
+    assert len(enc) == 1
+    key, enc_id = enc["tags.scarcelab.encoding_key"].iloc[0], enc.run_id.iloc[0]
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(enc_id, "encoding")}
+    assert arts == {f"encoding/{key}.npz", f"encoding/{key}.json",
+                    f"encoding/{key}.encoder.pt"}
+    sweep = runs[runs["tags.scarcelab.role"] == "al_sweep"].iloc[0]
+    assert sweep["tags.scarcelab.encoding_key"] == key
+    assert sweep["tags.scarcelab.encoding_source"] == f"computed mlflow-run:{enc_id}"
+    assert sweep["params.encoder.method"] == "simclr"
+
+    # A second machine (empty local cache) downloads the artifact instead of retraining.
+    monkeypatch.setenv("SCARCELAB_DATA", str(tmp_path / "machine2"))
+    _enc_cli("al-enc", *settings)
+    runs = mlflow.search_runs(experiment_names=["al-enc"])
+    assert (runs["tags.scarcelab.role"] == "encoding").sum() == 1
+    newest = runs[runs["tags.scarcelab.role"] == "al_sweep"].sort_values("start_time").iloc[-1]
+    assert newest["tags.scarcelab.encoding_source"] == f"mlflow-run:{enc_id}"
+    assert (tmp_path / "machine2" / "encoded" / f"{key}.npz").is_file()
+
+
+def test_encoder_can_be_a_logged_scarcelab_model(store: str, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import mlflow
+    import torch
+
+    from scarcelab.models import create_model
+    from scarcelab.models.classifier import ExportedClassifier
+
+    monkeypatch.setenv("SCARCELAB_DATA", str(tmp_path))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        bb = create_model("small_cnn", in_channels=1)
+        model = ExportedClassifier(bb, torch.nn.Linear(bb.num_features, 3), ["a", "b", "c"])
+    mlflow.set_experiment("al-pre")
+    with mlflow.start_run() as run:
+        mlflow.pytorch.log_model(model, name="model", serialization_format="pickle")
+    uri = f"runs:/{run.info.run_id}/model"
+    _enc_cli("al-pre", "--encoder", uri)
+    runs = mlflow.search_runs(experiment_names=["al-pre"])
+    sweep = runs[runs["tags.scarcelab.role"] == "al_sweep"].iloc[0]
+    assert sweep["tags.scarcelab.encoding_source"].startswith("computed mlflow-run:")
+    enc = runs[runs["tags.scarcelab.role"] == "encoding"].iloc[0]
+    assert enc["params.source"] == uri and enc["params.encoder"] == "pretrained"
+    from entrypoints.cli import main
+
+    r = CliRunner().invoke(main, ["al", "--strategy", "margin", "--dataset",
+                                  "encoded_synthetic_tiny", "--encoder", uri, "--set",
+                                  "encoder.epochs=3", "--experiment", "al-pre"])
+    assert r.exit_code != 0 and "not to a logged model" in r.output

