@@ -134,7 +134,11 @@ def main() -> None:
             if json.dumps([ds, q, over, s, k], sort_keys=True) in done:
                 continue
             futs[pool.submit(_task, ds, q, over, s, k, args)] = (ds, q, s, k)
+        cancelled = 0
         for fut in as_completed(futs):
+            if fut.cancelled():
+                cancelled += 1
+                continue
             try:
                 r = fut.result()
             except Exception as e:  # noqa: BLE001 - report and go on
@@ -148,6 +152,8 @@ def main() -> None:
                 print("deadline reached: cancelling the tasks not yet started", flush=True)
                 for other in futs:
                     other.cancel()
+        if cancelled:
+            print(f"{cancelled} tasks not run (deadline)", flush=True)
     summarize(out)
 
 
