@@ -14,7 +14,7 @@ GPU_DEADLINE=${GPU_DEADLINE:-200}
 ENC_EPOCHS=${ENC_EPOCHS:-100}
 export PYTHONPATH=${PYTHONPATH:-.}:. PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-S="python bench/al_sweeps.py --data-dir $DATA --cache-dir $OUT/encoded"
+S="python bench/al_sweeps.py --data-dir $DATA --cache-dir ${CACHE:-$OUT/encoded}"
 
 # Same grid as the closing note: random, margin, badge, coreset and the greedy oracle.
 $S --jobs "$CPU_JOBS" --reps 10 --deadline-s "$DEADLINE" \
