@@ -84,6 +84,12 @@ class Tracker(ABC):
     def mark_trials_failed(self, study_key: str, numbers: list[int], reason: str) -> None:  # noqa: B027
         """Optional: close the records of trials a dead process left running."""
 
+    def close_orphan_trials(self, completed: set[int]) -> None:  # noqa: B027
+        """Optional, after :meth:`resume_state` reattached: close the trial records the dead
+        process left open — FINISHED for trial numbers the study store holds as complete
+        (the process died between the store's update and the record's), FAILED for the
+        rest. Two stores cannot be updated atomically; this makes them agree again."""
+
     def log_metrics_batch(self, rows: list[tuple[dict[str, float], int]],
                           scope: str = "trial") -> None:
         """Many ``(metrics, step)`` rows at once (a whole AL curve); stores that can batch

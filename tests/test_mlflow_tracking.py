@@ -97,3 +97,43 @@ def test_leaderboard(store):
     assert set(lb.method) == {"sup", "fixmatch"}
     with pytest.raises(ValueError, match="no MLflow experiment named 'nope'"):
         leaderboard("nope")
+
+
+def test_resume_reconciles_runs_with_the_optuna_trial_states(store, tmp_path):
+    """The two-store window, made deterministic: a dead process left its study run and two
+    trial runs RUNNING — trial 1 complete in Optuna (the kill came after `tell`), trial 2
+    not. Running the command again closes trial 1's run FINISHED (tagged as reconciled) and
+    trial 2's FAILED, and redoes neither."""
+    import socket
+    import subprocess
+
+    import optuna
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    run_id, _ = _study("sup", storage=storage, max_trials=2)
+    c = MlflowClient()
+    study = c.get_run(run_id)
+    kids = {r.data.tags["scarcelab.trial"]: r for r in c.search_runs(
+        [study.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'")}
+    assert set(kids) == {"0", "1"}
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    c.set_tag(run_id, "scarcelab.owner", f"{socket.gethostname()}:{dead.pid}")
+    c.update_run(run_id, status="RUNNING")
+    c.update_run(kids["1"].info.run_id, status="RUNNING")
+    orphan = c.create_run(study.info.experiment_id, tags={
+        "mlflow.parentRunId": run_id, "scarcelab.role": "trial", "scarcelab.trial": "2"})
+    ostudy = optuna.load_study(study_name=study.data.tags["scarcelab.optuna_study"],
+                               storage=storage)
+    assert [t.state for t in ostudy.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+
+    run_id2, _ = _study("sup", storage=storage, max_trials=2)
+    assert run_id2 == run_id  # the same study run continued
+    t1 = c.get_run(kids["1"].info.run_id)
+    assert t1.info.status == "FINISHED" and "scarcelab.reconciled" in t1.data.tags
+    t2 = c.get_run(orphan.info.run_id)
+    assert t2.info.status == "FAILED"
+    assert t2.data.tags["scarcelab.error"] == "the process running this trial died"
+    assert c.get_run(kids["0"].info.run_id).info.status == "FINISHED"
+    assert len(optuna.load_study(study_name=study.data.tags["scarcelab.optuna_study"],
+                                 storage=storage).trials) == 2  # nothing redone

@@ -153,6 +153,7 @@ class MlflowTracker(Tracker):
         self.trial_run_id: str | None = None
         self._trial_key: str | None = None
         self._resume_run: str | None = None
+        self._orphans: list[Any] = []  # trial runs a dead process left RUNNING (resume)
         self._spool_root = spool_root
         self.spool: Spool | None = None
         self.spool_left: Path | None = None  # set when end_study could not deliver
@@ -197,13 +198,11 @@ class MlflowTracker(Tracker):
             hist = self.client.get_metric_history(rid, "best/val_balanced_accuracy")
             elapsed = self.client.get_metric_history(rid, "time/elapsed_s")
             self._resume_run = rid
-            # its process is dead, so none of its trials can still be running
-            for t in _retry(self.client.search_runs, [run.info.experiment_id],
-                            f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}' and "
-                            "attributes.status = 'RUNNING'"):
-                _retry(self.client.set_tag, t.info.run_id, "scarcelab.error",
-                       "the process running this trial died")
-                _retry(self.client.set_terminated, t.info.run_id, "FAILED")
+            # Its process is dead, so none of its trials can still be running; they are
+            # closed by close_orphan_trials once the search has the Optuna states.
+            self._orphans = list(_retry(
+                self.client.search_runs, [run.info.experiment_id],
+                f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}' and attributes.status = 'RUNNING'"))
             print(f"[scarcelab] resuming study run {rid} (its process "
                   f"{run.data.tags.get('scarcelab.owner')} died)", file=sys.stderr, flush=True)
             return ResumeState(
@@ -212,6 +211,20 @@ class MlflowTracker(Tracker):
                 global_epoch=max((m.step for m in hist), default=-1) + 1,
                 best_checkpoint=ckpt, same_record=not mine)
         return None
+
+    def close_orphan_trials(self, completed: set[int]) -> None:
+        for t in self._orphans:
+            number = t.data.tags.get("scarcelab.trial", "")
+            if number.isdigit() and int(number) in completed:
+                _retry(self.client.set_tag, t.info.run_id, "scarcelab.reconciled",
+                       "the process died after Optuna recorded this trial as complete and "
+                       "before this run was closed; closed as FINISHED on resume")
+                _retry(self.client.set_terminated, t.info.run_id, "FINISHED")
+            else:
+                _retry(self.client.set_tag, t.info.run_id, "scarcelab.error",
+                       "the process running this trial died")
+                _retry(self.client.set_terminated, t.info.run_id, "FAILED")
+        self._orphans = []
 
     def mark_trials_failed(self, study_key: str, numbers: list[int], reason: str) -> None:
         wanted = {str(n) for n in numbers}

@@ -347,7 +347,10 @@ def _open_store(cfg: StudyConfig, tracker: Tracker, key: str
         name = resume.optuna_study
     else:  # a finished study is not continued: running the command again repeats it
         name = cfg.study_name or f"{key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    return StudyStore(name, cfg.seed, cfg.storage), resume
+    store = StudyStore(name, cfg.seed, cfg.storage)
+    if resume is not None:
+        tracker.close_orphan_trials(store.completed_numbers())
+    return store, resume
 
 
 def _reap(store: StudyStore, tracker: Tracker, key: str) -> None:

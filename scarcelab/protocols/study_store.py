@@ -128,6 +128,10 @@ class StudyStore:
                 c["running"] += 1
         return c
 
+    def completed_numbers(self) -> set[int]:
+        return {t.number for t in self.study.get_trials(deepcopy=False,
+                                                       states=(TrialState.COMPLETE,))}
+
     def started_before(self, number: int) -> int:
         """Counted trials with a smaller number (for a study-wide ``max_trials``)."""
         return sum(1 for t in self.study.get_trials(deepcopy=False)
