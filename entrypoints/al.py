@@ -77,26 +77,38 @@ def al_cmd(strategy: str, dataset: str, data_dir: str, query_size: str, budget: 
         # The AL classifiers are tiny MLPs on a few hundred samples: intra-op threads cost
         # more in synchronisation than they gain (and starve parallel sweeps).
         torch.set_num_threads(1)
-    cfg_over, strat_params, enc_params = _parse_set(overrides)
-    if (b := opt_int(budget, "--budget")) is not None:
-        cfg_over["budget"] = b
-    if (s := opt_int(seed_set, "--seed-set")) is not None:
-        cfg_over["seed_per_class"] = s
-    rc = ALRunConfig(
-        strategy=strategy, dataset=dataset, data_dir=data_dir or None,
-        query_size=opt_int(query_size, "--query-size") or 1,
-        repetitions=opt_int(repetitions, "--repetitions") or 1,
-        seed_strategy=opt_int(seed_strategy, "--seed-strategy") or 0,
-        seed_data=opt_int(seed_data, "--seed-data") or 0,
-        seed_model=opt_int(seed_model, "--seed-model") or 0,
-        overrides=cfg_over, strategy_params=strat_params,
-        max_candidates=opt_int(max_candidates, "--max-candidates"), device=device,
-    )
-    ctx = None
-    if spec(dataset).kind == "encoded":
-        ctx = _encoded_context(rc, encoder, enc_params, experiment or None)
-    tracker = MlflowTracker(experiment=experiment or None)
-    res = run_al(rc, tracker, ctx)
+    from scarcelab.errors import ScarcelabError
+
+    try:
+        cfg_over, strat_params, enc_params = _parse_set(overrides)
+        if (b := opt_int(budget, "--budget")) is not None:
+            cfg_over["budget"] = b
+        if (s := opt_int(seed_set, "--seed-set")) is not None:
+            cfg_over["seed_per_class"] = s
+        rc = ALRunConfig(
+            strategy=strategy, dataset=dataset, data_dir=data_dir or None,
+            query_size=opt_int(query_size, "--query-size") or 1,
+            repetitions=opt_int(repetitions, "--repetitions") or 1,
+            seed_strategy=opt_int(seed_strategy, "--seed-strategy") or 0,
+            seed_data=opt_int(seed_data, "--seed-data") or 0,
+            seed_model=opt_int(seed_model, "--seed-model") or 0,
+            overrides=cfg_over, strategy_params=strat_params,
+            max_candidates=opt_int(max_candidates, "--max-candidates"), device=device,
+        )
+        from scarcelab.active.loop import resolve_device
+
+        if rc.resolved().arch.startswith(("resnet", "wrn")) and \
+                resolve_device(device).type == "cpu":
+            click.echo(f"[scarcelab] warning: {dataset} trains a {rc.resolved().arch} on the CPU "
+                       "at every AL iteration (minutes each); pass --device auto on a GPU machine "
+                       "or --set arch=small_cnn", err=True)
+        ctx = None
+        if spec(dataset).kind == "encoded":
+            ctx = _encoded_context(rc, encoder, enc_params, experiment or None)
+        tracker = MlflowTracker(experiment=experiment or None)
+        res = run_al(rc, tracker, ctx)
+    except ScarcelabError as e:  # bad input: a one-line error, not a traceback
+        raise click.ClickException(str(e)) from e
     click.echo(sweep_summary(res))
     click.echo(f"sweep run {tracker.study_run_id}; tracking URI: {mlflow.get_tracking_uri()}")
 

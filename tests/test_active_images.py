@@ -44,7 +44,7 @@ def test_every_image_dataset_has_an_image_and_an_encoded_al_form() -> None:
     assert spec("cifar10_5k").config.arch == "resnet18"
     assert spec("encoded_mnist_5k").config.hidden == () and \
         spec("encoded_mnist_5k").config.fitting == "scratch"
-    with pytest.raises(ConfigError, match="encoded_<image dataset>"):
+    with pytest.raises(ConfigError, match="scarcelab list al-datasets"):
         spec("encoded_nothing")
 
 
@@ -202,3 +202,14 @@ def test_cifar10_5k_reads_the_jpeg_subset() -> None:
     assert np.bincount(raw.train_y).tolist() == [500] * 10
     assert np.bincount(raw.test_y).tolist() == [1000] * 10
     assert raw.class_names[0] == "airplane"
+
+
+def test_bad_device_is_a_clear_error() -> None:
+    from scarcelab.active.loop import resolve_device
+
+    with pytest.raises(ConfigError, match="not a torch device"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda")
+    assert resolve_device("auto").type in ("cpu", "cuda")

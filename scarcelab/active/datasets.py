@@ -154,8 +154,8 @@ def spec(name: str) -> ALDatasetSpec:
         if key.startswith("encoded_"):
             return ALDatasetSpec(_encoded_loader(base), _ENCODED, kind="encoded")
         return ALDatasetSpec(_image_loader(base), _IMAGE, kind="image")
-    raise ConfigError(f"unknown AL dataset {name!r}; valid: {sorted(AL_DATASETS)}, any image "
-                      f"dataset ({', '.join(DATASETS.names())}) and encoded_<image dataset>")
+    raise ConfigError(f"unknown AL dataset {name!r}; valid: {', '.join(list_al_datasets())} "
+                      "(scarcelab list al-datasets)")
 
 
 def list_al_datasets() -> list[str]:

@@ -123,7 +123,15 @@ def make_strategy(name: str, params: dict[str, Any] | None = None,
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"device={name!r} is not a torch device ({e}); use cpu, cuda, "
+                          "cuda:N or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} but no CUDA device is available here; use "
+                          "device=auto (cuda when available, else cpu) or cpu")
+    return dev
 
 
 def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: int,
