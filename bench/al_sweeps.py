@@ -24,6 +24,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -31,6 +32,9 @@ from typing import Any
 
 import numpy as np
 
+# Run as `python bench/al_sweeps.py`, this folder comes first on sys.path, and its
+# tracking.py would shadow the repository's tracking package: put the repository first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _parse_kv(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -173,6 +177,31 @@ def summarize(path: Path) -> None:
               f"{au.mean():.3f} ± {sd:.3f} | {np.mean([r['final_accuracy'] for r in rs]):.3f} "
               f"| {np.mean([r['query_time_mean_s'] for r in rs]):.3f} | "
               f"{np.mean([r['seconds'] for r in rs]):.1f} |")
+    _ranks(rows)
+
+
+def _ranks(rows: list[dict[str, Any]]) -> None:
+    """Mean ranks per problem and overall, and a Friedman test over the problems — the
+    same views as ``scarcelab al-report`` (``tracking.al``), when tracking is importable."""
+    try:
+        import pandas as pd
+
+        from tracking.al import problem_scores, rank_table
+        from tracking.stats import friedman_test
+    except ImportError as e:  # e.g. a box without MLflow: the AUC table above stands alone
+        print(f"(ranks skipped: {e})")
+        return
+    df = pd.DataFrame(rows)
+    df = df[df["overrides"].map(lambda o: not o)]  # one configuration per dataset
+    if df["strategy"].nunique() < 2:
+        return
+    print("\nmean rank (1 = best AUC) per problem, then over problems:")
+    print(rank_table(df).round(2).to_string())
+    scores = problem_scores(df)
+    if len(scores) >= 2 and scores.shape[1] >= 3:
+        stat, p = friedman_test(scores)
+        print(f"Friedman over {len(scores)} blocks x {scores.shape[1]} strategies: "
+              f"chi2 = {stat:.2f}, p = {p:.3g}")
 
 
 if __name__ == "__main__":
