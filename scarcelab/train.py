@@ -186,6 +186,38 @@ def export_classifier(
     return ExportedClassifier(backbone, head, class_names).eval()
 
 
+def make_optimizer(method: Method, total_steps: int
+                   ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """Adam at the method's ``lr`` / ``weight_decay`` with a per-step cosine decay to 0 over
+    ``total_steps`` — the one schedule of every method (SSL-vs-SSL §4), also for encoders
+    trained outside a study (``scarcelab.active.encoded``)."""
+    opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
+                           weight_decay=float(method.hp["weight_decay"]))
+    total = max(1, total_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
+    return opt, sched
+
+
+def optimizer_step(method: Method, opt: torch.optim.Optimizer,
+                   sched: torch.optim.lr_scheduler.LambdaLR, batch: Batch,
+                   progress: Progress) -> dict[str, torch.Tensor]:
+    """One update: the method's losses, a finite check (a NaN trial fails loudly instead of
+    training on garbage), backward, optimiser and schedule steps, then the method's
+    post-update hook (EMA teachers, queues)."""
+    losses = method.step(batch, progress)
+    loss = losses["loss"]
+    if not torch.isfinite(loss):
+        raise TrialFailed(f"non-finite loss ({loss.item()}) at epoch {progress.epoch}, "
+                          f"step {progress.step}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    sched.step()
+    method.after_optimizer_step(progress)
+    return losses
+
+
 def train_trial(
     method: Method,
     bundle: DatasetBundle,
@@ -213,10 +245,7 @@ def train_trial(
                          generator)
     spe = steps_per_epoch(bundle, source.samples_per_step, cfg.max_steps_per_epoch)
     total = spe * cfg.max_epochs
-    opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
-                           weight_decay=float(method.hp["weight_decay"]))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
+    opt, sched = make_optimizer(method, total)
     res = TrialResult()
     since_best = 0
     step = 0
@@ -234,15 +263,7 @@ def train_trial(
             batch = source.next()
             t_data += time.perf_counter() - td
             progress = Progress(step=step, total_steps=total, epoch=epoch)
-            losses = method.step(batch, progress)
-            loss = losses["loss"]
-            if not torch.isfinite(loss):
-                raise TrialFailed(f"non-finite loss ({loss.item()}) at epoch {epoch}, step {step}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            method.after_optimizer_step(progress)
+            losses = optimizer_step(method, opt, sched, batch, progress)
             for k, v in losses.items():
                 sums[k] = sums.get(k, 0.0) + v.detach()
             n += 1

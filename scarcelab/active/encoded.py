@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from scarcelab.errors import ConfigError, TrialFailed
+from scarcelab.errors import ConfigError
 
 FORMAT_VERSION = 1
 
@@ -141,6 +140,7 @@ def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
     from scarcelab.methods.base import DataInfo
     from scarcelab.models import create_model
     from scarcelab.models.classifier import normalize
+    from scarcelab.train import make_optimizer, optimizer_step
 
     cls = METHODS.get(cfg.method)
     if cls.family != "self":
@@ -159,10 +159,7 @@ def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
     bs = min(cfg.batch_size, n)
     spe = max(1, n // bs)
     total = spe * cfg.epochs
-    opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
-                           weight_decay=float(method.hp["weight_decay"]))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
+    opt, sched = make_optimizer(method, total)
     x = torch.as_tensor(images).to(device)
     t0, step, last = time.perf_counter(), 0, float("nan")
     for epoch in range(cfg.epochs):
@@ -173,14 +170,7 @@ def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
             batch = Batch(x=[], y=torch.empty(0, dtype=torch.long, device=device),
                           u=[normalize(aug(u, gen)) for aug in views], u_index=idx)
             progress = Progress(step=step, total_steps=total, epoch=epoch)
-            loss = method.step(batch, progress)["loss"]
-            if not torch.isfinite(loss):
-                raise TrialFailed(f"encoder {cfg.method}: non-finite loss at epoch {epoch}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            method.after_optimizer_step(progress)
+            loss = optimizer_step(method, opt, sched, batch, progress)["loss"]
             step += 1
         last = float(loss.detach())
     stats = {"encoder_train_s": time.perf_counter() - t0, "encoder_steps": float(step),
