@@ -35,11 +35,23 @@ def dsa_scores(emb_c: np.ndarray, pred: np.ndarray, emb_l: np.ndarray,
     return score.numpy()
 
 
-@register_strategy("dsa")
-class DSA(Strategy):
+class SurpriseAdequacy(Strategy):
+    """Shared by DSA and LSA: score candidates' embeddings against the labeled embeddings
+    given the predicted class, query the most surprising."""
+
+    @staticmethod
+    def scores(emb_c: np.ndarray, pred: np.ndarray, emb_l: np.ndarray,
+               y_l: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
     def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
         xc = state.x[state.candidates]
         pred = state.model.predict_proba(xc).argmax(1)
-        s = dsa_scores(state.model.embed(xc), pred, state.model.embed(state.x[state.labeled]),
-                       state.y_labeled)
+        s = self.scores(state.model.embed(xc), pred, state.model.embed(state.x[state.labeled]),
+                        state.y_labeled)
         return top_q(s, q, state.candidates)
+
+
+@register_strategy("dsa")
+class DSA(SurpriseAdequacy):
+    scores = staticmethod(dsa_scores)

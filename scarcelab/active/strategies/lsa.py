@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from scarcelab.active import register_strategy
-from scarcelab.active.base import QueryState, Strategy, sq_dists, top_q
+from scarcelab.active.base import sq_dists
+from scarcelab.active.strategies.dsa import SurpriseAdequacy
 
 
 def _bandwidth(e: np.ndarray, fallback: float) -> float:
@@ -47,10 +48,5 @@ def lsa_scores(emb_c: np.ndarray, pred: np.ndarray, emb_l: np.ndarray,
 
 
 @register_strategy("lsa")
-class LSA(Strategy):
-    def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
-        xc = state.x[state.candidates]
-        pred = state.model.predict_proba(xc).argmax(1)
-        s = lsa_scores(state.model.embed(xc), pred, state.model.embed(state.x[state.labeled]),
-                       state.y_labeled)
-        return top_q(s, q, state.candidates)
+class LSA(SurpriseAdequacy):
+    scores = staticmethod(lsa_scores)
