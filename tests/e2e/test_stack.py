@@ -239,6 +239,34 @@ def test_kill_and_resume_study_through_server(stack, client_env, tmp_path):
     assert "***@" in s["params.storage"]  # the storage is logged, without its password
 
 
+def test_al_encoding_is_shared_through_the_object_store(stack, client_env, tmp_path):
+    """An encoded AL set computed on one machine is an artifact in the bucket; a second
+    machine (an empty local cache) downloads it through the server instead of retraining."""
+    env, exp = client_env
+    cmd = [sys.executable, "-m", "entrypoints.cli", "al", "--strategy", "margin", "--dataset",
+           "encoded_synthetic_tiny", "--query-size", "2", "--budget", "2", "--set",
+           "encoder.epochs=1,encoder.arch=small_cnn,encoder.batch_size=64", "--experiment",
+           exp]
+    for machine in ("one", "two"):
+        out = subprocess.run(cmd, cwd=tmp_path, env={**env, "SCARCELAB_DATA": str(
+            tmp_path / machine)}, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    runs = _runs(exp)
+    enc = runs[runs["tags.scarcelab.role"] == "encoding"]
+    assert len(enc) == 1, "the second machine reused the encoding"
+    key, enc_id = enc["tags.scarcelab.encoding_key"].iloc[0], enc.run_id.iloc[0]
+    sweeps = runs[runs["tags.scarcelab.role"] == "al_sweep"].sort_values("start_time")
+    assert list(sweeps["tags.scarcelab.encoding_source"]) == [
+        f"computed mlflow-run:{enc_id}", f"mlflow-run:{enc_id}"]
+    assert (tmp_path / "two" / "encoded" / f"{key}.npz").is_file()
+    s3 = boto3.client("s3", endpoint_url=env["MLFLOW_S3_ENDPOINT_URL"],
+                      aws_access_key_id=S3_KEY, aws_secret_access_key=S3_KEY,
+                      region_name="us-east-1")
+    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=stack.state.bucket) for o in page.get("Contents", [])]
+    assert any(k.endswith(f"{enc_id}/artifacts/encoding/{key}.npz") for k in keys)
+
+
 def test_two_workers_share_one_study(stack, client_env, tmp_path):
     env, exp = client_env
     name = f"shared-{uuid.uuid4().hex[:6]}"
