@@ -107,7 +107,6 @@ class ImageALNet(nn.Module):
             self.backbone = create_model(arch, in_channels=in_channels)
             self.head = nn.Linear(self.backbone.num_features, num_classes)
         self.drop = SeededDropout(dropout)
-        self.hidden: list[nn.Module] = []  # the ALNet attribute strategies may read
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         from scarcelab.models.classifier import normalize
