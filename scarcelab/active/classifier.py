@@ -8,7 +8,6 @@ explicit ``torch.Generator`` objects instead; the global torch RNG is never read
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -205,7 +204,8 @@ def fit(net: ALModel, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_v
             val_loss = float(F.cross_entropy(logits, y_val))
         if val_loss < best_loss - 1e-12:
             best_loss, bad = val_loss, 0
-            best_state = copy.deepcopy(net.state_dict())
+            # clone, not deepcopy: the same tensors copied, a fifth of the oracle's time saved
+            best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
         else:
             bad += 1
             if bad >= cfg.patience:
