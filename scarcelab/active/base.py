@@ -50,6 +50,8 @@ class QueryState:
     model: ModelView
     num_classes: int
     oracle_score: Callable[[np.ndarray], float] | None = None
+    #: Optional batched form: many ``extra`` sets (equal lengths) at once, same results.
+    oracle_scores: Callable[[list[np.ndarray]], list[float]] | None = None
     current_accuracy: float | None = None
 
 

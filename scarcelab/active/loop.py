@@ -24,6 +24,8 @@ import torch
 
 from scarcelab.active import STRATEGIES
 from scarcelab.active.base import QueryState, Strategy
+from scarcelab.active.batched import fit_many
+from scarcelab.active.batched import supports as batch_supports
 from scarcelab.active.classifier import ALModel, FitConfig, TorchModelView, accuracy, build_net, fit
 from scarcelab.active.datasets import (
     ALConfig,
@@ -137,7 +139,8 @@ def resolve_device(name: str) -> torch.device:
 def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: int,
                    repetition: int, seed_strategy: int, seed_data: int, seed_model: int,
                    data_rng: np.random.Generator | None = None,
-                   device: str | torch.device = "cpu") -> RepetitionResult:
+                   device: str | torch.device = "cpu",
+                   batched_oracle: bool = True) -> RepetitionResult:
     """One repetition of Alg. 1. ``data_rng`` continues the stream that generated ``data``
     (synthetic sets); otherwise it is created from ``seed_data + repetition``."""
     if query_size < 1:
@@ -172,6 +175,7 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
         fit(model, x_all[t], y_all[t], x_val, y_val, fcfg, dgen, mgen)
         return accuracy(model, x_te, y_te, fcfg.eval_batch_size)
 
+    batched = batched_oracle and batch_supports(net, cfg.dropout)
     spare: list[ALModel] = []
 
     def scratch_net() -> ALModel:
@@ -208,11 +212,25 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
             return train(trial, np.concatenate([_lab, np.asarray(extra, dtype=np.int64)]), dg,
                          mg)
 
+        def oracle_scores(extras: list[np.ndarray], _lab: np.ndarray = labeled
+                          ) -> list[float]:
+            # All τ candidate fits as one stacked fit (scarcelab.active.batched): the same
+            # batch order for every candidate, as the sequential copies above get.
+            dg = torch.Generator()
+            dg.set_state(data_gen.get_state())
+            start = init_state if cfg.fitting == "scratch" else net.state_dict()
+            sets = [torch.from_numpy(np.concatenate([_lab, np.asarray(e, dtype=np.int64)]))
+                    .to(dev) for e in extras]
+            return fit_many(net, start, sets, x_all, y_all, x_val, y_val, x_te, y_te,  # type: ignore[arg-type]
+                            fcfg, dg)
+
+        wants_oracle = getattr(strategy, "needs_oracle", False)
         state = QueryState(x=data.x_train, labeled=labeled, y_labeled=data.y_train[labeled],
                            candidates=cand, model=TorchModelView(net),
                            num_classes=data.num_classes,
-                           oracle_score=oracle_score if getattr(strategy, "needs_oracle", False)
-                           else None, current_accuracy=acc)
+                           oracle_score=oracle_score if wants_oracle else None,
+                           oracle_scores=oracle_scores if wants_oracle and batched else None,
+                           current_accuracy=acc)
         t0 = time.perf_counter()
         picked = strategy.query(state, q, rng_s)
         qtimes.append(time.perf_counter() - t0)

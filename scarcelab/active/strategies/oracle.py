@@ -32,8 +32,9 @@ class GreedyOracle(Strategy):
         for _ in range(q):
             free = np.flatnonzero(~np.isin(state.candidates, chosen))
             sample = rng.choice(free, min(self.tau, len(free)), replace=False)
-            scores = [state.oracle_score(np.asarray([*chosen, state.candidates[i]]))
-                      for i in sample]
+            sets = [np.asarray([*chosen, state.candidates[i]]) for i in sample]
+            scores = (state.oracle_scores(sets) if state.oracle_scores is not None
+                      else [state.oracle_score(e) for e in sets])
             i_best = int(np.argmax(scores))
             if scores[i_best] > best_so_far:
                 chosen.append(int(state.candidates[sample[i_best]]))
