@@ -178,6 +178,10 @@ def summarize(path: Path) -> None:
               f"| {np.mean([r['query_time_mean_s'] for r in rs]):.3f} | "
               f"{np.mean([r['seconds'] for r in rs]):.1f} |")
     _ranks(rows)
+    summary = [f"repetitions={len(rows)}"] + [
+        f"auc_{ds}_q{q}_{s}={np.mean([r['auc'] for r in rs]):.4f}"
+        for (ds, q, over, s), rs in sorted(groups.items()) if over == "{}"]
+    print(" ".join(summary))
 
 
 def _ranks(rows: list[dict[str, Any]]) -> None:
