@@ -137,3 +137,21 @@ def test_resume_reconciles_runs_with_the_optuna_trial_states(store, tmp_path):
     assert c.get_run(kids["0"].info.run_id).info.status == "FINISHED"
     assert len(optuna.load_study(study_name=study.data.tags["scarcelab.optuna_study"],
                                  storage=storage).trials) == 2  # nothing redone
+
+
+def test_experiment_created_concurrently_is_reused(store, monkeypatch):
+    """Two workers starting together both see no experiment and both create it: the loser
+    of that race must use the winner's experiment, not fail (seen once in the two-worker
+    e2e test)."""
+    from tracking import mlflow_tracker as mt
+
+    winner = MlflowClient().create_experiment("raced")
+    real = MlflowClient.get_experiment_by_name
+    calls = []
+
+    def stale_then_real(self, name):  # the first look happens before the winner's create
+        calls.append(name)
+        return None if len(calls) == 1 else real(self, name)
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", stale_then_real)
+    assert mt._experiment_id("raced") == winner
+    assert calls == ["raced", "raced"]

@@ -138,7 +138,18 @@ def _experiment_id(name: str | None) -> str:
     name = name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if name:
         exp = client.get_experiment_by_name(name)
-        return exp.experiment_id if exp else client.create_experiment(name)
+        if exp:
+            return str(exp.experiment_id)
+        try:
+            return str(client.create_experiment(name))
+        except mlflow.exceptions.MlflowException as e:
+            # Two workers starting together both saw no experiment; the second create loses
+            # the race. The experiment now exists: use it.
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            log.info("experiment %s was created concurrently (%s)", name, e.error_code)
+            return str(exp.experiment_id)
     return os.environ.get("MLFLOW_EXPERIMENT_ID") or "0"
 
 
