@@ -86,3 +86,39 @@ def test_redact_hides_password_only():
         "postgresql+psycopg2://postgres:***@127.0.0.1:5432/optuna"
     assert redact("sqlite:///x.db") == "sqlite:///x.db"
     assert redact(None) == ""
+
+
+def test_a_trial_just_asked_by_another_worker_is_not_an_orphan(url, monkeypatch):
+    """Between `ask` and setting its owner/heartbeat, another worker's trial has neither:
+    its start time counts as its heartbeat, so it is not failed under that worker's feet
+    (a race seen in the two-worker e2e test); once really stale, it is."""
+    store = StudyStore("s", 0, url)
+    other = StudyStore("s", 0, url).study.ask()  # no owner, no heartbeat (yet)
+    assert store.fail_orphans() == []
+    assert store.study.get_trials()[0].state == TrialState.RUNNING
+    monkeypatch.setattr("scarcelab.protocols.study_store.GRACE_S", -1.0)
+    assert store.fail_orphans() == [other.number]
+    store.close()
+
+
+def test_concurrent_first_start_of_the_storage_is_retried(url, monkeypatch):
+    """Workers opening an empty database together race to create Optuna's schema; the
+    losers' unique-constraint errors are retried until the schema is there."""
+    import sqlalchemy.exc
+
+    from scarcelab.protocols import study_store as ss
+
+    real = optuna.storages.RDBStorage
+    calls = []
+
+    class Flaky(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *a, **k) -> None:  # type: ignore[no-untyped-def]
+            calls.append(1)
+            if len(calls) == 1:
+                raise sqlalchemy.exc.IntegrityError("INSERT", {}, Exception("duplicate key"))
+            super().__init__(*a, **k)
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Flaky)
+    monkeypatch.setattr(ss.time, "sleep", lambda s: None)
+    store = StudyStore("s", 0, url)
+    assert len(calls) == 2 and store.shared
+    store.close()

@@ -16,6 +16,7 @@ processes share one study, and a study whose process was killed can be continued
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -27,6 +28,8 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, Trial, TrialState
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_S = float(os.environ.get("SCARCELAB_HEARTBEAT_S", "5"))
 GRACE_S = float(os.environ.get("SCARCELAB_HEARTBEAT_GRACE_S", "60"))
@@ -66,6 +69,26 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
             study, trial, param_name, param_distribution)
 
 
+def _open_rdb(url: str, attempts: int = 6) -> Any:
+    """Optuna's RDB storage, tolerating a concurrent first start: on an empty database,
+    workers started together all create Optuna's tables and stamp its schema version, and
+    all but one fail on a unique constraint (seen with two workers on a fresh PostgreSQL).
+    Once the winner has finished, opening again finds the schema in place."""
+    import sqlalchemy.exc
+
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
+            if attempt == attempts - 1:
+                raise
+            wait = 0.5 * (attempt + 1) + (os.getpid() % 7) / 20.0  # de-synchronise workers
+            log.info("optuna storage schema being created by another worker (%s); retrying "
+                     "in %.1f s", type(e).__name__, wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
 class StudyStore:
     """One Optuna study (in memory or shared) plus the crash bookkeeping above."""
 
@@ -74,8 +97,7 @@ class StudyStore:
         self.shared = bool(storage_url)
         self.storage: Any = None
         if storage_url:
-            self.storage = optuna.storages.RDBStorage(
-                storage_url, engine_kwargs={"pool_pre_ping": True})
+            self.storage = _open_rdb(storage_url)
         self.study = optuna.create_study(study_name=name, storage=self.storage,
                                          direction="maximize",
                                          sampler=TrialSeededSampler(seed), load_if_exists=True)
@@ -98,7 +120,11 @@ class StudyStore:
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             owner = str(t.user_attrs.get("owner", ""))
-            beat = float(t.user_attrs.get("heartbeat", 0.0))
+            # A trial another worker has just asked for has no owner/heartbeat yet (ask()
+            # sets them right after): its start time stands in, so it is not taken for a
+            # trial whose heartbeat stopped long ago and failed under that worker's feet.
+            started = t.datetime_start.timestamp() if t.datetime_start else 0.0
+            beat = float(t.user_attrs.get("heartbeat", started))
             if owner == f"{HOST}:{os.getpid()}":
                 continue
             if not (self._owner_dead(owner) or now - beat > GRACE_S):
