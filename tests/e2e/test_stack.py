@@ -80,6 +80,15 @@ def _runs(exp: str):  # type: ignore[no-untyped-def]
     return mlflow.search_runs(experiment_names=[exp])
 
 
+def _bucket_keys(stack, env) -> list[str]:  # type: ignore[no-untyped-def]
+    """Every object key in the stack's bucket, read with boto3 (not through MLflow)."""
+    s3 = boto3.client("s3", endpoint_url=env["MLFLOW_S3_ENDPOINT_URL"],
+                      aws_access_key_id=S3_KEY, aws_secret_access_key=S3_KEY,
+                      region_name="us-east-1")
+    return [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=stack.state.bucket) for o in page.get("Contents", [])]
+
+
 def _wait_for(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     end = time.time() + timeout
     while time.time() < end:
@@ -202,11 +211,7 @@ def test_kill_and_resume_study_through_server(stack, client_env, tmp_path):
     assert bv == sorted(bv)  # best-so-far survived the kill (restored checkpoint)
 
     # checkpoints and the final model are objects in the bucket ...
-    s3 = boto3.client("s3", endpoint_url=env["MLFLOW_S3_ENDPOINT_URL"],
-                      aws_access_key_id=S3_KEY, aws_secret_access_key=S3_KEY,
-                      region_name="us-east-1")
-    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
-        Bucket=stack.state.bucket) for o in page.get("Contents", [])]
+    keys = _bucket_keys(stack, env)
     assert any(k.endswith(f"{s.run_id}/artifacts/checkpoints/best.pt") for k in keys)
     assert any(k.endswith("/MLmodel") and f"/{s.experiment_id}/models/" in k for k in keys)
     # ... and the model loads in a fresh process, predicting like the best checkpoint
@@ -259,11 +264,7 @@ def test_al_encoding_is_shared_through_the_object_store(stack, client_env, tmp_p
     assert list(sweeps["tags.scarcelab.encoding_source"]) == [
         f"computed mlflow-run:{enc_id}", f"mlflow-run:{enc_id}"]
     assert (tmp_path / "two" / "encoded" / f"{key}.npz").is_file()
-    s3 = boto3.client("s3", endpoint_url=env["MLFLOW_S3_ENDPOINT_URL"],
-                      aws_access_key_id=S3_KEY, aws_secret_access_key=S3_KEY,
-                      region_name="us-east-1")
-    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
-        Bucket=stack.state.bucket) for o in page.get("Contents", [])]
+    keys = _bucket_keys(stack, env)
     assert any(k.endswith(f"{enc_id}/artifacts/encoding/{key}.npz") for k in keys)
 
 

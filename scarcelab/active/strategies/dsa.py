@@ -8,6 +8,9 @@ class relative to how close that class comes to others — the surprising ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ClassVar
+
 import numpy as np
 import torch
 
@@ -39,10 +42,9 @@ class SurpriseAdequacy(Strategy):
     """Shared by DSA and LSA: score candidates' embeddings against the labeled embeddings
     given the predicted class, query the most surprising."""
 
-    @staticmethod
-    def scores(emb_c: np.ndarray, pred: np.ndarray, emb_l: np.ndarray,
-               y_l: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+    #: (candidate embeddings, their predicted classes, labeled embeddings, labels) ->
+    #: surprise per candidate; each subclass names its own.
+    scores: ClassVar[Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]]
 
     def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
         xc = state.x[state.candidates]
