@@ -94,14 +94,16 @@ def al_cmd(strategy: str, dataset: str, data_dir: str, query_size: str, budget: 
             seed_model=opt_int(seed_model, "--seed-model") or 0,
             overrides=cfg_over, strategy_params=strat_params,
             max_candidates=opt_int(max_candidates, "--max-candidates"), device=device,
+            encoder=({"method": encoder, **enc_params}
+                     if spec(dataset).kind == "encoded" and ":/" not in encoder else {}),
         )
         from scarcelab.active.loop import resolve_device
 
-        if rc.resolved().arch.startswith(("resnet", "wrn")) and \
-                resolve_device(device).type == "cpu":
-            click.echo(f"[scarcelab] warning: {dataset} trains a {rc.resolved().arch} on the CPU "
-                       "at every AL iteration (minutes each); pass --device auto on a GPU machine "
-                       "or --set arch=small_cnn", err=True)
+        arch = rc.resolved().arch
+        if arch.startswith(("resnet", "wrn")) and resolve_device(device).type == "cpu":
+            click.echo(f"[scarcelab] warning: {dataset} trains a {arch} on the CPU at every AL "
+                       "iteration (minutes each); pass --device auto on a GPU machine or "
+                       "--set arch=small_cnn", err=True)
         ctx = None
         if spec(dataset).kind == "encoded":
             ctx = _encoded_context(rc, encoder, enc_params, experiment or None)
@@ -122,14 +124,13 @@ def _encoded_context(rc: Any, encoder: str, enc_params: dict[str, Any],
     from tracking.encoding_cache import MlflowEncodingCache, load_pretrained_backbone
 
     cache = MlflowEncodingCache(DiskEncodingCache(default_data_dir() / "encoded"), experiment)
-    if ":/" in encoder:
-        if enc_params:
-            raise click.BadParameter(f"encoder settings {sorted(enc_params)} apply to an "
-                                     "encoder trained here, not to a logged model",
-                                     param_hint="--set encoder.*")
-        return rc.load_context(cache, load_pretrained_backbone(encoder), encoder)
-    rc.encoder = {"method": encoder, **enc_params}
-    return rc.load_context(cache)
+    if ":/" not in encoder:  # a method trained here, set up in rc.encoder
+        return rc.load_context(cache)
+    if enc_params:
+        raise click.BadParameter(f"encoder settings {sorted(enc_params)} apply to an encoder "
+                                 "trained here, not to a logged model",
+                                 param_hint="--set encoder.*")
+    return rc.load_context(cache, load_pretrained_backbone(encoder), encoder)
 
 
 @main.command(name="al-report")

@@ -114,9 +114,11 @@ class BatchSource:
 
 
 @torch.no_grad()
-def _forward_all(
+def forward_images(
     fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, bs: int, device: torch.device
 ) -> np.ndarray:
+    """``fn`` over uint8 images (N, C, H, W), converted and normalised as in training, in
+    chunks of ``bs`` on ``device``; float32 numpy out (features or logits)."""
     out = []
     for i in range(0, len(x), bs):
         xb = normalize(to_float(torch.as_tensor(x[i : i + bs]).to(device)))
@@ -132,19 +134,20 @@ def evaluate(
     method.eval()
     try:
         if method.linear_probe:
-            fl = _forward_all(method.features, bundle.labeled_x, cfg.eval_batch_size, device)
-            fv = _forward_all(method.features, bundle.val_x, cfg.eval_batch_size, device)
-            ft = _forward_all(method.features, bundle.test_x, cfg.eval_batch_size, device)
+            fl = forward_images(method.features, bundle.labeled_x, cfg.eval_batch_size, device)
+            fv = forward_images(method.features, bundle.val_x, cfg.eval_batch_size, device)
+            ft = forward_images(method.features, bundle.test_x, cfg.eval_batch_size, device)
             if not (np.isfinite(fl).all() and np.isfinite(fv).all() and np.isfinite(ft).all()):
                 raise TrialFailed("non-finite features from the encoder")
             probe = LinearProbe(bundle.num_classes).fit(fl, bundle.labeled_y, fv, bundle.val_y, rng)
             pv, pt = probe.predict_proba(fv), probe.predict_proba(ft)
         else:
             probe = None
+            bs = cfg.eval_batch_size
             pv = torch.softmax(torch.as_tensor(
-                _forward_all(method.logits, bundle.val_x, cfg.eval_batch_size, device)), 1).numpy()
+                forward_images(method.logits, bundle.val_x, bs, device)), 1).numpy()
             pt = torch.softmax(torch.as_tensor(
-                _forward_all(method.logits, bundle.test_x, cfg.eval_batch_size, device)), 1).numpy()
+                forward_images(method.logits, bundle.test_x, bs, device)), 1).numpy()
             if not (np.isfinite(pv).all() and np.isfinite(pt).all()):
                 raise TrialFailed("non-finite predictions")
     finally:

@@ -12,26 +12,18 @@ sweep can name the run its features came from.
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import Metric, Param
+
 from scarcelab.active.encoded import DiskEncodingCache, Encoded
+from tracking.mlflow_tracker import current_experiment_id
 
 log = logging.getLogger(__name__)
 ROLE = "encoding"
-
-
-def _experiment_id(client: Any, experiment: str | None) -> str:
-    """The experiment of the run in progress under ``mlflow run``, else ``experiment``,
-    else MLflow's default resolution (env vars, then Default)."""
-    from tracking.mlflow_tracker import _experiment_id as resolve
-
-    if os.environ.get("MLFLOW_RUN_ID"):
-        return str(client.get_run(os.environ["MLFLOW_RUN_ID"]).info.experiment_id)
-    return resolve(experiment)
 
 
 class MlflowEncodingCache:
@@ -40,7 +32,7 @@ class MlflowEncodingCache:
 
         self.disk = disk
         self.client = MlflowClient()
-        self.experiment_id = _experiment_id(self.client, experiment)
+        self.experiment_id = current_experiment_id(self.client, experiment)
 
     def _find(self, key: str) -> Any | None:
         runs = self.client.search_runs(
@@ -82,12 +74,13 @@ class MlflowEncodingCache:
                   "scarcelab.method": str(m.get("encoder"))})
         rid = run.info.run_id
         try:
-            for k, v in m.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self.client.log_metric(rid, f"encoding/{k}", float(v), timestamp=int(
-                        time.time() * 1000))
-                else:
-                    self.client.log_param(rid, k, str(v)[:500])
+            now = int(time.time() * 1000)
+            numeric = {k: v for k, v in m.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            self.client.log_batch(  # one request for the whole description
+                rid, metrics=[Metric(f"encoding/{k}", float(v), now, 0)
+                              for k, v in numeric.items()],
+                params=[Param(k, str(v)[:500]) for k, v in m.items() if k not in numeric])
             for p in self.disk.paths(key):
                 if p.is_file():
                     self.client.log_artifact(rid, str(p), "encoding")

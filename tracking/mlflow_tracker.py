@@ -153,6 +153,14 @@ def _experiment_id(name: str | None) -> str:
     return os.environ.get("MLFLOW_EXPERIMENT_ID") or "0"
 
 
+def current_experiment_id(client: MlflowClient, name: str | None) -> str:
+    """The experiment of the run ``mlflow run`` created (``MLFLOW_RUN_ID``), else
+    :func:`_experiment_id`'s: where this process's records go."""
+    if os.environ.get("MLFLOW_RUN_ID"):
+        return str(client.get_run(os.environ["MLFLOW_RUN_ID"]).info.experiment_id)
+    return _experiment_id(name)
+
+
 class MlflowTracker(Tracker):
     def __init__(self, experiment: str | None = None, tracking_uri: str | None = None,
                  spool_root: Path | None = None) -> None:
@@ -179,8 +187,7 @@ class MlflowTracker(Tracker):
 
     # -- resume ---------------------------------------------------------------------------
     def _study_runs(self, key: str, role: str, extra: str = "") -> list[Any]:
-        exp = _experiment_id(self.experiment) if not os.environ.get("MLFLOW_RUN_ID") else \
-            self.client.get_run(os.environ["MLFLOW_RUN_ID"]).info.experiment_id
+        exp = current_experiment_id(self.client, self.experiment)
         flt = (f"tags.`scarcelab.study_key` = '{key}' and tags.`scarcelab.role` = '{role}' "
                f"and attributes.status = 'RUNNING'{extra}")
         return list(_retry(self.client.search_runs, [exp], flt, max_results=1000,

@@ -122,9 +122,6 @@ class ImageALNet(nn.Module):
     def mc_dropouts(self) -> list[SeededDropout]:
         return [self.drop]
 
-    def seeded_init(self, gen: torch.Generator) -> None:
-        """Weights were drawn at construction from ``gen``; nothing left to do."""
-
 
 ALModel = ALNet | ImageALNet
 
@@ -186,12 +183,13 @@ def fit(net: ALModel, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_v
     net.set_dropout_generator(model_gen)
     best_loss, best_state, bad, epochs = math.inf, None, 0, 0
     n = x.shape[0]
+    has_bn = _has_batchnorm(net)  # once per fit, not per step
     for _ in range(cfg.max_epochs):
         net.train()
         perm = torch.randperm(n, generator=data_gen)
         for s in range(0, n, cfg.batch_size):
             idx = perm[s:s + cfg.batch_size]
-            if idx.numel() < 2 and _has_batchnorm(net):
+            if idx.numel() < 2 and has_bn:
                 continue  # a batch of one breaks BatchNorm's batch statistics
             loss = F.cross_entropy(net(x[idx]), y[idx])
             opt.zero_grad(set_to_none=True)

@@ -182,15 +182,10 @@ def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
 def embed_images(backbone: nn.Module, images: np.ndarray, device: torch.device,
                  batch_size: int = 512) -> np.ndarray:
     """Backbone features of uint8 images, float32 (N, F), in evaluation mode."""
-    from scarcelab.data.augment import to_float
-    from scarcelab.models.classifier import normalize
+    from scarcelab.train import forward_images
 
     backbone.eval().to(device)
-    out = []
-    for s in range(0, len(images), batch_size):
-        xb = to_float(torch.as_tensor(images[s:s + batch_size]).to(device))
-        out.append(backbone(normalize(xb)).float().cpu())
-    return torch.cat(out).numpy().astype(np.float32)
+    return forward_images(backbone, images, batch_size, device).astype(np.float32)
 
 
 def encode_dataset(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
@@ -214,12 +209,12 @@ def encode_dataset(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: 
         backbone, stats = train_encoder(train_x, num_classes, cfg, device)
         desc = {"encoder": cfg.method, **dataclasses.asdict(cfg), "arch": arch}
     t0 = time.perf_counter()
-    enc = Encoded(embed_images(backbone, train_x, device), train_y.astype(np.int64),
-                  embed_images(backbone, test_x, device), test_y.astype(np.int64),
+    f_train, f_test = embed_images(backbone, train_x, device), embed_images(backbone, test_x,
+                                                                           device)
+    enc = Encoded(f_train, train_y.astype(np.int64), f_test, test_y.astype(np.int64),
                   meta={**desc, **stats, "dataset": name, "key": key, "device": str(device),
                         "embed_s": time.perf_counter() - t0,
-                        "dim": 0, "format_version": FORMAT_VERSION},
+                        "dim": int(f_train.shape[1]), "format_version": FORMAT_VERSION},
                   encoder_state={k: v.detach().cpu() for k, v in backbone.state_dict().items()})
-    enc.meta["dim"] = int(enc.x_train.shape[1])
     where = cache.put(key, enc) if cache is not None else "memory"
     return enc, key, f"computed {where}"
