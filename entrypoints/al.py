@@ -97,7 +97,7 @@ def al_cmd(strategy: str, dataset: str, data_dir: str, query_size: str, budget: 
             encoder=({"method": encoder, **enc_params}
                      if spec(dataset).kind == "encoded" and ":/" not in encoder else {}),
         )
-        from scarcelab.active.loop import resolve_device
+        from scarcelab.active.classifier import resolve_device
 
         arch = rc.resolved().arch
         if arch.startswith(("resnet", "wrn")) and resolve_device(device).type == "cpu":

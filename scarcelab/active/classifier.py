@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from scarcelab.errors import ConfigError
+
 
 class SeededDropout(nn.Module):
     """Inverted dropout whose masks come from ``self.generator`` (set by the owner)."""
@@ -138,6 +140,21 @@ def build_net(arch: str, x_shape: tuple[int, ...], num_classes: int, hidden: Seq
         raise ValueError(f"arch={arch!r} needs images (N, C, H, W); this dataset has features "
                          f"of shape {x_shape[1:]} — use arch=mlp")
     return ImageALNet(arch, x_shape[1], num_classes, dropout, gen)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: cuda when available; anything else must be a usable torch device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"device={name!r} is not a torch device ({e}); use cpu, cuda, "
+                          "cuda:N or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} but no CUDA device is available here; use "
+                          "device=auto (cuda when available, else cpu) or cpu")
+    return dev
 
 
 @dataclass

@@ -333,8 +333,8 @@ def _image_loader(base: str) -> Loader:
 
 def _encoded_loader(base: str) -> Loader:
     def load(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
+        from scarcelab.active.classifier import resolve_device
         from scarcelab.active.encoded import DiskEncodingCache, EncoderConfig, encode_dataset
-        from scarcelab.active.loop import resolve_device
         from scarcelab.data import load_raw
 
         raw = load_raw(base, data_dir)

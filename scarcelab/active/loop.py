@@ -26,7 +26,15 @@ from scarcelab.active import STRATEGIES
 from scarcelab.active.base import QueryState, Strategy
 from scarcelab.active.batched import fit_many
 from scarcelab.active.batched import supports as batch_supports
-from scarcelab.active.classifier import ALModel, FitConfig, TorchModelView, accuracy, build_net, fit
+from scarcelab.active.classifier import (
+    ALModel,
+    FitConfig,
+    TorchModelView,
+    accuracy,
+    build_net,
+    fit,
+    resolve_device,
+)
 from scarcelab.active.datasets import (
     ALConfig,
     ALData,
@@ -120,20 +128,6 @@ def make_strategy(name: str, params: dict[str, Any] | None = None,
     if max_candidates is not None:
         strat.max_candidates = max_candidates  # type: ignore[misc]
     return strat
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError as e:
-        raise ConfigError(f"device={name!r} is not a torch device ({e}); use cpu, cuda, "
-                          "cuda:N or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} but no CUDA device is available here; use "
-                          "device=auto (cuda when available, else cpu) or cpu")
-    return dev
 
 
 def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: int,
