@@ -76,17 +76,18 @@ def _open_rdb(url: str, attempts: int = 6) -> Any:
     Once the winner has finished, opening again finds the schema in place."""
     import sqlalchemy.exc
 
-    for attempt in range(attempts):
+    def open_() -> Any:
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+
+    for attempt in range(attempts - 1):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+            return open_()
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
-            if attempt == attempts - 1:
-                raise
             wait = 0.5 * (attempt + 1) + (os.getpid() % 7) / 20.0  # de-synchronise workers
             log.info("optuna storage schema being created by another worker (%s); retrying "
                      "in %.1f s", type(e).__name__, wait)
             time.sleep(wait)
-    raise AssertionError("unreachable")
+    return open_()  # the last attempt's error, if any, is the caller's
 
 
 class StudyStore:
