@@ -80,12 +80,36 @@ def test_distribution_alignment_window_and_ema() -> None:
 
     ema = DistributionAlignment(2, momentum=0.5)
     out = ema(torch.tensor([[0.9, 0.1]]))
+    # the first batch *initialises* the running marginal (USB DistAlignEMAHook), so a
+    # one-sample batch is aligned to uniform at once
+    torch.testing.assert_close(ema.p_model, torch.tensor([0.9, 0.1]))
+    torch.testing.assert_close(out, torch.tensor([[0.5, 0.5]]), atol=1e-5, rtol=1e-5)
+    out = ema(torch.tensor([[0.5, 0.5]]))  # then EMA: 0.5 * (.9, .1) + 0.5 * (.5, .5)
     torch.testing.assert_close(ema.p_model, torch.tensor([0.7, 0.3]))
-    a, b = 0.9 / 0.7, 0.1 / 0.3
+    a, b = 0.5 / 0.7, 0.5 / 0.3
     torch.testing.assert_close(out, torch.tensor([[a / (a + b), b / (a + b)]]), atol=1e-5,
                                rtol=1e-5)
     with pytest.raises(ValueError):
         DistributionAlignment(2)
+
+
+def test_distribution_alignment_first_batch_initialises_the_ema():
+    """Issue 12 item 3: with m = 0.999 a uniform start would still weigh ~90 % after 100
+    steps; the reference starts from the first batch's mean."""
+    da = DistributionAlignment(3, momentum=0.999)
+    p = torch.tensor([[0.7, 0.2, 0.1], [0.5, 0.4, 0.1]])
+    fresh = da(p, update=False)  # before any update: the batch's own mean, nothing stored
+    assert int(da.n_seen) == 0
+    torch.testing.assert_close(da.p_model, torch.full((3,), 1 / 3))
+    da(p)
+    torch.testing.assert_close(da.p_model, torch.tensor([0.6, 0.3, 0.1]))
+    torch.testing.assert_close(fresh, da(p, update=False))
+    aligned = p / torch.tensor([0.6, 0.3, 0.1])  # target uniform: divide by the marginal
+    torch.testing.assert_close(fresh, aligned / aligned.sum(1, keepdim=True), atol=1e-5,
+                               rtol=1e-5)
+    da(torch.tensor([[0.0, 0.0, 1.0]]))
+    torch.testing.assert_close(da.p_model, 0.999 * torch.tensor([0.6, 0.3, 0.1])
+                               + 0.001 * torch.tensor([0.0, 0.0, 1.0]))
 
 
 def test_learning_status_thresholds_by_hand() -> None:

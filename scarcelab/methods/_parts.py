@@ -21,7 +21,8 @@ def confidence_mask(
     Returns ``(mask, pseudo_labels, probs)``; ``mask`` is float so that the masked loss
     is ``(loss * mask).mean()`` — averaged over *all* unlabeled samples as in FixMatch,
     which makes the unlabeled term shrink naturally while few samples pass. No gradient
-    flows through pseudo-labels.
+    flows through pseudo-labels. A confidence exactly equal to ``threshold`` passes
+    (``>=``, as FixMatch's and USB's ``max_probs.ge(p_cutoff)``).
     """
     probs = torch.softmax(logits.detach() / temperature, dim=-1)
     conf, pseudo = probs.max(dim=-1)
@@ -182,6 +183,13 @@ class DistributionAlignment(nn.Module):
     an EMA of batch means (``momentum``; SoftMatch uses 0.999) or as the mean over the
     last ``window`` batches (CoMatch uses 32). The estimate is updated with the current
     batch *before* aligning it, as both reference implementations do.
+
+    The EMA starts from the *first batch's* mean, not from uniform: USB's
+    ``DistAlignEMAHook.update_p`` (semilearn/algorithms/hooks/dist_align.py) sets
+    ``p_model = mean(probs)`` while it is still ``None``. Starting at uniform with
+    momentum 0.999 would keep ~90 % weight on the uniform start after 100 steps, so the
+    alignment would barely act in short runs. ``forward(update=False)`` before any update
+    aligns with the batch's own mean for the same reason, without storing it.
     """
 
     def __init__(
@@ -206,7 +214,10 @@ class DistributionAlignment(nn.Module):
     def update(self, probs: torch.Tensor) -> None:
         mean = probs.detach().mean(dim=0).to(self.p_model.dtype)
         if self.momentum is not None:
-            self.p_model.mul_(self.momentum).add_(mean, alpha=1.0 - self.momentum)
+            if int(self.n_seen) == 0:
+                self.p_model.copy_(mean)
+            else:
+                self.p_model.mul_(self.momentum).add_(mean, alpha=1.0 - self.momentum)
         else:
             slot = int(self.n_seen) % int(self.window or 1)
             self.history[slot] = mean
@@ -218,7 +229,8 @@ class DistributionAlignment(nn.Module):
     def forward(self, probs: torch.Tensor, update: bool = True) -> torch.Tensor:
         if update:
             self.update(probs)
-        aligned = probs * (self.target + 1e-6) / (self.p_model + 1e-6)
+        p_model = self.p_model if int(self.n_seen) > 0 else probs.detach().mean(dim=0)
+        aligned = probs * (self.target + 1e-6) / (p_model + 1e-6)
         return aligned / aligned.sum(dim=-1, keepdim=True)
 
 

@@ -64,6 +64,25 @@ class DataInfo:
 Losses = dict[str, torch.Tensor]
 
 
+@dataclass
+class PseudoTargets:
+    """What a semi-supervised method would train on for a batch of unlabeled images.
+
+    ``logits`` (N, C) is the method's prediction the targets are derived from; ``labels``
+    (N,) the hard pseudo-label (the arg-max of the target distribution: FixMatch's
+    pseudo-label, CoMatch's memory-smoothed ``q``, SoftMatch's unaligned prediction);
+    ``weights`` (N,) the per-sample weight the method gives the unlabeled term, in [0, 1]
+    — a 0/1 mask for thresholding methods (FixMatch, FlexMatch's class-wise thresholds,
+    CoMatch), SoftMatch's truncated-Gaussian weight, DS3L's learned weight, all ones for
+    a method that filters nothing (MixMatch). Diagnostics (``diag/ood_ff``,
+    ``diag/sem_drift``) read a method's own filter from here.
+    """
+
+    logits: torch.Tensor
+    labels: torch.Tensor
+    weights: torch.Tensor
+
+
 class Method(nn.Module, metaclass=ABCMeta):
     """Base class. Subclasses register with ``@register("name")`` from ``scarcelab.methods``.
 
@@ -107,7 +126,34 @@ class Method(nn.Module, metaclass=ABCMeta):
     def after_optimizer_step(self, progress: Progress) -> None:
         """Hook for EMA teachers, queues and other post-update state."""
 
+    def _pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None
+                        ) -> PseudoTargets | None:
+        """Subclass part of :meth:`pseudo_targets`: the targets from the method's *current*
+        state (thresholds, running statistics, memory) without updating any of it.
+        ``None`` (the default) means the method has no pseudo-labels (supervised and
+        self-supervised methods, Mean Teacher)."""
+        return None
+
     # -- shared --------------------------------------------------------------------
+    def pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None = None
+                       ) -> PseudoTargets | None:
+        """Pseudo-labels and per-sample weights the method would train on for the
+        unlabeled images ``x`` (already normalised; ``index``: their positions in the
+        unlabeled pool, if known), or ``None`` for a method without pseudo-labels.
+
+        Not a training step: no gradient, no optimiser, and no state changes — the
+        network runs in eval mode (so BatchNorm running statistics stay as they are)
+        and subclasses read, never update, their thresholds, running statistics and
+        memory banks. The training mode is restored afterwards.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                return self._pseudo_targets(x, index)
+        finally:
+            self.train(was_training)
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Representation used by the linear probe and by diagnostics."""
         return self.backbone(x)

@@ -9,7 +9,12 @@ unlabeled images (weak; strong = RandAugment; SimCLR-style, as in the paper's CI
 2. *memory smoothing*: once the memory bank (embeddings and class distributions of
    recent weak labeled + unlabeled samples, a ``FeatureQueue``) is full, each
    pseudo-label is mixed with the embedding-similarity-weighted memory labels,
-   ``q = α p + (1 − α) softmax(z·Z_mem/T) Q_mem`` (α = 0.9);
+   ``q = α p + (1 − α) softmax(z·Z_mem/T) Q_mem`` (α = 0.9). The memory stores the
+   distribution-aligned prediction ``p`` *before* smoothing (one-hot labels for labeled
+   samples), so smoothing never feeds on its own output across steps: the authors'
+   Train_CoMatch.py keeps ``probs_orig = probs.clone()`` before smoothing and pushes
+   ``probs_w = torch.cat([probs_orig, onehot])``; USB's comatch.py does the same, and
+   the paper describes the memory bank as weak-view class probabilities and embeddings;
 3. unlabeled loss: soft cross-entropy of the strong view against ``q``, kept where
    ``max q ≥ τ`` (0.95);
 4. graph contrastive loss: the pseudo-label graph ``W = q qᵀ`` (self-loops 1, edges
@@ -30,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
+from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import (
     DistributionAlignment,
     FeatureQueue,
@@ -46,8 +51,11 @@ def graph_contrastive_loss(
     """Cross-entropy between the row-normalised pseudo-label graph of ``q`` (edges below
     ``cutoff`` dropped, self-loops kept) and the embedding graph ``softmax(z1 z2ᵀ / T)``.
 
-    ``z1``/``z2`` must be L2-normalised. With one-hot-free, uncertain ``q`` the graph is
-    the identity and this reduces to an instance-contrastive (SimCLR-like) loss."""
+    ``z1``/``z2`` must be L2-normalised. Each *row* of the graph is normalised to sum 1
+    (the authors' ``Q = Q / Q.sum(1, keepdim=True)``): row i is the target distribution
+    over the samples j that sample i should be close to. With uncertain ``q`` (every
+    ``q_i·q_j`` below the cut-off) the graph is the identity and this reduces to an
+    instance-contrastive (SimCLR-like) loss."""
     graph = q @ q.t()
     graph.fill_diagonal_(1.0)
     graph = graph * (graph >= cutoff).float()
@@ -88,6 +96,23 @@ class CoMatch(SemiMethod):
         alpha = float(self.hp["alpha"])
         return alpha * probs + (1.0 - alpha) * affinity @ labels
 
+    @torch.no_grad()
+    def _targets(self, logits_weak: torch.Tensor, z_weak: torch.Tensor, update: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(aligned prediction p, memory-smoothed pseudo-label q, mask max q ≥ τ).
+        ``update=False`` reads the alignment's running marginal without adding to it."""
+        probs = self.align(torch.softmax(logits_weak.detach(), dim=-1), update=update)
+        q = self.smooth(probs, z_weak)
+        mask = (q.max(dim=-1).values >= float(self.hp["threshold"])).float()
+        return probs, q, mask
+
+    def _pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None) -> PseudoTargets:
+        feats = self.backbone(x)
+        logits = self.head(feats)
+        z = F.normalize(self.projector(feats), dim=1)
+        _, q, mask = self._targets(logits, z, update=False)
+        return PseudoTargets(logits, q.argmax(dim=-1), mask)
+
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u_w, u_s0, u_s1) = batch.x[0], batch.u
         sizes = [len(x), len(u_w), len(u_s0), len(u_s1)]
@@ -99,13 +124,11 @@ class CoMatch(SemiMethod):
         loss_l = F.cross_entropy(l_x, batch.y)
 
         with torch.no_grad():
-            probs = self.align(torch.softmax(l_w.detach(), dim=-1))
             z_w_d = z_w.detach()
-            q = self.smooth(probs, z_w_d)
-            conf, _ = q.max(dim=-1)
-            mask = (conf >= float(self.hp["threshold"])).float()
+            probs, q, mask = self._targets(l_w, z_w_d, update=True)
             onehot = F.one_hot(batch.y, self.num_classes).float()
-            self.memory.push(torch.cat([z_w_d, z_x.detach()]), torch.cat([q, onehot]))
+            # the aligned prediction before smoothing goes into memory (see docstring)
+            self.memory.push(torch.cat([z_w_d, z_x.detach()]), torch.cat([probs, onehot]))
 
         loss_u = (soft_cross_entropy(l_s0, q, reduction="none") * mask).mean()
         loss_c = graph_contrastive_loss(q, z_s0, z_s1, float(self.hp["temperature"]),

@@ -4,22 +4,40 @@ small meta-network, trained so that the weighted step does not hurt the labeled 
 
 Per step (the paper's bi-level problem, one-step approximation as in its code):
 
-1. weights ``w = WNet(softmax(f(u₁)))`` (an MLP C→100→1 with a sigmoid, as the paper's
-   code) for a Π-model consistency loss ``ℓ_i = mean_c (softmax f(u₂) − softmax f(u₁)ᵀ)²``
-   between two weak views (the second's prediction is the detached target);
+1. weights ``w = WNet(softmax f(u₂))`` (an MLP C→100→1 with a sigmoid, as the paper's
+   code) for a Π-model consistency loss ``ℓ_i = mean_c (softmax f(u₁) − softmax f(u₂))²``
+   whose target ``softmax f(u₂)`` is detached; WNet sees the target pass, as in the code
+   (``wnet(out.softmax(1))`` with ``out`` the pass whose detached output is the target);
 2. a virtual SGD step ``θ̂ = θ − η ∇θ (ℓL + λU Σ w_i ℓ_i / Σ w_i)`` kept differentiable in
    the WNet parameters (``torch.func.functional_call``, second-order);
 3. one Adam step on WNet to lower the labeled cross-entropy at ``θ̂``;
 4. the real loss with the updated weights (no gradient into WNet), which the shared loop
    back-propagates into the classifier.
 
-Defaults from the authors' code: virtual step η = 1e-3, WNet Adam lr 3e-4, λU = 10 with
-the ``exp(−5(1−t)²)`` ramp-up over the whole run. Search space: SSL-vs-SSL's shared
-fixmatch ranges; the meta step sizes are kept fixed (the authors note they need care and
-give no range). Batch 64/64: SSL-vs-SSL did not run DS3L, whose code uses equal labeled
-and unlabeled batches (50/50); with a second-order meta step (about three
-forward/backward passes) a 448-image unlabeled batch would also make it the slowest
-method by far.
+Why Π-model style: the authors' ``MSE_Loss`` (train.py) compares ``model(x)`` with the
+detached output of an earlier ``model(x)`` on the *same* batch; their WideResNet applies a
+random flip / crop / Gaussian noise inside ``forward`` in training mode
+(``transform_fn``, wideresnet.py; dropout plays that role in their MNIST CNN), so the two
+passes see two random perturbations of each image — Laine & Aila's Π-model. Here the two
+perturbations are two weak views drawn by the shared loop, which is the same thing with
+scarcelab's augmentation pipeline.
+
+Labeled consistency: the authors' loss is written ``cls_loss + coef * (Σ w ℓ / Σ w +
+ssl_loss[:n_labeled].mean())`` (train.py at f19f3d0, in both the virtual and the real
+step), but their ``MSE_Loss`` multiplies every row by ``unlabeled_mask``, which is 0 for
+labeled rows, so that labeled term is identically zero — and the paper's bi-level
+objective weights a regulariser on unlabeled data only. The default therefore leaves it out;
+``labeled_consistency=True`` adds the Π-model term on a second weak view of the labeled
+images (target: the detached prediction of the first), inside the virtual step too.
+
+Defaults from the authors' code (train.py at f19f3d0, the last change to it): virtual step
+η = ``--meta_lr`` 1e-3, WNet Adam lr ``--lr_wnet`` 6e-5 (an earlier version hard-coded
+3e-4), λU = 10 with the ``exp(−5(1−t)²)`` ramp-up over the whole run. Search space:
+SSL-vs-SSL's shared fixmatch ranges; the meta step sizes are kept fixed (the authors note
+they "need to be carefully tuned for different settings" and give no range). Batch 64/64:
+SSL-vs-SSL did not run DS3L, whose code uses equal labeled and unlabeled batches (50/50);
+with a second-order meta step (about three forward/backward passes) a 448-image unlabeled
+batch would also make it the slowest method by far.
 """
 
 from __future__ import annotations
@@ -31,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
+from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import sigmoid_rampup
 from scarcelab.methods.space import pow10
 
@@ -52,12 +70,15 @@ class DS3L(SemiMethod):
         "lambda_u": pow10(1, -1, 1),
     }
     defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 10.0, "warmup": 1.0,
-                "meta_lr": 1e-3, "wnet_lr": 3e-4, "wnet_hidden": 100}
+                "meta_lr": 1e-3, "wnet_lr": 6e-5, "wnet_hidden": 100,
+                "labeled_consistency": False}
     batch_sizes = {"labeled": 64, "unlabeled": 64}  # authors' code: 50/50; see docstring
     views = ("weak", "weak")
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
+        if self.hp["labeled_consistency"]:  # a second labeled view for the Π-model term
+            self.labeled_views = ("weak", "weak")
         hidden = int(self.hp["wnet_hidden"])
         self.wnet = nn.Sequential(nn.Linear(num_classes, hidden), nn.ReLU(inplace=True),
                                   nn.Linear(hidden, 1), nn.Sigmoid())
@@ -78,26 +99,41 @@ class DS3L(SemiMethod):
         feats = functional_call(self.backbone, sub("backbone.", self.backbone), (x,))
         return functional_call(self.head, sub("head.", self.head), (feats,))
 
-    def _unlabeled_terms(self, logits_u1: torch.Tensor, logits_u2: torch.Tensor
-                         ) -> torch.Tensor:
-        target = torch.softmax(logits_u2.detach(), dim=-1)
-        return ((torch.softmax(logits_u1, dim=-1) - target) ** 2).mean(dim=-1)
+    @staticmethod
+    def _consistency(logits: torch.Tensor, logits_target: torch.Tensor) -> torch.Tensor:
+        """Per-sample Π-model term ``mean_c (softmax(logits) − softmax(target))²``; the
+        target is detached (the authors' ``y.softmax(1).detach()``)."""
+        target = torch.softmax(logits_target.detach(), dim=-1)
+        return ((torch.softmax(logits, dim=-1) - target) ** 2).mean(dim=-1)
+
+    def _weights(self, logits_target: torch.Tensor) -> torch.Tensor:
+        return self.wnet(torch.softmax(logits_target.detach(), dim=-1)).squeeze(-1)
+
+    @torch.no_grad()
+    def _pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None) -> PseudoTargets:
+        """DS3L has no pseudo-labels of its own; its filter is the learned weight, and the
+        class a sample's consistency pulls it toward is its predicted class."""
+        logits = self.logits(x)
+        return PseudoTargets(logits, logits.argmax(dim=-1), self._weights(logits))
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u1, u2) = batch.x[0], batch.u
-        sizes = [len(x), len(u1), len(u2)]
-        l_x, l_u1, l_u2 = self.logits(torch.cat([x, u1, u2])).split(sizes)
+        with_lc = bool(self.hp["labeled_consistency"])
+        parts = [x, u1, u2] + ([batch.x[1]] if with_lc else [])
+        outs = self.logits(torch.cat(parts)).split([len(t) for t in parts])
+        l_x, l_u1, l_u2 = outs[:3]
         loss_l = F.cross_entropy(l_x, batch.y)
-        per_sample = self._unlabeled_terms(l_u1, l_u2)
+        per_sample = self._consistency(l_u1, l_u2)
+        # Π-model term on labeled images (off by default: zero in the authors' code)
+        loss_lc = self._consistency(outs[3], l_x).mean() if with_lc else loss_l.new_zeros(())
         coef = float(self.hp["lambda_u"]) * sigmoid_rampup(progress.fraction,
                                                            float(self.hp["warmup"]))
-        probs_u = torch.softmax(l_u1.detach(), dim=-1)
 
         if torch.is_grad_enabled():
             # virtual step, differentiable in the WNet parameters
             params = self._classifier_params()
-            w = self.wnet(probs_u).squeeze(-1)
-            inner = loss_l + coef * weighted_mean(per_sample, w)
+            w = self._weights(l_u2)
+            inner = loss_l + coef * (weighted_mean(per_sample, w) + loss_lc)
             grads = torch.autograd.grad(inner, list(params.values()), create_graph=True,
                                         allow_unused=True)
             lr = float(self.hp["meta_lr"])
@@ -111,12 +147,15 @@ class DS3L(SemiMethod):
             for p in self.wnet.parameters():  # the shared optimiser must not step WNet
                 p.grad = None
         with torch.no_grad():
-            w = self.wnet(probs_u).squeeze(-1)
+            w = self._weights(l_u2)
         loss_u = weighted_mean(per_sample, w)
-        return {
-            "loss": loss_l + coef * loss_u,
+        out = {
+            "loss": loss_l + coef * (loss_u + loss_lc),
             "loss_labeled": loss_l,
             "loss_unlabeled": loss_u,
             "weight_mean": w.mean(),
             "rampup": loss_l.new_tensor(coef),
         }
+        if with_lc:
+            out["loss_consistency_labeled"] = loss_lc
+        return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
+from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import confidence_mask, masked_cross_entropy
 from scarcelab.methods.space import pow10
 
@@ -28,12 +28,23 @@ class FixMatch(SemiMethod):
                 "temperature": 1.0}
     views = ("weak", "strong")
 
+    def _targets(self, logits_weak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mask, hard pseudo-labels) from the *weak* view's logits."""
+        mask, pseudo, _ = confidence_mask(logits_weak, float(self.hp["threshold"]),
+                                          float(self.hp["temperature"]))
+        return mask, pseudo
+
+    def _pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None) -> PseudoTargets:
+        logits = self.logits(x)
+        mask, pseudo = self._targets(logits)
+        return PseudoTargets(logits, pseudo, mask)
+
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u_weak, u_strong) = batch.x[0], batch.u
         logits = self.logits(torch.cat([x, u_weak, u_strong]))
         l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
         loss_l = F.cross_entropy(l_x, batch.y)
-        mask, pseudo, _ = confidence_mask(l_w, self.hp["threshold"], self.hp["temperature"])
+        mask, pseudo = self._targets(l_w)
         loss_u = masked_cross_entropy(l_s, pseudo, mask)
         return {
             "loss": loss_l + self.hp["lambda_u"] * loss_u,

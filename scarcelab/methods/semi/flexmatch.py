@@ -4,9 +4,14 @@ class-wise thresholds ``τ·M(σ_c)`` that rise as class c is learned.
 The learning effect σ_c is estimated over the *whole unlabeled pool*: every sample
 remembers the class it was last predicted as with confidence ≥ τ (``LearningStatus``,
 sized from ``DataInfo.n_unlabeled`` and indexed by ``Batch.u_index``). Defaults follow
-the paper (τ = 0.95, convex mapping x/(2−x), hard labels, T = 1, λU = 1); SSL-vs-SSL
-App. F.1 runs it without the threshold warm-up, which is therefore the default here
-(``threshold_warmup`` can be set). Search space as fixmatch.
+the paper (τ = 0.95, convex mapping x/(2−x), hard labels, T = 1, λU = 1) including its
+*threshold warm-up* (paper Eq. 11: the still-unused samples count as one more class in
+the normaliser ``max(max_c σ_c, N − Σ_c σ_c)``, so thresholds rise gradually while most
+of the pool is unused), which is on by default in the paper and in USB
+(``thresh_warmup=True`` in semilearn/algorithms/flexmatch/flexmatch.py and
+``FlexMatchThresholdingHook``). SSL-vs-SSL App. F.1's "no warm-up" refers to the λU
+ramp, which FlexMatch does not have either; ``threshold_warmup=False`` is kept as an
+option (the paper's ablation). Search space as fixmatch.
 """
 
 from __future__ import annotations
@@ -17,7 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scarcelab.methods import Batch, DataInfo, Losses, Progress, SemiMethod, register
+from scarcelab.methods import (
+    Batch,
+    DataInfo,
+    Losses,
+    Progress,
+    PseudoTargets,
+    SemiMethod,
+    register,
+)
 from scarcelab.methods._parts import LearningStatus, masked_cross_entropy
 from scarcelab.methods.space import pow10
 
@@ -31,7 +44,7 @@ class FlexMatch(SemiMethod):
         "lambda_u": pow10(1, -1, 1),
     }
     defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
-                "temperature": 1.0, "threshold_warmup": False}
+                "temperature": 1.0, "threshold_warmup": True}
     views = ("weak", "strong")
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
@@ -40,6 +53,21 @@ class FlexMatch(SemiMethod):
 
     def on_train_start(self, info: DataInfo) -> None:
         self.status.reset(info.n_unlabeled, device=self.head.weight.device)
+
+    def _targets(self, logits_weak: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(confidence, pseudo-label, mask, class thresholds) from the weak view and the
+        current learning status; reads the status, never updates it."""
+        probs = torch.softmax(logits_weak.detach() / float(self.hp["temperature"]), dim=-1)
+        conf, pseudo = probs.max(dim=-1)
+        class_thr = self.status.thresholds(float(self.hp["threshold"]),
+                                           bool(self.hp["threshold_warmup"]))
+        return conf, pseudo, (conf >= class_thr[pseudo]).float(), class_thr
+
+    def _pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None) -> PseudoTargets:
+        logits = self.logits(x)
+        _, pseudo, mask, _ = self._targets(logits)
+        return PseudoTargets(logits, pseudo, mask)
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         if batch.u_index is None:
@@ -50,12 +78,10 @@ class FlexMatch(SemiMethod):
         logits = self.logits(torch.cat([x, u_weak, u_strong]))
         l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
         loss_l = F.cross_entropy(l_x, batch.y)
-        tau = float(self.hp["threshold"])
-        probs = torch.softmax(l_w.detach() / float(self.hp["temperature"]), dim=-1)
-        conf, pseudo = probs.max(dim=-1)
-        class_thr = self.status.thresholds(tau, bool(self.hp["threshold_warmup"]))
-        mask = (conf >= class_thr[pseudo]).float()
-        self.status.update(batch.u_index.to(pseudo.device), pseudo, conf, tau)
+        conf, pseudo, mask, class_thr = self._targets(l_w)
+        # thresholds of this step come from the status *before* this batch (USB order)
+        self.status.update(batch.u_index.to(pseudo.device), pseudo, conf,
+                           float(self.hp["threshold"]))
         loss_u = masked_cross_entropy(l_s, pseudo, mask)
         return {
             "loss": loss_l + float(self.hp["lambda_u"]) * loss_u,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
+from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import linear_rampup, mixup, sharpen, soft_cross_entropy
 from scarcelab.methods.space import Uniform, pow10
 
@@ -43,6 +43,13 @@ class MixMatch(SemiMethod):
             probs = torch.softmax(self.logits(torch.cat(views)), dim=-1)
             mean = probs.view(len(views), n, -1).mean(dim=0)
             return sharpen(mean, float(self.hp["temperature"]))
+
+    def _pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None) -> PseudoTargets:
+        """The guessed label of the one given view; MixMatch keeps every guess (no
+        confidence filter), so every weight is 1."""
+        logits = self.logits(x)
+        q = sharpen(torch.softmax(logits, dim=-1), float(self.hp["temperature"]))
+        return PseudoTargets(logits, q.argmax(dim=-1), torch.ones(len(x), device=x.device))
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, us = batch.x[0], batch.u

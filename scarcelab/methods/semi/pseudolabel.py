@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
+from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import confidence_mask, linear_rampup, masked_cross_entropy
 from scarcelab.methods.space import pow10
 
@@ -30,6 +30,11 @@ class PseudoLabel(SemiMethod):
                 "warmup": 0.4}
     batch_sizes = {"labeled": 64, "unlabeled": 64}
     views = ("weak",)
+
+    def _pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None) -> PseudoTargets:
+        logits = self.logits(x)
+        mask, pseudo, _ = confidence_mask(logits, float(self.hp["threshold"]))
+        return PseudoTargets(logits, pseudo, mask)
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, u = batch.x[0], batch.u[0]

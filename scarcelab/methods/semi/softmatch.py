@@ -4,9 +4,23 @@ below μ and 1 above, a Gaussian truncated at the mean, where μ and σ² are EM
 of the batch mean and unbiased variance of the confidence — so almost every sample
 contributes (high quantity) while unsure ones are down-weighted (high quality).
 
-Uniform alignment (UA): predictions are aligned toward the uniform class distribution
-with an EMA (0.999) of the model's mean prediction before confidences are taken, which
-keeps the weights from favouring the classes the model already prefers.
+Uniform alignment (UA): the predictions are aligned toward the uniform class
+distribution with an EMA (0.999) of the model's mean prediction before the confidences
+that set the *weights* are taken, which keeps the weights from favouring the classes the
+model already prefers. The *pseudo-labels* come from the unaligned prediction, as in the
+reference code (USB semilearn/algorithms/softmatch/softmatch.py, ``gen_ulb_targets`` is
+called on ``logits_x_ulb_w`` with the comment "uniform alignment in softmatch do not use
+aligned probs for generating pseudo labels").
+
+Initial values, as in the reference code: the alignment's running model marginal starts
+from the *first batch's* mean prediction (USB ``DistAlignEMAHook``: ``p_model`` is
+``None`` until the first update, which sets it to the batch mean; see
+``DistributionAlignment``), while the Gaussian's running statistics start at μ₀ = 1/C,
+σ²₀ = 1 (USB ``SoftMatchWeightingHook.__init__``: ``prob_max_mu_t = 1/num_classes``,
+``prob_max_var_t = 1.0``) and are EMA-updated from there, the first batch included. A
+large σ²₀ keeps early weights near 1 (quantity first while the statistics are still
+uninformative); unlike the alignment marginal, the reference code does not re-initialise
+them from the first batch, so neither does this one.
 
 Defaults are the paper's / USB's, identical across its benchmarks: n = 2 (``n_sigma``),
 m = 0.999, μ₀ = 1/C, σ²₀ = 1, hard pseudo-labels, λU = 1. Search space: SSL-vs-SSL's
@@ -22,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
+from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import DistributionAlignment, masked_cross_entropy
 from scarcelab.methods.space import pow10
 
@@ -38,11 +52,14 @@ class TruncatedGaussianWeight(nn.Module):
         self.register_buffer("var", torch.tensor(1.0))
 
     @torch.no_grad()
-    def forward(self, conf: torch.Tensor) -> torch.Tensor:
+    def forward(self, conf: torch.Tensor, update: bool = True) -> torch.Tensor:
+        """Weights of ``conf``; with ``update`` the running statistics first take in this
+        batch (the reference order), without it they are only read."""
         m = self.momentum
-        self.mu.mul_(m).add_(conf.mean(), alpha=1.0 - m)
-        if conf.numel() > 1:
-            self.var.mul_(m).add_(conf.var(unbiased=True), alpha=1.0 - m)
+        if update:
+            self.mu.mul_(m).add_(conf.mean(), alpha=1.0 - m)
+            if conf.numel() > 1:
+                self.var.mul_(m).add_(conf.var(unbiased=True), alpha=1.0 - m)
         below = (conf - self.mu).clamp(max=0.0)
         return torch.exp(-(below**2) / (2.0 * self.var / self.n_sigma**2))
 
@@ -65,17 +82,28 @@ class SoftMatch(SemiMethod):
         self.align = DistributionAlignment(num_classes, momentum=m)
         self.weighting = TruncatedGaussianWeight(num_classes, m, float(self.hp["n_sigma"]))
 
+    @torch.no_grad()
+    def _targets(self, logits_weak: torch.Tensor, update: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hard pseudo-labels of the unaligned prediction, truncated-Gaussian weights of
+        the aligned confidence). ``update=False`` reads the running statistics only."""
+        probs = torch.softmax(logits_weak.detach(), dim=-1)
+        pseudo = probs.argmax(dim=-1)
+        if self.hp["uniform_alignment"]:
+            probs = self.align(probs, update=update)
+        return pseudo, self.weighting(probs.max(dim=-1).values, update=update)
+
+    def _pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None) -> PseudoTargets:
+        logits = self.logits(x)
+        pseudo, weight = self._targets(logits, update=False)
+        return PseudoTargets(logits, pseudo, weight)
+
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u_weak, u_strong) = batch.x[0], batch.u
         logits = self.logits(torch.cat([x, u_weak, u_strong]))
         l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
         loss_l = F.cross_entropy(l_x, batch.y)
-        with torch.no_grad():
-            probs = torch.softmax(l_w.detach(), dim=-1)
-            if self.hp["uniform_alignment"]:
-                probs = self.align(probs)
-            conf, pseudo = probs.max(dim=-1)
-            weight = self.weighting(conf)
+        pseudo, weight = self._targets(l_w, update=True)
         loss_u = masked_cross_entropy(l_s, pseudo, weight)
         return {
             "loss": loss_l + float(self.hp["lambda_u"]) * loss_u,
