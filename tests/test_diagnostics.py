@@ -178,7 +178,8 @@ def test_hook_values_match_a_direct_computation_and_leave_the_method_untouched(t
 
         p = torch.softmax(m.logits(normalize(x)).double(), 1).numpy()
     m.train()
-    assert len(diag.u_idx) == 100
+    # 100 ID images plus OOD ones beside them in the pool's proportion (180 / 360)
+    assert int((~diag.is_ood).sum()) == 100 and int(diag.is_ood.sum()) == 50
     assert out["diag/ple"] == pytest.approx(entropy(p, axis=1).mean(), rel=1e-6)
     assert out["diag/cci"] == pytest.approx(entropy(p.mean(0), np.full(3, 1 / 3)), rel=1e-6)
     assert -1.0 <= out["diag/grad_align"] <= 1.0 and out["diag/sem_drift"] > 0
@@ -194,18 +195,12 @@ def test_hook_uses_threshold_hyperparameter(tiny_bundle):
     m.hp["threshold"] = 1.01
     assert diag(m, 0)["diag/mask_rate"] == 0.0
 
-    class NoThreshold(type(m)):  # a method without a threshold hyperparameter
-        defaults = {k: v for k, v in type(m).defaults.items() if k != "threshold"}
-
-        def step(self, batch, progress):
-            self.hp["threshold"] = 0.5
-            try:
-                return super().step(batch, progress)
-            finally:
-                del self.hp["threshold"]
-
+    # fallback for a method without pseudo-labels of its own (Mean Teacher): the generic
+    # mask with DEFAULT_THRESHOLD, flagged by diag/own_filter = 0
     torch.manual_seed(0)
-    m2 = NoThreshold(create_model("small_cnn", in_channels=1), 3, dict(NoThreshold.defaults))
+    mt_cls = get_method("meanteacher")
+    m2 = mt_cls(create_model("small_cnn", in_channels=1), 3, dict(mt_cls.defaults))
+    assert "threshold" not in m2.hp
     m2.head.weight.data *= 100  # confident on some samples, not all
     m2.eval()
     with torch.no_grad():
@@ -215,6 +210,7 @@ def test_hook_uses_threshold_hyperparameter(tiny_bundle):
         conf = torch.softmax(m2.logits(normalize(x)), 1).max(1).values
     m2.train()
     out = diag(m2, 0)
+    assert out["diag/own_filter"] == 0.0
     assert out["diag/mask_rate"] == pytest.approx(float((conf >= 0.95).float().mean()))
     assert 0.0 < out["diag/mask_rate"] < 1.0
 
@@ -272,3 +268,143 @@ def test_a_failing_diagnostic_gives_nan_not_a_failed_run(tiny_bundle, caplog):
     assert math.isfinite(out["diag/ple"]) and math.isfinite(out["diag/cci"])
     m.logits = broken
     assert all(math.isnan(v) for v in diag(m, 0).values())
+
+
+# -- the method's own filter (issue 12 item 5) --------------------------------------------
+
+
+def test_sem_drift_weighted_hand_computed():
+    zl = [[0, 0], [2, 0], [5, 5]]          # class 0 centroid (1, 0); class 1 (5, 5)
+    yl = [0, 0, 1]
+    zu = [[1, 3], [4, 0], [9, 9], [4, 5]]
+    pseudo = [0, 0, 1, 1]
+    w = [1.0, 0.5, 0.0, 0.25]
+    # class 0: (1*(1,3) + .5*(4,0)) / 1.5 = (2, 2) -> |(1,0)-(2,2)| = sqrt 5; class 1: (4,5)
+    assert semantic_drift(zl, yl, zu, pseudo, w, 2) == pytest.approx((math.sqrt(5) + 1) / 2)
+    with pytest.raises(ValueError):
+        semantic_drift(zl, yl, zu, pseudo, [1, -1, 0, 0], 2)
+
+
+def test_ood_ff_with_soft_weights_is_the_ratio_of_mean_weights():
+    assert ood_filtration_failure([0.8, 0.4, 0.2, 0.1], [0, 0, 1, 1]) == pytest.approx(0.25)
+    assert ood_filtration_failure([0.8, 0.4, 0.0, 0.0], [0, 0, 1, 1]) == 0.0
+
+
+def _semi(name, bundle, seed=0, **hp):
+    torch.manual_seed(seed)
+    cls = get_method(name)
+    m = cls(create_model("small_cnn", in_channels=bundle.channels), bundle.num_classes,
+            {**cls.defaults, **hp})
+    from scarcelab.methods import DataInfo
+
+    m.on_train_start(DataInfo(len(bundle.labeled_y), len(bundle.unlabeled_x),
+                              bundle.num_classes, [10, 10, 10]))
+    return m
+
+
+def _eval_logits(m, x_uint8):
+    from scarcelab.models.classifier import normalize
+
+    m.eval()
+    with torch.no_grad():
+        z = m.logits(normalize(torch.as_tensor(x_uint8).float() / 255)).double()
+    m.train()
+    return z
+
+
+def test_hook_uses_flexmatchs_class_wise_thresholds(tiny_bundle):
+    """Fresh learning status: every class threshold is 0, so FlexMatch trains on every
+    pseudo-label — the diagnostics must see that mask, not a generic τ = 0.95 one."""
+    tiny_bundle.unlabeled_ood = np.arange(len(tiny_bundle.unlabeled_x)) % 4 == 0
+    m = _semi("flexmatch", tiny_bundle)
+    diag = EpochDiagnostics(tiny_bundle, "cpu", DiagnosticsConfig(n_unlabeled=64))
+    conf = torch.softmax(_eval_logits(m, tiny_bundle.unlabeled_x[diag.u_idx]), 1).max(1).values
+    assert float((conf >= 0.95).double().mean()) < 0.5  # the generic mask would differ
+    out = diag(m, 0)
+    assert out["diag/mask_rate"] == 1.0
+    assert out["diag/ood_ff"] == pytest.approx(1.0)  # thresholds 0 filter nothing
+    assert out["diag/own_filter"] == 1.0
+    # once every class is learned the thresholds are tau for all: the generic mask again
+    m.status.selected.copy_(torch.arange(len(m.status.selected)) % 3)
+    assert diag(m, 0)["diag/mask_rate"] == pytest.approx(float((conf >= 0.95).double().mean()))
+
+
+def test_hook_uses_softmatchs_weights_weight_averaged(tiny_bundle):
+    tiny_bundle.unlabeled_ood = np.arange(len(tiny_bundle.unlabeled_x)) % 4 == 0
+    m = _semi("softmatch", tiny_bundle)
+    m.head.weight.data *= 30  # spread the confidences
+    m.weighting.mu.fill_(0.9)  # so that weights are not all 1
+    diag = EpochDiagnostics(tiny_bundle, "cpu", DiagnosticsConfig(n_unlabeled=64))
+    z = _eval_logits(m, tiny_bundle.unlabeled_x[diag.u_idx])
+    p = torch.softmax(z, 1)
+    a = p * (1 / 3 + 1e-6) / (p.mean(0) + 1e-6)  # no update yet: the batch's own mean
+    conf = (a / a.sum(1, keepdim=True)).max(1).values
+    w = torch.exp(-((conf - 0.9).clamp(max=0) ** 2) / (2 * 1.0 / 4))
+    assert 0.05 < float(w.std())  # genuinely soft weights
+    out = diag(m, 0)
+    assert out["diag/mask_rate"] == pytest.approx(float(w.mean()), rel=1e-5)
+    o = diag.is_ood
+    assert out["diag/ood_ff"] == pytest.approx(float(w[o].mean() / w[~o].mean()), rel=1e-5)
+    zl = _eval_logits(m, tiny_bundle.labeled_x[diag.l_idx])
+    assert out["diag/sem_drift"] == pytest.approx(
+        semantic_drift(zl, diag.yl, z, p.argmax(1), w, 3), rel=1e-5)
+
+
+def test_hook_uses_ds3ls_learned_weights(tiny_bundle):
+    m = _semi("ds3l", tiny_bundle)
+    diag = EpochDiagnostics(tiny_bundle, "cpu", DiagnosticsConfig(n_unlabeled=64))
+    z = _eval_logits(m, tiny_bundle.unlabeled_x[diag.u_idx])
+    with torch.no_grad():
+        w = m.wnet(torch.softmax(z.float(), 1)).squeeze(-1)
+    assert diag(m, 0)["diag/mask_rate"] == pytest.approx(float(w.mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["pseudolabel", "fixmatch", "flexmatch", "softmatch",
+                                  "comatch", "mixmatch", "ds3l", "meanteacher"])
+def test_pseudo_targets_leave_the_method_untouched(tiny_bundle, name):
+    from scarcelab.methods import Batch, Progress
+
+    m = _semi(name, tiny_bundle, memory_size=16) if name == "comatch" else _semi(
+        name, tiny_bundle)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(8, 1, 16, 16, generator=g)
+    u = torch.rand(8, 1, 16, 16, generator=g)
+    m.step(Batch([x for _ in m.labeled_views], torch.arange(8) % 3, [u for _ in m.views],
+                 torch.arange(8)), Progress(0, 10, 0))  # populate running state
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    t = m.pseudo_targets(u, torch.arange(8))
+    assert m.training
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    if name == "meanteacher":
+        assert t is None  # no pseudo-labels: diagnostics fall back to the generic mask
+        return
+    assert t.logits.shape == (8, 3) and t.labels.shape == (8,) and t.weights.shape == (8,)
+    assert not t.weights.requires_grad and not t.logits.requires_grad
+    assert bool(((t.weights >= 0) & (t.weights <= 1)).all())
+
+
+# -- the same subsample at every ratio (issue 12 item 7) ------------------------------------
+
+
+def test_same_id_subsample_at_every_contamination_ratio(tiny_bundle):
+    from scarcelab.protocols.contamination import contaminate
+
+    cfg = DiagnosticsConfig(n_unlabeled=64, batch_unlabeled=16, seed=2)
+    clean = EpochDiagnostics(tiny_bundle, "cpu", cfg)
+
+    def images(a):
+        return sorted(bytes(np.ascontiguousarray(x)) for x in a)
+
+    ref = images(tiny_bundle.unlabeled_x[clean.u_idx])
+    ref_grad = images(tiny_bundle.unlabeled_x[clean.u_idx[clean.gu.numpy()]])
+    for r in (0.1, 0.3, 0.5):
+        b = contaminate(tiny_bundle, "gaussian", r, seed=0)
+        d = EpochDiagnostics(b, "cpu", cfg)
+        ood = d.is_ood.numpy()
+        xs = b.unlabeled_x[d.u_idx]
+        assert images(xs[~ood]) == ref  # all 64 ID images shared, none replaced
+        c = b.meta["contamination"]
+        assert int(ood.sum()) == round(64 * c["n_ood"] / c["n_id"])  # added beside them
+        gu = d.gu.numpy()
+        assert images(xs[gu][~ood[gu]]) == ref_grad  # Grad-Align batch: same ID images
+        assert np.array_equal(d.l_idx, clean.l_idx)

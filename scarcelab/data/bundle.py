@@ -51,6 +51,9 @@ class DatasetBundle:
     reported). ``unlabeled_ood`` (bool, one per unlabeled image) marks images added by the
     contamination protocol (``scarcelab.protocols.contamination``); like ``unlabeled_y``
     it is an oracle for diagnostics (``diag/ood_ff``) and never reaches training.
+    ``unlabeled_origin`` (int, one per unlabeled image), set by the contamination protocol,
+    is each image's index in the uncontaminated pool followed by the OOD draw (``n_id + j``
+    for the j-th OOD image), so diagnostics can pick the same ID images at every ratio.
     """
 
     labeled_x: np.ndarray
@@ -63,6 +66,7 @@ class DatasetBundle:
     meta: dict[str, Any] = field(default_factory=dict)
     unlabeled_y: np.ndarray | None = None
     unlabeled_ood: np.ndarray | None = None
+    unlabeled_origin: np.ndarray | None = None
 
     @property
     def num_classes(self) -> int:

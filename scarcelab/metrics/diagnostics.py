@@ -13,13 +13,25 @@ that visible:
   when every sample goes to one class (pseudo-label collapse).
 - ``diag/sem_drift``  per class with both centroids defined, the L2 distance in logit space
   between the labeled-sample centroid and the centroid of unlabeled samples
-  pseudo-labeled as that class *and* passing the confidence mask; mean over those classes.
+  pseudo-labeled as that class, weighted by the weight the method gives them (its own
+  filter, see below; a 0/1 mask: the passing samples); mean over those classes.
 - ``diag/grad_align``  cosine between the gradients of the labeled and the unlabeled loss
   w.r.t. the final linear classifier's weight (negative: the unlabeled term fights the
   labeled one).
 - ``diag/ood_ff``  oracle OOD filtration failure: pass rate of OOD samples through the
-  confidence mask divided by that of in-distribution samples (needs the ID/OOD flags a
-  contamination run carries; 1 means the mask does not filter OOD at all).
+  method's filter divided by that of in-distribution samples (with soft weights: the mean
+  weight, i.e. the weight-averaged pass rate); needs the ID/OOD flags a contamination run
+  carries; 1 means the filter does not filter OOD at all.
+
+*The method's own filter.* Sem-Drift, OOD-FF and ``diag/mask_rate`` use the pseudo-labels
+and per-sample weights the method itself would train on in that epoch,
+``Method.pseudo_targets`` (FlexMatch's class-wise thresholds from its current learning
+status, SoftMatch's truncated-Gaussian weights of the aligned confidence, CoMatch's
+memory-smoothed pseudo-labels and mask, DS3L's learned weights, MixMatch's unfiltered
+guesses), read without a training step and without changing the method's state. Only a
+method without pseudo-labels (``pseudo_targets`` returns ``None``: Mean Teacher) falls back
+to the generic mask ``max softmax ≥ τ`` with the method's ``threshold`` hyperparameter or
+``DEFAULT_THRESHOLD`` (0.95); ``diag/own_filter`` is 1 or 0 to say which was used.
 
 Undefined values are NaN rather than a made-up number: Sem-Drift when no class has both
 centroids (e.g. early epochs under τ = 0.95), Grad-Align when a gradient is exactly zero
@@ -43,13 +55,14 @@ import torch
 from scarcelab.data.augment import AUGMENTATIONS, to_float
 from scarcelab.data.bundle import DatasetBundle
 from scarcelab.methods._parts import confidence_mask
-from scarcelab.methods.base import Batch, Method, Progress
+from scarcelab.methods.base import Batch, Method, Progress, PseudoTargets
 from scarcelab.models.classifier import normalize
 
 log = logging.getLogger("scarcelab")
 
 DEFAULT_THRESHOLD = 0.95
-"""Confidence threshold for methods that have no ``threshold`` hyperparameter (FixMatch's τ)."""
+"""Fallback confidence threshold (FixMatch's τ) for methods without pseudo-labels of their
+own that also have no ``threshold`` hyperparameter."""
 
 ArrayLike = torch.Tensor | np.ndarray | Sequence[Any]
 
@@ -89,18 +102,24 @@ def semantic_drift(
 ) -> float:
     """Mean over classes with both centroids of ``‖μ_L(c) − μ_U(c)‖₂`` in logit space.
 
-    ``μ_U(c)`` averages the unlabeled samples pseudo-labeled ``c`` whose ``mask`` is set.
-    NaN when no class has both centroids.
+    ``μ_U(c)`` is the ``mask``-weighted mean of the unlabeled samples pseudo-labeled ``c``
+    (``mask`` may be a 0/1 mask — the plain mean of the passing samples — or soft
+    per-sample weights ≥ 0). NaN when no class has both centroids.
     """
     zl, zu = _t(labeled_logits), _t(unlabeled_logits)
     yl, pl = _t(labeled_y, torch.long), _t(pseudo_labels, torch.long)
-    keep = _t(mask) > 0
+    w = _t(mask)
+    if bool((w < 0).any()):
+        raise ValueError("semantic_drift: mask weights must be >= 0")
+    keep = w > 0
     dists = []
     for c in range(num_classes):
         in_l = yl == c
         in_u = keep & (pl == c)
         if in_l.any() and in_u.any():
-            dists.append(torch.linalg.vector_norm(zl[in_l].mean(0) - zu[in_u].mean(0)))
+            wc = w[in_u]
+            mu_u = (wc[:, None] * zu[in_u]).sum(0) / wc.sum()
+            dists.append(torch.linalg.vector_norm(zl[in_l].mean(0) - mu_u))
     return float(torch.stack(dists).mean()) if dists else math.nan
 
 
@@ -134,19 +153,21 @@ def gradient_alignment(
 
 
 def ood_filtration_failure(mask: ArrayLike, is_ood: ArrayLike) -> float:
-    """``P(pass | OOD) / P(pass | ID)`` for the confidence ``mask``.
+    """``P(pass | OOD) / P(pass | ID)`` for a 0/1 ``mask``, or the ratio of mean weights
+    for soft per-sample weights in [0, 1] (SoftMatch, DS3L: a weight-averaged pass rate).
 
-    0 when no OOD sample passes (perfect filtration); NaN when the samples hold no OOD
-    or no ID sample; ``inf`` when OOD samples pass but no ID sample does.
+    0 when no OOD sample passes (all OOD weights 0: perfect filtration); NaN when the
+    samples hold no OOD or no ID sample; ``inf`` when OOD samples pass but no ID sample
+    does.
     """
-    m = _t(mask) > 0
+    m = _t(mask)
     o = _t(is_ood, torch.bool)
     if m.shape != o.shape:
         raise ValueError(f"mask {tuple(m.shape)} and OOD flags {tuple(o.shape)} differ")
     if not o.any() or o.all():
         return math.nan
-    rate_ood = float(m[o].double().mean())
-    rate_id = float(m[~o].double().mean())
+    rate_ood = float(m[o].mean())
+    rate_id = float(m[~o].mean())
     if rate_ood == 0.0:
         return 0.0
     return rate_ood / rate_id if rate_id > 0 else math.inf
@@ -176,10 +197,12 @@ class DiagnosticsConfig:
 class EpochDiagnostics:
     """Callable ``(method, epoch) -> {"diag/...": value}`` for ``train_trial``.
 
-    Generic over the method interface: predictions come from ``method.logits``, the mask
-    from :func:`confidence_mask` with the method's ``threshold`` (``DEFAULT_THRESHOLD`` if
-    it has none), and Grad-Align from the ``loss_labeled`` / ``loss_unlabeled`` terms that
-    ``method.step`` returns on one fixed diagnostic batch, w.r.t. ``method.head.weight``.
+    Generic over the method interface: the filter is the method's own
+    (``method.pseudo_targets`` on the unlabeled subsample, in eval mode, without a training
+    step), with the generic confidence mask (the method's ``threshold``, else
+    ``DEFAULT_THRESHOLD``) only for methods without pseudo-labels; Grad-Align comes from
+    the ``loss_labeled`` / ``loss_unlabeled`` terms that ``method.step`` returns on one
+    fixed diagnostic batch, w.r.t. ``method.head.weight``.
 
     ``method.step`` runs on a deep copy under a forked RNG, so the diagnostic step never
     touches the trained model's BatchNorm statistics, per-sample state (FlexMatch), queues
@@ -187,6 +210,14 @@ class EpochDiagnostics:
     trains exactly as one without. The subsample (and the augmentation of the Grad-Align
     batch) are fixed by ``cfg.seed``, so epochs and trials are compared on the same images.
     OOD flags (``bundle.unlabeled_ood``) are read here and only here, as an oracle.
+
+    Contaminated pools (``bundle.unlabeled_ood`` set): the ``cfg.n_unlabeled`` ID images
+    are drawn from the *ID part* of the pool only, in the order of the uncontaminated pool
+    (``bundle.unlabeled_origin``), with the same random draws as on the clean pool — so
+    every ratio of a sweep, r = 0 included, evaluates the same ID images. OOD images are
+    added beside them (never replacing any), as many as keep the pool's OOD share
+    (``round(n · n_ood / n_id)``); the Grad-Align batch likewise holds
+    ``cfg.batch_unlabeled`` fixed ID images plus OOD ones in the pool's proportion.
     """
 
     def __init__(self, bundle: DatasetBundle, device: str | torch.device = "cpu",
@@ -196,20 +227,41 @@ class EpochDiagnostics:
         self.num_classes = bundle.num_classes
         rng = np.random.default_rng(self.cfg.seed)
         n_u, n_l = len(bundle.unlabeled_x), len(bundle.labeled_y)
-        self.u_idx = np.sort(rng.choice(n_u, min(self.cfg.n_unlabeled, n_u), replace=False))
+        flags = bundle.unlabeled_ood
+        bu = self.cfg.batch_unlabeled
+        if flags is None:
+            self.u_idx = np.sort(rng.choice(n_u, min(self.cfg.n_unlabeled, n_u),
+                                            replace=False))
+            self.gu = torch.arange(min(bu, len(self.u_idx)))
+        else:
+            flags = np.asarray(flags, dtype=bool)
+            origin = (np.arange(n_u) if bundle.unlabeled_origin is None
+                      else np.asarray(bundle.unlabeled_origin))
+            id_pos = np.flatnonzero(~flags)
+            id_pos = id_pos[np.argsort(origin[id_pos], kind="stable")]
+            ood_pos = np.flatnonzero(flags)
+            ood_pos = ood_pos[np.argsort(origin[ood_pos], kind="stable")]
+            # the same call as for a clean pool of len(id_pos) images: same ID draws
+            pick = np.sort(rng.choice(len(id_pos), min(self.cfg.n_unlabeled, len(id_pos)),
+                                      replace=False))
+            share = len(ood_pos) / max(1, len(id_pos))
+            n_ood = min(len(ood_pos), int(round(len(pick) * share)))
+            ood_rng = np.random.default_rng([self.cfg.seed, 0x00D])
+            pick_ood = np.sort(ood_rng.choice(len(ood_pos), n_ood, replace=False))
+            self.u_idx = np.concatenate([id_pos[pick], ood_pos[pick_ood]])
+            g_id = min(bu, len(pick))
+            g_ood = min(n_ood, int(round(g_id * share)))
+            self.gu = torch.cat([torch.arange(g_id), len(pick) + torch.arange(g_ood)])
         self.l_idx = np.sort(rng.choice(n_l, min(self.cfg.n_labeled, n_l), replace=False))
         self.xu = torch.as_tensor(bundle.unlabeled_x[self.u_idx]).to(self.device)
         self.xl = torch.as_tensor(bundle.labeled_x[self.l_idx]).to(self.device)
         self.yl = torch.as_tensor(bundle.labeled_y[self.l_idx], dtype=torch.long)
-        flags = bundle.unlabeled_ood
+        self.u_pool = torch.as_tensor(self.u_idx, dtype=torch.long, device=self.device)
         self.is_ood = None if flags is None else torch.as_tensor(flags[self.u_idx],
                                                                  dtype=torch.bool)
         # the Grad-Align batch: a fixed slice of the subsamples, positions in the real pool
-        bl, bu = min(self.cfg.batch_labeled, len(self.xl)), min(self.cfg.batch_unlabeled,
-                                                                len(self.xu))
-        self.gl = torch.arange(bl)
-        self.gu = torch.arange(bu)
-        self.gu_pool = torch.as_tensor(self.u_idx[:bu], dtype=torch.long, device=self.device)
+        self.gl = torch.arange(min(self.cfg.batch_labeled, len(self.xl)))
+        self.gu_pool = self.u_pool[self.gu]
         self._warned = False
 
     @torch.no_grad()
@@ -260,22 +312,44 @@ class EpochDiagnostics:
                 self._warned = True
             return math.nan
 
+    def own_targets(self, method: Method) -> PseudoTargets | None:
+        """The method's own pseudo-labels and weights on the unlabeled subsample (``None``
+        for a method without pseudo-labels); logits and weights as float64 on the CPU."""
+        bs = self.cfg.eval_batch_size
+        parts: list[PseudoTargets] = []
+        for i in range(0, len(self.xu), bs):
+            t = method.pseudo_targets(normalize(to_float(self.xu[i : i + bs])),
+                                      self.u_pool[i : i + bs])
+            if t is None:
+                return None
+            parts.append(t)
+        return PseudoTargets(
+            logits=torch.cat([t.logits.detach().double().cpu() for t in parts]),
+            labels=torch.cat([t.labels.detach().long().cpu() for t in parts]),
+            weights=torch.cat([t.weights.detach().double().cpu() for t in parts]))
+
     def _compute(self, method: Method, epoch: int) -> dict[str, float]:
-        threshold = float(method.hp.get("threshold", DEFAULT_THRESHOLD))
+        targets = self.own_targets(method)
         was_training = method.training
         method.eval()
         try:
-            zu = self._logits(method, self.xu)
+            zu = targets.logits if targets is not None else self._logits(method, self.xu)
             zl = self._logits(method, self.xl)
         finally:
             method.train(was_training)
-        mask, pseudo, probs = confidence_mask(zu, threshold)
+        probs = torch.softmax(zu, dim=-1)
+        if targets is not None:
+            mask, pseudo = targets.weights, targets.labels
+        else:  # documented fallback: methods without pseudo-labels of their own
+            threshold = float(method.hp.get("threshold", DEFAULT_THRESHOLD))
+            mask, pseudo, _ = confidence_mask(zu, threshold)
         out = {
             "diag/ple": pseudo_label_entropy(probs),
             "diag/cci": class_concentration_index(probs),
             "diag/sem_drift": semantic_drift(zl, self.yl, zu, pseudo, mask, self.num_classes),
             "diag/grad_align": self._guarded(self.grad_align, method, epoch),
             "diag/mask_rate": float(mask.mean()),
+            "diag/own_filter": float(targets is not None),
         }
         if self.is_ood is not None and bool(self.is_ood.any()):
             out["diag/ood_ff"] = ood_filtration_failure(mask, self.is_ood)

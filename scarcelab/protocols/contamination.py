@@ -77,7 +77,7 @@ def contaminate(bundle: DatasetBundle, source: str, ratio: float, seed: int = 0,
         "source": source, "kind": src.kind, "ratio": ratio, "n_id": n_id, "n_ood": n_ood,
         "n_ood_unique": draw.n_unique, "realised_ratio": n_ood / max(1, n_id + n_ood)}}
     return dataclasses.replace(bundle, unlabeled_x=x[perm], unlabeled_y=y[perm],
-                               unlabeled_ood=flags[perm], meta=meta)
+                               unlabeled_ood=flags[perm], unlabeled_origin=perm, meta=meta)
 
 
 class TaggingTracker(Tracker):
