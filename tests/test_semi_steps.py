@@ -296,3 +296,16 @@ def test_flexmatch_class_threshold_tie_passes() -> None:
         m.head.weight.zero_()
     _, _, mask, thr = m._targets(torch.tensor([[0.0, 0.0, -1e9]]))  # confidence 0.5
     assert thr[0].item() == 0.5 and mask.item() == 1.0
+
+
+def test_comatch_pseudo_targets_are_the_memory_smoothed_labels() -> None:
+    """Item 5: CoMatch's filter is max q ≥ τ on the smoothed q, read without pushing."""
+    m = _method("comatch", memory_size=5, alpha=0.03)
+    dim = int(m.hp["proj_dim"])
+    m.memory.push(torch.nn.functional.normalize(torch.randn(5, dim), dim=1),
+                  torch.eye(C)[torch.full((5,), 2)])
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    # identical images: the aligned p is uniform; q = 0.03/3 + 0.97 e_2 -> (.01, .01, .98)
+    t = m.pseudo_targets(_images([1.0] * 4))
+    assert t.labels.tolist() == [2] * 4 and t.weights.tolist() == [1.0] * 4
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
