@@ -226,20 +226,6 @@ class Driver:
         return env
 
     # -- running --------------------------------------------------------------------------
-    def _ray(self) -> Any:
-        import ray
-
-        if not ray.is_initialized():
-            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                  "configure_logging": False}
-            if self.address:
-                kw["address"] = self.address
-            else:
-                kw["num_cpus"] = (self.jobs * self.spec.cpus_per_cell if self.jobs
-                                  else os.cpu_count())
-            ray.init(**kw)
-        return ray
-
     def run(self) -> SweepResult:
         t0 = time.time()
         exp = self._experiment_id()
@@ -276,40 +262,34 @@ class Driver:
 
     def _schedule(self, exp: str, sweep_run: str, todo: list[Cell], result: SweepResult,
                   earlier: dict[str, int]) -> None:
-        ray = self._ray()
+        from tracking.sweep.pool import RayPool
+
+        pool = RayPool(self.address, self.jobs, self.spec.cpus_per_cell,
+                       self.spec.gpus_per_cell)
         embedded = not self.address
-        gpus = self.spec.gpus_per_cell
-        if gpus == "auto":
-            gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-        task = ray.remote(num_cpus=self.spec.cpus_per_cell, num_gpus=float(gpus),
-                          max_retries=0)(run_cell_process)
-        slots = max(1, int(ray.cluster_resources().get("CPU", 1) // self.spec.cpus_per_cell))
-        if gpus:
-            slots = min(slots, int(ray.cluster_resources().get("GPU", 0) // float(gpus)) or 1)
-        pending: dict[Any, tuple[Cell, str, int, float]] = {}
+        slots = pool.slots
+        started: dict[str, tuple[str, float]] = {}  # cell id -> (run id, start time)
         attempts: dict[str, int] = {}  # this invocation's, against `retries`
+        cells = {c.id: c for c in todo}
 
         def submit(cell: Cell) -> None:
             attempts[cell.id] = attempts.get(cell.id, 0) + 1
             earlier[cell.id] = earlier.get(cell.id, 0) + 1  # the run's number over re-runs
             rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id])
-            ref = task.remote(cell.argv(), self._cell_env(rid, embedded),
-                              self.cwd if embedded else None, self.python)
-            pending[ref] = (cell, rid, attempts[cell.id], time.time())
+            started[cell.id] = (rid, time.time())
+            pool.submit(cell.id, run_cell_process, cell.argv(), self._cell_env(rid, embedded),
+                        self.cwd if embedded else None, self.python)
 
         for cell in todo:
             submit(cell)
         durations: list[float] = []
         n_total = len(self.spec.cells)
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            ref = ready[0]
-            cell, rid, attempt, started = pending.pop(ref)
-            try:
-                out = ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - the task itself broke (worker died)
-                out = {"rc": -1, "seconds": time.time() - started,
-                       "output": f"the Ray task failed: {type(e).__name__}: {e}"}
+        while len(pool):
+            cid, out, exc = pool.next_done()
+            cell, (rid, t_start), attempt = cells[str(cid)], started[str(cid)], attempts[str(cid)]
+            if exc is not None:  # the task itself broke (its worker died)
+                out = {"rc": -1, "seconds": time.time() - t_start,
+                       "output": f"the Ray task failed: {type(exc).__name__}: {exc}"}
             ok = out["rc"] == 0 and self._status(rid) == "FINISHED"
             self._log_output(rid, out["output"])
             if ok:
@@ -329,12 +309,12 @@ class Driver:
                     verb = f"FAILED after {attempt} attempt(s): {err}"
             done = result.count("FINISHED") + result.count("SKIPPED")
             failed = result.count("FAILED")
-            running = min(len(pending), slots)
-            queued = len(pending) - running
+            running = pool.running
+            queued = len(pool) - running
             eta = ""
-            if durations and pending:
+            if durations and len(pool):
                 mean = sum(durations) / len(durations)
-                eta = f" · ETA {_fmt_s(mean * (queued + running / 2) / max(1, slots) + mean / 2)}"
+                eta = f" · ETA {_fmt_s(mean * (queued + running / 2) / max(1, slots))}"
             self.echo(f"[sweep {self.spec.name}] {cell.label}: {verb} "
                       f"({out['seconds']:.0f} s) — {done}/{n_total} done · {running} running · "
                       f"{failed} failed · {queued} queued{eta}")
