@@ -1,0 +1,75 @@
+"""``sweep``: a whole benchmark grid (a YAML spec) as Ray tasks, recorded in MLflow.
+
+    scarcelab sweep grid.yaml                               # embedded Ray: all cores/GPUs
+    scarcelab sweep grid.yaml --address ray://head:10001    # a running Ray cluster
+    scarcelab sweep grid.yaml --dry-run                     # print the cells, run nothing
+    mlflow run . -e sweep -P spec=grid.yaml
+
+Re-running the same spec continues it: finished cells are skipped (docs/sweeps.md).
+"""
+
+from __future__ import annotations
+
+import click
+
+from entrypoints.cli import main
+
+
+@main.command(name="sweep", short_help="Run a benchmark grid (YAML spec) on Ray.")
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--address", default="", help="Ray cluster address (ray://head:10001, or "
+              "'auto' for a cluster started on this machine with `ray start`); default: an "
+              "embedded Ray on this machine")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="embedded Ray: cells at once (default: one per cpus_per_cell CPUs)")
+@click.option("--retries", default="default",
+              help="attempts after a cell's first failure (default: the spec's, else 1)")
+@click.option("--full", is_flag=True, help="merge the spec's `full:` section (the paper's "
+              "scale) into every grid")
+@click.option("--full-scale", default="", hidden=True,
+              help="--full as a true/false value (for mlflow run -P full=…)")
+@click.option("--dry-run", is_flag=True, help="print the cells and what a run would do")
+def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: bool,
+              full_scale: str, dry_run: bool) -> None:
+    """Run every cell of a grid spec as a Ray task; one sweep run in MLflow records them."""
+    import os
+
+    from entrypoints.options import bool_option, opt_int
+    from tracking.sweep.spec import SpecError, load_spec
+
+    full = full or (bool_option(full_scale) if full_scale else False)
+    n_retries = opt_int(retries, "--retries")
+    if n_retries is not None and n_retries < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--retries")
+
+    try:
+        sp = load_spec(spec, full=full)
+    except SpecError as e:
+        raise click.ClickException(str(e)) from None
+    if dry_run:
+        click.echo(f"sweep {sp.name}: {len(sp.cells)} cells -> experiment {sp.experiment!r} "
+                   f"(cpus_per_cell={sp.cpus_per_cell:g}, gpus_per_cell={sp.gpus_per_cell}, "
+                   f"retries={sp.retries if n_retries is None else n_retries})")
+        for c in sp.cells:
+            click.echo(f"{c.id}  scarcelab {' '.join(c.argv())}")
+        return
+    from tracking.sweep.driver import run_sweep
+
+    try:
+        res = run_sweep(sp, address=address or None, jobs=jobs, retries=n_retries,
+                        echo=lambda s: click.echo(s, err=True))
+    except (RuntimeError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if os.environ.get("MLFLOW_RUN_ID"):  # under `mlflow run`: link the launcher's run
+        from mlflow.tracking import MlflowClient
+
+        c = MlflowClient()
+        for k, v in {"scarcelab.role": "sweep_launcher", "scarcelab.sweep": res.name,
+                     "scarcelab.sweep_run": res.sweep_run_id}.items():
+            c.set_tag(os.environ["MLFLOW_RUN_ID"], k, v)
+    click.echo(f"sweep {res.name}: {res.count('FINISHED')} cells run, {res.count('SKIPPED')} "
+               f"already finished, {res.count('FAILED')} failed; sweep run "
+               f"{res.sweep_run_id}" + ("; report logged under report/" if res.report_logged
+                                        else ""))
+    if res.count("FAILED"):
+        raise SystemExit(1)

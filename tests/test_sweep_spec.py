@@ -1,0 +1,102 @@
+"""Grid specs (tracking/sweep/spec.py): expansion into cells and errors that name the line."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from entrypoints.cli import main
+from tracking.sweep.spec import SpecError, load_spec, parse_spec
+
+GRID = """\
+name: mini
+retries: 2
+grids:
+  - entry: semi
+    method: [fixmatch, pseudolabel]
+    dataset: [breastmnist, pneumoniamnist]
+    seed: [0, 1]
+    budget_minutes: 2
+    set: {lambda_u: 1, threshold: 0.9}
+  - entry: al
+    strategy: [random, margin]
+    dataset: splice
+    query-size: [1, 5]
+full:
+  budget_minutes: 60
+"""
+
+
+def test_grid_expands_to_the_cartesian_product_with_cli_argv():
+    sp = parse_spec(GRID, "g.yaml")
+    assert sp.name == "mini" and sp.experiment == "mini" and sp.retries == 2
+    semi = [c for c in sp.cells if c.entry == "semi"]
+    al = [c for c in sp.cells if c.entry == "al"]
+    assert len(semi) == 8 and len(al) == 4
+    assert len({c.id for c in sp.cells}) == 12
+    c = semi[0]
+    assert c.argv() == ["semi", "--method", "fixmatch", "--dataset", "breastmnist", "--seed",
+                        "0", "--budget-minutes", "2", "--set", "lambda_u=1,threshold=0.9"]
+    assert ["--query-size", "5"] == al[-1].argv()[-2:]
+    assert {dict(c.options)["seed"] for c in semi} == {"0", "1"}
+
+
+def test_full_scale_overrides_every_grid_it_applies_to():
+    sp = parse_spec(GRID.replace("  - entry: al\n    strategy: [random, margin]\n    dataset: "
+                                 "splice\n    query-size: [1, 5]\n", ""), full=True)
+    assert {dict(c.options)["budget_minutes"] for c in sp.cells} == {"60"}
+
+
+def test_cell_ids_are_stable_and_ignore_key_order():
+    a = parse_spec("name: a\ngrids:\n  - {entry: semi, method: fixmatch, seed: 1}\n")
+    b = parse_spec("name: b\ngrids:\n  - {entry: semi, seed: 1, method: fixmatch}\n")
+    c = parse_spec("name: c\ngrids:\n  - {entry: semi, seed: 2, method: fixmatch}\n")
+    assert a.cells[0].id == b.cells[0].id != c.cells[0].id
+
+
+@pytest.mark.parametrize("text,line,words", [
+    ("name: x\ngrids:\n  - entry: semi\n    methd: [a]\n", 4, "semi has no option 'methd'"),
+    ("name: x\ngrids:\n  - entry: semy\n", 3, "unknown entry point 'semy'"),
+    ("name: x\ngridz: []\n", 2, "unknown key 'gridz'"),
+    ("grids:\n  - entry: semi\n", 1, "'name'"),
+    ("name: x\ngrids:\n  - entry: semi\n    seed: []\n", 4, "empty list"),
+    ("name: x\ngrids:\n  - entry: semi\n    experiment: e\n", 4, "set by the sweep"),
+    ("name: x\ncpus_per_cell: -1\ngrids:\n  - entry: semi\n", 2, "cpus_per_cell"),
+    ("name: x\ngrids:\n  - entry: semi\n    seed: [0, 0]\n", 3, "appears twice"),
+    ("name: x\ngrids: [\n", 3, "not valid YAML"),
+])
+def test_errors_name_the_file_and_line(text, line, words):
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "grid.yaml")
+    assert str(e.value).startswith(f"grid.yaml:{line}: "), str(e.value)
+    assert words in str(e.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(SpecError, match="no such spec file"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_dry_run_prints_every_cell_and_runs_nothing(tmp_path):
+    p = tmp_path / "g.yaml"
+    p.write_text(GRID)
+    res = CliRunner().invoke(main, ["sweep", str(p), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[0].startswith("sweep mini: 12 cells") and len(lines) == 13
+    assert "scarcelab semi --method fixmatch --dataset breastmnist" in lines[1]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ngrids:\n  - entry: semi\n    methd: [a]\n")
+    res = CliRunner().invoke(main, ["sweep", str(bad), "--dry-run"])
+    assert res.exit_code != 0 and "bad.yaml:4:" in res.output and "Traceback" not in res.output
+
+
+def test_shipped_suites_are_valid():
+    from pathlib import Path
+
+    suites = sorted((Path(__file__).resolve().parents[1] / "suites").glob("*.yaml"))
+    assert suites, "suites/ ships grid specs"
+    for p in suites:
+        for full in (False, True):
+            sp = load_spec(p, full=full)
+            assert sp.cells, p

@@ -1,0 +1,405 @@
+"""Run a grid spec's cells as Ray tasks, with MLflow as the record (DESIGN §4.4).
+
+Why Ray: it runs embedded on one machine (``ray.init()`` starts a private cluster of this
+machine's cores and GPUs) and unchanged against a cluster (``--address ray://head:10001``,
+KubeRay on Kubernetes), with per-task resource declarations (1 GPU per study where GPUs
+exist) — no home-made queue. Why a subprocess per cell: a cell is exactly the command a
+user would type (``scarcelab semi --method …``), so it is isolated (its own torch threads,
+CUDA context, memory) and behaves as documented; Ray only places it.
+
+The record:
+
+* one *sweep* run (``scarcelab.role=sweep``, ``scarcelab.sweep=<name>``) per sweep name and
+  experiment, reused by every re-run of the spec; it carries the spec, the cell counts and,
+  when the grid ends, the grid's report (leaderboard, ranks, … as CSV/markdown/HTML/PNG);
+* one run per cell *attempt*, created here and handed to the cell as ``MLFLOW_RUN_ID``
+  (the way ``mlflow run`` hands a run to an entry point), nested under the sweep run and
+  tagged ``scarcelab.sweep`` and ``scarcelab.cell`` (a hash of entry point + options).
+
+Resuming: re-running the same spec skips every cell that has a FINISHED run, closes runs
+that a dead driver left RUNNING as FAILED, and runs the rest again — with
+``OPTUNA_STORAGE`` set, a study continues where the killed one stopped (the study's own
+resume). A finished cell is never run twice. A failing cell is retried up to ``retries``
+times (each attempt its own run, the error and the cell's output on it) and the sweep goes
+on with the other cells.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tracking.sweep.spec import Cell, SweepSpec
+
+ROLE = "scarcelab.role"
+SWEEP_TAG = "scarcelab.sweep"
+CELL_TAG = "scarcelab.cell"
+DRIVER_TAG = "scarcelab.sweep_driver"
+ATTEMPT_TAG = "scarcelab.sweep_attempt"
+LOG_TAIL = 200_000  # bytes of a cell's output kept as its run's artifact
+# The module every cell runs: the console script's, as ``python -m`` (no PATH needed).
+CELL_MODULE = "entrypoints.cli"
+# Environment a cell takes from the driver when set there: where the data and the shared
+# search state live. Credentials are NOT forwarded to a remote cluster (they would travel
+# as task arguments): set them in the workers' own environment (docs/sweeps.md).
+FORWARD = ("SCARCELAB_DATA", "MLFLOW_S3_ENDPOINT_URL", "OMP_NUM_THREADS")
+FORWARD_EMBEDDED = ("OPTUNA_STORAGE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                    "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+@dataclass
+class CellOutcome:
+    cell: Cell
+    status: str  # FINISHED | FAILED | SKIPPED
+    run_id: str | None = None
+    attempts: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class SweepResult:
+    name: str
+    sweep_run_id: str
+    outcomes: list[CellOutcome] = field(default_factory=list)
+    report_logged: bool = False
+    wall_s: float = 0.0
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(owner: str) -> bool:
+    """A driver on this host is alive if its pid exists; one elsewhere is assumed alive."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return bool(owner)
+    return int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}")
+
+
+def _fmt_s(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the cell gets SIGTERM when the Ray worker that started it dies, so a killed
+    sweep leaves no training process behind to finish (and duplicate) its cell."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001, S110 - not Linux: the cell just outlives its worker
+        pass
+
+
+def run_cell_process(argv: list[str], env: dict[str, str], cwd: str | None,
+                     python: str) -> dict[str, Any]:
+    """Run one cell as ``python -m entrypoints.cli <argv>``; returns its exit code, wall
+    time and output (the last ``LOG_TAIL`` bytes). Runs inside a Ray task."""
+    t0 = time.time()
+    full_env = {**os.environ, **env}
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.run([python, "-m", CELL_MODULE, *argv], env=full_env, cwd=cwd,
+                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              preexec_fn=_die_with_parent, check=False)
+        out.seek(0, os.SEEK_END)
+        size = out.tell()
+        out.seek(max(0, size - LOG_TAIL))
+        text = out.read().decode("utf-8", "replace")
+    return {"rc": proc.returncode, "seconds": time.time() - t0, "output": text}
+
+
+class Driver:
+    """One invocation of a sweep. ``echo`` receives the progress lines."""
+
+    def __init__(self, spec: SweepSpec, address: str | None = None, jobs: int | None = None,
+                 retries: int | None = None, echo: Callable[[str], None] = print,
+                 cwd: str | None = None, python: str = sys.executable) -> None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.spec = spec
+        self.address = address
+        self.jobs = jobs
+        self.retries = spec.retries if retries is None else retries
+        self.echo = echo
+        self.cwd = cwd or str(Path(__file__).resolve().parents[2])
+        self.python = python
+        self.uri = mlflow.get_tracking_uri()
+        self.client = MlflowClient()
+        self.owner = _owner()
+
+    # -- the record -----------------------------------------------------------------------
+    def _experiment_id(self) -> str:
+        exp = self.client.get_experiment_by_name(self.spec.experiment)
+        if exp is not None:
+            return str(exp.experiment_id)
+        try:
+            return str(self.client.create_experiment(self.spec.experiment))
+        except Exception:  # noqa: BLE001 - created concurrently: use it
+            exp = self.client.get_experiment_by_name(self.spec.experiment)
+            if exp is None:
+                raise
+            return str(exp.experiment_id)
+
+    def _open_sweep_run(self, exp: str) -> str:
+        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+        runs = self.client.search_runs(
+            [exp], f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP_TAG}` = '{self.spec.name}'",
+            order_by=["attributes.start_time DESC"], max_results=1)
+        if runs:
+            run = runs[0]
+            other = run.data.tags.get(DRIVER_TAG, "")
+            if run.info.status == "RUNNING" and other and other != self.owner and _alive(other):
+                raise RuntimeError(
+                    f"sweep {self.spec.name!r} is being run by {other} (run "
+                    f"{run.info.run_id}); wait for it or stop it before running it again")
+            rid = run.info.run_id
+            self.client.update_run(rid, status="RUNNING")
+        else:
+            rid = self.client.create_run(
+                exp, run_name=f"sweep-{self.spec.name}",
+                tags={ROLE: "sweep", SWEEP_TAG: self.spec.name,
+                      MLFLOW_RUN_NAME: f"sweep-{self.spec.name}"}).info.run_id
+        self.client.set_tag(rid, DRIVER_TAG, self.owner)
+        self.client.set_tag(rid, "scarcelab.sweep_spec_digest", self.spec.digest)
+        self.client.log_text(rid, self.spec.text, f"sweep/spec-{self.spec.digest}.yaml")
+        self.client.log_text(rid, "\n".join(f"{c.id}\t{c.label}" for c in self.spec.cells),
+                             f"sweep/cells-{self.spec.digest}.tsv")
+        return rid
+
+    def _existing(self, exp: str) -> dict[str, list[Any]]:
+        runs = self.client.search_runs(
+            [exp], f"tags.`{SWEEP_TAG}` = '{self.spec.name}'", max_results=50_000)
+        by_cell: dict[str, list[Any]] = {}
+        for r in runs:
+            cid = r.data.tags.get(CELL_TAG)
+            if cid:
+                by_cell.setdefault(cid, []).append(r)
+        return by_cell
+
+    def _close_stale(self, runs: list[Any]) -> None:
+        """RUNNING cell runs of a dead driver: their process is gone, close them FAILED."""
+        for r in runs:
+            if r.info.status != "RUNNING":
+                continue
+            drv = r.data.tags.get(DRIVER_TAG, "")
+            if drv != self.owner and not _alive(drv):
+                self.client.set_tag(r.info.run_id, "scarcelab.error",
+                                    f"the sweep driver {drv} died while this cell ran; "
+                                    "the cell was run again by the next sweep run")
+                self.client.set_terminated(r.info.run_id, "FAILED")
+
+    def _new_cell_run(self, exp: str, sweep_run: str, cell: Cell, attempt: int) -> str:
+        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+        name = "-".join(v for _, v in cell.options)[:80] or cell.entry
+        name = f"{cell.entry}-{name}"
+        return str(self.client.create_run(exp, run_name=name, tags={
+            SWEEP_TAG: self.spec.name, CELL_TAG: cell.id, "scarcelab.cell_label": cell.label,
+            DRIVER_TAG: self.owner, ATTEMPT_TAG: str(attempt),
+            MLFLOW_PARENT_RUN_ID: sweep_run, MLFLOW_RUN_NAME: name}).info.run_id)
+
+    def _cell_env(self, run_id: str, embedded: bool) -> dict[str, str]:
+        env = {**self.spec.env, "MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": self.uri,
+               "PYTHONUNBUFFERED": "1"}
+        names = FORWARD + (FORWARD_EMBEDDED if embedded else ())
+        env.update({k: os.environ[k] for k in names if k in os.environ})
+        if embedded and "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        return env
+
+    # -- running --------------------------------------------------------------------------
+    def run(self) -> SweepResult:
+        t0 = time.time()
+        exp = self._experiment_id()
+        sweep_run = self._open_sweep_run(exp)
+        result = SweepResult(self.spec.name, sweep_run)
+        existing = self._existing(exp)
+        todo: list[Cell] = []
+        for cell in self.spec.cells:
+            runs = existing.get(cell.id, [])
+            done = [r for r in runs if r.info.status == "FINISHED"]
+            if done:
+                result.outcomes.append(CellOutcome(cell, "SKIPPED", done[0].info.run_id))
+                continue
+            self._close_stale(runs)
+            todo.append(cell)
+        self.echo(f"[sweep {self.spec.name}] {len(self.spec.cells)} cells: "
+                  f"{len(self.spec.cells) - len(todo)} already finished, {len(todo)} to run "
+                  f"(experiment {self.spec.experiment!r}, sweep run {sweep_run})")
+        status = "FINISHED"
+        try:
+            if todo:
+                self._schedule(exp, sweep_run, todo, result,
+                               {c.id: len(existing.get(c.id, [])) for c in todo})
+        except BaseException:
+            status = "FAILED"
+            raise
+        finally:
+            result.wall_s = time.time() - t0
+            failed = result.count("FAILED")
+            if failed:
+                status = "FAILED"
+            self._finish(sweep_run, result, status)
+        return result
+
+    def _schedule(self, exp: str, sweep_run: str, todo: list[Cell], result: SweepResult,
+                  earlier: dict[str, int]) -> None:
+        from tracking.sweep.pool import RayPool
+
+        pool = RayPool(self.address, self.jobs, self.spec.cpus_per_cell,
+                       self.spec.gpus_per_cell)
+        embedded = not self.address
+        slots = pool.slots
+        started: dict[str, tuple[str, float]] = {}  # cell id -> (run id, start time)
+        attempts: dict[str, int] = {}  # this invocation's, against `retries`
+        cells = {c.id: c for c in todo}
+
+        def submit(cell: Cell) -> None:
+            attempts[cell.id] = attempts.get(cell.id, 0) + 1
+            earlier[cell.id] = earlier.get(cell.id, 0) + 1  # the run's number over re-runs
+            rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id])
+            started[cell.id] = (rid, time.time())
+            pool.submit(cell.id, run_cell_process, cell.argv(), self._cell_env(rid, embedded),
+                        self.cwd if embedded else None, self.python)
+
+        for cell in todo:
+            submit(cell)
+        durations: list[float] = []
+        n_total = len(self.spec.cells)
+        while len(pool):
+            cid, out, exc = pool.next_done()
+            cell, (rid, t_start), attempt = cells[str(cid)], started[str(cid)], attempts[str(cid)]
+            if exc is not None:  # the task itself broke (its worker died)
+                out = {"rc": -1, "seconds": time.time() - t_start,
+                       "output": f"the Ray task failed: {type(exc).__name__}: {exc}"}
+            ok = out["rc"] == 0 and self._status(rid) == "FINISHED"
+            self._log_output(rid, out["output"])
+            if ok:
+                durations.append(out["seconds"])
+                result.outcomes.append(CellOutcome(cell, "FINISHED", rid, attempt,
+                                                   out["seconds"]))
+                verb = "finished"
+            else:
+                err = _last_error(out["output"], out["rc"])
+                self._fail(rid, err)
+                if attempt <= self.retries:
+                    verb = f"failed (attempt {attempt}), retrying: {err}"
+                    submit(cell)
+                else:
+                    result.outcomes.append(CellOutcome(cell, "FAILED", rid, attempt,
+                                                       out["seconds"], err))
+                    verb = f"FAILED after {attempt} attempt(s): {err}"
+            done = result.count("FINISHED") + result.count("SKIPPED")
+            failed = result.count("FAILED")
+            running = pool.running
+            queued = len(pool) - running
+            eta = ""
+            if durations and len(pool):
+                mean = sum(durations) / len(durations)
+                eta = f" · ETA {_fmt_s(mean * (queued + running / 2) / max(1, slots))}"
+            self.echo(f"[sweep {self.spec.name}] {cell.label}: {verb} "
+                      f"({out['seconds']:.0f} s) — {done}/{n_total} done · {running} running · "
+                      f"{failed} failed · {queued} queued{eta}")
+            from mlflow.entities import Metric
+
+            ts = int(time.time() * 1000)
+            self.client.log_batch(sweep_run, metrics=[
+                Metric("sweep/cells_done", done, ts, done + failed),
+                Metric("sweep/cells_failed", failed, ts, done + failed)])
+
+    def _status(self, rid: str) -> str:
+        return str(self.client.get_run(rid).info.status)
+
+    def _log_output(self, rid: str, text: str) -> None:
+        try:
+            self.client.log_text(rid, text, "sweep/cell.log")
+        except Exception as e:  # noqa: BLE001 - the output is a convenience, not the record
+            self.echo(f"[sweep {self.spec.name}] could not log the output of run {rid}: {e}")
+
+    def _fail(self, rid: str, err: str) -> None:
+        run = self.client.get_run(rid)
+        self.client.set_tag(rid, "scarcelab.error", err[:5000])
+        if run.info.status in ("RUNNING", "SCHEDULED"):
+            self.client.set_terminated(rid, "FAILED")
+
+    def _finish(self, sweep_run: str, result: SweepResult, status: str) -> None:
+        c = self.client
+        c.set_tag(sweep_run, "scarcelab.sweep_cells", str(len(self.spec.cells)))
+        c.set_tag(sweep_run, "scarcelab.sweep_failed", str(result.count("FAILED")))
+        if result.count("FINISHED") + result.count("SKIPPED"):
+            try:
+                result.report_logged = self._log_report(sweep_run)
+            except Exception as e:  # noqa: BLE001 - the cells' runs are the record
+                self.echo(f"[sweep {self.spec.name}] warning: the grid report could not be "
+                          f"built: {type(e).__name__}: {e}")
+        c.set_terminated(sweep_run, status)
+        self.echo(f"[sweep {self.spec.name}] {status}: {result.count('FINISHED')} run, "
+                  f"{result.count('SKIPPED')} already finished, {result.count('FAILED')} "
+                  f"failed, in {_fmt_s(result.wall_s)} — sweep run {sweep_run}")
+
+    def _log_report(self, sweep_run: str) -> bool:
+        import warnings
+
+        from tracking.query import load, sections
+        from tracking.query.render import report_meta, write_report
+
+        t = load(self.spec.experiment)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            which = ["leaderboard", "ranks"] if len(t.role("study")) else ["ranks"]
+            secs = sections(t, which)
+        with tempfile.TemporaryDirectory() as d:
+            paths = write_report(secs, d, title=f"sweep {self.spec.name}",
+                                 meta=report_meta([self.spec.experiment], self.uri))
+            for p in paths.values():
+                self.client.log_artifact(sweep_run, str(p), "report")
+        if any(c.entry == "contamination" for c in self.spec.cells):
+            from tracking.contamination import contamination_table, to_markdown
+
+            table = contamination_table(experiments=[self.spec.experiment])
+            self.client.log_text(sweep_run, to_markdown(table), "report/contamination.md")
+            self.client.log_text(sweep_run, table.to_csv(index=False),
+                                 "report/contamination.csv")
+        return True
+
+
+def _last_error(output: str, rc: int) -> str:
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    tail = next((ln for ln in reversed(lines) if ln.startswith(("Error", "error"))
+                 or "Error:" in ln), lines[-1] if lines else "")
+    return f"exit {rc}: {tail}"[:500]
+
+
+def _check_uri(uri: str) -> None:
+    parts = urlsplit(uri)
+    if parts.password:
+        raise ValueError("the tracking URI holds a password: set MLFLOW_TRACKING_USERNAME/"
+                         "MLFLOW_TRACKING_PASSWORD in the workers' environment instead of "
+                         "putting it in the URI (a sweep forwards the URI to every cell)")
+
+
+def run_sweep(spec: SweepSpec, address: str | None = None, jobs: int | None = None,
+              retries: int | None = None, echo: Callable[[str], None] = print,
+              cwd: str | None = None) -> SweepResult:
+    """Run (or continue) a sweep; see the module docstring."""
+    drv = Driver(spec, address=address, jobs=jobs, retries=retries, echo=echo, cwd=cwd)
+    _check_uri(drv.uri)
+    return drv.run()

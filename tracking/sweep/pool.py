@@ -1,0 +1,71 @@
+"""One way to fan work out: a small task pool on Ray, shared by the sweep driver and
+``bench/al_sweeps.py``.
+
+Why a wrapper at all: both callers need the same three things — start Ray embedded or
+join a cluster, declare per-task resources (with ``gpus="auto"`` meaning one GPU per task
+where the cluster has GPUs), and take results back in completion order while submitting
+more (retries, a queue of repetitions) — and neither should know Ray's API by heart.
+Nothing here imports MLflow: the AL bench runs where only torch is installed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable
+from typing import Any
+
+
+class RayPool:
+    """``submit(key, fn, *args)`` then ``next_done()`` -> ``(key, result, error)`` in the
+    order tasks end; ``error`` is the exception a task raised (or None)."""
+
+    def __init__(self, address: str | None = None, jobs: int | None = None,
+                 cpus_per_task: float = 1.0, gpus_per_task: float | str = "auto") -> None:
+        import ray
+
+        self._ray = ray
+        if not ray.is_initialized():
+            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                  "configure_logging": False}
+            if address:
+                kw["address"] = address
+            else:  # embedded: this machine's cores, or exactly `jobs` tasks at once
+                kw["num_cpus"] = jobs * cpus_per_task if jobs else os.cpu_count()
+            ray.init(**kw)
+        res = ray.cluster_resources()
+        gpus = (1.0 if res.get("GPU", 0) > 0 else 0.0) if gpus_per_task == "auto" \
+            else float(gpus_per_task)
+        self.cpus, self.gpus = float(cpus_per_task), gpus
+        slots = int(res.get("CPU", 1) // self.cpus)
+        if gpus:
+            slots = min(slots, int(res.get("GPU", 0) // gpus))
+        self.slots = max(1, slots)
+        self._remote: dict[Callable[..., Any], Any] = {}
+        self._pending: dict[Any, Hashable] = {}
+
+    def submit(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> None:
+        if fn not in self._remote:
+            self._remote[fn] = self._ray.remote(num_cpus=self.cpus, num_gpus=self.gpus,
+                                                max_retries=0)(fn)
+        self._pending[self._remote[fn].remote(*args)] = key
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    @property
+    def running(self) -> int:
+        return min(len(self._pending), self.slots)
+
+    def next_done(self) -> tuple[Hashable, Any, BaseException | None]:
+        if not self._pending:
+            raise RuntimeError("next_done() with nothing submitted")
+        ready, _ = self._ray.wait(list(self._pending), num_returns=1)
+        key = self._pending.pop(ready[0])
+        try:
+            return key, self._ray.get(ready[0]), None
+        except Exception as e:  # noqa: BLE001 - handed to the caller, who records it
+            cause = getattr(e, "cause", None)
+            return key, None, cause if isinstance(cause, BaseException) else e
+
+    def shutdown(self) -> None:
+        self._ray.shutdown()
