@@ -112,6 +112,9 @@ class StudyConfig:
     hparams_source: str = "defaults"  # where ``hparams`` came from, logged as a tag
     transfer_epochs: int | None = None  # search=none; None = 100 (80 for TMED-2)
     transfer_patience: int = 20  # search=none: epochs without a lower train loss
+    # which point of a sweep this study is (e.g. "mnist r=0.3"): part of the study key, so
+    # that the children of a contamination sweep are never taken for one another on resume
+    sweep_point: str = ""
 
     def resolved_transfer_epochs(self) -> int:
         if self.transfer_epochs is not None:
