@@ -72,7 +72,8 @@ def _run(kw: dict[str, Any]) -> None:
     params = {"method": cfg.method, "dataset": cfg.dataset, "ood": ",".join(sources),
               "ratios": ",".join(f"{r:g}" for r in ratios), "seed": cfg.seed,
               "budget_minutes": cfg.budget_minutes, "arch": cfg.resolved_arch(),
-              "diag_samples": cfg.diag_samples, "ood_dir": kw["ood_dir"]}
+              "diag_samples": cfg.diag_samples, "ood_dir": kw["ood_dir"],
+              "tuning": kw["tuning"], "search": cfg.search, "hparams_from": cfg.hparams_source}
     client.log_batch(parent_id, params=[Param(k, str(v)) for k, v in params.items()
                                         if k not in existing],
                      tags=[RunTag(k, v) for k, v in {
@@ -84,7 +85,7 @@ def _run(kw: dict[str, Any]) -> None:
     status = "FAILED"
     try:
         points = run_contamination(cfg, sources, ratios, lambda s, r: tracker_cls(parent_id),
-                                   ood_dir=kw["ood_dir"] or None)
+                                   ood_dir=kw["ood_dir"] or None, tuning=kw["tuning"])
         table = contamination_table(parent_run_id=parent_id)
         with tempfile.TemporaryDirectory() as tmp:
             table.to_csv(Path(tmp) / "contamination_table.csv", index=False)
@@ -112,6 +113,10 @@ def _run(kw: dict[str, Any]) -> None:
               help="OOD fractions r of the contaminated pool: n_ood = round(r/(1-r)·n_id)")
 @click.option("--ood-dir", default="", help="folder laid out like ../shared/data "
               "(ood/…, cifar10_jpg/…); default: next to the data root")
+@click.option("--tuning", default="once", show_default=True,
+              type=click.Choice(["once", "per_ratio"]),
+              help="once = tune at r=0 (a tuning study), then every ratio trains that "
+              "configuration with the same seeds; per_ratio = a search at every ratio")
 def contamination(**kw: Any) -> None:
     try:
         _run(kw)

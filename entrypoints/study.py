@@ -30,7 +30,18 @@ def study_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="validation size; defaults to n_labeled and may not exceed it"),
         click.option("--allow-large-val", default="false", show_default=True),
         click.option("--search", default="random", show_default=True,
-                     help="random = budgeted random search; none = literature defaults"),
+                     help="random = budgeted random search; none = transfer (one run on "
+                     "train + validation, configuration from --hparams-from); fixed = one "
+                     "run of the --hparams-from configuration with validation selection"),
+        click.option("--hparams-from", default="defaults", show_default=True,
+                     help="configuration for search=none/fixed: defaults, an MLflow study or "
+                     "trial run id, or an experiment name (its best study of this method)"),
+        click.option("--transfer-epochs", default="default", show_default=True,
+                     help="epochs of search=none (SSL-vs-SSL App. D.2: 100; 80 for TMED-2)"),
+        click.option("--val-from", default="auto", show_default=True,
+                     help="validation set from the dataset's official validation split "
+                     "(official), from train (train), or official where it is large enough "
+                     "(auto)"),
         click.option("--batch-size", default="default", show_default=True),
         click.option("--unlabeled-batch-size", default="default", show_default=True),
         click.option("--max-steps-per-epoch", default="default", show_default=True),
@@ -54,6 +65,11 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
     """The ``StudyConfig`` for parsed ``study_options`` (shared by every study command)."""
     from scarcelab.protocols.search import StudyConfig, parse_overrides
 
+    hparams, hparams_source = None, "defaults"
+    if (kw.get("hparams_from") or "defaults") != "defaults":
+        from tracking.hparams import resolve_hparams
+
+        hparams, hparams_source = resolve_hparams(kw["hparams_from"], kw["method"])
     return StudyConfig(
         method=kw["method"], dataset=kw["dataset"], family=family,
         data_dir=kw["data_dir"] or None, arch=kw["arch"],
@@ -70,6 +86,8 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         max_trials=opt_int(kw["max_trials"], "--max-trials") or 0,
         device=kw["device"], overrides=parse_overrides(kw["overrides"]),
         diag_samples=opt_int(kw["diag_samples"], "--diag-samples") or 0,
+        val_from=kw.get("val_from") or "auto", hparams=hparams, hparams_source=hparams_source,
+        transfer_epochs=opt_int(kw.get("transfer_epochs", "default"), "--transfer-epochs"),
     )
 
 

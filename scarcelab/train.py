@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +30,54 @@ from scarcelab.models.classifier import ExportedClassifier, normalize
 from scarcelab.protocols.probe import LinearProbe
 
 
+class Budget:
+    """A study's wall-clock budget, with the time spent on diagnostics left out.
+
+    Diagnostics (``diag/*``) are computed for semi-supervised methods only; counting them
+    would give those methods less training time than supervised and self-supervised ones
+    under the same ``budget_minutes`` (issue 12 item 9). :meth:`paused` excludes a block
+    from :meth:`elapsed`; ``spent_s`` is time already spent by an earlier process (resume).
+    ``time.time`` is looked up at each call, so a test can drive the clock.
+    """
+
+    def __init__(self, seconds: float, spent_s: float = 0.0) -> None:
+        self.seconds = float(seconds)
+        self._start = time.time() - float(spent_s)
+        self.excluded_s = 0.0
+
+    def elapsed(self) -> float:
+        """Seconds of the budget spent so far (diagnostics excluded)."""
+        return time.time() - self._start - self.excluded_s
+
+    def expired(self) -> bool:
+        return self.elapsed() >= self.seconds
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.excluded_s += time.time() - t0
+
+
+class _Deadline(Budget):
+    """An absolute ``time.time()`` deadline in the :class:`Budget` interface (callers that
+    pass a float: benches, encoders trained outside a study)."""
+
+    def __init__(self, deadline: float) -> None:
+        super().__init__(deadline - time.time())
+
+
 @dataclass
 class TrainConfig:
     max_epochs: int = 200
     patience: int = 20
+    # "val": early stopping and the trial's answer follow validation balanced accuracy
+    # (the search); "train_loss": stop after ``patience`` epochs without a lower mean train
+    # loss and answer with the last epoch (the transfer strategy, SSL-vs-SSL App. D.2,
+    # where validation is part of the training set).
+    stop_on: str = "val"
     max_steps_per_epoch: int | None = None
     batch_labeled: int = 64
     batch_unlabeled: int = 0
@@ -226,7 +271,7 @@ def train_trial(
     bundle: DatasetBundle,
     cfg: TrainConfig,
     *,
-    deadline: float,
+    deadline: float | Budget,
     generator: torch.Generator,
     probe_rng: np.random.Generator,
     on_epoch: Callable[[EpochReport, bool, Callable[[], dict[str, Any]]], None] | None = None,
@@ -239,8 +284,12 @@ def train_trial(
     copying a ResNet every epoch is not free). Raises :class:`TrialFailed` on a
     non-finite loss. ``diagnostics(method, epoch)``, if given, runs after the epoch's steps
     and its metrics (e.g. ``diag/*``, see ``scarcelab.metrics.diagnostics``) join the
-    epoch's, with their cost as ``time/diag_s``.
+    epoch's, with their cost as ``time/diag_s``. ``deadline`` is a :class:`Budget` (the
+    diagnostics' time is then paused out of it) or an absolute ``time.time()`` value.
     """
+    budget = deadline if isinstance(deadline, Budget) else _Deadline(deadline)
+    if cfg.stop_on not in ("val", "train_loss"):
+        raise ValueError(f"TrainConfig.stop_on={cfg.stop_on!r}: 'val' or 'train_loss'")
     device = torch.device(cfg.device)
     method.to(device).train()
     method.on_train_start(data_info(bundle))
@@ -251,6 +300,7 @@ def train_trial(
     opt, sched = make_optimizer(method, total)
     res = TrialResult()
     since_best = 0
+    best_loss = math.inf
     step = 0
     for epoch in range(cfg.max_epochs):
         t0 = time.perf_counter()
@@ -259,7 +309,7 @@ def train_trial(
         n = 0
         out_of_time = False
         for _ in range(spe):
-            if time.time() >= deadline:
+            if budget.expired():
                 out_of_time = True
                 break
             td = time.perf_counter()
@@ -277,9 +327,10 @@ def train_trial(
         t_train = time.perf_counter() - t0
         diag: dict[str, float] = {}
         if diagnostics is not None:
-            td = time.perf_counter()
-            diag = diagnostics(method, epoch)
-            diag["time/diag_s"] = time.perf_counter() - td
+            before = budget.excluded_s
+            with budget.paused():  # outside the budget (see Budget)
+                diag = diagnostics(method, epoch)
+            diag["time/diag_s"] = budget.excluded_s - before
         te = time.perf_counter()
         val_bacc, test_m, probe = evaluate(method, bundle, cfg, probe_rng)
         t_eval = time.perf_counter() - te
@@ -288,7 +339,7 @@ def train_trial(
             "val/balanced_accuracy": val_bacc,
             **{f"test/{k}": v for k, v in test_m.items()},
             "train/lr": sched.get_last_lr()[0],
-            "time/epoch_s": t_train + diag.get("time/diag_s", 0.0) + t_eval,
+            "time/epoch_s": t_train + t_eval,  # what the budget is charged (no diagnostics)
             "time/data_s": t_data,
             "time/eval_s": t_eval,
             "time/steps": float(n),
@@ -297,13 +348,22 @@ def train_trial(
         if method.linear_probe and probe is not None:
             metrics["time/probe_s"] = t_eval
             metrics["probe/C"] = float(probe.C or 0.0)
-        improved = val_bacc > res.best_val
         res.epochs, res.steps = epoch + 1, step
-        if improved:
+        if cfg.stop_on == "train_loss":
+            loss = metrics.get("train/loss", math.inf)
+            improved = True  # the last epoch is the answer
             res.best_val, res.best_epoch, res.best_test = val_bacc, epoch, test_m
-            since_best = 0
+            if loss < best_loss:
+                best_loss, since_best = loss, 0
+            else:
+                since_best += 1
         else:
-            since_best += 1
+            improved = val_bacc > res.best_val  # strict: the first of tied epochs wins
+            if improved:
+                res.best_val, res.best_epoch, res.best_test = val_bacc, epoch, test_m
+                since_best = 0
+            else:
+                since_best += 1
         report = EpochReport(epoch, metrics, val_bacc, test_m)
         if on_epoch is not None:
             on_epoch(report, improved, lambda p=probe, e=epoch, v=val_bacc: snapshot(

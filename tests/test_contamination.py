@@ -1,6 +1,7 @@
 """Contamination protocol: counts for each r, flags, conversions, determinism, real OOD
 sources, the sweep (in memory and through a real MLflow store) and the Table A1 view."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 
 from scarcelab.data.ood import SOURCES, ImageFormat, SourceContext, draw_ood, pick, to_format
 from scarcelab.errors import ConfigError, DataError
+from scarcelab.methods import METHODS
 from scarcelab.protocols.contamination import (
     contaminate,
     n_ood_for,
@@ -206,6 +208,8 @@ def test_sweep_runs_one_tagged_child_per_ratio_and_clean_run_once():
         SHARED_DATA / "ood").exists() else ["gaussian"], [0.0, 0.5], factory,
         ood_dir=str(SHARED_DATA / "ood"))
     n_src = len({p.source for p in pts})
+    tuner, trackers = trackers[0], trackers[1:]  # the tuning study runs first
+    assert tuner.study.tags["scarcelab.sweep_role"] == "tuning"
     assert len(pts) == len(trackers) == 1 + n_src  # r = 0 is shared by the sources
     for p, t in zip(pts, trackers, strict=True):
         tags = t.study.tags
@@ -216,6 +220,54 @@ def test_sweep_runs_one_tagged_child_per_ratio_and_clean_run_once():
         assert {"diag/ple", "diag/cci", "diag/sem_drift", "diag/grad_align"} <= keys
         assert ("diag/ood_ff" in keys) == (p.ratio > 0)
     assert pts[0].contamination["n_ood"] == 0 and pts[1].contamination["n_ood"] > 0
+
+
+def _sweep_trackers():
+    made: list[InMemoryTracker] = []
+
+    def factory(source, ratio):
+        made.append(InMemoryTracker())
+        return made[-1]
+
+    return made, factory
+
+
+def test_sweep_tunes_once_at_r0_then_runs_every_ratio_with_that_configuration():
+    made, factory = _sweep_trackers()
+    cfg = dataclasses.replace(_sweep_cfg(), max_trials=3, overrides={})
+    pts = run_contamination(cfg, ["gaussian"], [0.0, 0.3, 0.5], factory)
+    tuner, children = made[0], made[1:]
+    assert len(tuner.trials) == 3 and "scarcelab.ratio" not in tuner.study.tags
+    best = tuner.trials[int(tuner.study.tags["scarcelab.best_trial"])].params
+    assert len(children) == len(pts) == 3
+    for p, t in zip(pts, children, strict=True):
+        assert len(t.trials) == 1  # one run of the fixed configuration, no search
+        hp = t.trials[0].params
+        for k in ("lr", "weight_decay", "threshold", "lambda_u"):
+            assert hp[k] == best[k], (p.ratio, k)
+        assert hp["trial_seed"] == children[0].trials[0].params["trial_seed"]  # same seeds
+        assert t.study.tags["scarcelab.search"] == "fixed"
+        assert t.study.tags["scarcelab.tuning"] == "once"
+        src = t.study.tags["scarcelab.hparams_source"]
+        assert src.startswith("the sweep's tuning study at r=0, trial ")
+        assert t.trials[0].tags["scarcelab.ratio"] == f"{p.ratio:g}"
+
+
+def test_sweep_per_ratio_tuning_and_transfer_keep_their_configurations():
+    made, factory = _sweep_trackers()
+    cfg = dataclasses.replace(_sweep_cfg(), max_trials=2)
+    run_contamination(cfg, ["gaussian"], [0.0, 0.5], factory, tuning="per_ratio")
+    assert len(made) == 2 and all(len(t.trials) == 2 for t in made)  # a search per ratio
+    assert {t.study.tags["scarcelab.hparams_source"] for t in made} == {
+        "a search at each ratio"}
+    made, factory = _sweep_trackers()
+    cfg = dataclasses.replace(_sweep_cfg(), search="none", transfer_epochs=1)
+    run_contamination(cfg, ["gaussian"], [0.0, 0.5], factory)
+    assert len(made) == 2  # no tuning study: the defaults are the configuration
+    assert {t.study.tags["scarcelab.hparams_source"] for t in made} == {"defaults"}
+    assert {t.trials[0].params["lr"] for t in made} == {METHODS.get("fixmatch").defaults["lr"]}
+    with pytest.raises(ConfigError, match="tuning='twice'"):
+        run_contamination(_sweep_cfg(), ["gaussian"], [0.0], factory, tuning="twice")
 
 
 def test_sweep_rejects_non_semi_methods_and_unknown_sources():
@@ -287,6 +339,11 @@ def test_view_reads_a_real_mlflow_sweep(tmp_path, monkeypatch):
     assert table["cci_final"].notna().all() and table["ple_final"].notna().all()
     assert math.isnan(table.set_index("ratio")["ood_ff_final"][0.0])
     child = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent}'")
-    assert len(child) == 2 and {r.data.tags["scarcelab.ratio"] for r in child} == {"0", "0.5"}
+    points = [r for r in child if "scarcelab.ratio" in r.data.tags]
+    assert len(child) == 3 and {r.data.tags["scarcelab.ratio"] for r in points} == {"0", "0.5"}
+    tuning = [r for r in child if r.data.tags.get("scarcelab.sweep_role") == "tuning"]
+    assert len(tuning) == 1  # a child of the sweep, but not a point of the table
+    for r in points:  # the configuration's source names the tuning study's run
+        assert tuning[0].info.run_id in r.data.tags["scarcelab.hparams_source"]
     assert plot_vs_ratio(table, tmp_path / "p.png").stat().st_size > 1000
     mlflow.set_tracking_uri("")

@@ -90,6 +90,13 @@ def make_specs() -> list[StudySpec]:
     specs.append(StudySpec(  # transfer: the study series keeps the *last* epoch
         "qa", "dH", "fixmatch", "semi", 0, series="last",
         trials=[[(0.9, 0.70, 0.75, 10.0), (0.6, 0.72, 0.77, 20.0)]]))
+    # dT: test *falls* each time validation improves, down to the final val-best checkpoint,
+    # and a validation tie carries the best test of all: a record or selection that follows
+    # test anywhere (or lets a later tie win) cannot pass test_record_follows_validation
+    specs.append(StudySpec(
+        "qa", "dT", "sup", "supervised", 0,
+        trials=[[(0.5, 0.80, 0.85, 10.0), (0.6, 0.70, 0.75, 20.0)],
+                [(0.6, 0.95, 0.97, 35.0), (0.7, 0.55, 0.60, 45.0), (0.65, 0.90, 0.92, 55.0)]]))
     return specs
 
 
@@ -268,6 +275,19 @@ def test_hand_written_selection(tracked):
     # recomputed from trials, the transfer study gets the best-on-validation epoch instead
     trials = views.per_study(tracked, source="trials", dataset="dH").set_index("method")
     assert trials.loc["fixmatch", "test_balanced_accuracy"] == 0.70
+
+
+@pytest.mark.parametrize("source", ["study", "trials"])
+def test_record_follows_validation_when_test_falls(tracked, source):
+    rec = tracked.record(source)
+    sel = views.per_study(tracked, source=source, dataset="dT")
+    rec = rec[rec["study_id"] == sel.iloc[0]["study_id"]]
+    # one row per change of the answer (the study's series or the trials' improvements)
+    assert list(rec["val_balanced_accuracy"]) == [0.5, 0.6, 0.7]
+    assert list(rec["test_balanced_accuracy"]) == [0.80, 0.70, 0.55]
+    assert list(rec["elapsed_s"]) == [10.0, 20.0, 45.0]
+    assert sel.iloc[0]["test_balanced_accuracy"] == 0.55  # the final val-best checkpoint
+    assert sel.iloc[0]["test_accuracy"] == 0.60
 
 
 def test_record_sources_agree(store, tracked):

@@ -109,7 +109,7 @@ def test_budget_is_honoured():
 
 def test_transfer_search_none_uses_defaults_and_val_in_train():
     t = InMemoryTracker()
-    run_study(_cfg(search="none", max_trials=5), t)
+    run_study(_cfg(search="none", max_trials=5, transfer_epochs=2), t)
     assert len(t.trials) == 1
     assert t.trials[0].params["lr"] == METHODS.get("sup").defaults["lr"]
     assert t.study.tags["scarcelab.val_in_train"] == "true"

@@ -77,3 +77,72 @@ def test_multilabel_refused():
     raw.task = "multi-label"
     with pytest.raises(ConfigError, match="multi-label"):
         make_split(raw, 10, 10)
+
+
+# -- validation from the official validation split (SSL-vs-SSL App. D.1) ---------------------
+
+
+def _raw_with_val(counts=(700, 200, 100), val_counts=(140, 40, 20), name="toy"):
+    raw = _raw(counts, name)
+    vy = np.concatenate([np.full(c, i) for i, c in enumerate(val_counts)])
+    # official validation images are 4x4 (train ones 2x2) so a test can tell them apart
+    raw.val_x = np.zeros((len(vy), 1, 4, 4), np.uint8) + vy[:, None, None, None].astype(
+        np.uint8)
+    raw.val_y = vy
+    return raw
+
+
+def test_validation_defaults_to_the_official_split_by_class_frequency():
+    raw = _raw_with_val()
+    s = make_split(raw, 100, 50, seed=3)
+    assert s["val_from"] == "official"
+    # validation indexes the official validation split, drawn by its class frequency
+    assert max(s["val"]) < len(raw.val_y)
+    assert np.bincount(raw.val_y[s["val"]]).tolist() == [35, 10, 5]
+    # the labeled set comes from train; the whole rest of train is unlabeled
+    assert len(s["labeled"]) == 100 and len(s["unlabeled"]) == 900
+    assert not set(s["labeled"]) & set(s["unlabeled"])
+    b = apply_split(raw, s)
+    assert b.val_x.shape == (50, 1, 4, 4) and b.labeled_x.shape == (100, 1, 2, 2)
+    np.testing.assert_array_equal(b.val_y, raw.val_y[s["val"]])
+    np.testing.assert_array_equal(b.labeled_x, raw.train_x[s["labeled"]])
+    assert b.sizes() == {"labeled": 100, "unlabeled": 900, "val": 50, "test": 10}
+    assert b.meta["val_from"] == "official"
+
+
+def test_draw_from_train_stays_an_option_and_changes_the_hash():
+    raw = _raw_with_val()
+    off = make_split(raw, 100, 50, seed=3)
+    tr = make_split(raw, 100, 50, seed=3, val_from="train")
+    assert tr["val_from"] == "train" and len(tr["unlabeled"]) == 850
+    assert tr == make_split(_raw(), 100, 50, seed=3)  # exactly the old split ...
+    assert tr["hash"] == make_split(_raw(), 100, 50, seed=3)["hash"]  # ... and its hash
+    assert off["labeled"] == tr["labeled"]  # same labeled draw either way
+    assert off["hash"] != tr["hash"]
+    # the same index lists into the other split are another split: another hash
+    assert split_hash({**tr, "val_from": "official"}) != tr["hash"]
+
+
+def test_official_split_too_small_or_missing():
+    raw = _raw_with_val(val_counts=(14, 4, 2))  # 20 official validation images
+    assert make_split(raw, 100, 30)["val_from"] == "train"  # auto falls back
+    with pytest.raises(ConfigError, match="n_val=30 exceeds the 20 images.*val_from=train"):
+        make_split(raw, 100, 30, val_from="official")
+    with pytest.raises(ConfigError, match="no official validation split"):
+        make_split(_raw(), 100, 30, val_from="official")
+    with pytest.raises(ConfigError, match="val_from='nope'"):
+        make_split(raw, 100, 30, val_from="nope")
+
+
+def test_real_pneumoniamnist_validation_comes_from_its_official_split(medmnist_dir):
+    from scarcelab.data import load_raw
+
+    raw = load_raw("pneumoniamnist", str(medmnist_dir))
+    s = make_split(raw, 400, 400, seed=0)
+    b = apply_split(raw, s)
+    assert s["val_from"] == "official" and len(s["unlabeled"]) == len(raw.train_y) - 400
+    # by class frequency of the official validation split (524 images)
+    want = stratified_counts(np.bincount(raw.val_y), 400).tolist()
+    assert np.bincount(b.val_y).tolist() == want
+    vals = {bytes(x) for x in raw.val_x[s["val"]]}
+    assert {bytes(x) for x in b.val_x} == vals

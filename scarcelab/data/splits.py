@@ -1,6 +1,16 @@
 """The realistic split (SSL-vs-SSL §4): small labeled train and validation sets drawn with
 the natural class frequencies, everything else of the train split unlabeled.
 
+Where the validation set comes from (``val_from``): SSL-vs-SSL (Huang et al., CVPR 2024,
+App. D.1) draws the labeled *validation* set from the dataset's predefined validation split
+(TissueMNIST: 400 of the 23,640 official validation images, by class frequency) and the
+labeled *train* set from the predefined train split. ``"official"`` does exactly that;
+``"train"`` draws both from the train split (the pre-2026 behaviour, for datasets without an
+official validation split or to reproduce old studies); ``"auto"`` (the default) is
+``"official"`` when the dataset has an official validation split holding at least ``n_val``
+images and ``"train"`` otherwise (e.g. BreastMNIST's 78 official validation images cannot
+give its default 100). The resolved choice is stored in the split and in its hash.
+
 Published benchmarks often validate on sets larger than the labeled training set, which
 no practitioner with 400 labels has; here validation is capped at the labeled size unless
 the caller explicitly allows more. Splits are deterministic in a seed, stored as JSON of
@@ -28,6 +38,7 @@ DEFAULT_BUDGETS: dict[str, tuple[int, int]] = {
     "synthetic_tiny_rgb": (30, 30),
 }
 FALLBACK_BUDGET = 400
+VAL_FROM = ("auto", "official", "train")
 
 
 def default_budget(name: str, n_train: int) -> tuple[int, int]:
@@ -63,14 +74,34 @@ def stratified_counts(class_counts: np.ndarray, n: int) -> np.ndarray:
     return counts
 
 
+def resolve_val_from(raw: RawDataset, val_from: str, n_val: int) -> str:
+    """``auto`` -> ``official`` or ``train`` (see the module docstring); checks the others."""
+    if val_from not in VAL_FROM:
+        raise ConfigError(f"val_from={val_from!r}: valid values are {', '.join(VAL_FROM)}")
+    n_official = 0 if raw.val_y is None else len(raw.val_y)
+    if val_from == "auto":
+        return "official" if n_official and n_val <= n_official else "train"
+    if val_from == "official":
+        if not n_official:
+            raise ConfigError(f"val_from=official: dataset {raw.name!r} has no official "
+                              "validation split; use val_from=train (or auto)")
+        if n_val > n_official:
+            raise ConfigError(f"val_from=official: n_val={n_val} exceeds the {n_official} "
+                              f"images of {raw.name}'s official validation split; lower n_val "
+                              "or use val_from=train")
+    return val_from
+
+
 def make_split(
     raw: RawDataset,
     n_labeled: int | str | None = None,
     n_val: int | str | None = None,
     seed: int = 0,
     allow_large_val: bool = False,
+    val_from: str = "auto",
 ) -> dict[str, Any]:
-    """Draw labeled / validation / unlabeled index sets from ``raw``'s train split."""
+    """Draw labeled / unlabeled index sets from ``raw``'s train split and the validation
+    index set from its train or official validation split (``val_from``, see above)."""
     if raw.task != "multi-class":
         raise ConfigError(
             f"dataset {raw.name!r} is {raw.task}; scarcelab's classifiers and splits are "
@@ -79,42 +110,60 @@ def make_split(
     y = np.asarray(raw.train_y)
     n_train = len(y)
     d_lab, d_val = default_budget(raw.name, n_train)
+    val_given = n_val not in (None, "default", "")
     if n_labeled in (None, "default", ""):
         n_labeled = d_lab
     if n_labeled == "all":
-        n_labeled = n_train - (0 if n_val in (None, "default", "", 0, "0") else int(n_val))
+        # every train image labeled except those validation takes from train (decided below)
+        n_v = int(n_val) if val_given else 0  # type: ignore[arg-type]
+        source = resolve_val_from(raw, val_from, n_v)
+        n_labeled = n_train - (n_v if source == "train" else 0)
     n_labeled = int(n_labeled)  # type: ignore[arg-type]
-    n_val = n_labeled if n_val in (None, "default", "") else int(n_val)  # type: ignore[arg-type]
+    n_val = int(n_val) if val_given else n_labeled  # type: ignore[arg-type]
     if n_val > n_labeled and not allow_large_val:
         raise ConfigError(
             f"n_val={n_val} is larger than n_labeled={n_labeled}; a validation set larger "
             "than the labeled training set is unrealistic. Lower n_val or pass "
             "allow_large_val=true to override."
         )
-    if n_labeled + n_val > n_train:
+    source = resolve_val_from(raw, val_from, n_val)
+    from_train = n_val if source == "train" else 0
+    if n_labeled + from_train > n_train:
         raise ConfigError(
-            f"n_labeled + n_val = {n_labeled + n_val} exceeds the {n_train} training samples "
-            f"of {raw.name}"
+            f"n_labeled + n_val = {n_labeled + from_train} exceeds the {n_train} training "
+            f"samples of {raw.name}"
         )
     counts = np.bincount(y, minlength=raw.num_classes)
     rng = np.random.default_rng(seed)
     labeled: list[int] = []
     val: list[int] = []
     n_lab_c = stratified_counts(counts, n_labeled)
-    remaining = counts - n_lab_c
-    n_val_c = stratified_counts(remaining, n_val) if n_val > 0 else np.zeros_like(counts)
-    for c in range(raw.num_classes):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        labeled += idx[: n_lab_c[c]].tolist()
-        val += idx[n_lab_c[c] : n_lab_c[c] + n_val_c[c]].tolist()
+    if source == "train":
+        remaining = counts - n_lab_c
+        n_val_c = stratified_counts(remaining, n_val) if n_val > 0 else np.zeros_like(counts)
+        for c in range(raw.num_classes):
+            idx = rng.permutation(np.flatnonzero(y == c))
+            labeled += idx[: n_lab_c[c]].tolist()
+            val += idx[n_lab_c[c] : n_lab_c[c] + n_val_c[c]].tolist()
+    else:
+        for c in range(raw.num_classes):
+            labeled += rng.permutation(np.flatnonzero(y == c))[: n_lab_c[c]].tolist()
+        vy = np.asarray(raw.val_y)
+        v_counts = np.bincount(vy, minlength=raw.num_classes)
+        n_val_c = stratified_counts(v_counts, n_val) if n_val > 0 else np.zeros_like(counts)
+        vrng = np.random.default_rng([seed, 0x7A1])  # its own stream: labeled draws unchanged
+        for c in range(raw.num_classes):
+            val += vrng.permutation(np.flatnonzero(vy == c))[: n_val_c[c]].tolist()
     taken = np.zeros(n_train, dtype=bool)
     taken[labeled] = True
-    taken[val] = True
+    if source == "train":
+        taken[val] = True
     split = {
         "dataset": raw.name,
         "seed": int(seed),
         "n_labeled": n_labeled,
         "n_val": n_val,
+        "val_from": source,
         "labeled": sorted(labeled),
         "val": sorted(val),
         "unlabeled": np.flatnonzero(~taken).tolist(),
@@ -125,8 +174,14 @@ def make_split(
 
 
 def split_hash(split: dict[str, Any]) -> str:
-    """Content hash of the index sets (12 hex chars), independent of the JSON layout."""
+    """Content hash of the index sets (12 hex chars), independent of the JSON layout.
+
+    ``val_from`` enters the hash only when it is not ``train``: the same index lists mean
+    other images when they index the official validation split, while splits drawn the old
+    way (validation from train) keep the hashes they always had."""
     payload = {k: split[k] for k in ("dataset", "labeled", "val", "unlabeled", "test")}
+    if split.get("val_from", "train") != "train":
+        payload["val_from"] = split["val_from"]
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -136,10 +191,19 @@ def apply_split(raw: RawDataset, split: dict[str, Any]) -> DatasetBundle:
     if split.get("dataset") != raw.name:
         raise DataError(f"split was drawn for {split.get('dataset')!r}, not {raw.name!r}")
     n = len(raw.train_y)
+    official = split.get("val_from", "train") == "official"
+    if official and raw.val_y is None:
+        raise DataError(f"split takes validation from the official validation split, which "
+                        f"{raw.name!r} does not have")
     for part in ("labeled", "val", "unlabeled"):
-        if split[part] and max(split[part]) >= n:
-            raise DataError(f"split {part} indices exceed the {n} training samples of {raw.name}")
+        in_val = part == "val" and official
+        size = len(raw.val_y) if in_val else n  # type: ignore[arg-type]
+        if split[part] and max(split[part]) >= size:
+            raise DataError(f"split {part} indices exceed the {size} "
+                            f"{'validation' if in_val else 'training'} samples of {raw.name}")
     lab, val, unl = (np.asarray(split[k], dtype=np.int64) for k in ("labeled", "val", "unlabeled"))
+    val_x = raw.val_x if official else raw.train_x
+    val_y = raw.val_y if official else raw.train_y
     meta = {
         "name": raw.name,
         "num_classes": raw.num_classes,
@@ -147,6 +211,7 @@ def apply_split(raw: RawDataset, split: dict[str, Any]) -> DatasetBundle:
         "channels": raw.channels,
         "resolution": list(raw.resolution),
         "split_hash": split["hash"],
+        "val_from": split.get("val_from", "train"),
         "source": raw.source,
         "md5": raw.md5,
     }
@@ -154,8 +219,8 @@ def apply_split(raw: RawDataset, split: dict[str, Any]) -> DatasetBundle:
         labeled_x=raw.train_x[lab],
         labeled_y=raw.train_y[lab],
         unlabeled_x=raw.train_x[unl],
-        val_x=raw.train_x[val],
-        val_y=raw.train_y[val],
+        val_x=val_x[val],  # type: ignore[index]
+        val_y=val_y[val],  # type: ignore[index]
         test_x=raw.test_x,
         test_y=raw.test_y,
         meta=meta,

@@ -14,6 +14,19 @@ says nothing about its origin); ``unlabeled_ood`` carries the oracle ID/OOD flag
 ``unlabeled_y`` gets −1 for OOD images. Neither reaches training: ``BatchSource`` reads
 ``unlabeled_x`` only, and only the diagnostics hook reads the flags (``diag/ood_ff``).
 
+Tuning is held fixed across ratios (``tuning="once"``, the default), so that the effect
+of r is not mixed with the effect of a different search outcome at each r: a *tuning
+study* (the budgeted random search, on the clean r = 0 pool) picks one configuration, then
+every ratio — r = 0 included — trains exactly that configuration once (``search="fixed"``:
+validation early stopping and checkpoint selection as in a search trial) with the same
+seeds (trial 0 of every child, hence the same model initialisation and batch-order seed).
+With ``search="none"`` (transfer: defaults or a configuration from ``hparams_from``) or a
+given configuration, no tuning study runs and that configuration is used at every ratio.
+``tuning="per_ratio"`` restores the old protocol (each ratio runs its own search). Each
+child says where its configuration came from (tag ``scarcelab.hparams_source``); the tuning
+study is tagged ``scarcelab.sweep_role=tuning`` and carries no ``scarcelab.ratio``, so the
+Table A1 view does not take it for a sweep point.
+
 The core stays free of MLflow: :func:`run_contamination` takes a factory of
 :class:`~scarcelab.tracker.Tracker` objects (one per child study) and tags each child
 through :class:`TaggingTracker`.
@@ -34,6 +47,8 @@ from scarcelab.data.ood import ImageFormat, SourceContext, draw_ood, get_source
 from scarcelab.errors import ConfigError
 from scarcelab.protocols.search import StudyConfig, StudyResult, run_study
 from scarcelab.tracker import DatasetInfo, Tracker
+
+TUNINGS = ("once", "per_ratio")
 
 
 def n_ood_for(ratio: float, n_id: int) -> int:
@@ -91,7 +106,9 @@ class TaggingTracker(Tracker):
     def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
                     artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
         ratio = self.tags.get("scarcelab.ratio")
-        self.inner.start_study(f"{name}-{self.tags.get('scarcelab.ood', 'ood')}-r{ratio}",
+        suffix = f"{self.tags.get('scarcelab.ood', 'ood')}-r{ratio}" if ratio is not None \
+            else "tuning-r0"
+        self.inner.start_study(f"{name}-{suffix}",
                                {**tags, **self.tags}, {**params, **self.params}, artifacts,
                                dataset)
 
@@ -132,16 +149,21 @@ def run_contamination(
     ratios: Sequence[float],
     tracker_for: Callable[[str, float], Tracker],
     ood_dir: str | None = None,
+    tuning: str = "once",
 ) -> list[SweepPoint]:
     """One child study per (source, ratio), sources in order, ratios in order.
 
     ``r = 0`` is the same clean pool for every source, so it runs once, tagged with the
     first source (its ``scarcelab.ood_kind`` is ``none``); views use it as the baseline of
-    every source. Every child uses the same seed, hence the same split, the same ID pool,
-    the same diagnostic subsample of the ID part and the same first sampled configuration.
+    every source. Every child uses the same seed, hence the same split, the same ID pool
+    and the same diagnostic subsample of the ID part; with ``tuning="once"`` (see the module
+    docstring) also the same configuration and training seeds. The tuning study, when one
+    runs, gets its tracker from ``tracker_for(first source, 0.0)`` as well.
     """
     from scarcelab.methods import get_method
 
+    if tuning not in TUNINGS:
+        raise ConfigError(f"tuning={tuning!r}: valid values are {', '.join(TUNINGS)}")
     if get_method(cfg.method).family != "semi":
         raise ConfigError(f"contamination sweeps need a semi-supervised method; {cfg.method!r} "
                           f"is {get_method(cfg.method).family}")
@@ -150,6 +172,7 @@ def run_contamination(
     for s in sources:
         get_source(s)  # fail fast on a typo, before any training
     ctx = SourceContext(data_dir=cfg.data_dir, ood_dir=ood_dir, id_dataset=cfg.dataset)
+    child_cfg, hp_source = _configuration(cfg, tuning, sources[0], tracker_for, ctx)
     points: list[SweepPoint] = []
     done_clean = False
     for source in sources:
@@ -166,15 +189,50 @@ def run_contamination(
                 return out
 
             tags = {"scarcelab.ood": source, "scarcelab.ratio": f"{r:g}",
-                    "scarcelab.ood_kind": kind if r > 0 else "none"}
+                    "scarcelab.ood_kind": kind if r > 0 else "none",
+                    "scarcelab.tuning": tuning, "scarcelab.hparams_source": hp_source}
             tracker = tracker_for(source, r)
             # the contamination counts are known only after the transform ran; they are
             # logged as params of the child study through a lazily-filled dict
             child = _ParamsAfterTransform(tracker, tags, seen)
-            res = run_study(cfg, child, bundle_transform=transform)
+            point = f"{source if r > 0 else 'clean'} r={r:g}"
+            res = run_study(_child(child_cfg, point), child, bundle_transform=transform)
             points.append(SweepPoint(source, kind if r > 0 else "none", r, res, dict(seen)))
             done_clean = done_clean or r == 0.0
     return points
+
+
+def _child(cfg: StudyConfig, point: str) -> StudyConfig:
+    """``cfg`` for one sweep point: its own study key (and Optuna study, if named)."""
+    name = f"{cfg.study_name}-{point.replace(' ', '-')}" if cfg.study_name else None
+    return dataclasses.replace(cfg, sweep_point=point, study_name=name)
+
+
+def _configuration(cfg: StudyConfig, tuning: str, first_source: str,
+                   tracker_for: Callable[[str, float], Tracker], ctx: SourceContext
+                   ) -> tuple[StudyConfig, str]:
+    """The config every child runs and where its hyperparameters come from.
+
+    ``once`` with a random search: run the tuning study on the clean pool (the very
+    bundle the r = 0 child gets) and fix its best configuration."""
+    if tuning == "per_ratio":
+        return cfg, ("a search at each ratio" if cfg.search == "random"
+                     else cfg.hparams_source)
+    if cfg.search != "random":  # transfer or a given configuration: already fixed
+        return cfg, cfg.hparams_source
+    inner = tracker_for(first_source, 0.0)
+    tuner = TaggingTracker(inner, {"scarcelab.sweep_role": "tuning",
+                                   "scarcelab.ood": first_source, "scarcelab.tuning": tuning})
+    res = run_study(_child(cfg, "tuning r=0"), tuner, bundle_transform=lambda b: contaminate(
+        b, first_source, 0.0, cfg.seed, ctx))
+    assert res.best_checkpoint is not None  # run_study raises when no trial completed
+    hp = dict(res.best_checkpoint["hp"])
+    run_id = getattr(inner, "study_run_id", None)
+    where = f"tuning study {run_id}" if run_id else "the sweep's tuning study"
+    label = f"{where} at r=0, trial {res.best_trial}"
+    fixed = dataclasses.replace(cfg, search="fixed", hparams=hp, hparams_source=label,
+                                max_trials=0)
+    return fixed, label
 
 
 class _ParamsAfterTransform(TaggingTracker):

@@ -8,9 +8,24 @@ study, stepped by a global epoch counter) so an interrupted or budget-cut study 
 has its best-so-far recorded. A trial that diverges is recorded as failed and the search
 goes on; repeated *unexpected* errors abort, since they are bugs, not bad configurations.
 
-``search="none"`` is the "transfer" strategy: one run with the method's literature
-defaults, trained on labeled train + validation (no model selection: the last epoch is
-the answer and validation scores are optimistic, tagged as such).
+``search="none"`` is the "transfer" strategy of SSL-vs-SSL App. D.2: no search, one run
+with a configuration taken from elsewhere (the method's literature defaults, or — resolved
+by ``tracking.hparams`` and passed in as ``StudyConfig.hparams`` — the best configuration
+found on another dataset, as the paper transfers from TissueMNIST / CIFAR-10), trained on
+labeled train + validation for ``transfer_epochs`` (the paper's 100; 80 for TMED-2),
+stopping early after ``transfer_patience`` (20) epochs without a lower train loss. There is
+no model selection: the last epoch is the answer, and validation scores are optimistic
+(validation is in the training set), tagged as such.
+
+``search="fixed"`` trains one given configuration (``StudyConfig.hparams``) with the
+search's protocol (validation early stopping, best-on-validation checkpoint): what every
+ratio of a contamination sweep runs once tuning is held fixed.
+
+Budget: ``time/elapsed_s`` and the budget exclude the time spent on diagnostics
+(``time/diag_s``, see ``scarcelab.train.Budget``). With shared storage the budget clock
+is also written to the running Optuna trial (user attribute ``elapsed_s``, at each
+heartbeat and epoch), so a study whose process was killed mid-trial resumes with the time
+that trial had spent, not only the time up to its last logged epoch.
 """
 
 from __future__ import annotations
@@ -43,6 +58,7 @@ from scarcelab.models import create_model
 from scarcelab.protocols.study_store import StudyStore, redact
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
 from scarcelab.train import (
+    Budget,
     EpochReport,
     TrainConfig,
     data_info,
@@ -54,6 +70,10 @@ log = logging.getLogger("scarcelab")
 
 MAX_CONSECUTIVE_ERRORS = 3
 CHECKPOINT_MIN_INTERVAL_S = 30.0
+SEARCHES = ("random", "none", "fixed")
+# Transfer strategy epochs (SSL-vs-SSL App. D.2): 100, except 80 for TMED-2.
+TRANSFER_EPOCHS: dict[str, int] = {"tmed2": 80}
+DEFAULT_TRANSFER_EPOCHS = 100
 
 
 @dataclass
@@ -83,6 +103,23 @@ class StudyConfig:
         default_factory=lambda: os.environ.get("OPTUNA_STORAGE") or None)
     study_name: str | None = None  # workers given the same name share one study
     diag_samples: int = 512  # C-Score diagnostics subsample for semi methods; 0 = off
+    # where validation comes from: auto | official | train (scarcelab.data.splits)
+    val_from: str = "auto"
+    # a configuration given from outside (search=none / fixed): resolved by the caller
+    # (tracking.hparams for an MLflow experiment or run; a contamination sweep's tuning
+    # study) — the core never looks anything up. None = the method's defaults.
+    hparams: dict[str, Any] | None = None
+    hparams_source: str = "defaults"  # where ``hparams`` came from, logged as a tag
+    transfer_epochs: int | None = None  # search=none; None = 100 (80 for TMED-2)
+    transfer_patience: int = 20  # search=none: epochs without a lower train loss
+    # which point of a sweep this study is (e.g. "mnist r=0.3"): part of the study key, so
+    # that the children of a contamination sweep are never taken for one another on resume
+    sweep_point: str = ""
+
+    def resolved_transfer_epochs(self) -> int:
+        if self.transfer_epochs is not None:
+            return int(self.transfer_epochs)
+        return TRANSFER_EPOCHS.get(self.dataset, DEFAULT_TRANSFER_EPOCHS)
 
     def resolved_device(self) -> str:
         if self.device == "auto":
@@ -114,14 +151,28 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
             f"'{method_cls.family}' entry point (mlflow run . -e {method_cls.family} "
             f"-P method={cfg.method})"
         )
-    if cfg.search not in ("random", "none"):
-        raise ConfigError(f"search={cfg.search!r}: valid values are 'random' and 'none'")
+    if cfg.search not in SEARCHES:
+        raise ConfigError(f"search={cfg.search!r}: valid values are {', '.join(SEARCHES)}")
+    if cfg.search == "random" and cfg.hparams is not None:
+        raise ConfigError(f"a given configuration (hparams_from={cfg.hparams_source}) needs "
+                          "search=none (transfer) or search=fixed; search=random samples its own")
+    if cfg.search == "fixed" and cfg.hparams is None:
+        raise ConfigError("search=fixed trains a given configuration: pass hparams_from")
+    if cfg.transfer_epochs is not None and cfg.transfer_epochs < 1:
+        raise ConfigError(f"transfer_epochs must be >= 1, got {cfg.transfer_epochs}")
+    if cfg.transfer_patience < 1:
+        raise ConfigError(f"transfer_patience must be >= 1, got {cfg.transfer_patience}")
     if cfg.budget_minutes <= 0:
         raise ConfigError(f"budget_minutes must be > 0, got {cfg.budget_minutes}")
     for name in ("max_epochs", "patience"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     unknown = set(cfg.overrides) - set(method_cls.search_space) - set(method_cls.defaults)
+    given = set(cfg.hparams or {}) - set(method_cls.search_space) - set(method_cls.defaults)
+    if given:
+        valid = sorted(set(method_cls.search_space) | set(method_cls.defaults))
+        raise ConfigError(f"the configuration from {cfg.hparams_source} has hyperparameter(s) "
+                          f"{sorted(given)} that {cfg.method} does not know; valid: {valid}")
     if unknown:
         valid = sorted(set(method_cls.search_space) | set(method_cls.defaults))
         raise ConfigError(f"unknown hyperparameter(s) {sorted(unknown)} for {cfg.method}; "
@@ -130,7 +181,8 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
 
 def prepare_data(cfg: StudyConfig) -> tuple[DatasetBundle, dict[str, Any]]:
     raw = load_raw(cfg.dataset, cfg.data_dir)
-    split = make_split(raw, cfg.n_labeled, cfg.n_val, cfg.seed, cfg.allow_large_val)
+    split = make_split(raw, cfg.n_labeled, cfg.n_val, cfg.seed, cfg.allow_large_val,
+                       cfg.val_from)
     bundle = apply_split(raw, split)
     if cfg.search == "none":  # transfer: validation joins the training set
         bundle.labeled_x = np.concatenate([bundle.labeled_x, bundle.val_x])
@@ -162,8 +214,11 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
         method_cls.family == "semi" and cfg.diag_samples > 0) else None
     bl = cfg.batch_size or method_cls.batch_sizes["labeled"]
     bu = cfg.unlabeled_batch_size or method_cls.batch_sizes["unlabeled"]
+    transfer = cfg.search == "none"
     train_cfg = TrainConfig(
-        max_epochs=cfg.max_epochs, patience=cfg.patience if cfg.search == "random" else 10**9,
+        max_epochs=cfg.resolved_transfer_epochs() if transfer else cfg.max_epochs,
+        patience=cfg.transfer_patience if transfer else cfg.patience,
+        stop_on="train_loss" if transfer else "val",
         max_steps_per_epoch=cfg.max_steps_per_epoch, batch_labeled=bl, batch_unlabeled=bu,
         device=device)
     tags = {
@@ -176,28 +231,37 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
         "scarcelab.version": scarcelab.__version__,
         "scarcelab.arch": arch,
         "scarcelab.search": cfg.search,
+        "scarcelab.val_from": split["val_from"],
     }
-    if cfg.search == "none":
+    if cfg.search != "random":
+        tags["scarcelab.hparams_source"] = cfg.hparams_source
+    if transfer:
         tags["scarcelab.val_in_train"] = "true"
     resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": device,
                 "batch_size": bl, "unlabeled_batch_size": bu,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
                 "n_unlabeled": len(split["unlabeled"]), "n_test": len(bundle.test_y),
+                "val_from": split["val_from"],
+                "transfer_epochs": train_cfg.max_epochs if transfer else cfg.transfer_epochs,
                 "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
     resolved["storage"] = redact(cfg.storage)  # the URI holds the DB password
     study_key = cfg.study_name or _study_key(cfg, split["hash"])
     store, resume = _open_store(cfg, tracker, study_key)
     tags["scarcelab.study_key"] = study_key
     tags["scarcelab.optuna_study"] = store.name
-    study_params = {k: v for k, v in resolved.items() if k not in ("overrides", "search_space")}
+    study_params = {k: v for k, v in resolved.items()
+                    if k not in ("overrides", "search_space", "hparams")}
     study_params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
+    study_params.update({f"hparams.{k}": v for k, v in (cfg.hparams or {}).items()})
     tracker.start_study(
         name=f"{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
         params=study_params, artifacts={"split.json": split, "config.json": resolved},
         dataset=_dataset_info(bundle))
 
-    start = time.time() - (resume.elapsed_s if resume else 0.0)  # time already spent counts
-    deadline = start + cfg.budget_minutes * 60.0
+    spent = resume.elapsed_s if resume else 0.0
+    if resume is not None:  # a killed trial's time, recorded between its logged epochs
+        spent = max(spent, store.spent_by_dead_processes())
+    budget = Budget(cfg.budget_minutes * 60.0, spent_s=spent)  # time already spent counts
     best: dict[str, Any] = {"val": -1.0, "test": {}, "trial": -1, "ckpt": None, "method": None}
     state = {"global_epoch": 0, "last_upload": 0.0, "dirty": False}
     if resume is not None:
@@ -213,10 +277,10 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
             state["last_upload"], state["dirty"] = time.time(), False
 
     try:
-        while time.time() < deadline and (cfg.max_trials <= 0
-                                          or _started(store) < cfg.max_trials):
+        while not budget.expired() and (cfg.max_trials <= 0
+                                        or _started(store) < cfg.max_trials):
             _reap(store, tracker, study_key)
-            trial = store.ask()
+            trial = store.ask(budget.elapsed)
             number = trial.number
             if cfg.max_trials > 0 and store.started_before(number) >= cfg.max_trials:
                 store.tell(trial, state=optuna.trial.TrialState.PRUNED)  # a worker took the slot
@@ -225,8 +289,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                 fixed = {k: v for k, v in method_cls.defaults.items()
                          if k not in method_cls.search_space}
                 hp = {**fixed, **sample(method_cls.search_space, trial), **cfg.overrides}
-            else:
-                hp = {**method_cls.defaults, **cfg.overrides}
+            else:  # transfer / fixed: the given configuration, else the literature defaults
+                hp = {**method_cls.defaults, **(cfg.hparams or {}), **cfg.overrides}
             n_trials += 1
             trial_seed = cfg.seed * 100_003 + number
             torch.manual_seed(trial_seed)  # model init; batches use their own generator
@@ -239,11 +303,14 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
             method = method_cls(backbone, bundle.num_classes, hp)
 
             def on_epoch(rep: EpochReport, improved: bool, snap: Any, number: int = number,
-                         hp: dict[str, Any] = hp, method: Method = method) -> None:
-                elapsed = time.time() - start
+                         hp: dict[str, Any] = hp, method: Method = method,
+                         trial: Any = trial) -> None:
+                elapsed = budget.elapsed()
+                store.record_elapsed(trial, elapsed)
                 tracker.log_metrics({**rep.metrics, "time/elapsed_s": elapsed}, rep.epoch)
+                # strict ">": of tied checkpoints the first one (earliest trial / epoch) wins
                 if rep.val_balanced_accuracy > best["val"] or (
-                        cfg.search == "none"):  # transfer: the latest epoch is the answer
+                        transfer):  # transfer: the latest epoch is the answer
                     best.update(val=rep.val_balanced_accuracy, test=rep.test_metrics,
                                 trial=number, ckpt={**snap(), "method": cfg.method,
                                                     "arch": arch, "hp": hp, "trial": number,
@@ -254,14 +321,14 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                                 method=method)
                     state["dirty"] = True
                 study_metrics = {"best/val_balanced_accuracy": best["val"],
-                                 "time/elapsed_s": elapsed}
+                                 "time/elapsed_s": elapsed, "time/diag_s": budget.excluded_s}
                 study_metrics.update({f"best/test_{k}": v for k, v in best["test"].items()})
                 tracker.log_metrics(study_metrics, state["global_epoch"], scope="study")
                 state["global_epoch"] += 1
                 upload_best(force=False)
 
             try:
-                res = train_trial(method, bundle, train_cfg, deadline=deadline, generator=g,
+                res = train_trial(method, bundle, train_cfg, deadline=budget, generator=g,
                                   probe_rng=np.random.default_rng(trial_seed),
                                   on_epoch=on_epoch, diagnostics=diagnostics)
             except TrialFailed as e:
@@ -298,7 +365,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
             tracker.set_tags({"scarcelab.stopped": res.stopped}, scope="trial")
             tracker.end_trial("FINISHED")
             upload_best(force=True)
-            if cfg.search == "none":
+            if cfg.search != "random":  # one run of the given configuration
                 break
         counts = store.counts()  # the whole study: earlier (killed) runs and other workers
         n_trials, n_failed = counts["complete"] + counts["failed"], counts["failed"]

@@ -12,6 +12,10 @@ processes share one study, and a study whose process was killed can be continued
   it is marked FAILED with ``crashed=True`` and does not count as a tried configuration.
   (Optuna's own heartbeat only runs inside ``study.optimize``; this search uses ask/tell.)
 * Trial budgets (``max_trials``) count the whole study, not one process.
+* The running process's budget clock (``elapsed_s``, diagnostics excluded) is written to
+  its running trial with every heartbeat and every epoch, so the time a killed trial had
+  spent since its last logged epoch still counts against the budget when the study is
+  resumed (:meth:`StudyStore.spent_by_dead_processes`; precise to one heartbeat).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import socket
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -165,16 +170,49 @@ class StudyStore:
                    if t.number < number and not t.user_attrs.get("crashed")
                    and t.state != TrialState.PRUNED)
 
+    def spent_by_dead_processes(self) -> float:
+        """The largest budget clock (``elapsed_s``) written by a process that is gone: a
+        trial already failed as crashed, or one whose owner is dead or silent. A resumed
+        study starts its clock there. Exact for the usual one process per study record; if
+        several workers of one study died, the largest of their clocks is taken."""
+        if not self.shared:
+            return 0.0
+        now = time.time()
+        out = 0.0
+        for t in self.study.get_trials(deepcopy=False):
+            if "elapsed_s" not in t.user_attrs:
+                continue
+            owner = str(t.user_attrs.get("owner", ""))
+            if owner == f"{HOST}:{os.getpid()}":
+                continue
+            beat = float(t.user_attrs.get("heartbeat", 0.0))
+            silent = t.state == TrialState.RUNNING and now - beat > GRACE_S
+            if t.user_attrs.get("crashed") or self._owner_dead(owner) or silent:
+                out = max(out, float(t.user_attrs["elapsed_s"]))
+        return out
+
     # -- trials --------------------------------------------------------------------------
-    def ask(self) -> Trial:
+    def ask(self, elapsed: Callable[[], float] | None = None) -> Trial:
+        """A new trial; ``elapsed`` (the budget clock) is recorded with every heartbeat."""
         trial = self.study.ask()
         if self.shared:
             trial.set_user_attr("owner", f"{HOST}:{os.getpid()}")
             trial.set_user_attr("heartbeat", time.time())
-            self._start_heartbeat(trial)
+            if elapsed is not None:
+                trial.set_user_attr("elapsed_s", float(elapsed()))
+            self._start_heartbeat(trial, elapsed)
         return trial
 
-    def _start_heartbeat(self, trial: Trial) -> None:
+    def record_elapsed(self, trial: Trial, elapsed_s: float) -> None:
+        """The budget clock at an epoch's end (between heartbeats)."""
+        if self.shared:
+            try:
+                trial.set_user_attr("elapsed_s", float(elapsed_s))
+            except Exception as e:  # noqa: BLE001 - a DB blip: the next heartbeat writes it
+                log.info("could not record elapsed time of trial %d: %s", trial.number, e)
+
+    def _start_heartbeat(self, trial: Trial, elapsed: Callable[[], float] | None = None
+                         ) -> None:
         self._stop_heartbeat()
         stop = threading.Event()
         self._beat = stop
@@ -183,6 +221,8 @@ class StudyStore:
             while not stop.wait(HEARTBEAT_S):
                 try:
                     trial.set_user_attr("heartbeat", time.time())
+                    if elapsed is not None:
+                        trial.set_user_attr("elapsed_s", float(elapsed()))
                 except Exception:  # noqa: BLE001 - finished or DB blip: next beat retries
                     if stop.is_set():
                         return

@@ -1,0 +1,104 @@
+"""``hparams_from`` (issue 12 item 10): the transfer strategy's configuration is looked up
+in a real MLflow store (a study run, a trial run or an experiment) and passed into the core
+as a plain dict."""
+
+from __future__ import annotations
+
+import pytest
+
+from scarcelab.errors import ConfigError
+from scarcelab.methods import METHODS
+from scarcelab.protocols.search import StudyConfig, run_study
+from scarcelab.tracker import InMemoryTracker
+
+CFG = dict(method="sup", dataset="synthetic_tiny", budget_minutes=0.5, max_epochs=1,
+           patience=5, batch_size=16, max_steps_per_epoch=2, arch="small_cnn", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        yield from _store(tmp_path_factory.mktemp("hparams"), mp)
+
+
+def _store(tmp_path, monkeypatch):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from tracking.mlflow_tracker import MlflowTracker
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setenv("SCARCELAB_SPOOL_DIR", str(tmp_path / "spool"))
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient()
+    client.create_experiment("tissue-source", artifact_location=str(tmp_path / "art"))
+
+    class NoModel(MlflowTracker):  # log_model (~10 s) is not under test
+        def log_model(self, model, example):
+            pass
+
+    runs = []
+    for seed in (0, 1):  # two studies: the experiment lookup must take the better one
+        tr = NoModel(experiment="tissue-source")
+        res = run_study(StudyConfig(**CFG, seed=seed, max_trials=3), tr)
+        runs.append((tr.study_run_id, res))
+    yield client, runs
+    mlflow.set_tracking_uri("")
+
+
+def test_configuration_from_a_study_run_a_trial_run_and_an_experiment(store):
+    from tracking.hparams import resolve_hparams
+
+    client, runs = store
+    (rid, res), _ = runs
+    hp, label = resolve_hparams(rid, "sup")
+    want = {k: res.best_checkpoint["hp"][k] for k in ("lr", "weight_decay")}
+    assert {k: hp[k] for k in want} == pytest.approx(want)
+    assert isinstance(hp["lr"], float) and set(hp) <= set(METHODS.get("sup").defaults) | set(
+        METHODS.get("sup").search_space)
+    assert label == f"run {rid}, trial {res.best_trial} (synthetic_tiny)"
+    trial = client.search_runs(
+        [client.get_run(rid).info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{rid}' and tags.`scarcelab.trial` = '{res.best_trial}'")[0]
+    assert resolve_hparams(trial.info.run_id, "sup")[0] == hp
+    best_rid, best_res = max(runs, key=lambda r: r[1].best_val)
+    hp_e, label_e = resolve_hparams("tissue-source", "sup")
+    assert label_e.startswith(f"experiment tissue-source: study {best_rid}")
+    assert hp_e["lr"] == pytest.approx(best_res.best_checkpoint["hp"]["lr"])
+    assert resolve_hparams("defaults", "sup") == (None, "defaults")
+    # the resolved dict drives a transfer study on another seed / dataset
+    t = InMemoryTracker()
+    run_study(StudyConfig(**{**CFG, "seed": 5}, search="none", transfer_epochs=1,
+                          hparams=hp_e, hparams_source=label_e), t)
+    assert t.trials[0].params["lr"] == pytest.approx(best_res.best_checkpoint["hp"]["lr"])
+    assert t.study.tags["scarcelab.hparams_source"] == label_e
+
+
+def test_unknown_source_or_other_method_is_a_clear_error(store):
+    from tracking.hparams import resolve_hparams
+
+    _, runs = store
+    with pytest.raises(ConfigError, match="hparams_from='nosuch'.*no MLflow run or experiment"):
+        resolve_hparams("nosuch", "sup")
+    with pytest.raises(ConfigError, match="for method 'sup', not 'fixmatch'"):
+        resolve_hparams(runs[0][0], "fixmatch")
+    with pytest.raises(ConfigError, match="no finished study of 'fixmatch'"):
+        resolve_hparams("tissue-source", "fixmatch")
+
+
+def test_cli_options_reach_the_study_config(store):
+    import entrypoints.cli  # noqa: F401 - registers the commands (entrypoints.study among them)
+    from entrypoints.study import study_config
+
+    _, runs = store
+    kw = dict(method="sup", dataset="synthetic_tiny", data_dir="", arch="small_cnn", seed="0",
+              budget_minutes="1", max_epochs="2", patience="2", n_labeled="default",
+              n_val="default", allow_large_val="false", search="none", batch_size="default",
+              unlabeled_batch_size="default", max_steps_per_epoch="default", max_trials="0",
+              device="cpu", overrides="", diag_samples="0", val_from="train",
+              hparams_from=runs[0][0], transfer_epochs="80")
+    cfg = study_config("supervised", kw)
+    assert cfg.val_from == "train" and cfg.transfer_epochs == 80
+    assert cfg.hparams["lr"] == pytest.approx(runs[0][1].best_checkpoint["hp"]["lr"])
+    assert cfg.hparams_source.startswith(f"run {runs[0][0]}")

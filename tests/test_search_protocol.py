@@ -1,0 +1,250 @@
+"""Protocol fidelity of the budgeted search (issue 12 items 9, 10 and its test gaps):
+which checkpoint is chosen, what the budget counts (diagnostics out, time already spent
+in), and the transfer strategy (train + validation, train-loss early stopping)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import numpy as np
+import optuna
+import pytest
+import torch
+
+import scarcelab.protocols.search as search_mod
+import scarcelab.train as train_mod
+from scarcelab.errors import ConfigError
+from scarcelab.methods import METHODS, SupervisedMethod
+from scarcelab.protocols.search import StudyConfig, run_study
+from scarcelab.protocols.study_store import HOST
+from scarcelab.tracker import InMemoryTracker, ResumeState
+
+
+def _cfg(**kw):
+    base = dict(method="sup", dataset="synthetic_tiny", budget_minutes=0.5, max_epochs=3,
+                patience=10, batch_size=16, unlabeled_batch_size=32, max_steps_per_epoch=2,
+                max_trials=2, arch="small_cnn", device="cpu")
+    base.update(kw)
+    return StudyConfig(**base)
+
+
+# -- checkpoint selection: by validation, first of ties ---------------------------------------
+
+# (val, test) per epoch, trial after trial. Validation and test rank epochs differently and
+# validation has ties: within trial 0 (epochs 1 and 2) and across trials (trial 1, epoch 0).
+SCRIPT = [[(0.50, 0.90), (0.70, 0.60), (0.70, 0.80)],
+          [(0.70, 0.95), (0.60, 0.99), (0.65, 0.10)]]
+
+
+@pytest.fixture
+def scripted_eval(monkeypatch):
+    calls = iter([e for trial in SCRIPT for e in trial])
+
+    def evaluate(method, bundle, cfg, rng):
+        v, t = next(calls)
+        return v, {"balanced_accuracy": t, "accuracy": t}, None
+
+    monkeypatch.setattr(train_mod, "evaluate", evaluate)
+
+
+def test_best_checkpoint_is_the_first_val_best_not_the_test_best(scripted_eval):
+    t = InMemoryTracker()
+    res = run_study(_cfg(), t)
+    # val-best = 0.70, first reached at trial 0, epoch 1 (test 0.60): not the later tied
+    # epoch 2 (0.80), not trial 1's tied epoch 0 (0.95), not the test-best (0.99)
+    assert (res.best_val, res.best_trial) == (0.70, 0)
+    assert res.best_test["balanced_accuracy"] == 0.60
+    ck = res.best_checkpoint
+    assert (ck["trial"], ck["epoch"], ck["val_balanced_accuracy"]) == (0, 1, 0.70)
+    assert ck["test_metrics"]["balanced_accuracy"] == 0.60
+    assert t.checkpoints[-1]["epoch"] == 1 and t.checkpoints[-1]["trial"] == 0
+    assert t.study.last("best/test_balanced_accuracy") == 0.60
+    assert t.study.tags["scarcelab.best_trial"] == "0"
+    # each trial's own answer: its first val-best epoch
+    t0, t1 = t.trials
+    assert t0.last("best/epoch") == 1 and t0.last("best/test_balanced_accuracy") == 0.60
+    assert t1.last("best/epoch") == 0 and t1.last("best/test_balanced_accuracy") == 0.95
+    # the study's best-so-far curve, one point per global epoch
+    assert [v for _, v in t.study.history("best/test_balanced_accuracy")] == [
+        0.90, 0.60, 0.60, 0.60, 0.60, 0.60]
+
+
+# -- the budget: diagnostics out ----------------------------------------------------------------
+
+
+class _SlowDiagnostics:
+    """Stands in for EpochDiagnostics: each call "takes" 1000 s of (fake) wall clock."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def __call__(self, method, epoch):
+        self.clock[0] += 1000.0
+        return {"diag/ple": 0.5}
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    real = time.time
+    offset = [0.0]
+    monkeypatch.setattr(time, "time", lambda: real() + offset[0])
+    return offset
+
+
+def test_diagnostics_do_not_count_against_the_budget(fake_clock, monkeypatch):
+    monkeypatch.setattr(search_mod, "EpochDiagnostics",
+                        lambda *a, **k: _SlowDiagnostics(fake_clock))
+    t = InMemoryTracker()
+    run_study(_cfg(method="fixmatch", max_trials=1, batch_size=8, unlabeled_batch_size=16,
+                   diag_samples=16, overrides={"threshold": 0.4}), t)
+    tr = t.trials[0]
+    # 3000 s of diagnostics in a 30 s budget: every epoch still trains
+    assert tr.last("epochs") == 3 and tr.tags["scarcelab.stopped"] == "max_epochs"
+    assert [v for _, v in tr.history("time/steps")] == [2.0, 2.0, 2.0]
+    assert all(v >= 1000 for _, v in tr.history("time/diag_s"))
+    assert all(v < 30 for _, v in tr.history("time/elapsed_s"))
+    assert all(v < 1000 for _, v in tr.history("time/epoch_s"))
+    assert t.study.last("time/diag_s") >= 3000  # logged separately, study-wide
+
+
+# -- the budget: time already spent counts on resume -----------------------------------------
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+class _ResumingTracker(InMemoryTracker):
+    def __init__(self, name: str, elapsed_s: float) -> None:
+        super().__init__()
+        self.state = ResumeState(optuna_study=name, elapsed_s=elapsed_s, global_epoch=0,
+                                 best_checkpoint=None)
+
+    def resume_state(self, study_key):
+        return self.state
+
+
+@pytest.mark.parametrize(("logged_s", "killed_trial_s", "spent_s"),
+                         [(20.0, None, 20.0),  # the tracker's record of the dead run
+                          (4.0, 12.0, 12.0)])  # + the killed trial's time after its last epoch
+def test_time_already_spent_counts_against_the_budget_on_resume(
+        tmp_path, logged_s, killed_trial_s, spent_s):
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    name = "killed-study"
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+    old = study.ask()  # the trial the killed process was running
+    old.set_user_attr("owner", f"{HOST}:{_dead_pid()}")
+    old.set_user_attr("heartbeat", time.time() - 3.0)
+    if killed_trial_s is not None:
+        old.set_user_attr("elapsed_s", killed_trial_s)
+    t = _ResumingTracker(name, logged_s)
+    run_study(_cfg(max_trials=2, storage=storage), t)
+    first = t.study.history("time/elapsed_s")[0][1]
+    assert spent_s <= first < spent_s + 8  # the clock continues from the time spent
+    assert all(v >= spent_s for _, v in t.trials[0].history("time/elapsed_s"))
+    reloaded = optuna.load_study(study_name=name, storage=storage)
+    assert reloaded.trials[0].user_attrs.get("crashed") is True
+
+
+def test_running_trials_carry_the_budget_clock(tmp_path):
+    """What the resume above reads: each trial of a shared study holds the budget clock
+    (diagnostics excluded) as of its last epoch or heartbeat."""
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    t = InMemoryTracker()
+    run_study(_cfg(max_trials=2, storage=storage, study_name="clocked"), t)
+    trials = optuna.load_study(study_name="clocked", storage=storage).trials
+    for tr, rec in zip(trials, t.trials, strict=True):
+        assert tr.user_attrs["elapsed_s"] == pytest.approx(rec.last("time/elapsed_s"))
+
+
+# -- transfer strategy (SSL-vs-SSL App. D.2) ---------------------------------------------------
+
+
+class _ConstantLoss(SupervisedMethod):
+    """Its train loss never improves after the first epoch."""
+
+    search_space = METHODS.get("sup").search_space
+    defaults = METHODS.get("sup").defaults
+
+    def step(self, batch, progress):
+        loss = self.logits(batch.x[0]).sum() * 0.0 + 1.0
+        return {"loss": loss, "loss_labeled": loss}
+
+
+@pytest.fixture
+def constant_loss():
+    METHODS.register("constant_loss")(_ConstantLoss)
+    yield "constant_loss"
+    METHODS._entries.pop("constant_loss")
+
+
+def test_transfer_runs_transfer_epochs_on_train_plus_val():
+    t = InMemoryTracker()
+    res = run_study(_cfg(search="none", max_epochs=2, transfer_epochs=4, max_trials=5), t)
+    assert len(t.trials) == 1 and t.trials[0].last("epochs") == 4  # not max_epochs
+    assert t.trials[0].tags["scarcelab.stopped"] == "max_epochs"
+    assert t.study.tags["scarcelab.val_in_train"] == "true"
+    assert t.study.tags["scarcelab.hparams_source"] == "defaults"
+    assert t.study.params["transfer_epochs"] == 4
+    assert res.best_checkpoint["epoch"] == 3  # no selection: the last epoch is the answer
+    assert t.trials[0].params["lr"] == METHODS.get("sup").defaults["lr"]
+
+
+def test_transfer_stops_after_patience_epochs_without_lower_train_loss(constant_loss):
+    t = InMemoryTracker()
+    run_study(_cfg(method=constant_loss, search="none", transfer_epochs=50,
+                   transfer_patience=2), t)
+    tr = t.trials[0]
+    assert [v for _, v in tr.history("train/loss")] == [1.0, 1.0, 1.0]
+    assert tr.last("epochs") == 3 and tr.tags["scarcelab.stopped"] == "patience"
+
+
+def test_transfer_epochs_default_and_given_configuration():
+    assert StudyConfig(method="sup", dataset="tissuemnist").resolved_transfer_epochs() == 100
+    assert StudyConfig(method="sup", dataset="tmed2").resolved_transfer_epochs() == 80
+    t = InMemoryTracker()
+    run_study(_cfg(search="none", transfer_epochs=1, hparams={"lr": 0.0123},
+                   hparams_source="experiment:tissue-sweep"), t)
+    assert t.trials[0].params["lr"] == 0.0123
+    assert t.study.tags["scarcelab.hparams_source"] == "experiment:tissue-sweep"
+    assert t.study.params["hparams.lr"] == 0.0123
+    with pytest.raises(ConfigError, match="needs search=none.*or search=fixed"):
+        run_study(_cfg(hparams={"lr": 0.01}, hparams_source="run:abc"), InMemoryTracker())
+    with pytest.raises(ConfigError, match="'bogus'.*does not know"):
+        run_study(_cfg(search="none", hparams={"bogus": 1}), InMemoryTracker())
+    with pytest.raises(ConfigError, match="search=fixed trains a given configuration"):
+        run_study(_cfg(search="fixed"), InMemoryTracker())
+
+
+def test_fixed_search_trains_one_given_configuration_with_val_selection():
+    t = InMemoryTracker()
+    res = run_study(_cfg(search="fixed", hparams={"lr": 0.002, "weight_decay": 1e-5},
+                         hparams_source="tuned", max_trials=0), t)
+    assert len(t.trials) == 1 and t.trials[0].params["lr"] == 0.002
+    assert "scarcelab.val_in_train" not in t.study.tags
+    vals = [v for _, v in t.trials[0].history("val/balanced_accuracy")]
+    assert res.best_val == max(vals)
+
+
+def test_study_validation_from_the_official_split_is_tagged():
+    t = InMemoryTracker()
+    res = run_study(_cfg(max_trials=1, max_epochs=1), t)
+    assert t.study.tags["scarcelab.val_from"] == "official"
+    assert t.study.params["n_unlabeled"] == 570  # all of train but the 30 labeled
+    t2 = InMemoryTracker()
+    res2 = run_study(_cfg(max_trials=1, max_epochs=1, val_from="train"), t2)
+    assert t2.study.tags["scarcelab.val_from"] == "train" and res2.split_hash != res.split_hash
+    assert t2.study.params["n_unlabeled"] == 540
+
+
+def test_budget_pause_excludes_time():
+    b = train_mod.Budget(10.0, spent_s=3.0)
+    assert 3.0 <= b.elapsed() < 4.0
+    with b.paused():
+        time.sleep(0.05)
+    assert b.excluded_s >= 0.05 and b.elapsed() < 4.0 and not b.expired()
+    assert train_mod.Budget(1.0, spent_s=1.0).expired()
+    _ = np, torch  # imported for the fixtures' monkeypatching targets
