@@ -123,7 +123,10 @@ def encoder_tags(cfg: ProbeConfig, enc_info: dict[str, Any]) -> dict[str, str]:
             "scarcelab.encoder": cfg.encoder,
             "scarcelab.encoder_arch": str(enc_info.get("arch", "")),
             "scarcelab.encoder_fingerprint": str(enc_info.get("fingerprint", ""))}
-    for k in ("source_method", "source_family", "run_id"):
+    tags["scarcelab.encoder_method"] = str(
+        enc_info.get("source_method") or enc_info.get("method")
+        or ("random" if cfg.encoder == "random" else "unknown"))
+    for k in ("source_family", "run_id"):
         if enc_info.get(k):
             tags[f"scarcelab.encoder_{k.removeprefix('source_')}"] = str(enc_info[k])
     return tags
