@@ -169,6 +169,10 @@ def test_runs_uri_reads_the_study_checkpoint(self_study):
     assert info["artifact"] == "best.pt"
     got2, _ = resolve_encoder(f"runs:/{run_id}/checkpoints/best.pt", None, 3)
     assert _same(got2, want)
+    trial = mlflow.search_runs(filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'",
+                               search_all_experiments=True).iloc[0].run_id
+    with pytest.raises(DataError, match=f"trial of study run {run_id}"):
+        resolve_encoder(f"runs:/{trial}/model", None, 3)
 
 
 def test_models_uri_and_the_al_loader(self_study):

@@ -108,8 +108,12 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
                 got = cands[0] if cands else None
             path = got
         if path is None:
+            parent = tags.get("mlflow.parentRunId")
+            hint = (f"it is a trial of study run {parent}: pass runs:/{parent}/model" if
+                    tags.get("scarcelab.role") == "trial" and parent else
+                    "pass a scarcelab study run (scarcelab.role = study)")
             raise DataError(f"encoder={spec!r}: run {run_id} has neither {CHECKPOINT} nor "
-                            f"weights under {sub!r}; pass a scarcelab study run")
+                            f"weights under {sub!r}; {hint}")
         net, info = backbone_from_file(path, arch or tags.get("scarcelab.arch"), in_channels,
                                        source=spec)
     info.update(run_id=run_id, artifact=str(path.name))
