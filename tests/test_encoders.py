@@ -131,6 +131,10 @@ def store(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    # log_model's pip-requirement inference re-imports the model in a subprocess (~50 s on
+    # a loaded 2-core machine); these tests do not read requirements.txt, so let it fall
+    # back to MLflow's defaults at once
+    monkeypatch.setenv("MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT", "1")
     mlflow.set_tracking_uri(uri)
     yield uri
 
