@@ -197,12 +197,16 @@ def test_runs_uri_without_checkpoint_reads_the_model_pickle_safely(store, tmp_pa
     from tracking.encoders import resolve_encoder
 
     bb = create_model("small_cnn", in_channels=3)
-    d = tmp_path / "m" / "data"
-    d.mkdir(parents=True)
-    torch.save(ExportedClassifier(bb, nn.Linear(bb.num_features, 2), ["a", "b"]),
-               d / "model.pth")
+    model = ExportedClassifier(bb, nn.Linear(bb.num_features, 2), ["a", "b"])
     mlflow.set_experiment("enc")
-    with mlflow.start_run(tags={"scarcelab.arch": "small_cnn"}) as run:
-        mlflow.log_artifacts(str(tmp_path / "m"), "model")
+    with mlflow.start_run(tags={"scarcelab.arch": "small_cnn"}) as run:  # MLflow 3 model
+        mlflow.pytorch.log_model(model, name="model", serialization_format="pickle")
     got, info = resolve_encoder(f"runs:/{run.info.run_id}/model", None, 3)
     assert _same(got, bb) and info["format"] == "pickled-module"
+    d = tmp_path / "m" / "data"  # a model folder stored as plain run artifacts
+    d.mkdir(parents=True)
+    torch.save(model, d / "model.pth")
+    with mlflow.start_run(tags={"scarcelab.arch": "small_cnn"}) as run2:
+        mlflow.log_artifacts(str(tmp_path / "m"), "weights")
+    got2, _ = resolve_encoder(f"runs:/{run2.info.run_id}/weights", None, 3)
+    assert _same(got2, bb)

@@ -69,12 +69,13 @@ def source_run(spec: str) -> tuple[str, str]:
     return str(mv.run_id), "model"
 
 
-def _download(run_id: str, path: str, dst: str) -> Path | None:
+def _download(uri: str, dst: str) -> Path | None:
+    """``uri`` (``runs:/<id>/<path>``: a run artifact, or in MLflow 3 also a model logged
+    under that name) into ``dst``; None when there is no such artifact."""
     import mlflow
 
     try:
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path,
-                                                        dst_path=dst))
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst))
     except Exception:  # noqa: BLE001 - absent artifact: the caller tries the next layout
         return None
 
@@ -100,9 +101,9 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
     with tempfile.TemporaryDirectory(prefix="scarcelab-encoder-") as tmp:
         path: Path | None = None
         if sub in ("model", CHECKPOINT):
-            path = _download(run_id, CHECKPOINT, tmp)
+            path = _download(f"runs:/{run_id}/{CHECKPOINT}", tmp)
         if path is None and sub != CHECKPOINT:
-            got = _download(run_id, sub, tmp)
+            got = _download(f"runs:/{run_id}/{sub}", tmp)
             if got is not None and got.is_dir():  # an MLflow model folder
                 cands = sorted(got.rglob("*.pth")) + sorted(got.rglob("*.pt"))
                 got = cands[0] if cands else None
