@@ -82,9 +82,17 @@ def make_split(
     if n_labeled in (None, "default", ""):
         n_labeled = d_lab
     if n_labeled == "all":
-        n_labeled = n_train - (0 if n_val in (None, "default", "", 0, "0") else int(n_val))
+        # "All labels": every train sample not held out for validation is labeled (the
+        # unlabeled pool is empty). Model selection still uses a held-out validation set,
+        # by default the dataset's default validation size (docs/cli.md, "All labels").
+        if n_val in (None, "default", ""):
+            n_val = d_val
+        n_labeled = n_train - int(n_val)  # type: ignore[arg-type]
     n_labeled = int(n_labeled)  # type: ignore[arg-type]
     n_val = n_labeled if n_val in (None, "default", "") else int(n_val)  # type: ignore[arg-type]
+    if n_val < 1 or n_labeled < 1:
+        raise ConfigError(f"n_labeled={n_labeled}, n_val={n_val}: both must be >= 1 (an empty "
+                          "validation set cannot select a model or stop early)")
     if n_val > n_labeled and not allow_large_val:
         raise ConfigError(
             f"n_val={n_val} is larger than n_labeled={n_labeled}; a validation set larger "
@@ -97,6 +105,7 @@ def make_split(
             f"of {raw.name}"
         )
     counts = np.bincount(y, minlength=raw.num_classes)
+    _check_classes(raw, counts)
     rng = np.random.default_rng(seed)
     labeled: list[int] = []
     val: list[int] = []
@@ -122,6 +131,21 @@ def make_split(
     }
     split["hash"] = split_hash(split)
     return split
+
+
+def _check_classes(raw: RawDataset, counts: np.ndarray) -> None:
+    """A train split with one class gives a labeled set with one class: every model is
+    "perfect" on validation and the numbers mean nothing. A one-class test set leaves
+    AUROC undefined: it is warned about here and not logged (the entry points drop it)."""
+    if int((counts > 0).sum()) < 2:
+        raise DataError(f"{raw.name}: the train split has a single class "
+                        f"({int(np.argmax(counts))}); a labeled set needs at least two classes")
+    if len(np.unique(np.asarray(raw.test_y))) < 2:
+        import warnings
+
+        warnings.warn(f"{raw.name}: the test split has a single class; test AUROC is "
+                      "undefined and will be missing, balanced accuracy is not comparable",
+                      UserWarning, stacklevel=3)
 
 
 def split_hash(split: dict[str, Any]) -> str:
