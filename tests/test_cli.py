@@ -195,7 +195,7 @@ def test_mlproject_parameters_and_defaults_match_the_cli(entry: str) -> None:
     assert set(spec["parameters"]) == set(names)
     cmd = main.commands[entry]
     opts = {p.name: p for p in cmd.params}
-    for key, p in spec["parameters"].items():
+    for key in spec["parameters"]:
         opt = opts[names[key]]
         if not opt.required:  # method / strategy: required on the CLI
             assert str(spec["parameters"][key]["default"]) == opt.default, key
