@@ -69,6 +69,13 @@ class Display:
             print(text, file=self.stream, flush=True)
             self._draw()
 
+    def warn(self, text: str) -> None:
+        """Always shown (also when quiet), without breaking the bar."""
+        with self._lock:
+            self._erase()
+            print(text, file=self.stream, flush=True)
+            self._draw()
+
     # -- bar ----------------------------------------------------------------------------
     def start_bar(self, status: Any) -> None:
         """``status()`` returns ``(fraction done, text after the bar)``."""
@@ -177,6 +184,7 @@ class ProgressTracker(Tracker):
         if self.entry is not None and not os.environ.get("MLFLOW_RUN_ID"):
             params = merge_params(self.entry, params)
         self.inner.start_study(name, tags, params, artifacts, dataset)
+        self.clock = Clock(self.clock.budget_s)  # the search's clock starts now, too
         self.name = name
         if self.own_bar:
             self.display.start_bar(self.status)
@@ -266,9 +274,10 @@ class ProgressTracker(Tracker):
             if isinstance(v, float | int) and not math.isfinite(float(v)):
                 if k not in self._nan_warned:
                     self._nan_warned.add(k)
-                    print(f"[scarcelab] warning: metric {k} is undefined ({v}) — e.g. AUROC "
-                          "on a test set with one class — and is not logged",
-                          file=sys.stderr, flush=True)
+                    self.display.warn(
+                        f"[scarcelab] warning: metric {k} is undefined here ({v}) and is left "
+                        "out of the record (e.g. AUROC when the test set has one class); "
+                        "said once per metric")
                 continue
             out[k] = v
         return out

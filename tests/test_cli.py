@@ -53,8 +53,13 @@ STUDY_BAD = [
     (["--allow-large-val", "maybe"], "--allow-large-val"),
     (["--search", "grid"], "--search"),
     (["--set", "oops"], "--set"),
-    (["--data-dir", "/nonexistent/scarcelab-data"], "--data-dir"),
+    (["--data-dir", "MISSING"], "--data-dir"),  # the old downloader created it
 ]
+
+
+def _missing(args: list[str], tmp_path: Path) -> list[str]:
+    """``MISSING``: a folder that certainly does not exist."""
+    return [str(tmp_path / "no" / "such" / "folder") if a == "MISSING" else a for a in args]
 
 
 @pytest.mark.parametrize(("args", "option"), STUDY_BAD)
@@ -62,10 +67,11 @@ def test_study_bad_values_are_one_line_errors_naming_the_option(args, option, tm
                                                                 monkeypatch) -> None:  # type: ignore[no-untyped-def]
     db = tmp_path / "m.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    r = _invoke(["semi", "--method", "fixmatch", *args])
+    r = _invoke(["semi", "--method", "fixmatch", *_missing(args, tmp_path)])
     assert r.exit_code == 2, r.output
     assert f"'{option}'" in _error_line(r.output)
     assert not db.exists()  # refused before any tracking store was touched
+    assert not (tmp_path / "no").exists()
 
 
 @pytest.mark.parametrize(("args", "option", "words"), [
@@ -103,7 +109,7 @@ AL_BAD = [
     (["--repetitions", "0"], "--repetitions"),
     (["--seed-data", "-1"], "--seed-data"),
     (["--max-candidates", "0"], "--max-candidates"),
-    (["--data-dir", "/nonexistent/scarcelab-data"], "--data-dir"),  # read shared data
+    (["--data-dir", "MISSING"], "--data-dir"),  # silently read the shared data
     (["--set", "hidden=abc"], "--set"),  # was a traceback
     (["--set", "lr=abc"], "--set"),
     (["--set", "fitting=sideways"], "--set"),
@@ -116,7 +122,8 @@ AL_BAD = [
 def test_al_bad_values_are_one_line_errors(args, option, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     db = tmp_path / "m.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    r = _invoke(["al", "--strategy", "margin", "--dataset", "honeypot", *args])
+    r = _invoke(["al", "--strategy", "margin", "--dataset", "honeypot",
+                 *_missing(args, tmp_path)])
     assert r.exit_code == 2, r.output
     assert f"'{option}'" in _error_line(r.output)
     assert not db.exists()

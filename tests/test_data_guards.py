@@ -147,20 +147,20 @@ def test_al_data_with_nan_features_or_one_class_is_refused() -> None:
         _check(ALData("t", x, y, x, np.zeros(6, np.int64), 2, "mem"))
 
 
-def test_undefined_metric_is_logged_as_missing_with_a_warning(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_undefined_metric_is_logged_as_missing_with_a_warning() -> None:
     from entrypoints._progress import Display, ProgressTracker
     from scarcelab.tracker import InMemoryTracker
 
     inner = InMemoryTracker()
-    t = ProgressTracker(inner, Display(0, io.StringIO()))
+    out = io.StringIO()
+    t = ProgressTracker(inner, Display(0, out))  # quiet: warnings still shown
     t.start_study("s", {}, {}, {})
     t.start_trial(0, {}, {})
     t.log_metrics({"test/auroc": float("nan"), "test/balanced_accuracy": 0.5}, 0)
     t.log_metrics({"test/auroc": float("nan")}, 1)
     t.end_trial("FINISHED")
     assert [k for k, _, _ in inner.trials[0].metrics] == ["test/balanced_accuracy"]
-    err = capsys.readouterr().err
-    assert err.count("test/auroc is undefined") == 1
+    assert out.getvalue().count("test/auroc is undefined") == 1
 
 
 # -- item 9: provenance, no silent fallback, no mixed folders --------------------------------
