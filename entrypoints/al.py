@@ -153,6 +153,13 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         # more in synchronisation than they gain (and starve parallel sweeps).
         torch.set_num_threads(1)
     cfg_over, strat_params, enc_params = _parse_set(overrides, dataset)
+    from scarcelab.active.loop import make_strategy
+
+    try:
+        make_strategy(strategy, strat_params, max_candidates)
+    except (TypeError, ValueError) as e:  # an unknown or ill-typed strategy.* setting
+        raise click.BadParameter(f"strategy settings {strat_params}: {e}",
+                                 param_hint="'--set'") from None
     if budget is not None:
         cfg_over["budget"] = budget
     if seed_set is not None:
