@@ -27,6 +27,19 @@ def _invoke(args: list[str]):  # type: ignore[no-untyped-def]
     return CliRunner().invoke(main, args)
 
 
+def _use_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A private sqlite store, also as MLflow's process-global URI (other test modules set
+    theirs), with artifacts under ``tmp_path``."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
 def _error_line(output: str) -> str:
     errors = [ln for ln in output.splitlines() if ln.startswith("Error:")]
     assert len(errors) == 1, output
@@ -245,9 +258,7 @@ def test_console_script_and_mlflow_run_log_the_same_parameters(tmp_path, monkeyp
     from mlflow.projects import _project_spec
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/m.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    uri = _use_store(tmp_path, monkeypatch)
     user = {"method": "sup", "dataset": "synthetic_tiny", "arch": "auto", "device": "cpu",
             "max_epochs": "1", "batch_size": "16", "max_steps_per_epoch": "2",
             "max_trials": "1", "budget_minutes": "2", "n_labeled": "30"}
@@ -275,3 +286,26 @@ def test_console_script_and_mlflow_run_log_the_same_parameters(tmp_path, monkeyp
     assert a == b
     assert a["arch"] == "auto" and a["resolved.arch"] == "small_cnn"
     assert a["data_dir"] == "default" and "''" not in a.values()
+
+
+def test_contamination_sweep_runs_with_child_progress_and_parent_params(tmp_path,
+                                                                         monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import mlflow
+
+    uri = _use_store(tmp_path, monkeypatch)
+    r = _invoke(["contamination", "--method", "fixmatch", *TINY, "--n-labeled", "30",
+                 "--unlabeled-batch-size", "16", "--diag-samples", "0", "--ood", "gaussian",
+                 "--ratios", "0,0.5", "--experiment", "contam", "-v"])
+    assert r.exit_code == 0, r.output
+    assert "child 1/2: gaussian r=0" in r.output and "child 2/2: gaussian r=0.5" in r.output
+    assert "parent run: " in r.output
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["contam"])
+    parent = runs[runs["tags.scarcelab.role"] == "contamination"].iloc[0]
+    # entry parameters as given (as mlflow run logs them), resolved values beside them
+    assert parent["params.budget_minutes"] == "2"
+    assert parent["params.resolved.budget_minutes"] == "2.0"
+    assert parent["params.ood_dir"] == "default" and parent["params.set"] == "none"
+    children = runs[runs["tags.scarcelab.role"] == "study"]
+    assert len(children) == 2
+    assert set(children["tags.mlflow.parentRunId"]) == {parent.run_id}

@@ -220,6 +220,9 @@ def test_al_sweep_logs_its_data_files(tmp_path, monkeypatch) -> None:  # type: i
     data = tmp_path / "data"
     _splice_files(data)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/m.db")
     r = CliRunner().invoke(main, ["al", "--strategy", "random", "--dataset", "splice",
                                   "--data-dir", str(data), "--budget", "2", "--set",
                                   "max_epochs=1,val_fraction=0.25", "--experiment", "prov"])

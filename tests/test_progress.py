@@ -76,21 +76,22 @@ def test_bar_text_counts_down_the_budget(monkeypatch) -> None:  # type: ignore[n
 
 
 def test_cli_summary_names_experiment_run_model_and_ui(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import mlflow
     from click.testing import CliRunner
 
     from entrypoints.cli import main
 
     uri = f"sqlite:///{tmp_path}/m.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(uri)
     r = CliRunner().invoke(main, ["supervised", "--method", "sup", "--dataset",
                                   "synthetic_tiny", "--arch", "small_cnn", "--device", "cpu",
                                   "--max-epochs", "1", "--batch-size", "16",
                                   "--max-steps-per-epoch", "2", "--max-trials", "2",
                                   "--budget-minutes", "2", "--experiment", "summ", "-v"])
     assert r.exit_code == 0, r.output
-    import mlflow
-
-    mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["summ"])
     rid = runs[runs["tags.scarcelab.role"] == "study"].run_id.iloc[0]
     out = r.output
