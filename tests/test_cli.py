@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,8 +198,13 @@ def test_version_and_help_are_complete() -> None:
 
 # -- MLproject and the CLI are one set of parameters ---------------------------------------
 
-def _mlproject() -> dict:  # type: ignore[type-arg]
-    return yaml.safe_load((REPO / "MLproject").read_text())["entry_points"]
+def _mlproject(entry: str) -> dict:  # type: ignore[type-arg]
+    """The entry point as MLflow Projects reads it (its own parser, not a second one)."""
+    from mlflow.projects import _project_spec
+
+    ep = _project_spec.load_project(str(REPO)).get_entry_point(entry)
+    return {"parameters": {k: {"default": p.default} for k, p in ep.parameters.items()},
+            "command": ep.command}
 
 
 @pytest.mark.parametrize("entry", ["supervised", "semi", "self", "contamination", "al"])
@@ -211,7 +215,7 @@ def test_mlproject_parameters_and_defaults_match_the_cli(entry: str) -> None:
     from entrypoints.study import STUDY_ENTRY
 
     names = {"al": AL_ENTRY, "contamination": CONTAMINATION_ENTRY}.get(entry, STUDY_ENTRY)
-    spec = _mlproject()[entry]
+    spec = _mlproject(entry)
     assert set(spec["parameters"]) == set(names)
     cmd = main.commands[entry]
     opts = {p.name: p for p in cmd.params}
