@@ -4,6 +4,7 @@ hand-built masks with hand-computed values and on perturbed real CoNSeP masks.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,9 @@ from scarcelab.metrics.segmentation import (
     pq_counts,
 )
 
-SHARED = Path("../shared/data/consep_patches")
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("SCARCELAB_SHARED_DATA", REPO.parent / "shared" / "data")
+              ) / "consep_patches"
 
 
 # -- brute-force reference ------------------------------------------------------------------

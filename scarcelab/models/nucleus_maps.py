@@ -56,7 +56,7 @@ class PostProcess:
     CoNSeP training patches, never on test data)."""
 
     fg_threshold: float = 0.5
-    edge_threshold: float = 0.4
+    edge_threshold: float = 0.1
     smooth_sigma: float = 1.0
     min_size: int = 10
     min_marker: int = 4

@@ -66,15 +66,17 @@ class NucleiDataset:
 
 def dataset_dir(folder: str, data_dir: str | Path | None, marker: str) -> Path:
     """The folder of a shared-data source: ``data_dir`` itself or ``data_dir/folder``, else
-    ``$SCARCELAB_DATA/folder``, else ``../shared/data/folder`` (beside the checkout, or
-    relative to the working directory). ``marker`` is a file the folder must contain."""
+    ``$SCARCELAB_DATA/folder`` or ``$SCARCELAB_SHARED_DATA/folder``, else
+    ``../shared/data/folder`` (beside the checkout, or relative to the working directory).
+    ``marker`` is a file the folder must contain."""
     cands: list[Path] = []
     if data_dir:
         d = Path(data_dir).expanduser()
         cands += [d, d / folder]
     else:
-        if os.environ.get("SCARCELAB_DATA"):
-            cands.append(Path(os.environ["SCARCELAB_DATA"]).expanduser() / folder)
+        for var in ("SCARCELAB_DATA", "SCARCELAB_SHARED_DATA"):
+            if os.environ.get(var):
+                cands.append(Path(os.environ[var]).expanduser() / folder)
         cands.append(Path(__file__).resolve().parents[4] / "shared" / "data" / folder)
         cands.append(Path.cwd().parent / "shared" / "data" / folder)
     for c in cands:
