@@ -238,6 +238,11 @@ def test_load_segment_backbone_from_state_dict_files(tmp_path):
             assert torch.equal(a, b), k
     with pytest.raises(ConfigError, match="does not fit arch"):
         load_segment_backbone(str(tmp_path / "bare.pt"), "resnet18")
+    bad = {k: torch.zeros(1) if k == "features.0.weight" else v
+           for k, v in src.state_dict().items()}  # right names, a wrong shape
+    torch.save(bad, tmp_path / "bad_shape.pt")
+    with pytest.raises(ConfigError, match="does not fit arch"):
+        load_segment_backbone(str(tmp_path / "bad_shape.pt"), "small_cnn")
     with pytest.raises(ConfigError, match="not 'random' and not a file"):
         load_segment_backbone(str(tmp_path / "nope.pt"), "small_cnn")
     torch.save(src, tmp_path / "pickled.pt")  # a whole pickled module: refused, not unpickled
@@ -288,7 +293,7 @@ def test_segment_cli_tiny_run_into_sqlite_mlflow(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, [
         "segment", "--dataset", "consep_patches", "--data-dir", str(SHARED / "consep_patches"),
         "--experiment", "seg", "--max-epochs", "2", "--steps-per-epoch", "2",
-        "--batch-size", "2", "--crop", "32", "--window", "64", "--scale", "0.5",
+        "--batch-size", "2", "--crop", "32", "--window", "64", "--scale", "0.25",
         "--max-train-tiles", "4", "--max-val-tiles", "2", "--max-test-tiles", "2",
         "--patience", "5", "--cross-test", "nuclei_cpm15", "--device", "cpu",
         "--arch", "small_cnn"])
@@ -325,3 +330,38 @@ def test_segment_cli_rejects_bad_options(tmp_path):
                                   str(tmp_path / "missing.pt")])
     assert r.exit_code != 0
     assert "encoder=" in r.output or "aggregation" in r.output
+
+
+def test_protocol_early_stops_on_validation_pq_and_tests_the_selected_checkpoint():
+    """lr = 0: the network never changes, so validation PQ never improves after epoch 0 and
+    patience 1 stops the run after epoch 1; the test values belong to epoch 0."""
+    from scarcelab.protocols.segment import SegmentConfig, run_segment
+    from scarcelab.tracker import InMemoryTracker
+
+    _need("consep_patches")
+    cfg = SegmentConfig(max_epochs=5, patience=1, lr=0.0, steps_per_epoch=1, batch_size=2,
+                        crop=32, window=64, scale=0.25, max_train_tiles=3, max_val_tiles=2,
+                        max_test_tiles=2, n_overlays=1, device="cpu", arch="small_cnn",
+                        data_dir=str(SHARED / "consep_patches"))
+    tr = InMemoryTracker()
+    res = run_segment(cfg, tr)
+    assert (res.epochs, res.best_epoch) == (2, 0)
+    assert [s for s, _ in tr.study.history("seg/val_pq")] == [0, 1]
+    assert tr.study.history("seg/pq") == [(0, res.test["pq"])]
+    assert tr.study.status == "FINISHED" and tr.study.tags["scarcelab.family"] == "segment"
+    assert list(tr.images) == ["overlays/test_" + tr.artifacts["split.json"]["test"][0]
+                               .split("/")[1] + ".png"]
+    img = next(iter(tr.images.values()))
+    assert img.dtype == np.uint8 and img.shape == (256, 2 * 256 + 4, 3)
+    assert set(tr.checkpoints[0]["state_dict"]) == set(tr.model.state_dict())
+
+
+def test_protocol_rejects_bad_config_before_training():
+    from scarcelab.protocols.segment import SegmentConfig, run_segment
+    from scarcelab.tracker import InMemoryTracker
+
+    with pytest.raises(ConfigError, match="aggregation"):
+        run_segment(SegmentConfig(aggregation="median"), InMemoryTracker())
+    with pytest.raises(ConfigError, match="multiple of"):
+        run_segment(SegmentConfig(crop=30, arch="small_cnn", device="cpu",
+                                  data_dir=str(_need("consep_patches"))), InMemoryTracker())

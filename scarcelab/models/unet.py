@@ -158,7 +158,10 @@ def load_segment_backbone(spec: str, arch: str) -> nn.Module:
         raise ConfigError(f"encoder={spec!r}: cannot be read with weights_only=True ({e}); "
                           "save a plain state dict of tensors") from e
     state = _backbone_state(obj, spec)
-    missing, unexpected = backbone.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = backbone.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a tensor of the wrong shape (e.g. another arch's stem)
+        raise ConfigError(f"encoder={spec!r} does not fit arch={arch!r}: {e}") from None
     if missing:
         raise ConfigError(f"encoder={spec!r} does not fit arch={arch!r}: {len(missing)} "
                           f"missing tensors (e.g. {missing[:3]}); pass the arch it was "
