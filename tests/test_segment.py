@@ -365,3 +365,23 @@ def test_protocol_rejects_bad_config_before_training():
     with pytest.raises(ConfigError, match="multiple of"):
         run_segment(SegmentConfig(crop=30, arch="small_cnn", device="cpu",
                                   data_dir=str(_need("consep_patches"))), InMemoryTracker())
+
+
+def test_protocol_is_deterministic_under_a_seed():
+    """Same seed, same everything: identical weights (the random encoder's init included)."""
+    from scarcelab.protocols.segment import SegmentConfig, run_segment
+    from scarcelab.tracker import InMemoryTracker
+
+    _need("consep_patches")
+    cfg = SegmentConfig(max_epochs=1, lr=0.0, steps_per_epoch=1, batch_size=2, crop=32,
+                        window=64, scale=0.25, max_train_tiles=3, max_val_tiles=1,
+                        max_test_tiles=1, n_overlays=0, device="cpu", arch="small_cnn",
+                        data_dir=str(SHARED / "consep_patches"))
+    states = []
+    for _ in range(2):
+        tr = InMemoryTracker()
+        torch.manual_seed(np.random.default_rng().integers(1 << 30))  # disturb global RNG
+        run_segment(cfg, tr)
+        states.append(tr.checkpoints[0]["state_dict"])
+    for k, v in states[0].items():
+        assert torch.equal(v, states[1][k]), k

@@ -269,6 +269,7 @@ def _validate(cfg: SegmentConfig) -> None:
 def run_segment(cfg: SegmentConfig, tracker: Tracker) -> SegmentResult:
     _validate(cfg)
     device, arch = cfg.resolved_device(), cfg.resolved_arch()
+    torch.manual_seed(cfg.seed)  # before the backbone: a random encoder's init is seeded too
     backbone = load_segment_backbone(cfg.encoder, arch)  # fails fast on a bad encoder
     data: NucleiDataset = load_nuclei(cfg.dataset, cfg.data_dir)
     rng = np.random.default_rng(cfg.seed)
