@@ -90,6 +90,10 @@ class Tracker(ABC):
         (the process died between the store's update and the record's), FAILED for the
         rest. Two stores cannot be updated atomically; this makes them agree again."""
 
+    def log_image(self, image: Any, name: str) -> None:  # noqa: B027
+        """Optional: store an (H, W, 3) uint8 image as the PNG artifact ``name`` (e.g.
+        ``overlays/tile.png``). Trackers without an artifact store drop it."""
+
     def log_metrics_batch(self, rows: list[tuple[dict[str, float], int]],
                           scope: str = "trial") -> None:
         """Many ``(metrics, step)`` rows at once (a whole AL curve); stores that can batch
@@ -125,6 +129,7 @@ class InMemoryTracker(Tracker):
         self.checkpoints: list[dict[str, Any]] = []
         self.model: nn.Module | None = None
         self.dataset: DatasetInfo | None = None
+        self.images: dict[str, Any] = {}
         self._open_trial: _Record | None = None
 
     def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
@@ -154,6 +159,9 @@ class InMemoryTracker(Tracker):
 
     def log_model(self, model, example):  # type: ignore[no-untyped-def]
         self.model = model
+
+    def log_image(self, image, name):  # type: ignore[no-untyped-def]
+        self.images[name] = image
 
     def end_study(self, status):  # type: ignore[no-untyped-def]
         assert self.study is not None

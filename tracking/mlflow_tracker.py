@@ -364,6 +364,16 @@ class MlflowTracker(Tracker):
         self._submit({"op": "log_artifact", "key": "study", "path": str(path),
                       "artifact_path": "checkpoints", "name": name})
 
+    def log_image(self, image, name):  # type: ignore[no-untyped-def]
+        from PIL import Image
+
+        path = Path(self._tmp.name) / f"img-{uuid.uuid4().hex[:8]}.png"
+        Image.fromarray(image).save(path)
+        parent = str(Path(name).parent)
+        self._submit({"op": "log_artifact", "key": "study", "path": str(path),
+                      "artifact_path": None if parent == "." else parent,
+                      "name": Path(name).name})
+
     def end_trial(self, status, error=None):  # type: ignore[no-untyped-def]
         if self._trial_key is None:
             return

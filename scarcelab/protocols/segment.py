@@ -1,0 +1,407 @@
+"""``segment``: nuclei instance segmentation with an encoder under test (issue 14).
+
+One training run of a HoVer-Net-style U-Net (:mod:`scarcelab.models.unet`) under a
+wall-clock budget: random crops of the training tiles, validation on held-out *source
+images* after every epoch (sliding window + watershed + PQ), early stopping on validation
+PQ (``patience`` epochs without improvement), and the test set scored once with the
+checkpoint that was best on validation. The watershed's marker threshold is then chosen
+on validation too (a short grid, for that checkpoint only) before the test set is seen.
+
+Loss (HoVer-Net, Graham et al. 2019, eq. 1-4, λ_b = 2 and the rest 1): NP cross-entropy
++ soft Dice, HV mean squared error + 2 x the mean squared error of the HV gradients
+(∂h/∂x, ∂v/∂y by Sobel, on nucleus pixels only), and, with types, TP cross-entropy + Dice.
+
+Tracking: per epoch on the study record ``train/loss``, ``seg/val_<m>`` and
+``time/elapsed_s``; at the end ``seg/<m>`` = the *test* value of the selected checkpoint
+(DESIGN §4.3's ``seg/pq`` / ``seg/mpq``), in the configured aggregation, plus
+``seg/per_image/<m>`` or ``seg/pooled/<m>`` for the other one, and
+``seg/cross/<dataset>/<m>`` for cross-dataset test sets; overlays of predicted vs true
+instances as ``overlays/*.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import scarcelab
+from scarcelab.data.nuclei import NucleiDataset, NucleiTile, load_nuclei, split_validation
+from scarcelab.errors import ConfigError, TrialFailed
+from scarcelab.metrics.segmentation import AGGREGATIONS, SegmentationEvaluator
+from scarcelab.models.nucleus_maps import (
+    PostProcess,
+    hv_targets,
+    instance_types,
+    predict_tile,
+    type_map,
+)
+from scarcelab.models.unet import NucleusUNet, load_segment_backbone
+from scarcelab.tracker import DatasetInfo, Tracker
+
+METRICS = ("pq", "dq", "sq", "mpq", "aji", "dice")
+EDGE_GRID = (0.05, 0.1, 0.2, 0.3, 0.4)
+
+
+@dataclass
+class SegmentConfig:
+    dataset: str = "consep_patches"
+    data_dir: str | None = None
+    encoder: str = "random"
+    arch: str = "auto"
+    seed: int = 0
+    budget_minutes: float = 5.0
+    max_epochs: int = 100
+    patience: int = 5
+    crop: int = 96  # training crop (pixels after ``scale``)
+    window: int = 256  # sliding-window size at inference (pixels after ``scale``)
+    scale: float = 1.0  # resize factor applied to tiles before the network (0.5 ~ 20x)
+    batch_size: int = 8
+    steps_per_epoch: int = 40
+    lr: float = 1e-3
+    weight_decay: float = 1e-5
+    val_fraction: float = 0.15  # of the training source images
+    types: bool = True  # train a type head when the data has types (mPQ)
+    aggregation: str = "pooled"
+    cross_test: tuple[str, ...] = ()  # further test-only datasets (e.g. nuclei_cpm15)
+    max_train_tiles: int | None = None  # caps, for smoke tests
+    max_val_tiles: int | None = 32  # validation runs every epoch: keep it cheap
+    max_test_tiles: int | None = None
+    n_overlays: int = 4
+    device: str = "auto"
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def resolved_arch(self) -> str:
+        """``auto``: resnet18 on a GPU, small_cnn on CPU (as the other entry points)."""
+        if self.arch == "auto":
+            return "resnet18" if self.resolved_device().startswith("cuda") else "small_cnn"
+        return self.arch
+
+
+@dataclass
+class SegmentResult:
+    best_epoch: int
+    epochs: int
+    val: dict[str, float]
+    test: dict[str, float]
+    cross: dict[str, dict[str, float]] = field(default_factory=dict)
+    edge_threshold: float = 0.1
+    train_s: float = 0.0
+    eval_s: float = 0.0
+
+
+# -- training samples -------------------------------------------------------------------------
+def random_crop(tile: NucleiTile, size: int, rng: np.random.Generator
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """A ``size`` crop (reflect-padded if the tile is smaller) with a random flip /
+    quarter turn, and the instance map cropped alike (targets are computed after the
+    crop, so nuclei cut by the border get the HV maps of what is visible)."""
+    img, inst = tile.image, tile.inst
+    ph, pw = max(0, size - img.shape[0]), max(0, size - img.shape[1])
+    if ph or pw:
+        img = np.pad(img, ((0, ph), (0, pw), (0, 0)), mode="reflect")
+        inst = np.pad(inst, ((0, ph), (0, pw)))
+    r = int(rng.integers(0, img.shape[0] - size + 1))
+    c = int(rng.integers(0, img.shape[1] - size + 1))
+    img, inst = img[r:r + size, c:c + size], inst[r:r + size, c:c + size]
+    k = int(rng.integers(0, 4))
+    img, inst = np.rot90(img, k), np.rot90(inst, k)
+    if rng.random() < 0.5:
+        img, inst = img[:, ::-1], inst[:, ::-1]
+    return np.ascontiguousarray(img), np.ascontiguousarray(inst)
+
+
+def make_batch(tiles: list[NucleiTile], n: int, size: int, rng: np.random.Generator,
+               typed: bool) -> dict[str, torch.Tensor]:
+    xs, nps, hvs, tps = [], [], [], []
+    for _ in range(n):
+        tile = tiles[int(rng.integers(0, len(tiles)))]
+        img, inst = random_crop(tile, size, rng)
+        # mild stain/brightness jitter: one gain per channel
+        img = np.clip(img.astype(np.float32) * rng.uniform(0.9, 1.1, 3), 0, 255)
+        xs.append(img.transpose(2, 0, 1) / 255.0)
+        nps.append(inst > 0)
+        hvs.append(hv_targets(inst))
+        if typed:
+            tps.append(type_map(inst, tile.types))
+    out = {"x": torch.from_numpy(np.stack(xs)).float(),
+           "np": torch.from_numpy(np.stack(nps)).long(),
+           "hv": torch.from_numpy(np.stack(hvs)).float()}
+    if typed:
+        out["tp"] = torch.from_numpy(np.stack(tps)).long()
+    return out
+
+
+# -- loss -------------------------------------------------------------------------------------
+def _soft_dice(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """1 - Dice per class (soft, on softmax probabilities), summed over classes."""
+    p = logits.softmax(1)
+    oh = F.one_hot(target, logits.shape[1]).permute(0, 3, 1, 2).float()
+    inter = (p * oh).sum((0, 2, 3))
+    denom = p.sum((0, 2, 3)) + oh.sum((0, 2, 3))
+    return (1 - (2 * inter + 1e-3) / (denom + 1e-3)).sum()
+
+
+_SOBEL_X = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
+
+
+def hv_gradients(hv: torch.Tensor) -> torch.Tensor:
+    """(∂h/∂x, ∂v/∂y) of an (N, 2, H, W) map by Sobel (the HV loss' gradient term)."""
+    kx = _SOBEL_X.to(hv)[None, None]
+    gx = F.conv2d(F.pad(hv[:, :1], (1, 1, 1, 1), mode="replicate"), kx)
+    gy = F.conv2d(F.pad(hv[:, 1:], (1, 1, 1, 1), mode="replicate"), kx.transpose(2, 3))
+    return torch.cat([gx, gy], 1)
+
+
+def hovernet_loss(out: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    np_t, hv_t = batch["np"], batch["hv"]
+    terms = {"np": F.cross_entropy(out[:, :2], np_t) + _soft_dice(out[:, :2], np_t)}
+    hv = out[:, 2:4]
+    mask = np_t[:, None].float()
+    msge = ((hv_gradients(hv) - hv_gradients(hv_t)) ** 2 * mask).sum() / (
+        2 * mask.sum()).clamp(min=1)
+    terms["hv"] = F.mse_loss(hv, hv_t) + 2.0 * msge
+    if "tp" in batch:
+        terms["tp"] = F.cross_entropy(out[:, 4:], batch["tp"]) + _soft_dice(out[:, 4:],
+                                                                           batch["tp"])
+    terms["loss"] = sum(terms.values())
+    return terms
+
+
+# -- evaluation -------------------------------------------------------------------------------
+def predict_set(model: nn.Module, tiles: list[NucleiTile], window: int, device: str,
+                scale: float = 1.0) -> list[np.ndarray]:
+    """The network maps of every tile at the working ``scale`` (kept so that the
+    watershed can be re-run cheaply with other thresholds)."""
+    return [predict_tile(model, rescale(t, scale).image, window, device) for t in tiles]
+
+
+def score_maps(maps: list[np.ndarray], tiles: list[NucleiTile], post: PostProcess,
+               type_names: dict[int, str] | None) -> tuple[SegmentationEvaluator,
+                                                          list[np.ndarray]]:
+    """Instances from the maps, brought back to each tile's own size, scored against
+    the tile's true instances (always at the original resolution)."""
+    ev = SegmentationEvaluator(type_names)
+    preds = []
+    for m, t in zip(maps, tiles, strict=True):
+        inst = post(m[1], m[2:4])
+        pt = instance_types(inst, m[4:]) if type_names else None
+        inst = resize_labels(inst, t.inst.shape)
+        if pt is not None:  # an instance may vanish when upsampling a tiny one: keep it simple
+            pt = {i: pt[i] for i in np.unique(inst).tolist() if i}
+        ev.add(t.inst, inst, t.types if type_names else None, pt)
+        preds.append(inst)
+    return ev, preds
+
+
+def _keyed(res: dict[str, float], prefix: str) -> dict[str, float]:
+    return {f"{prefix}{k}": v for k, v in res.items() if not np.isnan(v)}
+
+
+def overlay(tile: NucleiTile, pred: np.ndarray) -> np.ndarray:
+    """Side by side: true instance outlines (green) | predicted outlines (magenta)."""
+    from skimage.segmentation import find_boundaries
+
+    panels = []
+    for inst, color in ((tile.inst, (0, 255, 0)), (pred, (255, 0, 255))):
+        img = tile.image.copy()
+        img[find_boundaries(inst, mode="inner")] = color
+        panels.append(img)
+    gap = np.full((tile.image.shape[0], 4, 3), 255, np.uint8)
+    return np.concatenate([panels[0], gap, panels[1]], 1)
+
+
+def rescale(tile: NucleiTile, s: float) -> NucleiTile:
+    """The tile resized by ``s`` (bilinear image, nearest-neighbour instance map)."""
+    if s == 1.0:
+        return tile
+    from PIL import Image
+
+    h, w = (max(1, round(d * s)) for d in tile.inst.shape)
+    img = np.asarray(Image.fromarray(tile.image).resize((w, h), Image.BILINEAR))
+    return NucleiTile(tile.name, img, resize_labels(tile.inst, (h, w)), tile.types,
+                      tile.group)
+
+
+def resize_labels(lab: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Nearest-neighbour resize of a label map to exactly ``shape``."""
+    if lab.shape == shape:
+        return lab
+    rows = np.minimum((np.arange(shape[0]) + 0.5) * lab.shape[0] / shape[0], lab.shape[0] - 1)
+    cols = np.minimum((np.arange(shape[1]) + 0.5) * lab.shape[1] / shape[1], lab.shape[1] - 1)
+    return lab[rows.astype(int)][:, cols.astype(int)]
+
+
+def _cap(tiles: list[NucleiTile], n: int | None, rng: np.random.Generator
+         ) -> list[NucleiTile]:
+    if n is None or n >= len(tiles):
+        return tiles
+    idx = np.sort(rng.choice(len(tiles), n, replace=False))
+    return [tiles[i] for i in idx]
+
+
+def _validate(cfg: SegmentConfig) -> None:
+    if cfg.aggregation not in AGGREGATIONS:
+        raise ConfigError(f"aggregation={cfg.aggregation!r}; use one of {AGGREGATIONS}")
+    for name, v in (("crop", cfg.crop), ("batch_size", cfg.batch_size),
+                    ("steps_per_epoch", cfg.steps_per_epoch), ("max_epochs", cfg.max_epochs),
+                    ("patience", cfg.patience)):
+        if v < 1:
+            raise ConfigError(f"{name} must be >= 1, got {v}")
+    if not 0.1 <= cfg.scale <= 4:
+        raise ConfigError(f"scale must be in [0.1, 4], got {cfg.scale}")
+    if cfg.budget_minutes <= 0:
+        raise ConfigError(f"budget_minutes must be > 0, got {cfg.budget_minutes}")
+
+
+# -- the protocol -----------------------------------------------------------------------------
+def run_segment(cfg: SegmentConfig, tracker: Tracker) -> SegmentResult:
+    _validate(cfg)
+    device, arch = cfg.resolved_device(), cfg.resolved_arch()
+    torch.manual_seed(cfg.seed)  # before the backbone: a random encoder's init is seeded too
+    backbone = load_segment_backbone(cfg.encoder, arch)  # fails fast on a bad encoder
+    data: NucleiDataset = load_nuclei(cfg.dataset, cfg.data_dir)
+    rng = np.random.default_rng(cfg.seed)
+    train, val = split_validation(data.train, cfg.val_fraction, cfg.seed)
+    train, val = _cap(train, cfg.max_train_tiles, rng), _cap(val, cfg.max_val_tiles, rng)
+    test = _cap(data.test, cfg.max_test_tiles, rng)
+    type_names = data.type_names if (cfg.types and data.type_names) else None
+    n_types = len(type_names) if type_names else 0
+
+    torch.manual_seed(cfg.seed)
+    model = NucleusUNet(backbone, n_types=n_types).to(device)
+    for name, v in (("crop", cfg.crop), ("window", cfg.window)):
+        if v % model.stride:
+            raise ConfigError(f"{name}={v} must be a multiple of the {arch} encoder's "
+                              f"stride {model.stride}")
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    tags = {"scarcelab.role": "study", "scarcelab.family": "segment",
+            "scarcelab.method": "hovernet_unet", "scarcelab.dataset": cfg.dataset,
+            "scarcelab.seed": str(cfg.seed), "scarcelab.version": scarcelab.__version__,
+            "scarcelab.arch": arch, "scarcelab.encoder": cfg.encoder,
+            "scarcelab.aggregation": cfg.aggregation}
+    split = {"train": [t.name for t in train], "val": [t.name for t in val],
+             "test": [t.name for t in test],
+             "val_source_images": sorted({t.group for t in val})}
+    resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": device,
+                "n_types": n_types, "n_train_tiles": len(train), "n_val_tiles": len(val),
+                "n_test_tiles": len(test)}
+    tracker.start_study(name=f"segment-{cfg.dataset}-{arch}-s{cfg.seed}", tags=tags,
+                        params={k: v for k, v in resolved.items() if k != "cross_test"} | {
+                            "cross_test": ",".join(cfg.cross_test)},
+                        artifacts={"split.json": split, "config.json": resolved},
+                        dataset=DatasetInfo(cfg.dataset, data.source, data.digest()))
+    status = "FAILED"
+    try:
+        res = _train_and_test(cfg, tracker, model, opt, train, val, test, type_names,
+                              device, rng)
+        status = "FINISHED"
+        return res
+    finally:
+        tracker.end_study(status)
+
+
+def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
+                    opt: torch.optim.Optimizer, train: list[NucleiTile],
+                    val: list[NucleiTile], test: list[NucleiTile],
+                    type_names: dict[int, str] | None, device: str,
+                    rng: np.random.Generator) -> SegmentResult:
+    start = time.time()
+    deadline = start + cfg.budget_minutes * 60.0
+    train_s = [rescale(t, cfg.scale) for t in train]
+    post = PostProcess()
+    best: dict[str, Any] = {"pq": -1.0, "epoch": -1, "state": None, "val": {}}
+    epoch, last_epoch_s, bad = 0, 0.0, 0
+    while epoch < cfg.max_epochs and time.time() + last_epoch_s < deadline:
+        t0 = time.time()
+        model.train()
+        losses: dict[str, float] = {}
+        for _ in range(cfg.steps_per_epoch):
+            batch = {k: v.to(device) for k, v in
+                     make_batch(train_s, cfg.batch_size, cfg.crop, rng, type_names is not None
+                                ).items()}
+            terms = hovernet_loss(model(batch["x"]), batch)
+            if not torch.isfinite(terms["loss"]):
+                raise TrialFailed(f"segment: non-finite loss at epoch {epoch}; lower lr "
+                                  f"(now {cfg.lr})")
+            opt.zero_grad(set_to_none=True)
+            terms["loss"].backward()
+            opt.step()
+            for k, v in terms.items():
+                losses[k] = losses.get(k, 0.0) + float(v.detach()) / cfg.steps_per_epoch
+        ev, _ = score_maps(predict_set(model, val, cfg.window, device, cfg.scale), val, post,
+                           type_names)
+        vres = ev.result(cfg.aggregation)
+        improved = vres["pq"] > best["pq"]
+        if improved:
+            best.update(pq=vres["pq"], epoch=epoch, val=vres,
+                        state={k: v.detach().to("cpu", copy=True)
+                               for k, v in model.state_dict().items()})
+            bad = 0
+        else:
+            bad += 1
+        tracker.log_metrics({**{f"train/{'loss' if k == 'loss' else 'loss_' + k}": v
+                                for k, v in losses.items()},
+                             **_keyed({k: v for k, v in vres.items()
+                                       if k in METRICS}, "seg/val_"),
+                             "time/elapsed_s": time.time() - start}, step=epoch,
+                            scope="study")
+        epoch += 1
+        last_epoch_s = time.time() - t0
+        if bad >= cfg.patience:
+            break
+    train_time = time.time() - start
+    if best["state"] is None:
+        raise TrialFailed("segment: the budget ended before one epoch finished; raise "
+                          "budget_minutes or lower steps_per_epoch")
+    model.load_state_dict(best["state"])
+    t_eval = time.time()
+    # marker threshold of the watershed: chosen on validation for the selected checkpoint
+    val_maps = predict_set(model, val, cfg.window, device, cfg.scale)
+    grid = {e: score_maps(val_maps, val, dataclasses.replace(post, edge_threshold=e),
+                          type_names)[0].result(cfg.aggregation)["pq"] for e in EDGE_GRID}
+    edge = max(EDGE_GRID, key=lambda e: (np.nan_to_num(grid[e], nan=-1.0), -e))
+    post = dataclasses.replace(post, edge_threshold=edge)
+    ev, preds = score_maps(predict_set(model, test, cfg.window, device, cfg.scale), test, post,
+                           type_names)
+    test_res = ev.result(cfg.aggregation)
+    other = [a for a in AGGREGATIONS if a != cfg.aggregation][0]
+    other_name = "per_image" if other == "image" else "pooled"
+    final = {**_keyed(test_res, "seg/"), **_keyed(ev.result(other), f"seg/{other_name}/"),
+             "seg/val_pq_selected": best["pq"], "seg/selected_epoch": best["epoch"],
+             "seg/edge_threshold": edge}
+    cross: dict[str, dict[str, float]] = {}
+    for name in cfg.cross_test:
+        cdata = load_nuclei(name, None)
+        ctiles = _cap(cdata.test, cfg.max_test_tiles, rng)
+        cev, _ = score_maps(predict_set(model, ctiles, cfg.window, device, cfg.scale), ctiles,
+                            post, None)
+        cross[name] = cev.result(cfg.aggregation)
+        final.update(_keyed(cross[name], f"seg/cross/{name}/"))
+    eval_s = time.time() - t_eval
+    final.update({"time/train_s": train_time, "time/eval_s": eval_s,
+                  "time/elapsed_s": time.time() - start})
+    tracker.log_metrics(final, step=best["epoch"], scope="study")
+    tracker.set_tags({"scarcelab.selected_epoch": str(best["epoch"]),
+                      "scarcelab.edge_threshold": str(edge)})
+    for tile, pred in list(zip(test, preds, strict=True))[:cfg.n_overlays]:
+        tracker.log_image(overlay(tile, pred), f"overlays/{tile.name.replace('/', '_')}.png")
+    tracker.log_checkpoint({"state_dict": best["state"], "epoch": best["epoch"],
+                            "arch": cfg.resolved_arch(), "n_types": model.n_types,
+                            "edge_threshold": edge}, name="best.pt")
+    cpu_model = copy.deepcopy(model).to("cpu").eval()
+    tracker.log_model(cpu_model, torch.zeros(1, 3, cfg.crop, cfg.crop))
+    return SegmentResult(best["epoch"], epoch, best["val"], test_res, cross, edge,
+                         train_time, eval_s)
