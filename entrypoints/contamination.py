@@ -103,12 +103,16 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
                          "scarcelab.ratios": params["ratios"]}.items()])
     tracker_cls = _child_tracker_class()
     display = Display(level)
-    n_children = (0.0 in ratios) + len(sources) * len([r for r in ratios if r > 0])
+    # tuning=once with a search: a tuning study at r=0 runs first (its tracker comes from
+    # the same factory), then one child per point
+    tuned = kw["tuning"] == "once" and cfg.search == "random" and cfg.hparams is None
+    n_children = (0.0 in ratios) + len(sources) * len([r for r in ratios if r > 0]) + tuned
     count = [0]
 
     def child(s: str, r: float) -> Any:
         count[0] += 1
-        label = f"child {count[0]}/{n_children}: {s} r={r:g}"
+        what = "tuning study (r=0)" if tuned and count[0] == 1 else f"{s} r={r:g}"
+        label = f"child {count[0]}/{n_children}: {what}"
         display.line(label)
         return ProgressTracker(tracker_cls(parent_id), display,
                                budget_s=cfg.budget_minutes * 60.0, label=label)

@@ -301,7 +301,8 @@ def test_contamination_sweep_runs_with_child_progress_and_parent_params(tmp_path
                  "--unlabeled-batch-size", "16", "--diag-samples", "0", "--ood", "gaussian",
                  "--ratios", "0,0.5", "--experiment", "contam", "-v"])
     assert r.exit_code == 0, r.output
-    assert "child 1/2: gaussian r=0" in r.output and "child 2/2: gaussian r=0.5" in r.output
+    assert "child 1/3: tuning study (r=0)" in r.output
+    assert "child 2/3: gaussian r=0" in r.output and "child 3/3: gaussian r=0.5" in r.output
     assert "parent run: " in r.output
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["contam"])

@@ -19,15 +19,20 @@ def test_all_labels_holds_out_the_default_validation_set() -> None:
     from scarcelab.data.splits import DEFAULT_BUDGETS, apply_split, make_split
 
     raw = load_raw("synthetic_tiny")
-    split = make_split(raw, "all", None, seed=0)  # raised ConfigError before
+    split = make_split(raw, "all", None, seed=0, val_from="train")  # ConfigError before
     n_val = DEFAULT_BUDGETS["synthetic_tiny"][1]
     assert split["n_val"] == n_val and split["n_labeled"] == len(raw.train_y) - n_val
     assert split["unlabeled"] == []
     assert not set(split["labeled"]) & set(split["val"])
     b = apply_split(raw, split)
     assert len(b.labeled_y) + len(b.val_y) == len(raw.train_y)
-    s2 = make_split(raw, "all", 50, seed=0)
+    s2 = make_split(raw, "all", 50, seed=0, val_from="train")
     assert s2["n_val"] == 50 and s2["n_labeled"] == len(raw.train_y) - 50
+    # validation from the official split (the default where it is large enough): every
+    # train sample is labeled and none is held out
+    s3 = make_split(raw, "all", None, seed=0)
+    assert s3["val_from"] == "official" and s3["n_labeled"] == len(raw.train_y)
+    assert s3["n_val"] == n_val and s3["unlabeled"] == []
 
 
 def test_empty_validation_set_is_refused() -> None:

@@ -88,16 +88,15 @@ def test_unknown_source_or_other_method_is_a_clear_error(store):
 
 
 def test_cli_options_reach_the_study_config(store):
-    import entrypoints.cli  # noqa: F401 - registers the commands (entrypoints.study among them)
+    from entrypoints.cli import main  # registers the commands (entrypoints.study among them)
     from entrypoints.study import study_config
 
     _, runs = store
-    kw = dict(method="sup", dataset="synthetic_tiny", data_dir="", arch="small_cnn", seed="0",
-              budget_minutes="1", max_epochs="2", patience="2", n_labeled="default",
-              n_val="default", allow_large_val="false", search="none", batch_size="default",
-              unlabeled_batch_size="default", max_steps_per_epoch="default", max_trials="0",
-              device="cpu", overrides="", diag_samples="0", val_from="train",
-              hparams_from=runs[0][0], transfer_epochs="80")
+    args = ["--method", "sup", "--dataset", "synthetic_tiny", "--arch", "small_cnn",
+            "--budget-minutes", "1", "--max-epochs", "2", "--patience", "2", "--search",
+            "none", "--device", "cpu", "--diag-samples", "0", "--val-from", "train",
+            "--hparams-from", runs[0][0], "--transfer-epochs", "80"]
+    kw = main.commands["supervised"].make_context("supervised", args).params
     cfg = study_config("supervised", kw)
     assert cfg.val_from == "train" and cfg.transfer_epochs == 80
     assert cfg.hparams["lr"] == pytest.approx(runs[0][1].best_checkpoint["hp"]["lr"])
