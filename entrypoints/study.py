@@ -75,9 +75,10 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
 
 def _run(family: str, kw: dict[str, Any]) -> None:
     from scarcelab.protocols.search import run_study
-    from tracking.mlflow_tracker import MlflowTracker
+    from tracking.mlflow_tracker import MlflowTracker, check_tracking_server
 
     cfg = study_config(family, kw)
+    check_tracking_server()  # a dead server: one clear line now, not a traceback later
     tracker = MlflowTracker(experiment=kw["experiment"] or None)
     res = run_study(cfg, tracker)
     click.echo(
@@ -89,6 +90,10 @@ def _run(family: str, kw: dict[str, Any]) -> None:
 
     click.echo(f"tracking URI: {mlflow.get_tracking_uri()}  —  browse with: "
                f"mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
+    if tracker.spool_left is not None:  # trained, but the record is not complete: say so
+        raise ScarcelabError(
+            f"the tracking records of study run {tracker.study_run_id} were not all delivered; "
+            f"deliver them with `python -m tracking.spool replay {tracker.spool_left}`")
 
 
 def _family_command(family: str, default_method: str) -> None:
