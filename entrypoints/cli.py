@@ -17,6 +17,9 @@ def main(verbose: bool) -> None:
     """scarcelab: learning from scarce labels, tuned fairly, tracked in MLflow."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from tracking.lifecycle import die_with_mlflow_run
+
+    die_with_mlflow_run()  # under `mlflow run`: do not outlive it (issue 13 item 5)
 
 
 def _load_commands() -> None:

@@ -21,6 +21,7 @@ from mlflow.entities import Metric, Param
 
 from scarcelab.active.encoded import DiskEncodingCache, Encoded
 from tracking.mlflow_tracker import current_experiment_id
+from tracking.safe_io import UnsafeArtifact, load_exported, trust_pickled_models
 
 log = logging.getLogger(__name__)
 ROLE = "encoding"
@@ -94,10 +95,31 @@ class MlflowEncodingCache:
 def load_pretrained_backbone(uri: str) -> Any:
     """The backbone of a scarcelab model logged by a study (``runs:/<id>/model``,
     ``models:/<name>/<version>``): the exported classifier's ``backbone``, which expects
-    normalised images exactly as ``scarcelab.active.encoded.embed_images`` feeds them."""
-    import mlflow.pytorch
+    normalised images exactly as ``scarcelab.active.encoded.embed_images`` feeds them.
 
-    model = mlflow.pytorch.load_model(uri, map_location="cpu")
+    Studies log their model in MLflow's ``pt2`` format; it is read only after checking that
+    the archive holds no pickle payload, so loading it runs no code from the artifact store.
+    A pickle-format model (older scarcelab, or logged by hand) would run whatever its pickle
+    says: it is refused unless ``SCARCELAB_TRUST_PICKLED_MODELS=1`` says you trust everyone
+    who can write that artifact store."""
+    import mlflow.pytorch
+    import torch
+    from mlflow.tracking.artifact_utils import _download_artifact_from_uri
+
+    local = Path(_download_artifact_from_uri(artifact_uri=uri))
+    pt2 = local / "data" / "model.pt2"
+    if pt2.is_file():
+        try:
+            model = torch.export.unflatten(load_exported(pt2))
+        except UnsafeArtifact as e:
+            raise ValueError(f"{uri}: {e}") from e
+    elif trust_pickled_models():
+        model = mlflow.pytorch.load_model(uri, map_location="cpu")
+    else:
+        raise ValueError(f"{uri} is a pickle-format model: loading it executes code stored in the "
+                         "artifact store. Log it with serialization_format='pt2' (as scarcelab "
+                         "studies do), or set SCARCELAB_TRUST_PICKLED_MODELS=1 if you trust "
+                         "everyone who can write that store")
     backbone = getattr(model, "backbone", None)
     if backbone is None:
         raise ValueError(f"{uri} is not a scarcelab exported classifier (no .backbone); pass "
