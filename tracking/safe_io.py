@@ -42,10 +42,10 @@ def sha256_file(path: str | Path) -> str:
 
 def plain(obj: Any, where: str = "checkpoint") -> Any:
     """``obj`` as tensors and plain types only (what ``weights_only=True`` reads back)."""
-    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
-        return obj
-    if isinstance(obj, np.generic):
+    if isinstance(obj, np.generic):  # before float: np.float64 *is* a float subclass
         return obj.item()
+    if obj is None or type(obj) in (bool, int, float, str) or isinstance(obj, torch.Tensor):
+        return obj
     if isinstance(obj, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(obj))
     if isinstance(obj, dict):
