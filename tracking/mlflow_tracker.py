@@ -2,9 +2,10 @@
 
 Metrics go out with ``MlflowClient.log_batch`` — one request per epoch and scope, ~50x
 cheaper than one ``log_metric`` call per value (see ../shared/ENV.md, "Logging cost"; the
-numbers for this stack are in docs/tracking.md). Checkpoints are ``torch.save`` +
-``log_artifact`` (fast); only the final model goes through ``mlflow.pytorch.log_model``
-(~10 s, once per study). Under ``mlflow run`` the study run *is* the run MLflow Projects
+numbers for this stack are in docs/tracking.md). Checkpoints are ``torch.save`` of plain
+tensors + ``log_artifact`` (fast) with their SHA-256 as a run tag; only the final model goes
+through ``mlflow.pytorch.log_model``, in the ``pt2`` format (once per study). Nothing read
+back from a store is unpickled (tracking/safe_io.py, docs/threat-model.md). Under ``mlflow run`` the study run *is* the run MLflow Projects
 created (``MLFLOW_RUN_ID``), so the UI shows the entry point's parameters and the study's
 results in one place.
 
@@ -16,7 +17,8 @@ wait in a spool cannot depend on process-global state.
 
 Resuming (``resume_state``): the study run carries ``scarcelab.study_key`` and its owner
 (``host:pid``); a RUNNING study run of the same key whose owner is dead is reattached, its
-best checkpoint downloaded from the artifact store and its spent time read back.
+best checkpoint downloaded from the artifact store (and loaded only if its digest matches
+the recorded one) and its spent time read back.
 """
 
 from __future__ import annotations
