@@ -5,7 +5,8 @@ cheaper than one ``log_metric`` call per value (see ../shared/ENV.md, "Logging c
 numbers for this stack are in docs/tracking.md). Checkpoints are ``torch.save`` of plain
 tensors + ``log_artifact`` (fast) with their SHA-256 as a run tag; only the final model goes
 through ``mlflow.pytorch.log_model``, in the ``pt2`` format (once per study). Nothing read
-back from a store is unpickled (tracking/safe_io.py, docs/threat-model.md). Under ``mlflow run`` the study run *is* the run MLflow Projects
+back from a store is unpickled (tracking/safe_io.py, docs/threat-model.md). Under
+``mlflow run`` the study run *is* the run MLflow Projects
 created (``MLFLOW_RUN_ID``), so the UI shows the entry point's parameters and the study's
 results in one place.
 
