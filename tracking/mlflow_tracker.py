@@ -479,7 +479,17 @@ class MlflowTracker(Tracker):
         d.mkdir()
         # exported here, where the model is a live object: the spool then holds a pt2
         # archive (JSON graph + raw tensors) and a tensor, never a pickled module
-        export_model(model, example, d / "model.pt2")
+        try:
+            export_model(model, example, d / "model.pt2")
+        except Exception as e:  # noqa: BLE001 - the study's results stand without the model
+            msg = (f"the final model could not be exported with torch.export ({type(e).__name__}: "
+                   f"{str(e)[:300]}); it is not logged (the best checkpoint is). A pickled "
+                   "model is not logged instead: it would run code when loaded")
+            log.error(msg)
+            print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
+            self._submit({"op": "log_batch", "key": "study",
+                          "tags": [["scarcelab.model_export_error", msg[:5000]]]})
+            return
         torch.save(example.detach().cpu().contiguous(), d / "example.pt")
         self._submit({"op": "log_model", "key": "study", "path": str(d / "model.pt2"),
                       "example_path": str(d / "example.pt"),
