@@ -30,6 +30,9 @@ def main(verbose: bool, quiet: bool) -> None:
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from tracking.lifecycle import die_with_mlflow_run
+
+    die_with_mlflow_run()  # under `mlflow run`: do not outlive it (issue 13 item 5)
 
 
 def _load_commands() -> None:

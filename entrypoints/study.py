@@ -159,8 +159,9 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     cfg = study_config(family, kw)
     from entrypoints._progress import Display, ProgressTracker, fmt_time, summary_lines
     from scarcelab.protocols.search import run_study
-    from tracking.mlflow_tracker import MlflowTracker
+    from tracking.mlflow_tracker import MlflowTracker, check_tracking_server
 
+    check_tracking_server()  # a dead server: one clear line now, not a traceback later
     tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
                               Display(level), budget_s=cfg.budget_minutes * 60.0,
                               entry=entry_params(ctx, STUDY_ENTRY))
@@ -172,6 +173,10 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
         f"{fmt_time(cfg.budget_minutes * 60)}",
         f"  best val balanced accuracy {res.best_val:.4f} (trial {res.best_trial}), test "
         f"balanced accuracy of that checkpoint {test:.4f}"])))
+    if tracker.spool_left is not None:  # trained, but the record is not complete: say so
+        raise ScarcelabError(
+            f"the tracking records of study run {tracker.study_run_id} were not all delivered; "
+            f"deliver them with `python -m tracking.spool replay {tracker.spool_left}`")
 
 
 def _family_command(family: str, default_method: str) -> None:

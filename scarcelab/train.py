@@ -215,9 +215,16 @@ def steps_per_epoch(bundle: DatasetBundle, per_step: int, cap: int | None) -> in
 
 
 def snapshot(method: Method, probe: LinearProbe | None, extra: dict[str, Any]) -> dict[str, Any]:
-    """A CPU copy of everything needed to rebuild the predictor (encoder *and* probe)."""
+    """A CPU copy of everything needed to rebuild the predictor (encoder *and* probe).
+
+    Tensors and plain types only: checkpoints go through the artifact store and are read
+    back with ``torch.load(weights_only=True)``, so the probe is kept as the state of its
+    equivalent linear head (``LinearProbe.to_linear``), not as a pickled sklearn object."""
     state = {k: v.detach().to("cpu", copy=True) for k, v in method.state_dict().items()}
-    return {"state_dict": state, "probe": copy.deepcopy(probe), **extra}
+    head = None
+    if probe is not None:
+        head = {k: v.detach().clone() for k, v in probe.to_linear().state_dict().items()}
+    return {"state_dict": state, "probe": head, **extra}
 
 
 def export_classifier(
@@ -227,7 +234,9 @@ def export_classifier(
     m = copy.deepcopy(method).to("cpu")
     m.load_state_dict(ckpt["state_dict"])
     if ckpt.get("probe") is not None:
-        head = ckpt["probe"].to_linear()
+        w = ckpt["probe"]["weight"]
+        head = torch.nn.Linear(w.shape[1], w.shape[0])
+        head.load_state_dict(ckpt["probe"])
         backbone = m.backbone
     else:
         backbone, head = m.classifier_parts()

@@ -165,7 +165,8 @@ def test_encoder_can_be_a_logged_scarcelab_model(store: str, tmp_path, monkeypat
         model = ExportedClassifier(bb, torch.nn.Linear(bb.num_features, 3), ["a", "b", "c"])
     mlflow.set_experiment("al-pre")
     with mlflow.start_run() as run:
-        mlflow.pytorch.log_model(model, name="model", serialization_format="pickle")
+        mlflow.pytorch.log_model(model, name="model", serialization_format="pt2",
+                                 input_example=torch.rand(2, 1, 28, 28).numpy())
     uri = f"runs:/{run.info.run_id}/model"
     _enc_cli("al-pre", "--encoder", uri)
     runs = mlflow.search_runs(experiment_names=["al-pre"])

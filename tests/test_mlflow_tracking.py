@@ -63,7 +63,7 @@ def test_study_and_trials_land_in_mlflow(store):
     split = mlflow.artifacts.load_dict(f"runs:/{run_id}/split.json")
     assert split["hash"] == res.split_hash
     ckpt_path = mlflow.artifacts.download_artifacts(f"runs:/{run_id}/checkpoints/best.pt")
-    ckpt = torch.load(ckpt_path, weights_only=False)
+    ckpt = torch.load(ckpt_path, weights_only=True)
     assert ckpt["val_balanced_accuracy"] == pytest.approx(res.best_val)
     assert study.inputs.dataset_inputs[0].dataset.name == "synthetic_tiny"
     # the final model, loaded back through MLflow, predicts with the best checkpoint

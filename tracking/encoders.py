@@ -102,6 +102,8 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
         path: Path | None = None
         if sub in ("model", CHECKPOINT):
             path = _download(f"runs:/{run_id}/{CHECKPOINT}", tmp)
+            if path is not None:
+                _verify(path, tags, spec)
         if path is None and sub != CHECKPOINT:
             got = _download(f"runs:/{run_id}/{sub}", tmp)
             if got is not None and got.is_dir():  # an MLflow model folder
@@ -122,6 +124,19 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
         if f"scarcelab.{k}" in tags:
             info.setdefault(f"source_{k}", tags[f"scarcelab.{k}"])
     return net, info
+
+
+def _verify(path: Path, tags: dict[str, str], spec: str) -> None:
+    """A study records its checkpoint's sha256 in the tracking store: a file in the
+    artifact store that differs from it was replaced behind the study's back (the artifact
+    store is the less protected of the two, docs/threat-model.md) and is refused."""
+    from tracking.safe_io import CHECKSUM_TAG, sha256_file
+
+    want = tags.get(CHECKSUM_TAG)
+    if want and sha256_file(path) != want:
+        raise DataError(f"encoder={spec!r}: {CHECKPOINT} differs from the sha256 the study "
+                        f"recorded ({CHECKSUM_TAG}); refusing a checkpoint that was replaced "
+                        "in the artifact store")
 
 
 __all__ = ["CHECKPOINT", "resolve_encoder", "source_run"]

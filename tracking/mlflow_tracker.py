@@ -2,9 +2,11 @@
 
 Metrics go out with ``MlflowClient.log_batch`` — one request per epoch and scope, ~50x
 cheaper than one ``log_metric`` call per value (see ../shared/ENV.md, "Logging cost"; the
-numbers for this stack are in docs/tracking.md). Checkpoints are ``torch.save`` +
-``log_artifact`` (fast); only the final model goes through ``mlflow.pytorch.log_model``
-(~10 s, once per study). Under ``mlflow run`` the study run *is* the run MLflow Projects
+numbers for this stack are in docs/tracking.md). Checkpoints are ``torch.save`` of plain
+tensors + ``log_artifact`` (fast) with their SHA-256 as a run tag; only the final model goes
+through ``mlflow.pytorch.log_model``, in the ``pt2`` format (once per study). Nothing read
+back from a store is unpickled (tracking/safe_io.py, docs/threat-model.md). Under
+``mlflow run`` the study run *is* the run MLflow Projects
 created (``MLFLOW_RUN_ID``), so the UI shows the entry point's parameters and the study's
 results in one place.
 
@@ -16,7 +18,8 @@ wait in a spool cannot depend on process-global state.
 
 Resuming (``resume_state``): the study run carries ``scarcelab.study_key`` and its owner
 (``host:pid``); a RUNNING study run of the same key whose owner is dead is reattached, its
-best checkpoint downloaded from the artifact store and its spent time read back.
+best checkpoint downloaded from the artifact store (and loaded only if its digest matches
+the recorded one) and its spent time read back.
 """
 
 from __future__ import annotations
@@ -43,8 +46,17 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from torch import nn
 
+from scarcelab.errors import ScarcelabError
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
-from tracking.spool import Spool, leftovers, replay
+from tracking.safe_io import (
+    CHECKSUM_TAG,
+    UnsafeArtifact,
+    export_model,
+    load_checkpoint,
+    load_exported,
+    save_checkpoint,
+)
+from tracking.spool import Spool, is_remote, is_transient, leftovers, replay
 
 log = logging.getLogger("scarcelab.tracking")
 
@@ -52,6 +64,7 @@ MAX_PARAM_LEN = 6000
 RETRIES = 5
 FLUSH_TIMEOUT_S = float(os.environ.get("SCARCELAB_SPOOL_FLUSH_S", "60"))
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
+SPOOL_OP_TAG = "scarcelab.spool_op"  # the client-chosen key that makes re-delivery idempotent
 
 # A dead server must cost seconds, not MLflow's default ~2 minutes of backoff per call:
 # the spool retries later anyway. Users can still override these.
@@ -90,15 +103,32 @@ def _git_commit() -> str | None:
         return None
 
 
+def _find_by_op_id(client: MlflowClient, experiment_id: str, op_id: str) -> str | None:
+    """The run an earlier delivery of this spooled ``create_run`` made, if any."""
+    runs = client.search_runs([experiment_id], f"tags.`{SPOOL_OP_TAG}` = '{op_id}'",
+                              max_results=1)
+    return str(runs[0].info.run_id) if runs else None
+
+
 def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
     """Perform one spooled operation against the current tracking URI; ``ids`` maps the
-    tracker's run keys to run ids (a run created during an outage gets its id here)."""
+    tracker's run keys to run ids (a run created during an outage gets its id here).
+
+    Idempotent for a re-sent operation (``_replay``): a run or model that an earlier
+    delivery of the same operation (``_id``) created is found by its tag, not made twice."""
     client = MlflowClient()
     kind = op["op"]
+    op_id = op.get("_id")
     if kind == "create_run":
         tags = dict(op["tags"])
         if op.get("parent"):
             tags[MLFLOW_PARENT_RUN_ID] = ids[op["parent"]]
+        if op_id:
+            tags[SPOOL_OP_TAG] = op_id
+            if op.get("_replay"):
+                found = _find_by_op_id(client, op["experiment_id"], op_id)
+                if found:
+                    return found
         run = client.create_run(op["experiment_id"], start_time=op["start_time"], tags=tags,
                                 run_name=op["run_name"])
         return str(run.info.run_id)
@@ -118,18 +148,33 @@ def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
         else:
             client.log_artifact(run_id, op["path"], op.get("artifact_path"))
     elif kind == "log_model":
-        model = torch.load(op["path"], weights_only=False)
-        example = torch.load(op["example_path"], weights_only=False)
-        # the logged-model entity is created in the *current* experiment, and `runs:/<id>/model`
-        # is looked up in the run's experiment: make them the same
-        mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
-        mlflow.pytorch.log_model(model, name="model", serialization_format="pickle",
-                                 input_example=example.numpy(), run_id=run_id)
+        _deliver_model(client, op, run_id)
     elif kind == "terminate":
         client.set_terminated(run_id, op["status"], end_time=op["end_time"])
     else:
         raise ValueError(f"unknown spool operation {kind!r}")
     return None
+
+
+def _deliver_model(client: MlflowClient, op: dict[str, Any], run_id: str) -> None:
+    """Log the exported model in MLflow's ``pt2`` format (no pickle: DESIGN, issue 13)."""
+    exp_id = client.get_run(run_id).info.experiment_id
+    op_id = op.get("_id")
+    if op_id and op.get("_replay"):
+        done = mlflow.search_logged_models(
+            experiment_ids=[exp_id], output_format="list",
+            filter_string=f"tags.`{SPOOL_OP_TAG}` = '{op_id}'")
+        if done:
+            return
+    module = load_exported(op["path"]).module()
+    example = torch.load(op["example_path"], map_location="cpu", weights_only=True)
+    # the logged-model entity is created in the *current* experiment, and `runs:/<id>/model`
+    # is looked up in the run's experiment: make them the same
+    mlflow.set_experiment(experiment_id=exp_id)
+    mlflow.pytorch.log_model(module, name="model", serialization_format="pt2",
+                             input_example=example.numpy(), run_id=run_id,
+                             metadata=op.get("metadata") or None,
+                             tags={SPOOL_OP_TAG: op_id} if op_id else None)
 
 
 def _experiment_id(name: str | None) -> str:
@@ -159,6 +204,37 @@ def current_experiment_id(client: MlflowClient, name: str | None) -> str:
     if os.environ.get("MLFLOW_RUN_ID"):
         return str(client.get_run(os.environ["MLFLOW_RUN_ID"]).info.experiment_id)
     return _experiment_id(name)
+
+
+class TrackingUnavailable(ScarcelabError):
+    """The remote tracking server does not answer (or refuses us) at the start of a command."""
+
+
+def check_tracking_server(uri: str | None = None) -> None:
+    """Refuse, in one line and before any data is loaded, to start against a remote tracking
+    server that does not answer.
+
+    The spool keeps a study going through an outage *after* its run exists; a study that
+    cannot even create its run (or look up the one it should resume) would otherwise end in
+    a traceback minutes later, or silently duplicate a study it could not see. Local stores
+    (``sqlite:``, a folder) need no check."""
+    uri = uri or mlflow.get_tracking_uri()
+    if not is_remote(uri):
+        return
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001 - classified below, reported in one line
+        from tracking.spool import http_status
+
+        status = http_status(e) if not is_transient(e) else None
+        why = (f"refused the request (HTTP {status}: check MLFLOW_TRACKING_USERNAME / "
+               "MLFLOW_TRACKING_PASSWORD)" if status in (401, 403) else
+               f"does not answer ({type(e).__name__})" if is_transient(e) else
+               f"failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+        raise TrackingUnavailable(
+            f"tracking server {uri} {why}; nothing was started. Start it (scripts/stack "
+            "start), or point MLFLOW_TRACKING_URI elsewhere (unset: a local sqlite store)."
+        ) from None
 
 
 class MlflowTracker(Tracker):
@@ -206,13 +282,7 @@ class MlflowTracker(Tracker):
                     run.data.tags.get("scarcelab.owner", "")):
                 continue
             rid = run.info.run_id
-            ckpt = None
-            try:
-                path = mlflow.artifacts.download_artifacts(
-                    run_id=rid, artifact_path="checkpoints/best.pt", dst_path=self._tmp.name)
-                ckpt = torch.load(path, weights_only=False)
-            except Exception as e:  # noqa: BLE001 - no checkpoint yet is a normal case
-                log.info("no checkpoint to restore from run %s (%s)", rid, e)
+            ckpt = self._restore_checkpoint(run)
             hist = self.client.get_metric_history(rid, "best/val_balanced_accuracy")
             elapsed = self.client.get_metric_history(rid, "time/elapsed_s")
             self._resume_run = rid
@@ -229,6 +299,27 @@ class MlflowTracker(Tracker):
                 global_epoch=max((m.step for m in hist), default=-1) + 1,
                 best_checkpoint=ckpt, same_record=not mine)
         return None
+
+    def _restore_checkpoint(self, run: Any) -> dict[str, Any] | None:
+        """The dead study's best checkpoint — only if its digest is the one it recorded
+        (``scarcelab.checkpoint_sha256``), and read with ``weights_only=True``. A file that
+        fails either check is refused loudly and the study continues without it."""
+        rid = run.info.run_id
+        try:
+            path = mlflow.artifacts.download_artifacts(
+                run_id=rid, artifact_path="checkpoints/best.pt", dst_path=self._tmp.name)
+        except Exception as e:  # noqa: BLE001 - no checkpoint yet is a normal case
+            log.info("no checkpoint to restore from run %s (%s)", rid, e)
+            return None
+        try:
+            return load_checkpoint(path, run.data.tags.get(CHECKSUM_TAG))
+        except UnsafeArtifact as e:
+            msg = (f"refusing the checkpoint of study run {rid}: {e}. The study continues "
+                   "without its best-so-far checkpoint (nothing from the file was loaded).")
+            log.error(msg)
+            print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
+            _retry(self.client.set_tag, rid, "scarcelab.checkpoint_refused", str(e)[:5000])
+            return None
 
     def close_orphan_trials(self, completed: set[int]) -> None:
         for t in self._orphans:
@@ -360,9 +451,12 @@ class MlflowTracker(Tracker):
 
     def log_checkpoint(self, checkpoint, name="best.pt"):  # type: ignore[no-untyped-def]
         path = Path(self._tmp.name) / name
-        torch.save(checkpoint, path)
+        digest = save_checkpoint(checkpoint, path)  # plain tensors/types only
         self._submit({"op": "log_artifact", "key": "study", "path": str(path),
                       "artifact_path": "checkpoints", "name": name})
+        # after the upload: a crash in between leaves a digest that does not match, and the
+        # resume then refuses the file instead of trusting it
+        self._submit({"op": "log_batch", "key": "study", "tags": [[CHECKSUM_TAG, digest]]})
 
     def log_image(self, image, name):  # type: ignore[no-untyped-def]
         from PIL import Image
@@ -393,10 +487,23 @@ class MlflowTracker(Tracker):
     def log_model(self, model: nn.Module, example: Any) -> None:
         d = Path(self._tmp.name) / uuid.uuid4().hex[:8]
         d.mkdir()
-        torch.save(model, d / "model.pt")
-        torch.save(example, d / "example.pt")
-        self._submit({"op": "log_model", "key": "study", "path": str(d / "model.pt"),
-                      "example_path": str(d / "example.pt")})
+        # exported here, where the model is a live object: the spool then holds a pt2
+        # archive (JSON graph + raw tensors) and a tensor, never a pickled module
+        try:
+            export_model(model, example, d / "model.pt2")
+        except Exception as e:  # noqa: BLE001 - the study's results stand without the model
+            msg = (f"the final model could not be exported with torch.export ({type(e).__name__}: "
+                   f"{str(e)[:300]}); it is not logged (the best checkpoint is). A pickled "
+                   "model is not logged instead: it would run code when loaded")
+            log.error(msg)
+            print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
+            self._submit({"op": "log_batch", "key": "study",
+                          "tags": [["scarcelab.model_export_error", msg[:5000]]]})
+            return
+        torch.save(example.detach().cpu().contiguous(), d / "example.pt")
+        self._submit({"op": "log_model", "key": "study", "path": str(d / "model.pt2"),
+                      "example_path": str(d / "example.pt"),
+                      "metadata": {"scarcelab.format": "pt2"}})
 
     def end_study(self, status):  # type: ignore[no-untyped-def]
         if self._trial_key is not None:  # a trial interrupted by an exception

@@ -13,14 +13,41 @@ and ``python -m tracking.spool replay DIR`` (or the next tracker started against
 server) delivers it; runs completed that way are tagged ``scarcelab.spool=delivered_late``.
 Operations the server *rejects* (HTTP 4xx: a bug, not an outage) are written to
 ``rejected.jsonl`` and reported, not retried forever — but never dropped silently.
+
+Crash safety (issue 13 item 3):
+
+* The journal is append-only JSON lines, one record per operation, each with a sequence
+  number, an operation id and a SHA-256 of its content. A record is written with a single
+  ``write`` on an ``O_APPEND`` descriptor and fsynced; a failed write (disk full) is cut
+  back off the file. A torn or corrupt tail (a crash or full disk mid-line) is detected on
+  load and skipped: everything before it is delivered, the rest is reported.
+* Only plain JSON is ever read back: nothing in a spool folder is unpickled.
+* One process at a time owns a folder: the writer holds ``fcntl.flock(LOCK_EX)`` on
+  ``lock`` for its lifetime, and a replay takes the same lock (non-blocking) or leaves the
+  folder to whoever holds it — two replays, or two workers auto-replaying at start, never
+  deliver the same folder twice.
+* Delivery is idempotent: every operation carries an id (``_id``); the deliverer looks a
+  journaled ``create_run`` / ``log_model`` up by that id before creating it again (a crash
+  between a delivery and the ``state.json`` update re-sends exactly that operation; metrics,
+  params, tags, artifacts and status updates are idempotent in MLflow's stores already).
+* If the disk is full, later records are kept in memory only (and said so); the on-disk
+  journal stays a clean prefix that a replay can trust.
+
+Errors are classified by type and HTTP status, never by searching the message text, and the
+spool is used only for remote tracking stores (``http(s)://``, ``databricks``): a local
+store (``sqlite:``, a folder) has no outage to wait out, so its errors are raised at once.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import time
 import uuid
@@ -33,40 +60,143 @@ log = logging.getLogger("scarcelab.tracking")
 RETRY_INTERVAL_S = float(os.environ.get("SCARCELAB_SPOOL_RETRY_S", "5"))
 DEFAULT_ROOT = Path(os.environ.get("SCARCELAB_SPOOL_DIR")
                     or Path.home() / ".cache" / "scarcelab" / "spool")
+REMOTE_SCHEMES = ("http://", "https://", "databricks")
+
+
+def is_remote(tracking_uri: str) -> bool:
+    """A tracking store behind a network (the only kind that has outages to spool through)."""
+    return tracking_uri.strip().lower().startswith(REMOTE_SCHEMES)
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """``e`` and the exceptions it was raised from or while handling (MLflow's REST client
+    re-raises connection errors as a plain ``MlflowException`` inside the ``except``)."""
+    out: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and cur not in out and len(out) < 10:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _network_failure(x: BaseException) -> bool:
+    if isinstance(x, (ConnectionError, TimeoutError, socket.timeout, socket.gaierror)):
+        return True
+    try:
+        import requests
+
+        if isinstance(x, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                          requests.exceptions.ChunkedEncodingError,
+                          requests.exceptions.RetryError)):
+            return True
+    except ImportError:  # pragma: no cover - mlflow depends on requests
+        pass
+    try:
+        import urllib3.exceptions as u3
+
+        if isinstance(x, (u3.MaxRetryError, u3.NewConnectionError, u3.ProtocolError,
+                          u3.TimeoutError)):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import botocore.exceptions as bce
+
+        if isinstance(x, (bce.EndpointConnectionError, bce.ConnectionClosedError,
+                          bce.ReadTimeoutError, bce.ConnectTimeoutError)):
+            return True
+    except ImportError:  # pragma: no cover - boto3 is only needed with an S3 store
+        pass
+    return False
+
+
+def http_status(e: BaseException) -> int | None:
+    """The HTTP status an error stands for, from its type's own fields (not its text)."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(e, MlflowException):  # RestException included: its error_code
+        return int(e.get_http_status_code())
+    resp = getattr(e, "response", None)
+    if isinstance(resp, dict):  # botocore.exceptions.ClientError
+        code = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(code) if code else None
+    code = getattr(resp, "status_code", None)  # requests.HTTPError
+    return int(code) if isinstance(code, int) else None
 
 
 def is_transient(e: BaseException) -> bool:
-    """An outage (connection refused, timeout, 5xx) rather than a request the server rejects."""
-    from mlflow.exceptions import MlflowException, RestException
+    """An outage (no connection, a timeout, HTTP 5xx / 408 / 429) rather than a request the
+    server rejects (4xx) or a bug here. Decided by exception type and HTTP status only: a
+    message that happens to contain "500" or "Connection" (a run id, a path) means nothing."""
+    chain = _chain(e)
+    if any(_network_failure(x) for x in chain):
+        return True
+    status = http_status(e)
+    if status is not None:
+        return status >= 500 or status in (408, 429)
+    return False
 
-    if isinstance(e, RestException):
-        code = getattr(e, "get_http_status_code", lambda: 500)()
-        return code >= 500 or code in (408, 429)
-    if isinstance(e, MlflowException):
-        text = str(e)
-        if any(s in text for s in ("Max retries", "Connection", "connection", "timed out",
-                                   "Timeout", "503", "502", "500", "504", "429")):
-            return True
-        return e.get_http_status_code() >= 500 if hasattr(e, "get_http_status_code") else True
-    return isinstance(e, (OSError, TimeoutError)) or type(e).__module__.startswith(
-        ("requests", "urllib3", "botocore", "boto3"))
+
+def _digest(seq: int, op_id: str, op: dict[str, Any]) -> str:
+    blob = json.dumps([seq, op_id, op], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def read_journal(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """Valid records in order, and why reading stopped early (None: the whole file).
+
+    A record is valid when it parses, its checksum matches and its sequence number is the
+    next one; the first invalid record and everything after it are not trusted (a torn
+    write is the tail of an append-only file)."""
+    if not path.exists():
+        return [], None
+    raw = path.read_bytes()
+    out: list[dict[str, Any]] = []
+    lines = raw.split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            if i == len(lines) - 1:
+                break
+            continue
+        if i == len(lines) - 1:  # no newline: the write did not complete
+            return out, f"torn record at line {i + 1} (no end of line)"
+        try:
+            rec = json.loads(line)
+            ok = rec["seq"] == len(out) and rec["sum"] == _digest(rec["seq"], rec["id"],
+                                                                  rec["op"])
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            return out, f"corrupt record at line {i + 1}"
+        out.append(rec)
+    return out, None
+
+
+class DiskFull(OSError):
+    """The journal could not take a record (ENOSPC / EDQUOT)."""
 
 
 class Spool:
-    """Send-or-spool for one tracking URI. ``deliver(op)`` does the real MLflow call."""
+    """Send-or-spool for one tracking URI. ``deliver(op, ids)`` does the real MLflow call."""
 
     def __init__(self, tracking_uri: str, deliver: Callable[[dict[str, Any], dict[str, str]],
                                                              str | None],
-                 root: Path | None = None, folder: Path | None = None) -> None:
+                 root: Path | None = None, folder: Path | None = None,
+                 remote: bool | None = None) -> None:
         self.tracking_uri = tracking_uri
         self._deliver = deliver
+        self.remote = is_remote(tracking_uri) if remote is None else remote
         self.root = Path(root or DEFAULT_ROOT)
         self.dir: Path | None = folder
         self.ids: dict[str, str] = {}
         self.pending: list[dict[str, Any]] = []
-        self.delivered = 0  # journal lines already delivered
+        self.delivered = 0  # journal records already delivered
+        self.journaled = 0  # journal records on disk
+        self.memory_only = 0  # records the disk would not take (kept in memory only)
+        self.skipped: str | None = None  # a torn/corrupt tail found on load
         self.last_attempt = 0.0
         self.late_keys: set[str] = set()
+        self._lock_fd: int | None = None
         if folder is not None:
             self._load()
 
@@ -76,57 +206,134 @@ class Spool:
             name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
             self.dir = self.root / name
             (self.dir / "files").mkdir(parents=True, exist_ok=True)
+            if not self._try_lock(self.dir):  # a fresh folder: nobody else knows it yet
+                raise RuntimeError(f"could not lock new spool folder {self.dir}")
             self._write_state()
         return self.dir
 
+    def _try_lock(self, d: Path) -> bool:
+        """Own ``d`` (exclusive, held until :meth:`release`); False if another process does."""
+        fd = os.open(d / "lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
     def _write_state(self) -> None:
         assert self.dir is not None
-        tmp = self.dir / "state.json.tmp"
-        tmp.write_text(json.dumps({"tracking_uri": self.tracking_uri, "ids": self.ids,
-                                   "delivered": self.delivered, "pid": os.getpid()}))
-        tmp.replace(self.dir / "state.json")
+        tmp = self.dir / f"state.json.{os.getpid()}.tmp"
+        try:
+            tmp.write_text(json.dumps({
+                "tracking_uri": self.tracking_uri, "ids": self.ids,
+                "delivered": self.delivered, "pid": os.getpid(),
+                "memory_only": self.memory_only}))
+            tmp.replace(self.dir / "state.json")
+        except OSError as e:  # disk full: the old state stays valid (delivery is idempotent)
+            tmp.unlink(missing_ok=True)
+            log.warning("could not update %s/state.json (%s)", self.dir, e)
 
     def _load(self) -> None:
         assert self.dir is not None
         st = json.loads((self.dir / "state.json").read_text())
         self.tracking_uri = st["tracking_uri"]
+        self.remote = is_remote(self.tracking_uri)
         self.ids = st["ids"]
-        self.delivered = st["delivered"]
-        lines = (self.dir / "journal.jsonl").read_text().splitlines() \
-            if (self.dir / "journal.jsonl").exists() else []
-        self.pending = [json.loads(x) for x in lines[self.delivered:] if x.strip()]
+        self.delivered = int(st["delivered"])
+        records, self.skipped = read_journal(self.dir / "journal.jsonl")
+        self.journaled = len(records)
+        self.pending = [{**r["op"], "_id": r["id"]} for r in records[self.delivered:]]
+        lost = int(st.get("memory_only", 0))
+        if self.skipped or lost:
+            log.error("spool %s: %s%s; the %d valid records before it are delivered", self.dir,
+                      self.skipped or "", f"; {lost} records never reached the disk (it was "
+                      "full)" if lost else "", len(records))
 
-    def _append(self, op: dict[str, Any]) -> None:
+    def _append(self, op: dict[str, Any]) -> dict[str, Any]:
+        """Journal ``op`` (and snapshot its files); raises :class:`DiskFull` leaving the
+        journal as it was."""
         d = self._ensure_dir()
-        for field in ("path", "example_path"):  # snapshot files: the caller may overwrite them
-            if op.get(field) and not str(op[field]).startswith(str(d)):
-                dst = d / "files" / f"{len(self.pending) + self.delivered:06d}-" \
-                    f"{Path(op[field]).name}"
-                shutil.copy2(op[field], dst)
-                op = {**op, field: str(dst)}
-        with open(d / "journal.jsonl", "a") as f:
-            f.write(json.dumps(op) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        copied: list[Path] = []
+        try:
+            for field in ("path", "example_path"):  # snapshot: the caller may overwrite them
+                if op.get(field) and not str(op[field]).startswith(str(d)):
+                    dst = d / "files" / f"{self.journaled:06d}-{Path(op[field]).name}"
+                    copied.append(dst)
+                    shutil.copyfile(op[field], dst)
+                    op = {**op, field: str(dst)}
+            body = {k: v for k, v in op.items() if k != "_id"}
+            rec = {"seq": self.journaled, "id": op["_id"], "op": body,
+                   "sum": _digest(self.journaled, op["_id"], body)}
+            line = (json.dumps(rec) + "\n").encode()
+            fd = os.open(d / "journal.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                size = os.fstat(fd).st_size
+                try:
+                    n = os.write(fd, line)
+                    if n != len(line):
+                        raise OSError(errno.ENOSPC, "short write to the spool journal")
+                    os.fsync(fd)
+                except OSError:
+                    try:
+                        os.ftruncate(fd, size)  # no torn record left behind
+                    except OSError:
+                        pass
+                    raise
+            finally:
+                os.close(fd)
+        except OSError as e:
+            for p in copied:
+                p.unlink(missing_ok=True)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(e.errno, f"spool disk full: {e}") from e
+            raise
+        self.journaled += 1
+        return op
+
+    def _keep(self, op: dict[str, Any]) -> None:
+        """Queue ``op`` behind the backlog: on disk, or in memory once the disk is full."""
+        if self.memory_only == 0:
+            try:
+                self.pending.append(self._append(op))
+                return
+            except DiskFull as e:
+                msg = (f"{e}: from now on tracking records are kept in memory only and are "
+                       "lost if this process dies before the server is back; the journal in "
+                       f"{self.dir} holds everything before this point")
+                log.error(msg)
+                print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
+        self.memory_only += 1
         self.pending.append(op)
+        self._write_state()
 
     # -- sending ---------------------------------------------------------------------------
-    def _send(self, op: dict[str, Any]) -> None:
-        new_id = self._deliver(op, self.ids)
+    def _send(self, op: dict[str, Any], journaled: bool) -> None:
+        new_id = self._deliver({**op, "_replay": journaled}, self.ids)
         if op["op"] == "create_run" and new_id:
             self.ids[op["key"]] = new_id
 
     def submit(self, op: dict[str, Any]) -> None:
         """Deliver now, or keep in order behind what is already waiting."""
+        op = {**op, "_id": op.get("_id") or uuid.uuid4().hex}
+        if not self.remote:  # a local store: nothing to wait out, errors are real
+            self._send(op, journaled=False)
+            return
         if not self.pending:
             try:
-                self._send(op)
+                self._send(op, journaled=False)
                 return
             except Exception as e:  # noqa: BLE001 - classified just below
                 if not is_transient(e):
                     self._reject(op, e)
                     return
-                self._append(op)
+                self._keep(op)
                 self.last_attempt = time.time()
                 self._write_state()
                 msg = (f"tracking server {self.tracking_uri} unreachable ({type(e).__name__}); "
@@ -134,7 +341,7 @@ class Spool:
                 log.warning(msg)
                 print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
                 return
-        self._append(op)
+        self._keep(op)
         self.flush()
 
     def _reject(self, op: dict[str, Any], e: BaseException) -> None:
@@ -153,15 +360,19 @@ class Spool:
         self.last_attempt = time.time()
         while self.pending:
             op = self.pending[0]
+            on_disk = self.delivered < self.journaled
             try:
-                self._send(op)
+                self._send(op, journaled=True)
             except Exception as e:  # noqa: BLE001
                 if is_transient(e):
                     self._write_state()
                     return False
                 self._reject(op, e)
             self.pending.pop(0)
-            self.delivered += 1
+            if on_disk:
+                self.delivered += 1
+            else:
+                self.memory_only -= 1
             if op.get("key"):
                 self.late_keys.add(op["key"])
             self._write_state()
@@ -172,18 +383,22 @@ class Spool:
 
     def _finish(self) -> None:
         """All delivered: mark the runs that got records late, then drop the folder."""
+        tags = [["scarcelab.spool", "delivered_late"]]
+        if self.skipped:  # the loss is visible where the results are read, not only in a log
+            tags.append(["scarcelab.spool_skipped", self.skipped])
         for key in sorted(self.late_keys):
             if key in self.ids:
                 try:
-                    self._send({"op": "log_batch", "key": key,
-                                "tags": [["scarcelab.spool", "delivered_late"]]})
+                    self._send({"op": "log_batch", "key": key, "_id": uuid.uuid4().hex,
+                                "tags": tags}, journaled=False)
                 except Exception:  # noqa: BLE001 - a tag is not worth keeping the spool for
                     pass
         self.late_keys.clear()
         if self.dir is not None and not (self.dir / "rejected.jsonl").exists():
             shutil.rmtree(self.dir, ignore_errors=True)
+            self.release()
             self.dir = None
-            self.delivered = 0
+            self.delivered = self.journaled = 0
 
     def close(self, timeout_s: float) -> Path | None:
         """Keep trying for ``timeout_s``; return the spool folder if anything is left."""
@@ -197,9 +412,22 @@ class Spool:
         if self.pending:
             assert self.dir is not None
             self._write_state()
+            if self.memory_only:
+                msg = (f"{self.memory_only} tracking records never reached the disk (it was "
+                       "full) and are lost with this process")
+                log.error(msg)
+                print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
+            self.release()
             return self.dir
-        return self.dir if self.dir is not None and (self.dir / "rejected.jsonl").exists() \
+        left = self.dir if self.dir is not None and (self.dir / "rejected.jsonl").exists() \
             else None
+        self.release()
+        return left
+
+
+def _owner_alive(st: dict[str, Any]) -> bool:
+    pid = int(st.get("pid", 0))
+    return pid > 0 and pid != os.getpid() and Path(f"/proc/{pid}").exists()
 
 
 def leftovers(tracking_uri: str, root: Path | None = None) -> list[Path]:
@@ -211,9 +439,7 @@ def leftovers(tracking_uri: str, root: Path | None = None) -> list[Path]:
             st = json.loads(d.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        pid = int(st.get("pid", 0))
-        alive = pid > 0 and Path(f"/proc/{pid}").exists() and pid != os.getpid()
-        if st.get("tracking_uri") == tracking_uri and not alive and \
+        if st.get("tracking_uri") == tracking_uri and not _owner_alive(st) and \
                 (d.parent / "journal.jsonl").exists():
             out.append(d.parent)
     return out
@@ -221,13 +447,30 @@ def leftovers(tracking_uri: str, root: Path | None = None) -> list[Path]:
 
 def replay(folder: Path, deliver: Callable[[dict[str, Any], dict[str, str]], str | None]
            ) -> bool:
-    """Deliver a left-over spool; True when everything went out."""
-    sp = Spool("", deliver, folder=Path(folder))
-    sp.late_keys = {op["key"] for op in sp.pending if op.get("key")}
-    if not sp.pending:
-        sp._finish()
-        return True
-    return sp.flush(force=True)
+    """Deliver a left-over spool under its lock; True when everything went out (or another
+    process had already delivered it). A folder another process holds is left alone."""
+    folder = Path(folder)
+    sp = Spool("", deliver)
+    try:
+        locked = sp._try_lock(folder)
+    except FileNotFoundError:
+        return True  # delivered and removed by another replay meanwhile
+    if not locked:
+        print(f"[scarcelab] spool {folder} is being delivered by another process; left to it",
+              file=sys.stderr, flush=True)
+        return False
+    try:
+        if not (folder / "state.json").exists():
+            return True  # another replay finished it between our look and our lock
+        sp.dir = folder
+        sp._load()
+        sp.late_keys = {op["key"] for op in sp.pending if op.get("key")}
+        if not sp.pending:
+            sp._finish()
+            return True
+        return sp.flush(force=True)
+    finally:
+        sp.release()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
 
         mlflow.set_tracking_uri(st["tracking_uri"])
         done = replay(Path(d), deliver_op)
-        print(f"{d}: {'delivered' if done else 'server still unreachable'}")
+        print(f"{d}: {'delivered' if done else 'not (fully) delivered: see the messages above'}")
         ok &= done
     return 0 if ok else 1
 

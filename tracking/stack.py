@@ -44,6 +44,9 @@ NODE_PREFIX = REPO / ".scarcelab" / "node"
 S3RVER_VERSION = "3"
 S3_KEY = "S3RVER"  # s3rver@3 accepts only its built-in account
 DEFAULT_PORTS = {"pg_port": 15432, "s3_port": 14568, "mlflow_port": 15000}
+# Which role owns which database: the MLflow server's role owns its two databases, workers
+# get a role that can reach only the Optuna database; nobody but `start` uses the superuser.
+DB_ROLES = {"mlflow": "mlflow", "mlflow_auth": "mlflow", "optuna": "optuna"}
 HEALTH_TIMEOUT_S = float(os.environ.get("SCARCELAB_STACK_TIMEOUT", "120"))
 
 
@@ -53,6 +56,37 @@ class StackError(RuntimeError):
 
 def default_root() -> Path:
     return Path(os.environ.get("SCARCELAB_STACK_DIR") or REPO / ".scarcelab" / "stack")
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write a file that holds secrets: created 0600 from the first byte (``os.open`` with
+    the mode, never a chmod after a world-readable create), then renamed into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def scram_verifier(password: str, iterations: int = 4096) -> str:
+    """PostgreSQL's SCRAM-SHA-256 verifier for ``password`` (RFC 5802/7677), computed here so
+    that ``CREATE ROLE … PASSWORD`` carries no plaintext — a failed statement is logged by
+    the server with its text."""
+    import base64
+    import hashlib
+    import hmac
+
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    stored = hashlib.sha256(client_key).digest()
+    server = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored)}:{b64(server)}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,7 +105,9 @@ class StackState:
     mlflow_port: int = DEFAULT_PORTS["mlflow_port"]
     bucket: str = "scarcelab"
     auth: bool = False
-    pg_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    pg_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))  # superuser
+    mlflow_db_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    optuna_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     flask_secret: str = field(default_factory=lambda: secrets.token_hex(16))
     pids: dict[str, int] = field(default_factory=dict)
@@ -85,8 +121,13 @@ class StackState:
     def s3_endpoint(self) -> str:
         return f"http://{self.host}:{self.s3_port}"
 
-    def db_uri(self, db: str) -> str:
-        return f"postgresql+psycopg2://postgres:{self.pg_password}@{self.host}:{self.pg_port}/{db}"
+    def db_uri(self, db: str, role: str | None = None) -> str:
+        """A connection URI for ``db`` as its least-privilege role (``mlflow`` for the MLflow
+        databases, ``optuna`` for the search studies). The superuser is for ``start`` only."""
+        role = role or DB_ROLES[db]
+        pw = {"postgres": self.pg_password, "mlflow": self.mlflow_db_password,
+              "optuna": self.optuna_password}[role]
+        return f"postgresql+psycopg2://{role}:{pw}@{self.host}:{self.pg_port}/{db}"
 
     def client_env(self) -> dict[str, str]:
         """What a client (a training process, a test) needs to use this stack."""
@@ -121,10 +162,7 @@ class Stack:
 
     def _save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self.state), indent=2))
-        os.chmod(tmp, 0o600)  # holds the generated passwords
-        tmp.replace(self.state_file)
+        write_secret(self.state_file, json.dumps(asdict(self.state), indent=2))
 
     def configure(self, *, host: str | None = None, ports: dict[str, int | None] | None = None,
                   auth: bool | None = None, bucket: str | None = None) -> None:
@@ -234,12 +272,11 @@ class Stack:
         if not (self.pg_dir / "PG_VERSION").exists():
             self.pg_dir.mkdir(parents=True, exist_ok=True)
             pwfile = self.root / ".pgpass-init"
-            pwfile.write_text(self.state.pg_password + "\n")
+            write_secret(pwfile, self.state.pg_password + "\n")
             if root_user:
                 shutil.chown(self.pg_dir, "postgres")
                 shutil.chown(pwfile, "postgres")
             os.chmod(self.pg_dir, 0o700)
-            os.chmod(pwfile, 0o600)
             try:
                 self._as_postgres([PG_BIN / "initdb", "-D", self.pg_dir, "-U", "postgres",
                                    "--auth-local=trust", "--auth-host=scram-sha-256",
@@ -259,21 +296,56 @@ class Stack:
         self._ensure_databases(("mlflow", "optuna", "mlflow_auth"))
 
     def _ensure_databases(self, names: tuple[str, ...]) -> None:
+        """Databases, their owner roles, and who may connect: each database only its owner
+        (``CONNECT`` revoked from ``PUBLIC``). Also brings stacks made before the roles
+        existed (everything owned by ``postgres``) to this layout."""
         import psycopg2
+        from psycopg2 import sql
 
-        conn = psycopg2.connect(host=self.state.host, port=self.state.pg_port, user="postgres",
-                                password=self.state.pg_password, dbname="postgres",
-                                connect_timeout=10)
-        conn.autocommit = True
+        def connect(db: str):  # type: ignore[no-untyped-def]
+            c = psycopg2.connect(host=self.state.host, port=self.state.pg_port, user="postgres",
+                                 password=self.state.pg_password, dbname=db, connect_timeout=10)
+            c.autocommit = True
+            return c
+
+        conn = connect("postgres")
         try:
             with conn.cursor() as cur:
+                for role, pw in (("mlflow", self.state.mlflow_db_password),
+                                 ("optuna", self.state.optuna_password)):
+                    cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+                    verb = "ALTER" if cur.fetchone() else "CREATE"
+                    cur.execute(sql.SQL("{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                                        "PASSWORD {}").format(sql.SQL(verb),
+                                                              sql.Identifier(role),
+                                                              sql.Literal(scram_verifier(pw))))
                 cur.execute("SELECT datname FROM pg_database")
                 have = {r[0] for r in cur.fetchall()}
                 for n in names:
+                    owner = sql.Identifier(DB_ROLES[n])
                     if n not in have:
-                        cur.execute(f'CREATE DATABASE "{n}"')
+                        cur.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                            sql.Identifier(n), owner))
+                    else:
+                        cur.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                            sql.Identifier(n), owner))
+                    cur.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(
+                        sql.Identifier(n)))
         finally:
             conn.close()
+        for n in names:  # tables an older stack created as postgres
+            conn = connect(n)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace s ON "
+                                "s.oid = c.relnamespace WHERE s.nspname = 'public' AND "
+                                "c.relkind IN ('r', 'v', 'm') AND "
+                                "pg_get_userbyid(c.relowner) <> %s", (DB_ROLES[n],))
+                    for (rel,) in cur.fetchall():
+                        cur.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(
+                            sql.Identifier(rel), sql.Identifier(DB_ROLES[n])))
+            finally:
+                conn.close()
 
     def _stop_pg(self) -> bool:
         if not self._pg_running():
@@ -340,13 +412,13 @@ class Stack:
         })
         if self.state.auth:
             ini = self.root / "auth.ini"
-            ini.write_text(
-                "[mlflow]\ndefault_permission = READ\n"
-                f"database_uri = {self.state.db_uri('mlflow_auth')}\n"
-                "admin_username = admin\n"
-                f"admin_password = {self.state.admin_password}\n"
-                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-            os.chmod(ini, 0o600)
+            write_secret(ini,
+                         "[mlflow]\ndefault_permission = READ\n"
+                         f"database_uri = {self.state.db_uri('mlflow_auth')}\n"
+                         "admin_username = admin\n"
+                         f"admin_password = {self.state.admin_password}\n"
+                         "authorization_function = "
+                         "mlflow.server.auth:authenticate_request_basic_auth\n")
             env["MLFLOW_AUTH_CONFIG_PATH"] = str(ini)
             env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = self.state.flask_secret
         return env

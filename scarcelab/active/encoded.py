@@ -97,7 +97,7 @@ class DiskEncodingCache:
         npz, meta, _ = self.paths(key)
         if not (npz.is_file() and meta.is_file()):
             return None
-        with np.load(npz) as d:
+        with np.load(npz, allow_pickle=False) as d:  # cached files may come from a store
             arrays = {k: d[k] for k in ("x_train", "y_train", "x_test", "y_test")}
         return Encoded(**arrays, meta=json.loads(meta.read_text())), f"disk:{npz}"
 

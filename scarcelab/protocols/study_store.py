@@ -42,10 +42,18 @@ HOST = socket.gethostname()
 
 
 def redact(uri: str | None) -> str:
-    """A storage URI without its password, safe to log as a parameter."""
+    """A storage URI without its password, safe to log as a parameter.
+
+    Covers ``user:pw@host``, an empty user (``://:pw@host``), passwords that contain ``@``
+    or ``:`` (the user info ends at the *last* ``@`` before the host), and passwords given
+    as query parameters (``?password=…``, ``&sslpassword=…``). When in doubt it hides more:
+    everything up to that last ``@``."""
     if not uri:
         return ""
-    return re.sub(r"(//[^:/@]+):[^@]*@", r"\1:***@", uri)
+    out = re.sub(r"^([A-Za-z][A-Za-z0-9+.\-]*://)([^/?#@:]*):.*@(?=[^@]*$)", r"\1\2:***@",
+                 uri, flags=re.S)
+    return re.sub(r"(?i)([?&;][a-z_]*(?:password|passwd|pwd|secret|token)[a-z_]*=)[^&;#]*",
+                  r"\1***", out)
 
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):

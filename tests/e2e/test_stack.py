@@ -378,7 +378,7 @@ def test_undeliverable_records_are_kept_and_data_survives_restart(stack, client_
     ck = mlflow.artifacts.download_artifacts(f"runs:/{t.study_run_id}/checkpoints/best.pt")
     import torch
 
-    assert torch.load(ck, weights_only=False) == {"w": [1, 2, 3]}
+    assert torch.load(ck, weights_only=True) == {"w": [1, 2, 3]}
     trial = [r for r in c.search_runs([run.info.experiment_id])
              if r.data.tags.get("mlflow.parentRunId") == t.study_run_id][0]
     assert [m.value for m in c.get_metric_history(trial.info.run_id, "val/balanced_accuracy")
@@ -387,7 +387,14 @@ def test_undeliverable_records_are_kept_and_data_survives_restart(stack, client_
     assert not t.spool_left.exists()
 
 
-def test_basic_auth_refuses_anonymous_clients(monkeypatch):
+def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
+    """With --auth: anonymous MLflow API calls get 401; PostgreSQL has one role per purpose
+    (workers' OPTUNA_STORAGE cannot open the MLflow database; nobody gets the superuser);
+    secret files are 0600; and no generated secret appears in a finished study's params,
+    tags or artifacts, the stack's logs, or — beyond the client's own credentials — in
+    `stack env` (issue 13 item 2)."""
+    import psycopg2
+
     st = _private_stack(auth=True)
     try:
         st.start()
@@ -404,6 +411,76 @@ def test_basic_auth_refuses_anonymous_clients(monkeypatch):
         monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         with pytest.raises(mlflow.exceptions.MlflowException, match="401|Unauthorized|credent"):
             MlflowClient(st.state.tracking_uri).search_experiments()
+
+        # -- files with secrets: 0600
+        for f in (st.state_file, st.root / "auth.ini"):
+            assert (f.stat().st_mode & 0o777) == 0o600, f
+        # -- PostgreSQL roles
+        s = st.state
+        exported = dict(line.removeprefix("export ").split("=", 1) for line in subprocess.run(
+            [str(REPO / "scripts" / "stack"), "env", "--root", str(st.root)],
+            capture_output=True, text=True, timeout=60).stdout.splitlines())
+        assert exported["OPTUNA_STORAGE"].startswith("postgresql+psycopg2://optuna:")
+
+        def can_connect(user: str, pw: str, db: str) -> bool:
+            try:
+                psycopg2.connect(host=s.host, port=s.pg_port, user=user, password=pw,
+                                 dbname=db, connect_timeout=10).close()
+                return True
+            except psycopg2.OperationalError:
+                return False
+        assert can_connect("optuna", s.optuna_password, "optuna")
+        assert not can_connect("optuna", s.optuna_password, "mlflow")
+        assert not can_connect("optuna", s.optuna_password, "mlflow_auth")
+        assert can_connect("mlflow", s.mlflow_db_password, "mlflow")
+        assert not can_connect("mlflow", s.mlflow_db_password, "optuna")
+        with psycopg2.connect(host=s.host, port=s.pg_port, user="optuna",
+                              password=s.optuna_password, dbname="optuna") as c, \
+                c.cursor() as cur:
+            cur.execute("SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles "
+                        "WHERE rolname IN ('optuna', 'mlflow')")
+            assert cur.fetchall() == [(False, False, False)] * 2
+
+        # -- a real study through the auth stack, then scan for every generated secret
+        exp = f"e2e-{uuid.uuid4().hex[:8]}"
+        cenv = {**os.environ, **env, "SCARCELAB_SPOOL_DIR": str(tmp_path / "spool"),
+                "OMP_NUM_THREADS": "1"}
+        cenv.pop("MLFLOW_RUN_ID", None)
+        p = subprocess.run([sys.executable, "-m", "entrypoints.cli", "supervised", *STUDY,
+                            "--budget-minutes", "0.3", "--max-trials", "1", "--experiment",
+                            exp], cwd=tmp_path, env=cenv, capture_output=True, text=True,
+                           timeout=400)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            monkeypatch.setenv(k, env[k])
+        mlflow.set_tracking_uri(st.state.tracking_uri)
+        runs = mlflow.search_runs(experiment_names=[exp])
+        assert len(runs) >= 2
+        study = runs[runs["tags.scarcelab.role"] == "study"].iloc[0]
+        assert study["params.storage"].startswith("postgresql+psycopg2://optuna:***@")
+        texts = [p.stdout, p.stderr]
+        for _, row in runs.iterrows():
+            texts += [str(v) for k, v in row.items() if k.startswith(("params.", "tags."))]
+        files: list[Path] = []
+        for rid in runs.run_id:
+            d = Path(mlflow.artifacts.download_artifacts(run_id=rid, dst_path=tmp_path / rid))
+            files += [f for f in d.rglob("*") if f.is_file()]
+        model = Path(mlflow.artifacts.download_artifacts(f"runs:/{study.run_id}/model",
+                                                         dst_path=tmp_path / "model"))
+        files += [f for f in model.rglob("*") if f.is_file()]
+        assert any(f.name == "best.pt" for f in files) and any(f.name == "MLmodel" for f in files)
+        logs = [f for f in (st.root / "logs").glob("*.log")]
+        assert {f.name for f in logs} >= {"mlflow.log", "postgres.log", "s3.log"}
+        generated = {"pg superuser": s.pg_password, "mlflow db role": s.mlflow_db_password,
+                     "optuna db role": s.optuna_password, "admin": s.admin_password,
+                     "flask secret": s.flask_secret}
+        env_out = "\n".join(f"{k}={v}" for k, v in exported.items())
+        for name, secret in generated.items():
+            assert not any(secret in t for t in texts), f"{name} secret in the run / output"
+            for f in files + logs:
+                assert secret.encode() not in f.read_bytes(), f"{name} secret in {f}"
+            if name not in ("optuna db role", "admin"):  # the client's own credentials
+                assert secret not in env_out, f"`stack env` hands out the {name} secret"
     finally:
         st.stop()
         shutil.rmtree(st.root, ignore_errors=True)
