@@ -3,116 +3,205 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import click
 
 from entrypoints.cli import main
-from entrypoints.options import opt_int
+from entrypoints.options import (
+    SEED_MAX,
+    Device,
+    Float,
+    Folder,
+    Int,
+    Overrides,
+    Word,
+    check_device,
+    check_fields,
+    entry_params,
+    verbosity,
+    verbosity_options,
+)
+
+#: MLproject parameter name -> click parameter name (tests/test_cli.py checks MLproject).
+AL_ENTRY = {n: n for n in (
+    "strategy", "dataset", "data_dir", "query_size", "budget", "seed_set", "repetitions",
+    "seed_strategy", "seed_data", "seed_model", "max_candidates", "device", "encoder")} | {
+    "set": "overrides"}
 
 
-def _parse_set(text: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _hidden(v: Any) -> tuple[int, ...]:
+    """``24x12`` -> (24, 12); ``none``/empty -> () (a linear classifier)."""
+    text = str(v).strip()
+    if text in ("", "none", "()"):
+        return ()
+    if isinstance(v, list):
+        parts = [str(p) for p in v]
+    else:
+        parts = [p for p in text.split("x") if p]
+    widths = tuple(Int(1, 1_000_000).parse(p) for p in parts)
+    if not widths:
+        raise ValueError("expected layer widths like 24x12, or none")
+    return widths
+
+
+def _parse_set(over: dict[str, Any], dataset: str
+               ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``budget=100,fitting=scratch,hidden=24x12,strategy.tau=5,encoder.epochs=50`` ->
-    (config, strategy, encoder)."""
-    from scarcelab.protocols.search import parse_overrides
+    (config, strategy, encoder); config values typed like the dataset's ALConfig."""
+    from scarcelab.active.datasets import dataset_config
 
     cfg: dict[str, Any] = {}
     strat: dict[str, Any] = {}
     enc: dict[str, Any] = {}
-    for k, v in parse_overrides(text).items():
-        if k == "hidden":
-            v = tuple(int(h) for h in str(v).split("x") if h) if v not in ("", "none") else ()
+    for k, v in over.items():
         if k.startswith("strategy."):
             strat[k.split(".", 1)[1]] = v
         elif k.startswith("encoder."):
             enc[k.split(".", 1)[1]] = v
         else:
             cfg[k] = v
+    positive = {k: (lambda v: Int(1, None).parse(str(v))) for k in
+                ("budget", "seed_per_class", "batch_size", "max_epochs", "patience")}
+    cfg = check_fields(cfg, dataset_config(dataset), "'--set'", {
+        "hidden": _hidden, **positive,
+        "val_fraction": lambda v: Float(0.0, 0.9, lo_open=True).parse(str(v)),
+        "lr": lambda v: Float(0.0, None, lo_open=True).parse(str(v)),
+        "dropout": lambda v: Float(0.0, 0.99).parse(str(v)),
+        "fitting": lambda v: Word(("scratch", "finetune")).parse(str(v))})
     return cfg, strat, enc
 
 
-@main.command(name="al")
-@click.option("--strategy", required=True, help="query strategy (scarcelab list strategies)")
-@click.option("--dataset", default="splice", show_default=True,
+@main.command(name="al", short_help="Run one active-learning sweep (CDALBench protocol).")
+@click.option("--strategy", required=True, type=Word(),
+              help="query strategy (scarcelab list strategies)")
+@click.option("--dataset", default="splice", show_default=True, type=Word(),
               help="splice, dna, usps, sms, honeypot, diverging_sine, an image dataset "
               "(mnist_5k, cifar10_5k, any MedMNIST name) or encoded_<image dataset> "
               "(scarcelab list al-datasets)")
-@click.option("--data-dir", default="", help="folder with the data files (default: "
-              "$SCARCELAB_DATA or ~/.cache/scarcelab); synthetic sets need none")
-@click.option("--query-size", default="1", show_default=True)
+@click.option("--data-dir", default="default", show_default=True, type=Folder(),
+              help="existing folder with the data files (default: $SCARCELAB_DATA or "
+              "~/.cache/scarcelab, then the project's shared data, announced); synthetic "
+              "sets need none")
+@click.option("--query-size", default="1", show_default=True, type=Int(1, None))
 @click.option("--budget", default="default", show_default=True,
+              type=Int(1, None, default_ok=True),
               help="labels to acquire after the seed set (default: the dataset's, Table 6)")
 @click.option("--seed-set", default="default", show_default=True,
+              type=Int(1, None, default_ok=True),
               help="initial labeled samples per class (default 1)")
-@click.option("--repetitions", default="1", show_default=True)
-@click.option("--seed-strategy", default="0", show_default=True, help="s_Ω (fixed)")
-@click.option("--seed-data", default="0", show_default=True, help="s_D (+ repetition)")
-@click.option("--seed-model", default="0", show_default=True, help="s_θ (+ repetition)")
+@click.option("--repetitions", default="1", show_default=True, type=Int(1, 10_000))
+@click.option("--seed-strategy", default="0", show_default=True, type=Int(0, SEED_MAX),
+              help="s_Ω (fixed)")
+@click.option("--seed-data", default="0", show_default=True, type=Int(0, SEED_MAX),
+              help="s_D (+ repetition)")
+@click.option("--seed-model", default="0", show_default=True, type=Int(0, SEED_MAX),
+              help="s_θ (+ repetition)")
 @click.option("--max-candidates", default="default", show_default=True,
+              type=Int(1, None, default_ok=True),
               help="unlabeled candidates subsampled per query (default: the strategy's)")
-@click.option("--device", default="cpu", show_default=True,
+@click.option("--device", default="cpu", show_default=True, type=Device(),
               help="cpu, cuda, or auto (cuda when available); image sets want a GPU")
-@click.option("--encoder", default="simclr", show_default=True,
+@click.option("--encoder", default="simclr", show_default=True, type=Word(),
               help="encoded_* sets: a self-supervised method to train (simclr, byol, …), or "
               "the model of a scarcelab self run (runs:/<run id>/model, models:/…)")
-@click.option("--set", "overrides", default="",
+@click.option("--set", "overrides", default="none", show_default=True, type=Overrides(),
               help="config overrides, e.g. 'fitting=scratch,lr=0.01,hidden=24x12,"
               "arch=small_cnn,strategy.tau=5,encoder.epochs=50,encoder.arch=resnet18'")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
-def al_cmd(strategy: str, dataset: str, data_dir: str, query_size: str, budget: str,
-           seed_set: str, repetitions: str, seed_strategy: str, seed_data: str,
-           seed_model: str, max_candidates: str, device: str, encoder: str, overrides: str,
-           experiment: str) -> None:
+@verbosity_options
+@click.pass_context
+def al_cmd(ctx: click.Context, strategy: str, dataset: str, data_dir: str | None,
+           query_size: int, budget: int | None, seed_set: int | None, repetitions: int,
+           seed_strategy: int, seed_data: int, seed_model: int, max_candidates: int | None,
+           device: str, encoder: str, overrides: dict[str, Any], experiment: str,
+           quiet: bool, verbose: bool) -> None:
     """Run the CDALBench protocol for one strategy; one MLflow run per repetition."""
+    level = verbosity(ctx, quiet, verbose)
+    t0 = time.time()
+    from scarcelab.errors import ScarcelabError
+
+    try:
+        _al(ctx, level, t0, strategy, dataset, data_dir, query_size, budget, seed_set,
+            repetitions, seed_strategy, seed_data, seed_model, max_candidates, device,
+            encoder, overrides, experiment)
+    except ScarcelabError as e:  # bad input: a one-line error, not a traceback
+        raise click.ClickException(str(e)) from e
+
+
+def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
+        data_dir: str | None, query_size: int, budget: int | None, seed_set: int | None,
+        repetitions: int, seed_strategy: int, seed_data: int, seed_model: int,
+        max_candidates: int | None, device: str, encoder: str, overrides: dict[str, Any],
+        experiment: str) -> None:
+    import math
     import os
 
-    import mlflow
     import torch
 
+    from entrypoints._progress import CountBar, Display, ProgressTracker, summary_lines
+    from scarcelab.active import STRATEGIES
     from scarcelab.active.datasets import spec
     from scarcelab.active.loop import ALRunConfig, run_al, sweep_summary
     from tracking.mlflow_tracker import MlflowTracker
 
+    check_device(device)
+    STRATEGIES.get(strategy)  # an unknown name fails here, before any data is read
     if "OMP_NUM_THREADS" not in os.environ:
         # The AL classifiers are tiny MLPs on a few hundred samples: intra-op threads cost
         # more in synchronisation than they gain (and starve parallel sweeps).
         torch.set_num_threads(1)
-    from scarcelab.errors import ScarcelabError
+    cfg_over, strat_params, enc_params = _parse_set(overrides, dataset)
+    from scarcelab.active.loop import make_strategy
 
     try:
-        cfg_over, strat_params, enc_params = _parse_set(overrides)
-        if (b := opt_int(budget, "--budget")) is not None:
-            cfg_over["budget"] = b
-        if (s := opt_int(seed_set, "--seed-set")) is not None:
-            cfg_over["seed_per_class"] = s
-        rc = ALRunConfig(
-            strategy=strategy, dataset=dataset, data_dir=data_dir or None,
-            query_size=opt_int(query_size, "--query-size") or 1,
-            repetitions=opt_int(repetitions, "--repetitions") or 1,
-            seed_strategy=opt_int(seed_strategy, "--seed-strategy") or 0,
-            seed_data=opt_int(seed_data, "--seed-data") or 0,
-            seed_model=opt_int(seed_model, "--seed-model") or 0,
-            overrides=cfg_over, strategy_params=strat_params,
-            max_candidates=opt_int(max_candidates, "--max-candidates"), device=device,
-            encoder=({"method": encoder, **enc_params}
-                     if spec(dataset).kind == "encoded" and ":/" not in encoder else {}),
-        )
-        from scarcelab.active.classifier import resolve_device
+        make_strategy(strategy, strat_params, max_candidates)
+    except (TypeError, ValueError) as e:  # an unknown or ill-typed strategy.* setting
+        raise click.BadParameter(f"strategy settings {strat_params}: {e}",
+                                 param_hint="'--set'") from None
+    if budget is not None:
+        cfg_over["budget"] = budget
+    if seed_set is not None:
+        cfg_over["seed_per_class"] = seed_set
+    rc = ALRunConfig(
+        strategy=strategy, dataset=dataset, data_dir=data_dir, query_size=query_size,
+        repetitions=repetitions, seed_strategy=seed_strategy, seed_data=seed_data,
+        seed_model=seed_model, overrides=cfg_over, strategy_params=strat_params,
+        max_candidates=max_candidates, device=device,
+        encoder=({"method": encoder, **enc_params}
+                 if spec(dataset).kind == "encoded" and ":/" not in encoder else {}),
+    )
+    from scarcelab.active.classifier import resolve_device
 
-        arch = rc.resolved().arch
-        if arch.startswith(("resnet", "wrn")) and resolve_device(device).type == "cpu":
-            click.echo(f"[scarcelab] warning: {dataset} trains a {arch} on the CPU at every AL "
-                       "iteration (minutes each); pass --device auto on a GPU machine or "
-                       "--set arch=small_cnn", err=True)
-        ctx = None
-        if spec(dataset).kind == "encoded":
-            ctx = _encoded_context(rc, encoder, enc_params, experiment or None)
-        tracker = MlflowTracker(experiment=experiment or None)
-        res = run_al(rc, tracker, ctx)
-    except ScarcelabError as e:  # bad input: a one-line error, not a traceback
-        raise click.ClickException(str(e)) from e
-    click.echo(sweep_summary(res))
-    click.echo(f"sweep run {tracker.study_run_id}; tracking URI: {mlflow.get_tracking_uri()}")
+    resolved = rc.resolved()
+    arch = resolved.arch
+    if arch.startswith(("resnet", "wrn")) and resolve_device(device).type == "cpu":
+        click.echo(f"[scarcelab] warning: {dataset} trains a {arch} on the CPU at every AL "
+                   "iteration (minutes each); pass --device auto on a GPU machine or "
+                   "--set arch=small_cnn", err=True)
+    ctx_data = None
+    if spec(dataset).kind == "encoded":
+        ctx_data = _encoded_context(rc, encoder, enc_params, experiment or None)
+    display = Display(level)
+    per_rep = 1 + math.ceil(resolved.budget / query_size)
+    bar = CountBar(display, repetitions * per_rep, "fits")
+    tracker = ProgressTracker(MlflowTracker(experiment=experiment or None), display,
+                              entry=entry_params(ctx, AL_ENTRY), kind="al")
+    display.start_bar(bar.status)
+
+    def on_iteration(rep: int, n_labeled: int, acc: float) -> None:
+        bar.step(text=f"repetition {rep + 1}/{repetitions}, {n_labeled} labels, "
+                 f"test accuracy {acc:.4f}")
+        display.line(f"  repetition {rep} labels {n_labeled}: test accuracy {acc:.4f}",
+                     verbose_only=True)
+
+    try:
+        res = run_al(rc, tracker, ctx_data, on_iteration=on_iteration)
+    finally:
+        display.stop_bar()
+    click.echo("\n".join(summary_lines(tracker, "sweep", time.time() - t0,
+                                       [sweep_summary(res)])))
 
 
 def _encoded_context(rc: Any, encoder: str, enc_params: dict[str, Any],
@@ -133,7 +222,7 @@ def _encoded_context(rc: Any, encoder: str, enc_params: dict[str, Any],
     return rc.load_context(cache, load_pretrained_backbone(encoder), encoder)
 
 
-@main.command(name="al-report")
+@main.command(name="al-report", short_help="Rank AL strategies; critical-difference diagram.")
 @click.option("--experiment", required=True, help="experiment name(s), comma-separated")
 @click.option("--tracking-uri", default="")
 @click.option("--alpha", default=0.05, show_default=True)

@@ -11,10 +11,23 @@ import sys
 import click
 
 
-@click.group()
-@click.option("-v", "--verbose", is_flag=True)
-def main(verbose: bool) -> None:
-    """scarcelab: learning from scarce labels, tuned fairly, tracked in MLflow."""
+def _version() -> str:
+    from scarcelab import __version__  # the package's __init__ imports nothing heavy
+
+    return __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(_version(), "-V", "--version", prog_name="scarcelab")
+@click.option("-v", "--verbose", is_flag=True, help="progress lines also when not on a "
+              "terminal, per-epoch lines, INFO logs (also accepted after the command)")
+@click.option("-q", "--quiet", is_flag=True, help="no progress output, only summaries")
+def main(verbose: bool, quiet: bool) -> None:
+    """scarcelab: learning from scarce labels, tuned fairly, tracked in MLflow.
+
+    Every command checks its options before importing torch or MLflow; the same checks
+    serve `mlflow run . -e <command> -P name=value`.
+    """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
 

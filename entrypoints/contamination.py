@@ -16,13 +16,23 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 
 from entrypoints.cli import main
-from entrypoints.study import study_config, study_options
+from entrypoints.options import (
+    Folder,
+    Names,
+    Ratios,
+    entry_params,
+    merge_params,
+    param_str,
+    verbosity,
+)
+from entrypoints.study import STUDY_ENTRY, study_config, study_options
 from scarcelab.errors import ScarcelabError
 
 
@@ -43,17 +53,25 @@ def _child_tracker_class() -> type:
     return ChildStudyTracker
 
 
-def _run(kw: dict[str, Any]) -> None:
+#: MLproject parameter name -> click parameter name (tests/test_cli.py checks MLproject).
+CONTAMINATION_ENTRY = {**STUDY_ENTRY, **{n: n for n in ("ood", "ratios", "ood_dir",
+                                                        "diag_samples", "tuning")}}
+
+
+def _run(kw: dict[str, Any], ctx: click.Context) -> None:
+    level = verbosity(ctx, kw.pop("quiet"), kw.pop("verbose"))
+    t0 = time.time()
+    cfg = study_config("semi", kw)
+    sources: list[str] = kw["ood"]
+    ratios = list(dict.fromkeys(kw["ratios"]))  # order kept, duplicates dropped
     import mlflow
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
-    from scarcelab.protocols.contamination import parse_ratios, run_contamination
+    from entrypoints._progress import Display, ProgressTracker, summary_lines
+    from scarcelab.protocols.contamination import run_contamination
     from tracking.contamination import contamination_table, plot_vs_ratio, to_markdown
 
-    cfg = study_config("semi", kw)
-    sources = [s.strip() for s in kw["ood"].split(",") if s.strip()]
-    ratios = parse_ratios(kw["ratios"])
     client = MlflowClient()
     parent_id = os.environ.pop("MLFLOW_RUN_ID", None)
     if parent_id:
@@ -74,7 +92,9 @@ def _run(kw: dict[str, Any]) -> None:
               "budget_minutes": cfg.budget_minutes, "arch": cfg.resolved_arch(),
               "diag_samples": cfg.diag_samples, "ood_dir": kw["ood_dir"],
               "tuning": kw["tuning"], "search": cfg.search, "hparams_from": cfg.hparams_source}
-    client.log_batch(parent_id, params=[Param(k, str(v)) for k, v in params.items()
+    # the same names and values whether mlflow run logged the entry parameters or not
+    merged = merge_params(existing or entry_params(ctx, CONTAMINATION_ENTRY), params)
+    client.log_batch(parent_id, params=[Param(k, param_str(v)) for k, v in merged.items()
                                         if k not in existing],
                      tags=[RunTag(k, v) for k, v in {
                          "scarcelab.role": "contamination", "scarcelab.family": "semi",
@@ -82,10 +102,21 @@ def _run(kw: dict[str, Any]) -> None:
                          "scarcelab.ood": ",".join(sources), "scarcelab.seed": str(cfg.seed),
                          "scarcelab.ratios": params["ratios"]}.items()])
     tracker_cls = _child_tracker_class()
+    display = Display(level)
+    n_children = (0.0 in ratios) + len(sources) * len([r for r in ratios if r > 0])
+    count = [0]
+
+    def child(s: str, r: float) -> Any:
+        count[0] += 1
+        label = f"child {count[0]}/{n_children}: {s} r={r:g}"
+        display.line(label)
+        return ProgressTracker(tracker_cls(parent_id), display,
+                               budget_s=cfg.budget_minutes * 60.0, label=label)
+
     status = "FAILED"
     try:
-        points = run_contamination(cfg, sources, ratios, lambda s, r: tracker_cls(parent_id),
-                                   ood_dir=kw["ood_dir"] or None, tuning=kw["tuning"])
+        points = run_contamination(cfg, sources, ratios, child, ood_dir=kw["ood_dir"],
+                                   tuning=kw["tuning"])
         table = contamination_table(parent_run_id=parent_id)
         with tempfile.TemporaryDirectory() as tmp:
             table.to_csv(Path(tmp) / "contamination_table.csv", index=False)
@@ -100,25 +131,33 @@ def _run(kw: dict[str, Any]) -> None:
                    f"{p.result.best_test.get('balanced_accuracy', float('nan')):.4f} "
                    f"(n_ood={p.contamination.get('n_ood')})")
     click.echo(to_markdown(table))
-    click.echo(f"parent run {parent_id} at {mlflow.get_tracking_uri()}")
+
+    class _Parent:
+        study_run_id = parent_id
+
+    click.echo("\n".join(summary_lines(_Parent(), "parent", time.time() - t0, [
+        f"contamination sweep {cfg.method} on {cfg.dataset}: {len(points)} child studies"])))
 
 
-@main.command(name="contamination", help="Sweep OOD contamination ratios of the unlabeled "
+@main.command(name="contamination", short_help="Sweep OOD contamination ratios of the "
+              "unlabeled pool.", help="Sweep OOD contamination ratios of the unlabeled "
               "pool for a semi-supervised method; one child study per (source, ratio).")
-@study_options
-@click.option("--ood", default="mnist", show_default=True,
+@study_options(dataset="pneumoniamnist")
+@click.option("--ood", default="mnist", show_default=True, type=Names(),
               help="OOD source(s), comma-separated: mnist, digits, textures, lfw, cifar10, "
               "gaussian (far) or another MedMNIST set, e.g. breastmnist (near)")
-@click.option("--ratios", default="0,0.1,0.3,0.5", show_default=True,
+@click.option("--ratios", default="0,0.1,0.3,0.5", show_default=True, type=Ratios(),
               help="OOD fractions r of the contaminated pool: n_ood = round(r/(1-r)·n_id)")
-@click.option("--ood-dir", default="", help="folder laid out like ../shared/data "
-              "(ood/…, cifar10_jpg/…); default: next to the data root")
+@click.option("--ood-dir", default="default", show_default=True, type=Folder(),
+              help="folder laid out like ../shared/data (ood/…, cifar10_jpg/…); default: "
+              "next to the data root")
 @click.option("--tuning", default="once", show_default=True,
               type=click.Choice(["once", "per_ratio"]),
               help="once = tune at r=0 (a tuning study), then every ratio trains that "
               "configuration with the same seeds; per_ratio = a search at every ratio")
-def contamination(**kw: Any) -> None:
+@click.pass_context
+def contamination(ctx: click.Context, **kw: Any) -> None:
     try:
-        _run(kw)
+        _run(kw, ctx)
     except ScarcelabError as e:
         raise click.ClickException(str(e)) from e

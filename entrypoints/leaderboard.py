@@ -24,7 +24,7 @@ def _opt(s: str) -> str | None:
     return s or None
 
 
-@main.command(name="leaderboard")
+@main.command(name="leaderboard", short_help="Leaderboard and other views of tracked studies.")
 @click.option("--experiment", required=True, help="experiment name(s), comma-separated")
 @click.option("--tracking-uri", default="", help="default: MLFLOW_TRACKING_URI / MLflow's")
 @click.option("--view", type=click.Choice(VIEW_NAMES), default="leaderboard",

@@ -7,7 +7,7 @@ import click
 from entrypoints.cli import main
 
 
-@main.command(name="list")
+@main.command(name="list", short_help="List registered methods, datasets, archs, strategies.")
 @click.argument("what", type=click.Choice(["methods", "datasets", "archs", "strategies",
                                                   "al-datasets"]))
 def list_cmd(what: str) -> None:

@@ -1,37 +1,441 @@
-"""Parsing of MLflow-Projects-style string parameters, shared by all commands.
+"""The one validation layer for every command's options, CLI and ``mlflow run -P`` alike.
 
-MLflow Projects passes every parameter as a string (an empty default renders as ``''``,
-a float one as ``"2.0"``), so options accept the literal ``default`` / empty string and
-are converted here, once.
+MLflow Projects passes every parameter as a string (an empty default renders as ``''``, a
+float one as ``"2.0"``) into the same click command a user types, so typing the click
+options once validates both: a bad value is a one-line click error naming the option
+(``Invalid value for '--budget-minutes': ...``), raised while click parses — before torch,
+MLflow or any data is touched. The literal ``default`` (and the empty string) means "let
+scarcelab choose" where an option documents a default.
+
+Checks that need the learning core (a method's hyperparameter types, whether CUDA is
+there) live here too (:func:`check_overrides`, :func:`check_fields`, :func:`check_device`);
+the commands call them after parsing, still before any data is loaded.
+
+Every type records the raw string it was given in ``ctx.meta[RAW]`` so that the command can
+log its parameters exactly as ``mlflow run`` would (:func:`entry_params`): one name and one
+value per setting, whichever way a study was started.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import click
 
+RAW = "scarcelab.raw_params"
+DEFAULT_WORDS = ("", "default")
+SEED_MAX = 2**32 - 1
+
+
+class _Typed(click.ParamType):
+    """Base: remembers the raw string, then parses it (``parse`` raises ``ValueError`` with
+    a message that becomes the click error)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):  # already converted (a default passed twice)
+            return value
+        if ctx is not None and param is not None and param.name:
+            ctx.meta.setdefault(RAW, {})[param.name] = value
+        try:
+            return self.parse(value.strip())
+        except ValueError as e:
+            self.fail(f"{value!r}: {e}", param, ctx)
+
+    def parse(self, value: str) -> Any:
+        raise NotImplementedError
+
+
+def _range_text(lo: float | None, hi: float | None, lo_open: bool = False) -> str:
+    if lo is not None and hi is not None:
+        return f"between {lo:g} and {hi:g}" if not lo_open else f"> {lo:g} and <= {hi:g}"
+    if lo is not None:
+        return f"> {lo:g}" if lo_open else f">= {lo:g}"
+    return f"<= {hi:g}"
+
+
+class Int(_Typed):
+    """An integer in ``[lo, hi]``; ``"2.0"`` is 2 (MLflow renders float params so), ``"2.5"``,
+    ``inf`` and ``nan`` are errors. With ``default_ok`` the words ``default``/``''`` give
+    None (the command's documented default)."""
+
+    name = "integer"
+
+    def __init__(self, lo: int | None = None, hi: int | None = None,
+                 default_ok: bool = False) -> None:
+        self.lo, self.hi, self.default_ok = lo, hi, default_ok
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "INTEGER|default" if self.default_ok else "INTEGER"
+
+    def parse(self, value: str) -> int | None:
+        if self.default_ok and value.lower() in DEFAULT_WORDS:
+            return None
+        try:
+            f = float(value)
+        except ValueError:
+            raise ValueError("not an integer" + (" or 'default'" if self.default_ok else "")
+                             ) from None
+        if not math.isfinite(f) or f != int(f):
+            raise ValueError("not a finite integer")
+        n = int(f)
+        if (self.lo is not None and n < self.lo) or (self.hi is not None and n > self.hi):
+            raise ValueError(f"must be {_range_text(self.lo, self.hi)}")
+        return n
+
+
+class Float(_Typed):
+    """A finite float in the range (``lo_open``: strictly above ``lo``)."""
+
+    name = "number"
+
+    def __init__(self, lo: float | None = None, hi: float | None = None,
+                 lo_open: bool = False) -> None:
+        self.lo, self.hi, self.lo_open = lo, hi, lo_open
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "FLOAT"
+
+    def parse(self, value: str) -> float:
+        try:
+            f = float(value)
+        except ValueError:
+            raise ValueError("not a number") from None
+        if not math.isfinite(f):
+            raise ValueError("not a finite number")
+        below = self.lo is not None and (f <= self.lo if self.lo_open else f < self.lo)
+        if below or (self.hi is not None and f > self.hi):
+            raise ValueError(f"must be {_range_text(self.lo, self.hi, self.lo_open)}")
+        return f
+
+
+class LabelCount(_Typed):
+    """A number of samples (>= 1), ``default``, or (``allow_all``) ``all``."""
+
+    name = "count"
+
+    def __init__(self, allow_all: bool) -> None:
+        self.allow_all = allow_all
+        self._int = Int(1, None, default_ok=True)
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "INTEGER|all|default" if self.allow_all else "INTEGER|default"
+
+    def parse(self, value: str) -> int | str | None:
+        if self.allow_all and value.lower() == "all":
+            return "all"
+        try:
+            return self._int.parse(value)
+        except ValueError as e:
+            if str(e).startswith("must be"):
+                raise ValueError(f"{e}; an empty set cannot be trained or validated on"
+                                 ) from None
+            raise ValueError("expected a positive integer" + (", 'all'" if self.allow_all
+                                                              else "") + " or 'default'"
+                             ) from None
+
+
+class Bool(_Typed):
+    name = "boolean"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "true|false"
+
+    def parse(self, value: str) -> bool:
+        v = value.lower()
+        if v in ("1", "true", "yes", "y", "on"):
+            return True
+        if v in ("0", "false", "no", "n", "off", ""):
+            return False
+        raise ValueError("expected true or false")
+
+
+class Word(_Typed):
+    """A non-empty name (method, dataset, strategy …; the registry checks it later)."""
+
+    name = "name"
+
+    def __init__(self, choices: tuple[str, ...] | None = None, allow_default: bool = False
+                 ) -> None:
+        self.choices, self.allow_default = choices, allow_default
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "|".join(self.choices) if self.choices else "NAME"
+
+    def parse(self, value: str) -> str:
+        if not value:
+            raise ValueError("must not be empty")
+        if self.choices and value not in self.choices:
+            raise ValueError(f"expected one of {', '.join(self.choices)}")
+        return value
+
+
+class Device(_Typed):
+    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``; whether it exists is
+    :func:`check_device`'s job (it needs torch)."""
+
+    name = "device"
+    PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "auto|cpu|cuda[:N]|mps"
+
+    def parse(self, value: str) -> str:
+        if not self.PATTERN.match(value):
+            raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
+        return value
+
+
+class Folder(_Typed):
+    """An existing folder, or ``default``/``''`` for None (the documented data root). A
+    folder that does not exist is refused: a silent fallback elsewhere would train on data
+    the user did not point at."""
+
+    name = "folder"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "DIR|default"
+
+    def parse(self, value: str) -> str | None:
+        if value.lower() in DEFAULT_WORDS:
+            return None
+        p = Path(value).expanduser()
+        if not p.exists():
+            raise ValueError("folder does not exist (omit the option for $SCARCELAB_DATA or "
+                             "~/.cache/scarcelab)")
+        if not p.is_dir():
+            raise ValueError("is not a folder")
+        return str(p.resolve())
+
+
+def parse_set(text: str) -> dict[str, Any]:
+    """``"lambda_u=2,threshold=0.9"`` -> ``{"lambda_u": 2, "threshold": 0.9}``: JSON values,
+    else the string (the same rule as ``scarcelab.protocols.search.parse_overrides``)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        k, sep, v = part.partition("=")
+        if not sep or not k.strip():
+            raise ValueError(f"expected key=value pairs separated by commas, got {part!r}")
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v.strip()
+    return out
+
+
+class Overrides(_Typed):
+    """``key=value,key=value`` (``none``/``default``/``''``: no overrides)."""
+
+    name = "overrides"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "KEY=VALUE,..."
+
+    def parse(self, value: str) -> dict[str, Any]:
+        if value.lower() in ("", "none", "default"):
+            return {}
+        return parse_set(value)
+
+
+class Ratios(_Typed):
+    """Comma-separated OOD fractions, each in [0, 1)."""
+
+    name = "ratios"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "R,R,..."
+
+    def parse(self, value: str) -> list[float]:
+        f = Float(0.0, None)
+        out = []
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            r = f.parse(part)
+            if r >= 1.0:
+                raise ValueError(f"ratio {part} must be < 1 (r = n_ood / (n_ood + n_id))")
+            out.append(r)
+        if not out:
+            raise ValueError("no ratio given")
+        return out
+
+
+class Names(_Typed):
+    """Comma-separated names (at least one)."""
+
+    name = "names"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "NAME,..."
+
+    def parse(self, value: str) -> list[str]:
+        out = [s.strip() for s in value.split(",") if s.strip()]
+        if not out:
+            raise ValueError("no name given")
+        return out
+
+
+# -- checks that need the core (called by commands after parsing) ----------------------------
+
+def check_device(device: str) -> None:
+    """A CUDA device that is not there is a parameter error, not a traceback mid-study."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise click.BadParameter(f"{device!r}: CUDA is not available on this machine "
+                                 "(use cpu or auto)", param_hint="'--device'")
+    idx = int(device.split(":", 1)[1]) if ":" in device else 0
+    if idx >= torch.cuda.device_count():
+        raise click.BadParameter(f"{device!r}: this machine has {torch.cuda.device_count()} "
+                                 "CUDA device(s)", param_hint="'--device'")
+
+
+def _coerce(value: Any, like: Any, key: str) -> Any:
+    """``value`` as the type of ``like`` (a default), or ``ValueError``."""
+    if isinstance(like, bool):
+        if isinstance(value, bool):
+            return value
+        return Bool().parse(str(value))
+    if isinstance(like, int):
+        return Int().parse(str(value))
+    if isinstance(like, float):
+        return Float().parse(str(value))
+    if isinstance(like, str):
+        return str(value)
+    return value
+
+
+def check_overrides(overrides: dict[str, Any], method_cls: Any) -> dict[str, Any]:
+    """``--set`` values typed like the method's defaults or its search space: ``lambda_u=abc``
+    is refused here instead of failing every trial."""
+    from scarcelab.methods.space import Choice, IntLogUniform, LogUniform, Uniform
+
+    space, defaults = method_cls.search_space, method_cls.defaults
+    out: dict[str, Any] = {}
+    for k, v in overrides.items():
+        try:
+            if k in space:
+                d = space[k]
+                if isinstance(d, (Uniform, LogUniform)):
+                    out[k] = Float().parse(str(v))
+                elif isinstance(d, IntLogUniform):
+                    out[k] = Int().parse(str(v))
+                elif isinstance(d, Choice):
+                    if v not in d.options:
+                        raise ValueError(f"expected one of {list(d.options)}")
+                    out[k] = v
+                else:
+                    out[k] = v
+            elif k in defaults:
+                out[k] = _coerce(v, defaults[k], k)
+            else:
+                valid = sorted(set(space) | set(defaults))
+                raise ValueError(f"unknown hyperparameter of {method_cls.registered_name}; "
+                                 f"valid: {', '.join(valid)}")
+        except ValueError as e:
+            raise click.BadParameter(f"{k}={v!r}: {e}", param_hint="'--set'") from None
+    return out
+
+
+def check_fields(values: dict[str, Any], reference: Any, hint: str,
+                 parsers: dict[str, Callable[[Any], Any]] | None = None) -> dict[str, Any]:
+    """Values for the fields of a config dataclass, typed like ``reference``'s."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(reference)}
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        try:
+            if k not in fields:
+                raise ValueError(f"unknown setting; valid: {', '.join(sorted(fields))}")
+            if parsers and k in parsers:
+                out[k] = parsers[k](v)
+            else:
+                out[k] = _coerce(v, getattr(reference, k), k)
+        except ValueError as e:
+            raise click.BadParameter(f"{k}={v!r}: {e}", param_hint=hint) from None
+    return out
+
+
+# -- verbosity ------------------------------------------------------------------------------
+
+def verbosity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``-q/--quiet`` and ``-v/--verbose`` on a command (also accepted before it, on the
+    ``scarcelab`` group); they are not MLproject parameters."""
+    fn = click.option("-v", "--verbose", is_flag=True,
+                      help="also print trial lines when not on a terminal, one line per "
+                      "epoch, and INFO logs")(fn)
+    return click.option("-q", "--quiet", is_flag=True,
+                        help="no progress output, only the final summary")(fn)
+
+
+def verbosity(ctx: click.Context, quiet: bool, verbose: bool) -> int:
+    """0 quiet, 1 normal, 2 verbose (``entrypoints._progress``), from the command's flags
+    and the group's."""
+    import logging
+
+    root = ctx.find_root().params
+    if quiet or root.get("quiet"):
+        return 0
+    if verbose or root.get("verbose"):
+        logging.getLogger().setLevel(logging.INFO)
+        return 2
+    return 1
+
+
+# -- parameter parity with mlflow run --------------------------------------------------------
+
+def entry_params(ctx: click.Context, names: dict[str, str]) -> dict[str, str]:
+    """The entry point's parameters as ``mlflow run`` logs them: MLproject name -> the raw
+    value, shell-quoted as MLflow Projects quotes it. ``names`` maps MLproject names to
+    click parameter names."""
+    raw = ctx.meta.get(RAW, {})
+    return {k: shlex.quote(str(raw.get(p, ""))) for k, p in names.items()}
+
+
+def param_str(v: Any) -> str:
+    """How a tracker renders a parameter value (``tracking.mlflow_tracker._param_value``)."""
+    return v if isinstance(v, str) else json.dumps(v, default=str)
+
+
+def merge_params(entry: dict[str, str], resolved: dict[str, Any]) -> dict[str, Any]:
+    """What a run started by ``mlflow run`` ends up with: the entry parameters as given, and
+    each resolved value that differs as ``resolved.<name>`` (the tracker's rule when params
+    already exist). The console script logs the same, so one UI filter finds both."""
+    out: dict[str, Any] = dict(entry)
+    for k, v in resolved.items():
+        if k in entry:
+            if param_str(v) != entry[k]:
+                out[f"resolved.{k}"] = v
+        else:
+            out[k] = v
+    return out
+
+
+# -- kept for callers of the old helpers -----------------------------------------------------
 
 def opt_int(value: str | None, name: str) -> int | None:
-    if value in (None, "", "default", "none", "None"):
-        return None
     try:
-        return int(float(value))  # MLflow renders float params as "2.0"
-    except ValueError:
-        raise click.BadParameter(f"expected an integer or 'default', got {value!r}",
-                                 param_hint=name) from None
+        return Int(default_ok=True).parse(str(value or "").strip())
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=name) from None
 
 
 def label_budget(value: str | None, name: str) -> int | str | None:
-    if value in (None, "", "default"):
-        return None
-    if value == "all":
-        return "all"
-    return opt_int(value, name)
+    try:
+        return LabelCount(True).parse(str(value or "").strip())
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=name) from None
 
 
 def bool_option(value: str) -> bool:
-    v = str(value).strip().lower()
-    if v in ("1", "true", "yes", "y", "on"):
-        return True
-    if v in ("0", "false", "no", "n", "off", ""):
-        return False
-    raise click.BadParameter(f"expected true/false, got {value!r}")
+    try:
+        return Bool().parse(str(value).strip())
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None

@@ -7,7 +7,8 @@ import click
 from entrypoints.cli import main
 
 
-@main.command(name="stack", context_settings={"ignore_unknown_options": True,
+@main.command(name="stack", short_help="Start/stop the local tracking stack.",
+              context_settings={"ignore_unknown_options": True,
                                               "allow_extra_args": True})
 @click.argument("action", type=click.Choice(["start", "stop", "status", "env",
                                              "restart-server"]), default="start")

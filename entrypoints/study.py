@@ -1,35 +1,80 @@
-"""``supervised`` / ``semi`` / ``self``: one budgeted study of one method."""
+"""``supervised`` / ``semi`` / ``self``: one budgeted study of one method.
+
+Options are typed in ``entrypoints.options`` (the one validation layer for the CLI and
+``mlflow run -P``); nothing heavy is imported until they have parsed, so a typo costs a
+fraction of a second, not the ~10 s of importing torch and MLflow.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from entrypoints.cli import main
-from entrypoints.options import bool_option, label_budget, opt_int
+from entrypoints.options import (
+    SEED_MAX as _SEED_MAX,
+)
+from entrypoints.options import (
+    Bool,
+    Device,
+    Float,
+    Folder,
+    Int,
+    LabelCount,
+    Overrides,
+    Word,
+    check_device,
+    check_overrides,
+    entry_params,
+    verbosity,
+    verbosity_options,
+)
 from scarcelab.errors import ScarcelabError
 
+#: MLproject parameter name -> click parameter name, for the three study entry points
+#: (tests/test_cli.py checks them against MLproject, defaults included).
+STUDY_ENTRY = {n: n for n in (
+    "method", "dataset", "data_dir", "arch", "seed", "budget_minutes", "max_epochs",
+    "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
+    "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
+    "hparams_from", "transfer_epochs")} | {"set": "overrides"}
 
-def study_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+
+def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breastmnist"
+                  ) -> Any:
+    """The options every study command shares (``dataset``: its default, as MLproject's)."""
+    if fn is None:
+        return lambda f: study_options(f, dataset=dataset)
     opts = [
-        click.option("--method", required=True, help="registered method (scarcelab list methods)"),
-        click.option("--dataset", default="breastmnist", show_default=True),
-        click.option("--data-dir", default="", help="folder with <dataset>.npz "
-                     "(default: $SCARCELAB_DATA or ~/.cache/scarcelab; downloaded if missing)"),
-        click.option("--arch", default="auto", show_default=True,
+        click.option("--method", required=True, type=Word(),
+                     help="registered method (scarcelab list methods)"),
+        click.option("--dataset", default=dataset, show_default=True, type=Word()),
+        click.option("--data-dir", default="default", show_default=True, type=Folder(),
+                     help="existing folder with <dataset>.npz (default: $SCARCELAB_DATA or "
+                     "~/.cache/scarcelab; downloaded there if missing)"),
+        click.option("--arch", default="auto", show_default=True, type=Word(),
                      help="backbone; auto = resnet18 on GPU, small_cnn on CPU"),
-        click.option("--seed", default="0", show_default=True),
-        click.option("--budget-minutes", default="3", show_default=True),
-        click.option("--max-epochs", default="200", show_default=True),
-        click.option("--patience", default="20", show_default=True),
+        click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX)),
+        click.option("--budget-minutes", default="3", show_default=True,
+                     type=Float(0.0, 7 * 24 * 60, lo_open=True),
+                     help="wall-clock budget of the search"),
+        click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6)),
+        click.option("--patience", default="20", show_default=True, type=Int(1, 10**6),
+                     help="epochs without a better validation score before a trial stops"),
         click.option("--n-labeled", default="default", show_default=True,
-                     help="labeled train size (int), 'all', or the dataset default"),
+                     type=LabelCount(allow_all=True),
+                     help="labeled train size, the dataset default, or 'all' (every train "
+                     "sample not held out for validation; supervised methods only)"),
         click.option("--n-val", default="default", show_default=True,
-                     help="validation size; defaults to n_labeled and may not exceed it"),
-        click.option("--allow-large-val", default="false", show_default=True),
+                     type=LabelCount(allow_all=False),
+                     help="validation size (>= 1, it selects the model); defaults to "
+                     "n_labeled (with 'all': the dataset's default validation size)"),
+        click.option("--allow-large-val", default="false", show_default=True, type=Bool()),
         click.option("--search", default="random", show_default=True,
+                     type=Word(("random", "none", "fixed")),
                      help="random = budgeted random search; none = transfer (one run on "
                      "train + validation, configuration from --hparams-from); fixed = one "
                      "run of the --hparams-from configuration with validation selection"),
@@ -37,34 +82,58 @@ def study_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="configuration for search=none/fixed: defaults, an MLflow study or "
                      "trial run id, or an experiment name (its best study of this method)"),
         click.option("--transfer-epochs", default="default", show_default=True,
+                     type=Int(1, 10**6, default_ok=True),
                      help="epochs of search=none (SSL-vs-SSL App. D.2: 100; 80 for TMED-2)"),
         click.option("--val-from", default="auto", show_default=True,
+                     type=Word(("auto", "official", "train")),
                      help="validation set from the dataset's official validation split "
                      "(official), from train (train), or official where it is large enough "
                      "(auto)"),
-        click.option("--batch-size", default="default", show_default=True),
-        click.option("--unlabeled-batch-size", default="default", show_default=True),
-        click.option("--max-steps-per-epoch", default="default", show_default=True),
-        click.option("--max-trials", default="0", show_default=True,
+        click.option("--batch-size", default="default", show_default=True,
+                     type=Int(1, 10**6, default_ok=True)),
+        click.option("--unlabeled-batch-size", default="default", show_default=True,
+                     type=Int(1, 10**6, default_ok=True)),
+        click.option("--max-steps-per-epoch", default="default", show_default=True,
+                     type=Int(1, None, default_ok=True)),
+        click.option("--max-trials", default="0", show_default=True, type=Int(0, None),
                      help="stop after this many trials (0 = until the budget is spent)"),
-        click.option("--device", default="auto", show_default=True),
-        click.option("--set", "overrides", default="",
+        click.option("--device", default="auto", show_default=True, type=Device()),
+        click.option("--set", "overrides", default="none", show_default=True,
+                     type=Overrides(),
                      help="fixed hyperparameters, e.g. 'lambda_u=1,threshold=0.9'"),
         click.option("--experiment", default="", help="MLflow experiment (ignored under "
                      "mlflow run, which chooses it)"),
-        click.option("--diag-samples", default="512", show_default=True,
+        click.option("--diag-samples", default="512", show_default=True, type=Int(0, None),
                      help="unlabeled subsample for the per-epoch C-Score diagnostics of "
                      "semi-supervised runs (0 = off)"),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
-    return fn
+    return verbosity_options(fn)
+
+
+def check_study(kw: dict[str, Any]) -> dict[str, Any]:
+    """The checks that need the core (still before any data is read): the device exists,
+    ``--set`` values fit the method, 'all labels' leaves the method the data it needs.
+    Returns the typed overrides."""
+    from scarcelab.methods import get_method
+
+    check_device(kw["device"])
+    method_cls = get_method(kw["method"])
+    overrides = check_overrides(kw["overrides"], method_cls)
+    if kw["n_labeled"] == "all" and method_cls.views:
+        raise click.BadParameter(
+            f"'all' labels every train sample, which leaves {kw['method']} "
+            f"({method_cls.family}) no unlabeled data to learn from; give a number, or run "
+            "a supervised method for the all-labels reference", param_hint="'--n-labeled'")
+    return overrides
 
 
 def study_config(family: str, kw: dict[str, Any]) -> Any:
     """The ``StudyConfig`` for parsed ``study_options`` (shared by every study command)."""
-    from scarcelab.protocols.search import StudyConfig, parse_overrides
+    from scarcelab.protocols.search import StudyConfig
 
+    overrides = check_study(kw)
     hparams, hparams_source = None, "defaults"
     if (kw.get("hparams_from") or "defaults") != "defaults":
         from tracking.hparams import resolve_hparams
@@ -72,55 +141,53 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         hparams, hparams_source = resolve_hparams(kw["hparams_from"], kw["method"])
     return StudyConfig(
         method=kw["method"], dataset=kw["dataset"], family=family,
-        data_dir=kw["data_dir"] or None, arch=kw["arch"],
-        seed=opt_int(kw["seed"], "--seed") or 0,
-        budget_minutes=float(kw["budget_minutes"]),
-        max_epochs=opt_int(kw["max_epochs"], "--max-epochs") or 200,
-        patience=opt_int(kw["patience"], "--patience") or 20,
-        n_labeled=label_budget(kw["n_labeled"], "--n-labeled"),
-        n_val=label_budget(kw["n_val"], "--n-val"),
-        allow_large_val=bool_option(kw["allow_large_val"]), search=kw["search"],
-        batch_size=opt_int(kw["batch_size"], "--batch-size"),
-        unlabeled_batch_size=opt_int(kw["unlabeled_batch_size"], "--unlabeled-batch-size"),
-        max_steps_per_epoch=opt_int(kw["max_steps_per_epoch"], "--max-steps-per-epoch"),
-        max_trials=opt_int(kw["max_trials"], "--max-trials") or 0,
-        device=kw["device"], overrides=parse_overrides(kw["overrides"]),
-        diag_samples=opt_int(kw["diag_samples"], "--diag-samples") or 0,
+        data_dir=kw["data_dir"], arch=kw["arch"], seed=kw["seed"],
+        budget_minutes=kw["budget_minutes"], max_epochs=kw["max_epochs"],
+        patience=kw["patience"], n_labeled=kw["n_labeled"], n_val=kw["n_val"],
+        allow_large_val=kw["allow_large_val"], search=kw["search"],
+        batch_size=kw["batch_size"], unlabeled_batch_size=kw["unlabeled_batch_size"],
+        max_steps_per_epoch=kw["max_steps_per_epoch"], max_trials=kw["max_trials"],
+        device=kw["device"], overrides=overrides, diag_samples=kw["diag_samples"],
         val_from=kw.get("val_from") or "auto", hparams=hparams, hparams_source=hparams_source,
-        transfer_epochs=opt_int(kw.get("transfer_epochs", "default"), "--transfer-epochs"),
+        transfer_epochs=kw.get("transfer_epochs"),
     )
 
 
-def _run(family: str, kw: dict[str, Any]) -> None:
+def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
+    level = verbosity(ctx, kw.pop("quiet"), kw.pop("verbose"))
+    t0 = time.time()
+    cfg = study_config(family, kw)
+    from entrypoints._progress import Display, ProgressTracker, fmt_time, summary_lines
     from scarcelab.protocols.search import run_study
     from tracking.mlflow_tracker import MlflowTracker
 
-    cfg = study_config(family, kw)
-    tracker = MlflowTracker(experiment=kw["experiment"] or None)
+    tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
+                              Display(level), budget_s=cfg.budget_minutes * 60.0,
+                              entry=entry_params(ctx, STUDY_ENTRY))
     res = run_study(cfg, tracker)
-    click.echo(
-        f"study {tracker.study_run_id}: {res.n_trials} trials ({res.n_failed} failed), best "
-        f"val balanced accuracy {res.best_val:.4f} (trial {res.best_trial}), test balanced "
-        f"accuracy of that checkpoint {res.best_test.get('balanced_accuracy', float('nan')):.4f}"
-    )
-    import mlflow
-
-    click.echo(f"tracking URI: {mlflow.get_tracking_uri()}  —  browse with: "
-               f"mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
+    test = res.best_test.get("balanced_accuracy", float("nan"))
+    click.echo("\n".join(summary_lines(tracker, "study", time.time() - t0, [
+        f"study {getattr(tracker, 'name', cfg.method)}: {res.n_trials} trials "
+        f"({res.n_failed} failed), {tracker.epochs_total} epochs in this process, budget "
+        f"{fmt_time(cfg.budget_minutes * 60)}",
+        f"  best val balanced accuracy {res.best_val:.4f} (trial {res.best_trial}), test "
+        f"balanced accuracy of that checkpoint {test:.4f}"])))
 
 
 def _family_command(family: str, default_method: str) -> None:
-    @main.command(name=family, help=f"Run a budgeted {family} study (e.g. --method "
-                  f"{default_method}).")
+    short = f"Run a budgeted {family} study of one method."
+
+    @main.command(name=family, short_help=short, help=f"{short}\n\nFor example: scarcelab "
+                  f"{family} --method {default_method} --dataset breastmnist "
+                  "--budget-minutes 3")
     @study_options
-    def cmd(**kw: Any) -> None:
+    @click.pass_context
+    def cmd(ctx: click.Context, **kw: Any) -> None:
         try:
-            _run(family, kw)
+            _run(family, kw, ctx)
         except ScarcelabError as e:
             raise click.ClickException(str(e)) from e
 
 
 for _family, _default in (("supervised", "sup"), ("semi", "fixmatch"), ("self", "simclr")):
     _family_command(_family, _default)
-
-

@@ -52,8 +52,10 @@ def test_defaults_and_all():
     raw = _raw()
     s = make_split(raw, None, None)
     assert len(s["labeled"]) == len(s["val"]) == 250  # min(400, n//4)
-    s = make_split(raw, "all", 0)
-    assert len(s["labeled"]) == 1000 and s["unlabeled"] == []
+    s = make_split(raw, "all", None)  # all labels: the default validation size held out
+    assert len(s["labeled"]) == 750 and len(s["val"]) == 250 and s["unlabeled"] == []
+    with pytest.raises(ConfigError, match="empty validation set"):
+        make_split(raw, "all", 0)  # issue 13 §7: no model selection without validation
 
 
 def test_too_many_requested():

@@ -92,14 +92,11 @@ class MlflowEncodingCache:
 
 
 def load_pretrained_backbone(uri: str) -> Any:
-    """The backbone of a scarcelab model logged by a study (``runs:/<id>/model``,
-    ``models:/<name>/<version>``): the exported classifier's ``backbone``, which expects
-    normalised images exactly as ``scarcelab.active.encoded.embed_images`` feeds them."""
-    import mlflow.pytorch
+    """The backbone of a scarcelab study (``runs:/<id>/model``, ``models:/<name>/<version>``),
+    which expects normalised images exactly as ``scarcelab.active.encoded.embed_images``
+    feeds them. Read through ``tracking.encoders.resolve_encoder``: the study's checkpoint
+    tensors, never an unpickled model."""
+    from tracking.encoders import resolve_encoder
 
-    model = mlflow.pytorch.load_model(uri, map_location="cpu")
-    backbone = getattr(model, "backbone", None)
-    if backbone is None:
-        raise ValueError(f"{uri} is not a scarcelab exported classifier (no .backbone); pass "
-                         "the `model` of a scarcelab study run, e.g. runs:/<run id>/model")
+    backbone, _ = resolve_encoder(uri, None, None)
     return backbone.eval()

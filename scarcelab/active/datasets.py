@@ -116,23 +116,52 @@ def default_data_dir() -> Path:
 
 
 #: The project machines keep real data beside the checkout (../shared/data); it is searched
-#: after the user's data root so that `mlflow run . -e al -P dataset=splice` works there
-#: without a data_dir, while a user's own copy always wins.
+#: after the default data root (never after a --data-dir the user chose) so that
+#: `mlflow run . -e al -P dataset=splice` works there without a data_dir, while a user's own
+#: copy always wins. Using it is announced on stderr and noted in the run's data_files.json.
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+_SUBDIRS = ("", "tabular", "text_sms")
+
+
+def _roots(data_dir: Path) -> list[Path]:
+    roots = [data_dir]
+    is_default = data_dir.expanduser().resolve() == default_data_dir().expanduser().resolve()
+    if is_default and SHARED_DATA.is_dir() and SHARED_DATA.resolve() != data_dir.resolve():
+        roots.append(SHARED_DATA)
+    return roots
+
+
+def _in_root(root: Path, names: tuple[str, ...]) -> Path | None:
+    for sub in _SUBDIRS:
+        for n in names:
+            p = root / sub / n
+            if p.is_file():
+                return p
+    return None
+
+
+def _locate(data_dir: Path, what: str, *groups: tuple[str, ...]) -> list[Path]:
+    """One file per group (the first name present wins), all from the SAME folder: a
+    partial folder never mixes its train file with another folder's test file. Each file
+    is recorded for the run's provenance."""
+    from scarcelab.data import provenance
+
+    for i, root in enumerate(_roots(data_dir)):
+        found = [_in_root(root, g) for g in groups]
+        if all(p is not None for p in found):
+            note = provenance.fallback(data_dir, root, what) if i else ""
+            return [provenance.record(p, note=note) for p in found if p is not None]
+    have = [g[0] for g in groups if _in_root(data_dir, g) is not None]
+    missing = [" or ".join(g) for g in groups if _in_root(data_dir, g) is None]
+    raise DataError(f"{what}: {'; '.join(missing)} not found in {data_dir} (or its tabular/, "
+                    "text_sms/ folders)" + (f", which holds only {have}: a dataset's files "
+                                           "must come from one folder" if have else "")
+                    + "; pass --data-dir pointing at the folder that holds them")
 
 
 def _find(data_dir: Path, *names: str) -> Path:
-    """Look for a file directly in ``data_dir`` or in its ``tabular``/``text_sms`` folders,
-    so both a flat folder and the shared-data layout work; then in ``SHARED_DATA``."""
-    roots = [data_dir] + ([SHARED_DATA] if SHARED_DATA.is_dir() else [])
-    for root in roots:
-        for sub in ("", "tabular", "text_sms"):
-            for n in names:
-                p = root / sub / n
-                if p.is_file():
-                    return p
-    raise DataError(f"none of {list(names)} found in {data_dir} (or its tabular/, text_sms/ "
-                    "folders); pass --data-dir pointing at the folder that holds them")
+    """One file (the first of ``names`` present), as :func:`_locate` finds it."""
+    return _locate(data_dir, names[0], names)[0]
 
 
 def dataset_config(name: str) -> ALConfig:
@@ -170,8 +199,30 @@ def load_al_dataset(name: str, data_dir: str | Path | None,
                     data_rng: np.random.Generator, ctx: LoadContext | None = None) -> ALData:
     """Load by name; synthetic sets draw from ``data_rng`` (s_D + repetition)."""
     s = spec(name)
-    return s.loader(Path(data_dir) if data_dir else default_data_dir(), data_rng,
+    data = s.loader(Path(data_dir) if data_dir else default_data_dir(), data_rng,
                     ctx or LoadContext())
+    _check(data)
+    return data
+
+
+def _check(data: ALData) -> None:
+    """Refuse data that would give confident-looking nonsense (NaN/inf features, one class
+    to learn); a one-class test set only warns (accuracy is still defined)."""
+    for part, x in (("train", data.x_train), ("test", data.x_test)):
+        bad = ~np.isfinite(x)
+        if bad.any():
+            row = int(np.argwhere(bad)[0][0])
+            raise DataError(f"{data.name} ({data.source}): {int(bad.sum())} NaN/inf feature "
+                            f"value(s) in the {part} split (first in row {row}); clean the "
+                            "file or drop those rows")
+    if len(np.unique(data.y_train)) < 2:
+        raise DataError(f"{data.name} ({data.source}): the train split has a single class; "
+                        "there is nothing to learn or query")
+    if len(np.unique(data.y_test)) < 2:
+        import warnings
+
+        warnings.warn(f"{data.name}: the test split has a single class; test accuracy is "
+                      "not a meaningful benchmark score", UserWarning, stacklevel=3)
 
 
 # -- real data ------------------------------------------------------------------------------
@@ -184,13 +235,9 @@ _SPLICE = ALConfig(budget=400, hidden=(24, 12), fitting="finetune", optimizer="n
 def _splice(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     from scarcelab.data.libsvm import read_libsvm_pair
 
-    tr_p = _find(data_dir, "splice")
-    try:
-        te_p, note = _find(data_dir, "splice.t"), ""
-    except DataError:
-        te_p = _find(data_dir, "splice.t.derived")
-        note = ("test split is splice.t.derived (2079 rows rebuilt from the UCI source), "
-                "not LibSVM's official 2175-row splice.t")
+    tr_p, te_p = _locate(data_dir, "splice", ("splice",), ("splice.t", "splice.t.derived"))
+    note = ("test split is splice.t.derived (2079 rows rebuilt from the UCI source), "
+            "not LibSVM's official 2175-row splice.t") if te_p.name.endswith(".derived") else ""
     tr, te = read_libsvm_pair(tr_p, te_p)
     return ALData("splice", tr.x, tr.y, te.x, te.y, tr.num_classes, str(tr_p), note)
 
@@ -201,8 +248,7 @@ def _dna(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     since both are DNA-sequence tasks of the same encoding — override as needed)."""
     from scarcelab.data.libsvm import read_libsvm_pair
 
-    tr_p = _find(data_dir, "dna", "dna.scale")
-    te_p = _find(data_dir, "dna.t", "dna.scale.t")
+    tr_p, te_p = _locate(data_dir, "dna", ("dna", "dna.scale"), ("dna.t", "dna.scale.t"))
     tr, te = read_libsvm_pair(tr_p, te_p)
     return ALData("dna", tr.x, tr.y, te.x, te.y, tr.num_classes, str(tr_p))
 
@@ -217,7 +263,7 @@ def _usps(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     except DataError:
         from scarcelab.data.libsvm import read_libsvm_pair
 
-        tr_p, te_p = _find(data_dir, "usps"), _find(data_dir, "usps.t")
+        tr_p, te_p = _locate(data_dir, "usps", ("usps",), ("usps.t",))
         tr, te = read_libsvm_pair(tr_p, te_p)
         return ALData("usps", tr.x, tr.y, te.x, te.y, tr.num_classes, str(tr_p))
     with np.load(p) as d:

@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,9 +135,13 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
                    repetition: int, seed_strategy: int, seed_data: int, seed_model: int,
                    data_rng: np.random.Generator | None = None,
                    device: str | torch.device = "cpu",
-                   batched_oracle: bool = True) -> RepetitionResult:
+                   batched_oracle: bool = True,
+                   on_iteration: Callable[[int, int, float], None] | None = None
+                   ) -> RepetitionResult:
     """One repetition of Alg. 1. ``data_rng`` continues the stream that generated ``data``
-    (synthetic sets); otherwise it is created from ``seed_data + repetition``."""
+    (synthetic sets); otherwise it is created from ``seed_data + repetition``.
+    ``on_iteration(repetition, labeled size, test accuracy)`` follows each fit (progress
+    display only; it must not touch any RNG)."""
     if query_size < 1:
         raise ConfigError(f"query_size must be >= 1, got {query_size}")
     s_d, s_t = seed_data + repetition, seed_model + repetition
@@ -186,6 +191,8 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     labeled = seed_idx.copy()
 
     acc = train(net, labeled, data_gen, model_gen)
+    if on_iteration is not None:
+        on_iteration(repetition, len(labeled), acc)
     sizes, accs, qtimes = [len(labeled)], [acc], []
     added = 0
     while added < budget:
@@ -234,6 +241,8 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
         labeled = np.concatenate([labeled, picked])
         added += picked.size
         acc = train(net, labeled, data_gen, model_gen)
+        if on_iteration is not None:
+            on_iteration(repetition, len(labeled), acc)
         sizes.append(len(labeled))
         accs.append(acc)
     auc = float(np.mean(accs[1:])) if len(accs) > 1 else float(accs[0])
@@ -259,7 +268,9 @@ def load_for_sweep(rc: ALRunConfig, ctx: LoadContext | None = None) -> ALData | 
 
 
 def run_one(rc: ALRunConfig, k: int, first: ALData | None,
-            strategy: Strategy | None = None) -> RepetitionResult:
+            strategy: Strategy | None = None,
+            on_iteration: Callable[[int, int, float], None] | None = None
+            ) -> RepetitionResult:
     """Repetition ``k`` of a sweep, exactly as :func:`run_al` runs it (used by benches that
     spread repetitions over processes)."""
     cfg = rc.resolved()
@@ -269,10 +280,12 @@ def run_one(rc: ALRunConfig, k: int, first: ALData | None,
                                                             rc.load_context())
     return run_repetition(data, cfg, strategy, rc.query_size, k, rc.seed_strategy,
                           rc.seed_data, rc.seed_model,
-                          data_rng=None if first is not None else rng_d, device=rc.device)
+                          data_rng=None if first is not None else rng_d, device=rc.device,
+                          on_iteration=on_iteration)
 
 
-def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None) -> ALResult:
+def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
+           on_iteration: Callable[[int, int, float], None] | None = None) -> ALResult:
     """A sweep: one parent record, one child record (role ``al``) per repetition.
 
     A repetition that fails is recorded as failed and the sweep goes on; the sweep fails
@@ -312,7 +325,7 @@ def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None) ->
                                     "scarcelab.seed": str(s_d)},
                                 {"repetition": k, "seed_data": s_d, "seed_model": s_t})
             try:
-                rep = run_one(rc, k, first, strategy)
+                rep = run_one(rc, k, first, strategy, on_iteration)
             except (ConfigError, DataError):
                 tracker.end_trial("FAILED", "configuration or data error (see the sweep)")
                 raise

@@ -13,6 +13,7 @@ token is the label (an integer or float; ``+1``/``-1`` for binary sets); the res
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +35,24 @@ class LibSVMData:
         return len(self.classes)
 
 
-def _parse_lines(path: Path) -> tuple[list[float], list[list[tuple[int, float]]]]:
+#: Largest dense matrix a LibSVM file may expand to (bytes, float32). One stray line with an
+#: index like 10**9 would otherwise allocate gigabytes before anything could complain.
+MAX_DENSE_BYTES = 2 * 1024**3
+
+
+def _parse_lines(path: Path) -> tuple[list[float], list[list[tuple[int, float]]], int]:
+    """Labels, rows and the line number of the largest feature index."""
     labels: list[float] = []
     rows: list[list[tuple[int, float]]] = []
-    with path.open("r", encoding="ascii", errors="strict") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    top, top_line = 0, 0
+    with path.open("rb") as fh:
+        for lineno, raw_bytes in enumerate(fh, start=1):
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: byte {raw_bytes[e.start]:#04x} at column "
+                                f"{e.start + 1} is not UTF-8 text; is this a LibSVM text "
+                                "file (not a binary or compressed one)?") from None
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
@@ -48,6 +62,8 @@ def _parse_lines(path: Path) -> tuple[list[float], list[list[tuple[int, float]]]
             except ValueError:
                 raise DataError(f"{path}:{lineno}: label {tokens[0]!r} is not a number; "
                                 "is this a LibSVM file?") from None
+            if not math.isfinite(label):
+                raise DataError(f"{path}:{lineno}: label {tokens[0]!r} is not finite")
             feats: list[tuple[int, float]] = []
             last = 0
             for tok in tokens[1:]:
@@ -59,16 +75,29 @@ def _parse_lines(path: Path) -> tuple[list[float], list[list[tuple[int, float]]]
                 except ValueError:
                     raise DataError(f"{path}:{lineno}: token {tok!r} is not 'index:value'"
                                     ) from None
+                if not math.isfinite(val):
+                    raise DataError(f"{path}:{lineno}: feature {idx} has the non-finite value "
+                                    f"{val_s!r}; clean the file or drop the row")
                 if idx <= last:
                     raise DataError(f"{path}:{lineno}: feature index {idx} is not 1-based and "
                                     f"strictly increasing (previous {last})")
                 last = idx
                 feats.append((idx, val))
+            if last > top:
+                top, top_line = last, lineno
             labels.append(label)
             rows.append(feats)
     if not rows:
         raise DataError(f"{path}: no samples found (empty LibSVM file)")
-    return labels, rows
+    return labels, rows, top_line
+
+
+def _check_width(path: Path, n_rows: int, width: int, line: int) -> None:
+    if n_rows * width * 4 > MAX_DENSE_BYTES:
+        raise DataError(f"{path}:{line}: feature index {width} would make a dense "
+                        f"{n_rows} x {width} matrix of {n_rows * width * 4 / 1024**3:.1f} GiB "
+                        f"(limit {MAX_DENSE_BYTES / 1024**3:.0f} GiB); a corrupt line or not "
+                        "a dense-able dataset")
 
 
 def read_libsvm(
@@ -85,12 +114,14 @@ def read_libsvm(
     path = Path(path)
     if not path.is_file():
         raise DataError(f"LibSVM file {path} not found; pass data_dir= the folder holding it")
-    labels, rows = _parse_lines(path)
+    labels, rows, top_line = _parse_lines(path)
     width = max((r[-1][0] for r in rows if r), default=0)
     if n_features is not None:
         if width > n_features:
-            raise DataError(f"{path}: feature index {width} exceeds n_features={n_features}")
+            raise DataError(f"{path}:{top_line}: feature index {width} exceeds "
+                            f"n_features={n_features}")
         width = n_features
+    _check_width(path, len(rows), width, top_line)
     x = np.zeros((len(rows), width), dtype=np.float32)
     for i, feats in enumerate(rows):
         for idx, val in feats:
@@ -110,6 +141,10 @@ def read_libsvm_pair(train: str | Path, test: str | Path) -> tuple[LibSVMData, L
     tr = read_libsvm(train)
     te = read_libsvm(test, classes=tr.classes)
     width = max(tr.x.shape[1], te.x.shape[1])
+    if te.x.shape[1] > 2 * tr.x.shape[1] + 10:
+        raise DataError(f"{test}: feature indices reach {te.x.shape[1]}, far beyond the "
+                        f"{tr.x.shape[1]} features of the training file {train}; the test file "
+                        "does not belong to it or has a corrupt line")
     if tr.x.shape[1] < width:
         tr = read_libsvm(train, n_features=width)
     if te.x.shape[1] < width:

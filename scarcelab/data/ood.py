@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from scarcelab.data import provenance
 from scarcelab.data.download import data_root
 from scarcelab.errors import DataError
 
@@ -112,7 +113,7 @@ def _find(rel: str, data_dir: str | Path | None, ood_dir: str | Path | None) -> 
     for base in bases:
         for cand in (base / rel, base / Path(rel).name):
             if cand.exists():
-                return cand
+                return provenance.record(cand) if cand.is_file() else cand
             tried.append(str(cand))
     raise DataError(f"OOD source file {rel!r} not found (tried: {', '.join(tried)}); pass "
                     "ood_dir=<folder laid out like ../shared/data> or data_dir")
@@ -127,7 +128,10 @@ def find_shared_file(rel: str, data_dir: str | Path | None) -> Path:
     except DataError:
         shared = Path(__file__).resolve().parents[3] / "shared" / "data"
         if (shared / rel).exists():
-            return shared / rel
+            if data_dir:  # the user chose a folder: never read another one instead
+                raise
+            note = provenance.fallback(data_root(None), shared, rel)
+            return provenance.record(shared / rel, note=note)
         raise
 
 

@@ -114,12 +114,20 @@ def make_split(
     if n_labeled in (None, "default", ""):
         n_labeled = d_lab
     if n_labeled == "all":
-        # every train image labeled except those validation takes from train (decided below)
-        n_v = int(n_val) if val_given else 0  # type: ignore[arg-type]
-        source = resolve_val_from(raw, val_from, n_v)
-        n_labeled = n_train - (n_v if source == "train" else 0)
+        # "All labels": every train sample not held out for validation is labeled (the
+        # unlabeled pool is empty). Model selection still uses a held-out validation set,
+        # by default the dataset's default validation size (docs/cli.md, "All labels"),
+        # from the official validation split where val_from picks it (then no train
+        # sample is held out).
+        if not val_given:
+            n_val, val_given = d_val, True
+        source = resolve_val_from(raw, val_from, int(n_val))  # type: ignore[arg-type]
+        n_labeled = n_train - (int(n_val) if source == "train" else 0)  # type: ignore[arg-type]
     n_labeled = int(n_labeled)  # type: ignore[arg-type]
     n_val = int(n_val) if val_given else n_labeled  # type: ignore[arg-type]
+    if n_val < 1 or n_labeled < 1:
+        raise ConfigError(f"n_labeled={n_labeled}, n_val={n_val}: both must be >= 1 (an empty "
+                          "validation set cannot select a model or stop early)")
     if n_val > n_labeled and not allow_large_val:
         raise ConfigError(
             f"n_val={n_val} is larger than n_labeled={n_labeled}; a validation set larger "
@@ -134,6 +142,7 @@ def make_split(
             f"samples of {raw.name}"
         )
     counts = np.bincount(y, minlength=raw.num_classes)
+    _check_classes(raw, counts)
     rng = np.random.default_rng(seed)
     labeled: list[int] = []
     val: list[int] = []
@@ -171,6 +180,21 @@ def make_split(
     }
     split["hash"] = split_hash(split)
     return split
+
+
+def _check_classes(raw: RawDataset, counts: np.ndarray) -> None:
+    """A train split with one class gives a labeled set with one class: every model is
+    "perfect" on validation and the numbers mean nothing. A one-class test set leaves
+    AUROC undefined: it is warned about here and not logged (the entry points drop it)."""
+    if int((counts > 0).sum()) < 2:
+        raise DataError(f"{raw.name}: the train split has a single class "
+                        f"({int(np.argmax(counts))}); a labeled set needs at least two classes")
+    if len(np.unique(np.asarray(raw.test_y))) < 2:
+        import warnings
+
+        warnings.warn(f"{raw.name}: the test split has a single class; test AUROC is "
+                      "undefined and will be missing, balanced accuracy is not comparable",
+                      UserWarning, stacklevel=3)
 
 
 def split_hash(split: dict[str, Any]) -> str:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import optuna
 import torch
+from torch import nn
 
 import scarcelab
 from scarcelab.data import load_raw
@@ -197,10 +198,14 @@ def _dataset_info(bundle: DatasetBundle) -> DatasetInfo:
 
 
 def run_study(cfg: StudyConfig, tracker: Tracker,
-              bundle_transform: Callable[[DatasetBundle], DatasetBundle] | None = None
-              ) -> StudyResult:
+              bundle_transform: Callable[[DatasetBundle], DatasetBundle] | None = None,
+              backbone_factory: Callable[[int], nn.Module] | None = None,
+              extra_tags: dict[str, str] | None = None) -> StudyResult:
     """``bundle_transform`` rewrites the split bundle before training (e.g. the
-    contamination protocol adds OOD images to the unlabeled pool)."""
+    contamination protocol adds OOD images to the unlabeled pool). ``backbone_factory(
+    in_channels)`` builds each trial's initial backbone instead of a fresh ``cfg.arch``
+    (fine-tuning a pretrained encoder: ``scarcelab.protocols.transfer``); it must build
+    that arch. ``extra_tags`` join (and may refine) the study's tags."""
     method_cls = get_method(cfg.method)
     _validate(cfg, method_cls)
     arch = cfg.resolved_arch()
@@ -237,6 +242,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
         tags["scarcelab.hparams_source"] = cfg.hparams_source
     if transfer:
         tags["scarcelab.val_in_train"] = "true"
+    tags.update(extra_tags or {})
     resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": device,
                 "batch_size": bl, "unlabeled_batch_size": bu,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
@@ -299,7 +305,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                                          "scarcelab.trial": str(number)},
                                 {**hp, "batch_size": bl, "unlabeled_batch_size": bu,
                                  "arch": arch, "trial_seed": trial_seed})
-            backbone = create_model(arch, in_channels=bundle.channels)
+            backbone = (backbone_factory or (lambda c: create_model(arch, in_channels=c)))(
+                bundle.channels)
             method = method_cls(backbone, bundle.num_classes, hp)
 
             def on_epoch(rep: EpochReport, improved: bool, snap: Any, number: int = number,

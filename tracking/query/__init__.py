@@ -23,9 +23,10 @@ from tracking.query.views import (
     ranks,
     significance,
     study_scores,
+    transfer,
 )
 
 __all__ = ["VIEWS", "ApiReader", "SqlReader", "Tracked", "al_ranks", "al_scores",
            "filter_frame", "gains", "leaderboard", "load", "log_report", "open_reader",
            "per_study", "profile", "ranks", "sections", "significance", "study_scores",
-           "tidy_runs"]
+           "tidy_runs", "transfer"]

@@ -294,3 +294,50 @@ def al_ranks(t: Tracked, metric: str = "al/auc", **kw: Any) -> pd.DataFrame:
 
 VIEWS = {"leaderboard": leaderboard, "gains": gains, "profile": profile,
          "significance": significance, "ranks": ranks}
+
+
+def transfer(t: Tracked, seg_metrics: Sequence[str] = ("seg/pq", "seg/mpq"),
+             **filters: Any) -> pd.DataFrame:
+    """Kang et al. (2022)'s comparison of encoders: rows = encoder source (the
+    ``scarcelab.encoder`` tag: ``random``, a weights file, ``runs:/<id>/model``…), columns =
+    tasks — ``<dataset> <protocol> accuracy`` / ``balanced_accuracy`` of ``probe`` runs
+    (linear, finetune: their ``test/*``) and ``<dataset> <metric>`` for every
+    ``seg_metrics`` key a run carrying the same tag logged (``segment`` runs). Values are
+    means over the runs (seeds) of a cell; ``n_runs`` counts the runs of a row. Trial runs
+    are left out (a fine-tuning study's trials carry its tags); only the ``dataset`` filter
+    applies."""
+    runs = t.runs
+    cols = ["encoder", "encoder_method", "n_runs"]
+    if "encoder" not in runs or runs.empty:
+        return pd.DataFrame(columns=cols)
+    runs = runs[runs["encoder"].notna() & (runs.get("role") != "trial")]
+    if not t.include_failed:
+        runs = runs[runs["status"] == "FINISHED"]
+    if filters.get("dataset") is not None:
+        runs = filter_frame(runs, dataset=filters["dataset"])
+    cells = []
+    for _, r in runs.iterrows():
+        ds = r.get("dataset", "")
+        if r.get("task") == "probe":
+            for m in ("accuracy", "balanced_accuracy"):
+                v = r.get(f"metrics.test/{m}")
+                if pd.notna(v):
+                    cells.append((r["encoder"], f"{ds} {r.get('protocol')} {m}", v,
+                                  r["run_id"]))
+        for key in seg_metrics:
+            v = r.get(f"metrics.{key}")
+            if pd.notna(v):
+                cells.append((r["encoder"], f"{ds} {key}", v, r["run_id"]))
+    if not cells:
+        return pd.DataFrame(columns=cols)
+    long = pd.DataFrame(cells, columns=["encoder", "column", "value", "run_id"])
+    wide = long.pivot_table(index="encoder", columns="column", values="value", aggfunc="mean")
+    wide.columns.name = None
+    meth = runs.get("encoder_method", pd.Series(np.nan, index=runs.index))
+    first = pd.Series(meth.to_numpy(), index=runs["encoder"].to_numpy()).dropna()
+    wide.insert(0, "encoder_method", first[~first.index.duplicated()].reindex(wide.index))
+    wide.insert(1, "n_runs", long.groupby("encoder")["run_id"].nunique().reindex(wide.index))
+    return wide.reset_index()
+
+
+VIEWS["transfer"] = transfer

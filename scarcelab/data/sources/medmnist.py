@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scarcelab.data import DATASETS
+from scarcelab.data import DATASETS, provenance
 from scarcelab.data.bundle import RawDataset
 from scarcelab.data.download import ENV_DATA_ROOT, data_root, download, md5sum
 from scarcelab.errors import DataError
@@ -355,6 +355,7 @@ def load_medmnist(
     else:
         got_md5 = md5sum(path)
 
+    provenance.record(path)
     raw = _read_npz(path)
     images: dict[str, np.ndarray] = {}
     labels: dict[str, np.ndarray] = {}

@@ -1,0 +1,351 @@
+"""What a running study shows: a line per finished trial and a live bar over the budget.
+
+(The leading underscore keeps ``entrypoints.cli``'s command discovery from importing this
+module, and torch with it, before the options have parsed.)
+
+The core reports everything through its :class:`~scarcelab.tracker.Tracker`, so progress is
+a tracker wrapper (:class:`ProgressTracker`) that watches the calls on their way to the real
+tracker — the search itself is not touched. The same wrapper adds the run's data provenance
+(``data_files.json``, see :mod:`scarcelab.data.provenance`), drops metrics that came out NaN
+(e.g. AUROC on a one-class test set: logged as missing, with a warning, never as NaN) and
+logs parameters under the names ``mlflow run`` gives them (``entrypoints.options``).
+
+Everything goes to stderr, so stdout keeps only the final summary. Levels: ``quiet`` (0)
+shows nothing but the summary; ``normal`` (1) shows trial lines and the bar when stderr is
+a terminal, nothing otherwise (logs of batch jobs stay clean); ``verbose`` (2) also prints
+trial lines into logs, and one line per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from scarcelab.tracker import Tracker
+
+QUIET, NORMAL, VERBOSE = 0, 1, 2
+
+
+def fmt_time(s: float) -> str:
+    s = max(0, int(round(s)))
+    h, rem = divmod(s, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"
+
+
+def fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 or v == 0 else f"{v:.2e}"
+    return str(v)
+
+
+class Display:
+    """Lines and one live status bar on a stream; the bar redraws itself twice a second
+    (so elapsed / remaining move between trials) and is erased before each line."""
+
+    WIDTH = 24
+
+    def __init__(self, level: int = NORMAL, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.level = level
+        self.show_lines = level >= VERBOSE or (level == NORMAL and self.tty)
+        self.show_bar = level >= NORMAL and self.tty and os.environ.get("TERM") != "dumb"
+        self._lock = threading.Lock()
+        self._status: Any = None  # () -> (fraction, text)
+        self._drawn = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lines --------------------------------------------------------------------------
+    def line(self, text: str, verbose_only: bool = False) -> None:
+        if not self.show_lines or (verbose_only and self.level < VERBOSE):
+            return
+        with self._lock:
+            self._erase()
+            print(text, file=self.stream, flush=True)
+            self._draw()
+
+    def warn(self, text: str) -> None:
+        """Always shown (also when quiet), without breaking the bar."""
+        with self._lock:
+            self._erase()
+            print(text, file=self.stream, flush=True)
+            self._draw()
+
+    # -- bar ----------------------------------------------------------------------------
+    def start_bar(self, status: Any) -> None:
+        """``status()`` returns ``(fraction done, text after the bar)``."""
+        self._status = status
+        if not self.show_bar:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="progress")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            self.refresh()
+
+    def refresh(self) -> None:
+        if not self.show_bar:
+            return
+        with self._lock:
+            self._erase()
+            self._draw()
+
+    def stop_bar(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+        with self._lock:
+            self._erase()
+            self._status = None
+
+    def bar_text(self) -> str:
+        frac, text = self._status()
+        frac = min(max(frac, 0.0), 1.0)
+        n = int(frac * self.WIDTH)
+        return f"[{'#' * n}{'.' * (self.WIDTH - n)}] {frac * 100:3.0f}% {text}"
+
+    def _draw(self) -> None:
+        if self.show_bar and self._status is not None:
+            try:
+                cols = os.get_terminal_size(self.stream.fileno()).columns
+            except (OSError, ValueError, AttributeError):
+                cols = 0
+            cols = cols if cols >= 40 else 100  # unknown (0) under some pseudo-terminals
+            self.stream.write(self.bar_text()[: max(cols - 1, 10)])
+            self.stream.flush()
+            self._drawn = True
+
+    def _erase(self) -> None:
+        if self._drawn:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self._drawn = False
+
+
+class Clock:
+    """Budget time: ``elapsed`` follows the study's own ``time/elapsed_s`` (which includes
+    time a killed earlier process spent) and wall time in between."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s = budget_s
+        self.t0 = time.time()
+        self.offset = 0.0
+
+    def sync(self, study_elapsed: float) -> None:
+        self.offset = study_elapsed - (time.time() - self.t0)
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0 + self.offset
+
+
+class ProgressTracker(Tracker):
+    """Delegates every call to ``inner`` and reports progress on ``display``."""
+
+    def __init__(self, inner: Tracker, display: Display, budget_s: float | None = None,
+                 label: str = "", entry: dict[str, str] | None = None,
+                 kind: str = "study") -> None:
+        self.inner = inner
+        self.kind = kind  # "study" (trials with epochs) or "al" (repetitions)
+        self.display = display
+        self.clock = Clock(budget_s or 0.0)
+        self.label = label
+        self.entry = entry  # entry-point params to log as mlflow run does (None: it did)
+        self.best = -1.0
+        self.n_done = self.n_failed = self.epochs_total = 0
+        self.data_files: list[dict[str, Any]] = []
+        self._trial: dict[str, Any] | None = None
+        self._nan_warned: set[str] = set()
+        self.finishing = False
+        self.own_bar = budget_s is not None
+
+    def __getattr__(self, name: str) -> Any:  # study_run_id, spool_left, ...
+        if "inner" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["inner"], name)
+
+    # -- study --------------------------------------------------------------------------
+    def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
+        from entrypoints.options import merge_params
+        from scarcelab.data import provenance
+
+        self.data_files = provenance.used()
+        provenance.reset()  # the next run of this process records its own files
+        artifacts = {**artifacts, "data_files.json": {"files": self.data_files}}
+        tags = {**tags, "scarcelab.data_files": provenance.summary(self.data_files)
+                or "none (generated data)"}
+        if self.entry is not None and not os.environ.get("MLFLOW_RUN_ID"):
+            params = merge_params(self.entry, params)
+        self.inner.start_study(name, tags, params, artifacts, dataset)
+        self.clock = Clock(self.clock.budget_s)  # the search's clock starts now, too
+        self.name = name
+        if self.own_bar:
+            self.display.start_bar(self.status)
+
+    def status(self) -> tuple[float, str]:
+        el = self.clock.elapsed()
+        frac = el / self.clock.budget_s if self.clock.budget_s else 0.0
+        t = self._trial
+        now = f" · trial {t['number']} epoch {t['epochs']}" if t else ""
+        if self.finishing:
+            now = " · logging the selected model"
+        best = f" · best val {self.best:.4f}" if self.best >= 0 else ""
+        return frac, (f"{fmt_time(el)} elapsed, {fmt_time(self.clock.budget_s - el)} left"
+                      f"{now}{best}{' · ' + self.label if self.label else ''}")
+
+    def end_study(self, status):  # type: ignore[no-untyped-def]
+        if self.own_bar:
+            self.display.stop_bar()
+        self.inner.end_study(status)
+
+    # -- trials -------------------------------------------------------------------------
+    def start_trial(self, number, tags, params):  # type: ignore[no-untyped-def]
+        self._trial = {"number": number, "params": dict(params), "t0": time.time(),
+                       "epochs": 0, "val": None}
+        self.inner.start_trial(number, tags, params)
+
+    def log_metrics(self, metrics, step, scope="trial"):  # type: ignore[no-untyped-def]
+        metrics = self._finite(metrics)
+        if scope == "study":
+            if "time/elapsed_s" in metrics:
+                self.clock.sync(float(metrics["time/elapsed_s"]))
+            if "best/val_balanced_accuracy" in metrics:
+                self.best = max(self.best, float(metrics["best/val_balanced_accuracy"]))
+        elif self._trial is not None and "val/balanced_accuracy" in metrics:
+            t = self._trial
+            t["epochs"] += 1
+            t["val"] = max(t["val"] or -1.0, float(metrics["val/balanced_accuracy"]))
+            loss = metrics.get("train/loss")
+            self.display.line(
+                f"  trial {t['number']} epoch {t['epochs']}: val balanced accuracy "
+                f"{metrics['val/balanced_accuracy']:.4f}"
+                + (f", train loss {loss:.4f}" if loss is not None else ""), verbose_only=True)
+        self.inner.log_metrics(metrics, step, scope)
+
+    def log_metrics_batch(self, rows, scope="trial"):  # type: ignore[no-untyped-def]
+        rows = [(self._finite(m), s) for m, s in rows]
+        if self._trial is not None:
+            for m, _ in rows:
+                self._trial.setdefault("last", {}).update(m)
+        self.inner.log_metrics_batch(rows, scope)
+
+    def end_trial(self, status, error=None):  # type: ignore[no-untyped-def]
+        self.inner.end_trial(status, error)
+        t, self._trial = self._trial, None
+        if t is None:
+            return
+        self.epochs_total += t["epochs"]
+        if status == "FINISHED":
+            self.n_done += 1
+        elif status == "FAILED":
+            self.n_failed += 1
+        if self.kind == "al":
+            last = t.get("last", {})
+            auc = f"AUC {last['al/auc']:.4f}" if "al/auc" in last else "AUC -"
+            fin = (f", final accuracy {last['al/final_accuracy']:.4f}"
+                   if "al/final_accuracy" in last else "")
+            why = f" ({(error or '').strip()[:120]})" if error and status != "FINISHED" else ""
+            self.display.line(f"repetition {t['number']} {status.lower()} in "
+                              f"{fmt_time(time.time() - t['t0'])}: {auc}{fin}{why}")
+            return
+        hp = {k: v for k, v in t["params"].items()
+              if k not in ("batch_size", "unlabeled_batch_size", "arch", "trial_seed")}
+        conf = " ".join(f"{k}={fmt_value(v)}" for k, v in hp.items())
+        val = f"val {t['val']:.4f}" if t["val"] is not None else "val -"
+        why = f" ({error.strip().splitlines()[-1][:120]})" if error and status != "FINISHED" \
+            else ""
+        self.display.line(
+            f"trial {t['number']:>3} {status.lower():<8} {t['epochs']:>3} ep "
+            f"{fmt_time(time.time() - t['t0']):>7}  {val}  best {max(self.best, 0):.4f}  "
+            f"{conf}{why}")
+
+    def _finite(self, metrics: dict[str, float]) -> dict[str, float]:
+        """NaN/inf metric values (an undefined AUROC) are logged as missing, with a
+        warning once per name, instead of as a silent NaN."""
+        out = {}
+        for k, v in metrics.items():
+            if isinstance(v, float | int) and not math.isfinite(float(v)):
+                if k not in self._nan_warned:
+                    self._nan_warned.add(k)
+                    self.display.warn(
+                        f"[scarcelab] warning: metric {k} is undefined here ({v}) and is left "
+                        "out of the record (e.g. AUROC when the test set has one class); "
+                        "said once per metric")
+                continue
+            out[k] = v
+        return out
+
+    # -- the rest: straight through -----------------------------------------------------
+    def log_checkpoint(self, checkpoint, name="best.pt"):  # type: ignore[no-untyped-def]
+        self.inner.log_checkpoint(checkpoint, name)
+
+    def log_model(self, model, example):  # type: ignore[no-untyped-def]
+        self.finishing = True
+        self.inner.log_model(model, example)
+
+    def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]
+        self.inner.set_tags(tags, scope)
+
+    def resume_state(self, study_key):  # type: ignore[no-untyped-def]
+        return self.inner.resume_state(study_key)
+
+    def mark_trials_failed(self, study_key, numbers, reason):  # type: ignore[no-untyped-def]
+        self.inner.mark_trials_failed(study_key, numbers, reason)
+
+    def close_orphan_trials(self, completed):  # type: ignore[no-untyped-def]
+        self.inner.close_orphan_trials(completed)
+
+
+class CountBar:
+    """A bar over a known number of steps (AL iterations, contamination children) whose
+    remaining time is extrapolated from the steps done."""
+
+    def __init__(self, display: Display, total: int, what: str) -> None:
+        self.display, self.total, self.what = display, max(total, 1), what
+        self.done = 0
+        self.t0 = time.time()
+        self.text = ""
+
+    def status(self) -> tuple[float, str]:
+        el = time.time() - self.t0
+        left = el / self.done * (self.total - self.done) if self.done else float("nan")
+        rest = fmt_time(left) + " left" if math.isfinite(left) else "estimating"
+        return self.done / self.total, (f"{self.done}/{self.total} {self.what} · "
+                                        f"{fmt_time(el)} elapsed, {rest}"
+                                        + (f" · {self.text}" if self.text else ""))
+
+    def step(self, n: int = 1, text: str = "") -> None:
+        self.done += n
+        if text:
+            self.text = text
+        self.display.refresh()
+
+
+def summary_lines(tracker: Any, what: str, wall_s: float, extra: list[str]) -> list[str]:
+    """The closing block: experiment, run, model URI, counts, wall time, how to look."""
+    import mlflow
+
+    run_id = getattr(tracker, "study_run_id", None)
+    uri = mlflow.get_tracking_uri()
+    exp = "?"
+    try:
+        from mlflow.tracking import MlflowClient
+
+        c = MlflowClient()
+        exp = c.get_experiment(c.get_run(run_id).info.experiment_id).name
+    except Exception:  # noqa: BLE001 - a summary must not fail a finished study
+        pass
+    browse = (f"open {uri} in a browser" if uri.startswith(("http://", "https://"))
+              else f"mlflow ui --backend-store-uri {uri}")
+    return [*extra,
+            f"  experiment: {exp}    {what} run: {run_id}",
+            *([f"  model: runs:/{run_id}/model"] if what == "study" else []),
+            f"  wall time: {fmt_time(wall_s)}",
+            f"  browse: {browse}"]

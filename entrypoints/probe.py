@@ -1,0 +1,95 @@
+"""``probe``: transfer evaluation of an encoder — linear probe or fine-tuning
+(``scarcelab.protocols.transfer``; the study recipe is in docs/pathology.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from entrypoints.cli import main
+from entrypoints.options import label_budget, opt_int
+from scarcelab.errors import ScarcelabError
+
+
+@main.command(name="probe", help="Linear-probe or fine-tune an encoder on a labeled dataset.")
+@click.option("--encoder", default="random", show_default=True,
+              help="random | a weights file | runs:/<id>/model | runs:/<id>/checkpoints/"
+              "best.pt | models:/<name>/<version>")
+@click.option("--protocol", default="linear", show_default=True,
+              type=click.Choice(["linear", "finetune"]))
+@click.option("--dataset", default="pathology_crops", show_default=True)
+@click.option("--data-dir", default="")
+@click.option("--arch", default="auto", show_default=True,
+              help="auto = the encoder's own (random: resnet18 on GPU, small_cnn on CPU)")
+@click.option("--seed", default="0", show_default=True)
+@click.option("--n-labeled", default="all", show_default=True,
+              help="labeled train size; all = the train split minus validation")
+@click.option("--n-val", default="default", show_default=True,
+              help="validation size drawn from train (default 20 %% of it)")
+@click.option("--probe-trials", default="10", show_default=True,
+              help="linear: random draws of the L2 penalty, best on validation")
+@click.option("--method", default="sup", show_default=True, help="finetune: supervised method")
+@click.option("--budget-minutes", default="3", show_default=True, help="finetune search budget")
+@click.option("--max-epochs", default="200", show_default=True)
+@click.option("--patience", default="20", show_default=True)
+@click.option("--batch-size", default="default", show_default=True)
+@click.option("--max-steps-per-epoch", default="default", show_default=True)
+@click.option("--max-trials", default="0", show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--set", "overrides", default="", help="finetune: fixed hyperparameters")
+@click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+def probe_cmd(**kw: Any) -> None:
+    try:
+        _run(kw)
+    except ScarcelabError as e:
+        raise click.ClickException(str(e)) from e
+
+
+def _run(kw: dict[str, Any]) -> None:
+    import mlflow
+
+    from scarcelab.active.datasets import default_data_dir
+    from scarcelab.active.encoded import DiskEncodingCache
+    from scarcelab.data import load_raw
+    from scarcelab.protocols.search import parse_overrides
+    from scarcelab.protocols.transfer import ProbeConfig, run_finetune, run_linear
+    from tracking.encoders import resolve_encoder
+    from tracking.encoding_cache import MlflowEncodingCache
+    from tracking.mlflow_tracker import MlflowTracker
+    from tracking.transfer import log_probe_outcome
+
+    cfg = ProbeConfig(
+        dataset=kw["dataset"], encoder=kw["encoder"], protocol=kw["protocol"],
+        data_dir=kw["data_dir"] or None, arch=kw["arch"], seed=opt_int(kw["seed"], "--seed") or 0,
+        n_labeled=label_budget(kw["n_labeled"], "--n-labeled") or "all",
+        n_val=label_budget(kw["n_val"], "--n-val"),
+        probe_trials=opt_int(kw["probe_trials"], "--probe-trials") or 10,
+        method=kw["method"], budget_minutes=float(kw["budget_minutes"]),
+        max_epochs=opt_int(kw["max_epochs"], "--max-epochs") or 200,
+        patience=opt_int(kw["patience"], "--patience") or 20,
+        batch_size=opt_int(kw["batch_size"], "--batch-size"),
+        max_steps_per_epoch=opt_int(kw["max_steps_per_epoch"], "--max-steps-per-epoch"),
+        max_trials=opt_int(kw["max_trials"], "--max-trials") or 0, device=kw["device"],
+        overrides=parse_overrides(kw["overrides"]))
+    cfg.validate()
+    raw = load_raw(cfg.dataset, cfg.data_dir)
+    arch: str | None = None if cfg.arch == "auto" else cfg.arch
+    if arch is None and cfg.encoder == "random":
+        arch = "resnet18" if cfg.resolved_device().startswith("cuda") else "small_cnn"
+    backbone, info = resolve_encoder(cfg.encoder, arch, raw.channels, seed=cfg.seed)
+    tracker = MlflowTracker(experiment=kw["experiment"] or None)
+    if cfg.protocol == "linear":
+        cache = MlflowEncodingCache(DiskEncodingCache(default_data_dir() / "encoded"),
+                                    kw["experiment"] or None)
+        res = run_linear(cfg, backbone, info, tracker, cache)
+    else:
+        res = run_finetune(cfg, backbone, info, tracker)
+    assert tracker.study_run_id is not None
+    log_probe_outcome(tracker.study_run_id, res, cfg.encoder)
+    click.echo(f"probe {res.protocol} run {tracker.study_run_id}: encoder {cfg.encoder} "
+               f"({info.get('arch')}, {info.get('format')}) on {cfg.dataset}: val balanced "
+               f"accuracy {res.val_balanced_accuracy:.4f}, test accuracy "
+               f"{res.test['accuracy']:.4f}, test balanced accuracy "
+               f"{res.test['balanced_accuracy']:.4f} ({res.info.get('time_s', 0):.1f} s)")
+    click.echo(f"tracking URI: {mlflow.get_tracking_uri()}")

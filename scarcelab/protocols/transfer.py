@@ -1,0 +1,273 @@
+"""Transfer evaluation of an encoder (Kang et al. 2022, "Benchmarking Self-Supervised
+Learning on Diverse Pathology Datasets", CVPR 2023, §4): linear probing and fine-tuning.
+
+* ``linear`` — the encoder is frozen; its features of every train and test image are
+  computed once (``scarcelab.active.encoded.encode_dataset``: cached under a key of the
+  images and the encoder's weights, so a second protocol run or a second machine skips the
+  forward passes) and a multinomial logistic regression is fitted on the labeled part, its
+  L2 penalty chosen on the validation part (:class:`~scarcelab.protocols.probe.LinearProbe`:
+  random draws of ``C`` log-uniform on [1e-3, 1e3], best validation balanced accuracy; here
+  run once per study, with more iterations than the per-epoch probe of ``self`` studies).
+* ``finetune`` — the whole network (encoder + a new linear head) is trained with a
+  supervised method (``sup``: cross-entropy) under the budgeted random search of
+  ``scarcelab.protocols.search`` (its lr / weight-decay space, early stopping on validation
+  balanced accuracy); every trial starts from the encoder's weights.
+
+Splits: the labeled set is the train split minus a validation part drawn from it with the
+natural class frequencies (seeded, ``scarcelab.data.splits``); by default all of train is
+used (``n_labeled=all``) with 20 % held out for validation, the "full-label" setting of
+Kang et al. A smaller ``n_labeled`` gives the label-scarce variant. The test split is the
+dataset's official one and is never used for any choice.
+
+The ``random`` encoder (same arch, seeded initialisation) is the from-scratch control.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import scarcelab
+from scarcelab.data import load_raw
+from scarcelab.data.augment import to_float
+from scarcelab.data.bundle import RawDataset
+from scarcelab.data.splits import make_split
+from scarcelab.errors import ConfigError
+from scarcelab.metrics import classification_metrics
+from scarcelab.models.classifier import ExportedClassifier
+from scarcelab.protocols.probe import LinearProbe
+from scarcelab.tracker import DatasetInfo, Tracker
+
+PROTOCOLS = ("linear", "finetune")
+VAL_FRACTION = 0.2
+
+
+@dataclass
+class ProbeConfig:
+    dataset: str = "pathology_crops"
+    encoder: str = "random"
+    protocol: str = "linear"
+    data_dir: str | None = None
+    arch: str = "auto"
+    seed: int = 0
+    n_labeled: int | str | None = "all"
+    n_val: int | str | None = None  # None: VAL_FRACTION of the train split
+    device: str = "auto"
+    # linear
+    probe_trials: int = 10
+    probe_max_iter: int = 1000
+    # finetune (the budgeted search's settings)
+    method: str = "sup"
+    budget_minutes: float = 3.0
+    max_epochs: int = 200
+    patience: int = 20
+    batch_size: int | None = None
+    max_steps_per_epoch: int | None = None
+    max_trials: int = 0
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def validate(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol={self.protocol!r}: valid values are "
+                              f"{', '.join(PROTOCOLS)}")
+        if self.probe_trials < 1 or self.probe_max_iter < 1:
+            raise ConfigError("probe_trials and probe_max_iter must be >= 1")
+
+
+@dataclass
+class ProbeResult:
+    protocol: str
+    test: dict[str, float]
+    val_balanced_accuracy: float
+    confusion: np.ndarray  # rows: true class, columns: predicted class (test split)
+    class_names: list[str]
+    split_hash: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def probe_split(cfg: ProbeConfig, raw: RawDataset) -> dict[str, Any]:
+    """The labeled / validation split of ``raw``'s train split for ``cfg``."""
+    n_val = cfg.n_val
+    if n_val in (None, "default", ""):
+        n_val = max(raw.num_classes, round(VAL_FRACTION * len(raw.train_y)))
+    return make_split(raw, cfg.n_labeled, n_val, cfg.seed, allow_large_val=True)
+
+
+def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarray:
+    cm = np.zeros((k, k), dtype=np.int64)
+    np.add.at(cm, (np.asarray(y_true), np.asarray(y_pred)), 1)
+    return cm
+
+
+def _dataset_info(raw: RawDataset, split: dict[str, Any]) -> DatasetInfo:
+    digest = hashlib.sha256(f"{raw.md5}:{split['hash']}".encode()).hexdigest()[:16]
+    return DatasetInfo(name=raw.name, source=raw.source or raw.name, digest=digest)
+
+
+def encoder_tags(cfg: ProbeConfig, enc_info: dict[str, Any]) -> dict[str, str]:
+    """The tags that let the leaderboard put runs of one encoder on one row."""
+    tags = {"scarcelab.task": "probe", "scarcelab.protocol": cfg.protocol,
+            "scarcelab.encoder": cfg.encoder,
+            "scarcelab.encoder_arch": str(enc_info.get("arch", "")),
+            "scarcelab.encoder_fingerprint": str(enc_info.get("fingerprint", ""))}
+    tags["scarcelab.encoder_method"] = str(
+        enc_info.get("source_method") or enc_info.get("method")
+        or ("random" if cfg.encoder == "random" else "unknown"))
+    for k in ("source_family", "run_id"):
+        if enc_info.get(k):
+            tags[f"scarcelab.encoder_{k.removeprefix('source_')}"] = str(enc_info[k])
+    return tags
+
+
+def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
+               tracker: Tracker, cache: Any = None) -> ProbeResult:
+    """Frozen features (cached) + an L2-tuned logistic regression; one record, no trials.
+
+    ``cache`` is an ``EncodingCache`` (``scarcelab.active.encoded``): disk here, disk +
+    MLflow artifacts from the tracking side; None computes the features every time.
+    """
+    from scarcelab.active.encoded import EncoderConfig, encode_dataset
+
+    cfg.validate()
+    t0 = time.time()
+    raw = load_raw(cfg.dataset, cfg.data_dir)
+    split = probe_split(cfg, raw)
+    device = torch.device(cfg.resolved_device())
+    arch = str(enc_info.get("arch", cfg.arch))
+    tags = {"scarcelab.role": "probe", "scarcelab.family": "transfer",
+            "scarcelab.method": "linear_probe", "scarcelab.dataset": raw.name,
+            "scarcelab.seed": str(cfg.seed), "scarcelab.split_hash": split["hash"],
+            "scarcelab.version": scarcelab.__version__, "scarcelab.arch": arch,
+            **encoder_tags(cfg, enc_info)}
+    resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": str(device),
+                "n_labeled": split["n_labeled"], "n_val": split["n_val"],
+                "n_test": len(raw.test_y), "encoder_info": enc_info}
+    params = {k: v for k, v in resolved.items() if k not in ("overrides", "encoder_info",
+                                                             "method", "budget_minutes",
+                                                             "max_epochs", "patience",
+                                                             "batch_size", "max_trials",
+                                                             "max_steps_per_epoch")}
+    tracker.start_study(name=f"probe-linear-{raw.name}-s{cfg.seed}", tags=tags, params=params,
+                        artifacts={"split.json": split, "config.json": resolved},
+                        dataset=_dataset_info(raw, split))
+    status = "FAILED"
+    try:
+        tf = time.time()
+        enc, key, where = encode_dataset(raw.name, raw.train_x, raw.train_y, raw.test_x,
+                                         raw.test_y, raw.num_classes, EncoderConfig(),
+                                         device, cache, pretrained=backbone,
+                                         pretrained_id=cfg.encoder)
+        t_feat = time.time() - tf
+        lab = np.asarray(split["labeled"], dtype=np.int64)
+        val = np.asarray(split["val"], dtype=np.int64)
+        tp = time.time()
+        probe = LinearProbe(raw.num_classes, n_trials=cfg.probe_trials,
+                            max_iter=cfg.probe_max_iter).fit(
+            enc.x_train[lab], raw.train_y[lab], enc.x_train[val], raw.train_y[val],
+            np.random.default_rng(cfg.seed))
+        t_fit = time.time() - tp
+        proba = probe.predict_proba(enc.x_test)
+        test = classification_metrics(raw.test_y, proba)
+        elapsed = time.time() - t0
+        tracker.log_metrics({"val/balanced_accuracy": probe.val_balanced_accuracy,
+                             **{f"test/{k}": v for k, v in test.items()},
+                             "probe/C": float(probe.C or 0.0), "time/features_s": t_feat,
+                             "time/fit_s": t_fit, "time/elapsed_s": elapsed},
+                            0, scope="study")
+        tracker.set_tags({"scarcelab.encoding_key": key,
+                          "scarcelab.features": "cached" if not where.startswith("computed")
+                          else "computed"})
+        model = ExportedClassifier(copy.deepcopy(backbone).cpu(), probe.to_linear(),
+                                   raw.class_names).eval()
+        tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
+        status = "FINISHED"
+    finally:
+        tracker.end_study(status)
+    return ProbeResult(
+        "linear", test, probe.val_balanced_accuracy,
+        confusion_matrix(raw.test_y, proba.argmax(1), raw.num_classes), list(raw.class_names),
+        split["hash"], {"C": probe.C, "features": where, "encoding_key": key,
+                        "time_features_s": t_feat, "time_fit_s": t_fit, "time_s": elapsed})
+
+
+@torch.no_grad()
+def _predict(model: nn.Module, x: np.ndarray, device: torch.device, bs: int = 512) -> np.ndarray:
+    model.eval().to(device)
+    out = [torch.softmax(model(to_float(torch.as_tensor(x[i:i + bs]).to(device))), 1).cpu()
+           for i in range(0, len(x), bs)]
+    return torch.cat(out).numpy()
+
+
+def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
+                 tracker: Tracker) -> ProbeResult:
+    """The budgeted search of a supervised method, every trial starting from the encoder.
+
+    The study's own records (trials, ``best/*``, checkpoint, model) are the search's; this
+    adds the encoder tags and returns the test scores and confusion matrix of the
+    checkpoint best on validation (the one the study reports).
+    """
+    from scarcelab.methods import get_method
+    from scarcelab.protocols.search import StudyConfig, _method_from_checkpoint, run_study
+    from scarcelab.train import export_classifier
+
+    cfg.validate()
+    method_cls = get_method(cfg.method)
+    if method_cls.family != "supervised" or method_cls.linear_probe:
+        raise ConfigError(f"finetune method={cfg.method!r}: pick a supervised method with a "
+                          "classifier head (sup, mixup)")
+    t0 = time.time()
+    raw = load_raw(cfg.dataset, cfg.data_dir)
+    split = probe_split(cfg, raw)
+    arch = str(enc_info.get("arch", cfg.arch))
+    scfg = StudyConfig(method=cfg.method, dataset=cfg.dataset, family="supervised",
+                       data_dir=cfg.data_dir, arch=arch, seed=cfg.seed,
+                       budget_minutes=cfg.budget_minutes, max_epochs=cfg.max_epochs,
+                       patience=cfg.patience, n_labeled=split["n_labeled"],
+                       n_val=split["n_val"], allow_large_val=True, search="random",
+                       batch_size=cfg.batch_size, max_steps_per_epoch=cfg.max_steps_per_epoch,
+                       max_trials=cfg.max_trials, device=cfg.device, overrides=cfg.overrides,
+                       diag_samples=0)
+    initial = copy.deepcopy(backbone).cpu()
+
+    def factory(in_channels: int) -> nn.Module:
+        if in_channels != raw.channels:
+            raise ConfigError(f"encoder expects {raw.channels} channels, got {in_channels}")
+        return copy.deepcopy(initial).train()
+
+    res = run_study(scfg, tracker, backbone_factory=factory,
+                    extra_tags={"scarcelab.family": "transfer", **encoder_tags(cfg, enc_info)})
+    if res.split_hash != split["hash"]:  # same builder, same seed: a mismatch is a bug
+        raise RuntimeError("fine-tuning split differs from the probe split")
+    ckpt = res.best_checkpoint
+    assert ckpt is not None
+    from scarcelab.data.splits import apply_split
+
+    bundle = apply_split(raw, split)
+    model = export_classifier(_method_from_checkpoint(method_cls, ckpt, bundle), ckpt,
+                              raw.class_names)
+    proba = _predict(model, raw.test_x, torch.device(scfg.resolved_device()))
+    test = classification_metrics(raw.test_y, proba)
+    return ProbeResult(
+        "finetune", test, res.best_val,
+        confusion_matrix(raw.test_y, proba.argmax(1), raw.num_classes), list(raw.class_names),
+        split["hash"], {"n_trials": res.n_trials, "n_failed": res.n_failed,
+                        "best_trial": res.best_trial, "hp": ckpt.get("hp"),
+                        "time_s": time.time() - t0,
+                        "study_test": res.best_test})
+
+
+__all__ = ["PROTOCOLS", "ProbeConfig", "ProbeResult", "confusion_matrix", "encoder_tags",
+           "probe_split", "run_finetune", "run_linear"]

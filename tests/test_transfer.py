@@ -1,0 +1,221 @@
+"""Transfer protocols (linear probe, fine-tuning) on synthetic data with the in-memory
+tracker, and the ``probe`` command end to end against an embedded sqlite MLflow store."""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from scarcelab.data import DATASETS
+from scarcelab.data.bundle import RawDataset
+from scarcelab.models.encoder import build_encoder
+from scarcelab.protocols.transfer import (
+    ProbeConfig,
+    confusion_matrix,
+    probe_split,
+    run_finetune,
+    run_linear,
+)
+from scarcelab.tracker import InMemoryTracker
+
+SEPARABLE = "test_separable_rgb"
+
+
+def _separable(data_dir: object = None) -> RawDataset:
+    """Three classes told apart by overall brightness (dark / mid / bright) plus pixel
+    noise: linearly separable in the pooled features of any conv net, even a random one."""
+    rng = np.random.default_rng(0)
+
+    def make(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = np.arange(n) % 3
+        base = np.array([40.0, 128.0, 215.0])[y][:, None, None, None]
+        x = base + rng.normal(0, 12, (n, 3, 8, 8))
+        return np.clip(x, 0, 255).astype(np.uint8), y.astype(np.int64)
+
+    (xtr, ytr), (xte, yte) = make(150), make(60)
+    return RawDataset(name=SEPARABLE, train_x=xtr, train_y=ytr, test_x=xte, test_y=yte,
+                      num_classes=3, class_names=["dark", "mid", "bright"], source="test")
+
+
+if SEPARABLE not in DATASETS:
+    DATASETS.register(SEPARABLE)(_separable)
+
+
+def test_confusion_matrix_matches_sklearn():
+    from sklearn.metrics import confusion_matrix as sk
+
+    rng = np.random.default_rng(0)
+    yt, yp = rng.integers(0, 4, 200), rng.integers(0, 4, 200)
+    np.testing.assert_array_equal(confusion_matrix(yt, yp, 4), sk(yt, yp, labels=range(4)))
+    assert confusion_matrix(np.array([0]), np.array([0]), 3)[1:].sum() == 0  # absent classes
+
+
+def test_linear_probe_separates_a_separable_set_and_caches_features(tmp_path):
+    from scarcelab.active.encoded import DiskEncodingCache
+
+    enc, info = build_encoder("random", "small_cnn", 3, seed=0)
+    cfg = ProbeConfig(dataset=SEPARABLE, encoder="random", device="cpu", probe_trials=5)
+    cache = DiskEncodingCache(tmp_path / "enc")
+    tr = InMemoryTracker()
+    res = run_linear(cfg, enc, info, tr, cache)
+    assert res.test["accuracy"] == 1.0 and res.val_balanced_accuracy == 1.0
+    assert res.confusion.sum() == 60 and np.trace(res.confusion) == 60
+    assert res.info["features"].startswith("computed")
+    assert tr.study.tags["scarcelab.encoder"] == "random"
+    assert tr.study.tags["scarcelab.protocol"] == "linear"
+    assert tr.study.tags["scarcelab.task"] == "probe"
+    assert tr.study.last("test/balanced_accuracy") == 1.0 and tr.study.status == "FINISHED"
+    # the logged model (frozen encoder + the folded probe) predicts what the probe did
+    raw = _separable()
+    pred = tr.model(torch.as_tensor(raw.test_x).float() / 255).argmax(1).numpy()
+    assert (pred == raw.test_y).all()
+    # a second run reads the features from the cache and gets the same answer
+    res2 = run_linear(cfg, enc, info, InMemoryTracker(), cache)
+    assert res2.info["features"].startswith("disk:") and res2.test == res.test
+
+
+def test_linear_probe_on_random_labels_is_at_chance():
+    """The probe cannot score on test what is not in the features (a check on leakage):
+    with labels shuffled independently of the images, test accuracy stays near 1/3."""
+    base = _separable()
+    rng = np.random.default_rng(1)
+    raw = RawDataset(name="shuffled", train_x=base.train_x, train_y=rng.permutation(
+        base.train_y), test_x=base.test_x, test_y=rng.permutation(base.test_y),
+        num_classes=3, class_names=base.class_names, source="test")
+    if "test_shuffled" not in DATASETS:
+        DATASETS.register("test_shuffled")(lambda data_dir=None: raw)
+    enc, info = build_encoder("random", "small_cnn", 3, seed=0)
+    res = run_linear(ProbeConfig(dataset="test_shuffled", device="cpu", probe_trials=3), enc,
+                     info, InMemoryTracker())
+    assert res.test["accuracy"] < 0.6
+
+
+def test_finetune_starts_every_trial_from_the_encoder_and_reports_its_checkpoint(monkeypatch):
+    import scarcelab.protocols.search as search
+
+    enc, info = build_encoder("random", "small_cnn", 3, seed=7)
+    seen = []
+    real_init = search.Method.__init__
+
+    def record(self, backbone, num_classes, hp):  # type: ignore[no-untyped-def]
+        seen.append({k: v.clone() for k, v in backbone.state_dict().items()})
+        real_init(self, backbone, num_classes, hp)
+
+    monkeypatch.setattr(search.Method, "__init__", record)
+    cfg = ProbeConfig(dataset=SEPARABLE, encoder="random", protocol="finetune", device="cpu",
+                      budget_minutes=1, max_epochs=2, patience=2, batch_size=16,
+                      max_steps_per_epoch=3, max_trials=2)
+    tr = InMemoryTracker()
+    res = run_finetune(cfg, enc, info, tr)
+    want = enc.state_dict()
+    trial_inits = seen[:2]  # then the reported checkpoint's rebuild
+    assert len(tr.trials) == 2 and len(trial_inits) == 2
+    for s in trial_inits:
+        assert all(torch.equal(s[k], want[k]) for k in want)
+    assert tr.study.tags["scarcelab.encoder"] == "random"
+    assert tr.study.tags["scarcelab.family"] == "transfer"
+    # the test score recomputed from the exported best checkpoint is the study's own
+    assert res.test["balanced_accuracy"] == pytest.approx(
+        res.info["study_test"]["balanced_accuracy"])
+    assert res.test["accuracy"] == pytest.approx(res.info["study_test"]["accuracy"])
+    assert res.confusion.sum() == 60
+    assert res.split_hash == probe_split(cfg, _separable())["hash"]
+
+
+def test_bad_protocol_and_method_named():
+    from scarcelab.errors import ConfigError
+
+    enc, info = build_encoder("random", "small_cnn", 3)
+    with pytest.raises(ConfigError, match="protocol='knn'"):
+        run_linear(ProbeConfig(dataset=SEPARABLE, protocol="knn"), enc, info, InMemoryTracker())
+    with pytest.raises(ConfigError, match="finetune method='simclr'"):
+        run_finetune(ProbeConfig(dataset=SEPARABLE, protocol="finetune", method="simclr"),
+                     enc, info, InMemoryTracker())
+
+
+# -- the command, end to end through an embedded store -------------------------------------
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("SCARCELAB_DATA", str(tmp_path / "data"))
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    # log_model's pip-requirement inference re-imports the model in a subprocess (~50 s on
+    # a loaded 2-core machine); these tests do not read requirements.txt, so let it fall
+    # back to MLflow's defaults at once
+    monkeypatch.setenv("MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT", "1")
+    mlflow.set_tracking_uri(uri)
+    yield uri
+
+
+def _probe(*args: str) -> str:
+    from entrypoints.cli import main
+
+    out = CliRunner().invoke(main, ["probe", "--dataset", SEPARABLE, "--device", "cpu",
+                                    "--experiment", "transfer", *args])
+    assert out.exit_code == 0, out.output + repr(out.exception)
+    return out.output
+
+
+def test_probe_command_linear_and_finetune(store, tmp_path):
+    from tracking.query import load
+    from tracking.query.views import transfer
+
+    enc, _ = build_encoder("random", "small_cnn", 3, seed=5)
+    weights = str(tmp_path / "enc.pt")
+    torch.save(enc.state_dict(), weights)
+    out = _probe("--encoder", weights, "--arch", "small_cnn", "--probe-trials", "3")
+    assert "test accuracy" in out
+    _probe("--encoder", "random", "--protocol", "finetune", "--max-trials", "1",
+           "--max-epochs", "1", "--batch-size", "16", "--max-steps-per-epoch", "2",
+           "--budget-minutes", "1")
+    c = MlflowClient()
+    exp = c.get_experiment_by_name("transfer").experiment_id
+    runs = c.search_runs([exp], "tags.`scarcelab.task` = 'probe' and "
+                         "tags.`scarcelab.role` != 'trial'")
+    assert len(runs) == 2
+    by = {r.data.tags["scarcelab.protocol"]: r for r in runs}
+    assert by["linear"].data.tags["scarcelab.encoder"] == weights
+    assert by["finetune"].data.tags["scarcelab.encoder"] == "random"
+    assert by["finetune"].data.tags["scarcelab.encoder_method"] == "random"
+    for r in runs:
+        assert r.info.status == "FINISHED"
+        m = r.data.metrics
+        assert 0 <= m["test/accuracy"] <= 1 and 0 <= m["test/balanced_accuracy"] <= 1
+        arts = {a.path for a in c.list_artifacts(r.info.run_id)}
+        assert {"confusion_matrix.png", "confusion_matrix.json"} <= arts
+    cm = mlflow.artifacts.load_dict(f"runs:/{by['linear'].info.run_id}/confusion_matrix.json")
+    assert np.trace(cm["rows_true_cols_predicted"]) / 60 == pytest.approx(
+        by["linear"].data.metrics["test/accuracy"])
+    assert "checkpoints" in {a.path for a in c.list_artifacts(by["finetune"].info.run_id)}
+    # a segment run of the same encoder (as the segment entry point tags it)
+    seg = c.create_run(exp, tags={"scarcelab.role": "segment", "scarcelab.encoder": "random",
+                                  "scarcelab.dataset": "consep_patches"})
+    c.log_metric(seg.info.run_id, "seg/pq", 0.42)
+    c.log_metric(seg.info.run_id, "seg/mpq", 0.21)
+    c.set_terminated(seg.info.run_id, "FINISHED")
+    # the leaderboard view: rows = encoder source, columns = tasks (trials left out)
+    view = transfer(load("transfer", store)).set_index("encoder")
+    assert view.loc["random", "consep_patches seg/pq"] == pytest.approx(0.42)
+    assert view.loc["random", "consep_patches seg/mpq"] == pytest.approx(0.21)
+    assert np.isnan(view.loc[weights, "consep_patches seg/pq"])
+    assert set(view.index) == {"random", weights}
+    assert view.loc[weights, f"{SEPARABLE} linear accuracy"] == pytest.approx(
+        by["linear"].data.metrics["test/accuracy"])
+    assert view.loc["random", f"{SEPARABLE} finetune balanced_accuracy"] == pytest.approx(
+        by["finetune"].data.metrics["test/balanced_accuracy"])
+    assert np.isnan(view.loc["random", f"{SEPARABLE} linear accuracy"])
+    assert view.loc["random", "n_runs"] == 2 and view.loc["random", "encoder_method"] == "random"
+
+
+def test_probe_command_bad_encoder_is_one_line(store):
+    from entrypoints.cli import main
+
+    out = CliRunner().invoke(main, ["probe", "--dataset", SEPARABLE, "--encoder",
+                                    "/nonexistent/w.pt"])
+    assert out.exit_code != 0 and "no such file" in out.output
