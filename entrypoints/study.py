@@ -80,7 +80,7 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      help="random = budgeted random search; none = transfer (one run on "
                      "train + validation, configuration from --hparams-from); fixed = one "
                      "run of the --hparams-from configuration with validation selection"),
-        click.option("--hparams-from", default="defaults", show_default=True,
+        click.option("--hparams-from", default="defaults", show_default=True, type=Word(),
                      help="configuration for search=none/fixed: defaults, an MLflow study or "
                      "trial run id, or an experiment name (its best study of this method)"),
         click.option("--transfer-epochs", default="default", show_default=True,
