@@ -185,7 +185,7 @@ def _family_command(family: str, default_method: str) -> None:
                   f"{family} --method {default_method} --dataset breastmnist "
                   "--budget-minutes 3")
     @study_options
-    @click.option("--register-model", default="none", show_default=True,
+    @click.option("--register-model", default="none", show_default=True, type=Word(),
                   help="register the selected model in the MLflow model registry under "
                   "this name (a new version each study); none = do not register")
     @click.pass_context
