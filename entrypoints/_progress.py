@@ -293,6 +293,12 @@ class ProgressTracker(Tracker):
     def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]
         self.inner.set_tags(tags, scope)
 
+    def log_evaluation(self, y_true, proba, class_names, split="test"):  # type: ignore[no-untyped-def]
+        self.inner.log_evaluation(y_true, proba, class_names, split)
+
+    def log_search(self, trials):  # type: ignore[no-untyped-def]
+        self.inner.log_search(trials)
+
     def resume_state(self, study_key):  # type: ignore[no-untyped-def]
         return self.inner.resume_state(study_key)
 

@@ -41,6 +41,8 @@ STUDY_ENTRY = {n: n for n in (
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
     "hparams_from", "transfer_epochs")} | {"set": "overrides"}
+#: the supervised / semi / self entry points add the model registry option
+FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model"}
 
 
 def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breastmnist"
@@ -162,9 +164,11 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     from tracking.mlflow_tracker import MlflowTracker, check_tracking_server
 
     check_tracking_server()  # a dead server: one clear line now, not a traceback later
-    tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
-                              Display(level), budget_s=cfg.budget_minutes * 60.0,
-                              entry=entry_params(ctx, STUDY_ENTRY))
+    inner = MlflowTracker(experiment=kw["experiment"] or None)
+    reg = kw.get("register_model") or "none"
+    inner.register_model_as(None if reg in ("none", "default", "") else reg)
+    tracker = ProgressTracker(inner, Display(level), budget_s=cfg.budget_minutes * 60.0,
+                              entry=entry_params(ctx, FAMILY_ENTRY))
     res = run_study(cfg, tracker)
     test = res.best_test.get("balanced_accuracy", float("nan"))
     click.echo("\n".join(summary_lines(tracker, "study", time.time() - t0, [
@@ -186,6 +190,9 @@ def _family_command(family: str, default_method: str) -> None:
                   f"{family} --method {default_method} --dataset breastmnist "
                   "--budget-minutes 3")
     @study_options
+    @click.option("--register-model", default="none", show_default=True, type=Word(),
+                  help="register the selected model in the MLflow model registry under "
+                  "this name (a new version each study); none = do not register")
     @click.pass_context
     def cmd(ctx: click.Context, **kw: Any) -> None:
         try:

@@ -75,6 +75,15 @@ class Tracker(ABC):
     def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:  # noqa: B027
         """Optional: add tags after the fact (e.g. the resolved number of trials)."""
 
+    def log_evaluation(self, y_true: Any, proba: Any, class_names: list[str],  # noqa: B027
+                       split: str = "test") -> None:
+        """Optional: the selected checkpoint's predicted probabilities on ``split``, for
+        figures (confusion matrix, ROC curve) on the study record."""
+
+    def log_search(self, trials: list[Any]) -> None:  # noqa: B027
+        """Optional: the search's finished trials (Optuna ``FrozenTrial``s), for figures of
+        the search (parallel coordinates, hyperparameter importance)."""
+
     def resume_state(self, study_key: str) -> ResumeState | None:
         """Optional: find the unfinished study ``study_key`` of a dead process and reattach
         to it (the next ``start_study`` continues that record). Trackers that cannot

@@ -212,9 +212,9 @@ def test_mlproject_parameters_and_defaults_match_the_cli(entry: str) -> None:
     from entrypoints.al import AL_ENTRY
     from entrypoints.cli import main
     from entrypoints.contamination import CONTAMINATION_ENTRY
-    from entrypoints.study import STUDY_ENTRY
+    from entrypoints.study import FAMILY_ENTRY
 
-    names = {"al": AL_ENTRY, "contamination": CONTAMINATION_ENTRY}.get(entry, STUDY_ENTRY)
+    names = {"al": AL_ENTRY, "contamination": CONTAMINATION_ENTRY}.get(entry, FAMILY_ENTRY)
     spec = _mlproject(entry)
     assert set(spec["parameters"]) == set(names)
     cmd = main.commands[entry]

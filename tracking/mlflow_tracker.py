@@ -48,6 +48,7 @@ from torch import nn
 
 from scarcelab.errors import ScarcelabError
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
+from tracking.run_views import RunViews
 from tracking.safe_io import (
     CHECKSUM_TAG,
     UnsafeArtifact,
@@ -149,6 +150,9 @@ def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
             client.log_artifact(run_id, op["path"], op.get("artifact_path"))
     elif kind == "log_model":
         _deliver_model(client, op, run_id)
+    elif kind == "register_model":
+        # registered from the run's logged model; the registry keeps the lineage
+        mlflow.register_model(f"runs:/{run_id}/model", op["name"])
     elif kind == "terminate":
         client.set_terminated(run_id, op["status"], end_time=op["end_time"])
     else:
@@ -237,7 +241,7 @@ def check_tracking_server(uri: str | None = None) -> None:
         ) from None
 
 
-class MlflowTracker(Tracker):
+class MlflowTracker(RunViews, Tracker):
     def __init__(self, experiment: str | None = None, tracking_uri: str | None = None,
                  spool_root: Path | None = None) -> None:
         if tracking_uri:
@@ -383,6 +387,7 @@ class MlflowTracker(Tracker):
         self.spool = Spool(uri, deliver_op, root=self._spool_root)
         self.spool.ids["study"] = self.study_run_id
         self._replay_leftovers(uri)
+        self._rv_start(name, tags, params)
 
     def _replay_leftovers(self, uri: str) -> None:
         for d in leftovers(uri, self._spool_root):
@@ -412,7 +417,7 @@ class MlflowTracker(Tracker):
 
         self._n += 1
         key = f"trial-{number}-{self._n}"
-        run_name = f"trial-{number}"
+        run_name = self.trial_run_name(number)
         self._trial_key = key
         self._submit({"op": "create_run", "key": key, "parent": "study",
                       "experiment_id": self._experiment_id, "run_name": run_name,
@@ -437,12 +442,15 @@ class MlflowTracker(Tracker):
 
     def log_metrics(self, metrics, step, scope="trial"):  # type: ignore[no-untyped-def]
         key = self._key(scope)
+        self._rv_metrics(metrics, step, scope)
         ts = int(time.time() * 1000)
         self._submit({"op": "log_batch", "key": key,
                       "metrics": [[k, float(v), ts, int(step)] for k, v in metrics.items()]})
 
     def log_metrics_batch(self, rows, scope="trial"):  # type: ignore[no-untyped-def]
         key = self._key(scope)
+        for metrics, step in rows:
+            self._rv_metrics(metrics, step, scope)
         ts = int(time.time() * 1000)
         batch = [[k, float(v), ts, int(step)] for metrics, step in rows
                  for k, v in metrics.items()]
@@ -480,6 +488,7 @@ class MlflowTracker(Tracker):
 
     def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]
         key = self._trial_key if scope == "trial" else ("study" if self.study_run_id else None)
+        self._rv_tags(tags, scope)
         if key:
             self._submit({"op": "log_batch", "key": key,
                           "tags": [[k, str(v)] for k, v in tags.items()]})
@@ -509,6 +518,7 @@ class MlflowTracker(Tracker):
         if self._trial_key is not None:  # a trial interrupted by an exception
             self.end_trial("FAILED" if status == "FAILED" else "KILLED")
         if self.spool is not None and self.study_run_id is not None:
+            self._rv_finish(status)
             self._submit({"op": "terminate", "key": "study", "status": status,
                           "end_time": int(time.time() * 1000)})
             self.spool_left = self.spool.close(FLUSH_TIMEOUT_S)

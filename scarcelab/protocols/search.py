@@ -392,6 +392,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                           "scarcelab.n_failed": str(n_failed),
                           "scarcelab.best_trial": str(best["trial"])})
         tracker.log_model(model, example)
+        _log_figures(tracker, model, bundle, store)
     except BaseException:
         status = "FAILED"
         raise
@@ -401,6 +402,22 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
     return StudyResult(best_val=best["val"], best_test=best["test"], best_trial=best["trial"],
                        n_trials=n_trials, n_failed=n_failed, split_hash=split["hash"],
                        best_checkpoint=best["ckpt"])
+
+
+def _log_figures(tracker: Tracker, model: torch.nn.Module, bundle: DatasetBundle,
+                 store: StudyStore) -> None:
+    """The selected checkpoint's test predictions and the search's trials, for the
+    tracker's figures; a failure here costs the figures, never the study."""
+    try:
+        with torch.no_grad():
+            x = torch.as_tensor(bundle.test_x)
+            proba = torch.cat([torch.softmax(model(x[i:i + 512].float() / 255.0), 1)
+                               for i in range(0, len(x), 512)]).numpy()
+        tracker.log_evaluation(np.asarray(bundle.test_y), proba,
+                               list(bundle.meta["class_names"]))
+        tracker.log_search(store.study.get_trials())
+    except Exception as e:  # noqa: BLE001 - figures are a convenience
+        log.warning("study figures skipped: %s: %s", type(e).__name__, e)
 
 
 def _study_key(cfg: StudyConfig, split_hash: str) -> str:

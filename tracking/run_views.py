@@ -1,0 +1,199 @@
+"""What the MLflow UI shows of a study beyond its numbers: figures, a description, names,
+system metrics and, on request, a registered model. Mixed into :class:`MlflowTracker`.
+
+Why a mixin: every item is an observation of calls the tracker already receives
+(``start_study``'s name and params, the study's ``best/*`` metrics, each trial's per-epoch
+``val``/``test`` scores, AL curves), turned into artifacts at ``end_study`` — kept apart
+from the tracker's delivery and resume logic, which it only uses through ``_submit`` (so
+figures wait in the spool during an outage like every other record).
+
+On a study run (``plots/``): the selected checkpoint's test confusion matrix and ROC curve,
+validation/test balanced accuracy over time across trials, and Optuna's parallel-coordinate
+and hyperparameter-importance plots of the search. On an AL sweep run: the learning curves
+of its repetitions. The run's description (``mlflow.note.content``) says what was run, the
+selected trial and the headline numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("scarcelab.tracking")
+
+DESCRIPTION_TAG = "mlflow.note.content"
+
+
+def system_metrics_enabled() -> bool:
+    """On unless ``SCARCELAB_SYSTEM_METRICS=0`` (or psutil is missing)."""
+    if os.environ.get("SCARCELAB_SYSTEM_METRICS", "1").lower() in ("0", "false", "no", "off"):
+        return False
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class RunViews:
+    """Observes the tracker's calls; writes figures and the description at the end."""
+
+    # state, created lazily so that __init__ of the tracker needs no change
+    def _rv(self) -> dict[str, Any]:
+        st = self.__dict__.get("_rv_state")
+        if st is None:
+            st = {"name": "", "params": {}, "tags": {}, "best": {}, "history": {},
+                  "curves": {}, "trial": None, "eval": None, "trials": [], "n": 0,
+                  "monitor": None, "register": None}
+            self.__dict__["_rv_state"] = st
+        return st
+
+    # -- observations (called by the tracker) ---------------------------------------------
+    def _rv_start(self, name: str, tags: dict[str, Any], params: dict[str, Any]) -> None:
+        st = self._rv()
+        st.update(name=name, tags=dict(tags), params=dict(params))
+        run_id = getattr(self, "study_run_id", None)
+        if run_id and system_metrics_enabled():
+            try:
+                from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+                every = float(os.environ.get("SCARCELAB_SYSTEM_METRICS_INTERVAL_S", "10"))
+                mon = SystemMetricsMonitor(run_id, sampling_interval=every,
+                                           samples_before_logging=1, resume_logging=True)
+                mon.start()
+                st["monitor"] = mon
+            except Exception as e:  # noqa: BLE001 - system metrics are a convenience
+                log.info("system metrics not recorded: %s", e)
+
+    def trial_run_name(self, number: int) -> str:
+        """``fixmatch-breastmnist-s0/t07``: unique within and across studies of a store."""
+        st = self._rv()
+        st["trial"] = number
+        return f"{st['name'] or 'study'}/t{number:02d}"
+
+    def _rv_metrics(self, metrics: dict[str, float], step: int, scope: str) -> None:
+        st = self._rv()
+        if scope == "study":
+            st["best"].update({k: v for k, v in metrics.items() if k.startswith("best/")})
+            return
+        n = st["trial"]
+        if n is None:
+            return
+        if "val/balanced_accuracy" in metrics and "time/elapsed_s" in metrics:
+            st["history"].setdefault(n, []).append((
+                float(metrics["time/elapsed_s"]), float(metrics["val/balanced_accuracy"]),
+                float(metrics.get("test/balanced_accuracy", float("nan")))))
+        if "al/test_accuracy" in metrics:
+            st["curves"].setdefault(n, []).append((int(step),
+                                                   float(metrics["al/test_accuracy"])))
+
+    def _rv_tags(self, tags: dict[str, Any], scope: str) -> None:
+        if scope == "study":
+            self._rv()["tags"].update(tags)
+
+    def log_evaluation(self, y_true: Any, proba: Any, class_names: list[str],
+                       split: str = "test") -> None:
+        self._rv()["eval"] = (y_true, proba, list(class_names), split)
+
+    def log_search(self, trials: list[Any]) -> None:
+        self._rv()["trials"] = list(trials)
+
+    def register_model_as(self, name: str | None) -> None:
+        """Register the study's logged model under ``name`` in the model registry."""
+        self._rv()["register"] = name or None
+
+    # -- at the end ------------------------------------------------------------------------
+    def _rv_finish(self, status: str) -> None:
+        """Figures and description, submitted before the study run is terminated."""
+        st = self._rv()
+        try:
+            self._rv_figures(st)
+        except Exception as e:  # noqa: BLE001 - figures must never cost the study
+            log.warning("run figures skipped: %s: %s", type(e).__name__, e)
+        try:
+            text = self._rv_description(st, status)
+            if text:
+                self._submit({"op": "log_batch", "key": "study",  # type: ignore[attr-defined]
+                              "tags": [[DESCRIPTION_TAG, text]]})
+        except Exception as e:  # noqa: BLE001
+            log.warning("run description skipped: %s", e)
+        if st["register"] and status == "FINISHED":
+            self._submit({"op": "register_model", "key": "study",  # type: ignore[attr-defined]
+                          "name": st["register"]})
+        mon = st.get("monitor")
+        if mon is not None:
+            try:
+                mon.finish()
+            except Exception as e:  # noqa: BLE001
+                log.info("system metrics monitor: %s", e)
+
+    def _rv_png(self, fig: Any, name: str) -> None:
+        from tracking.plots import png
+
+        if fig is None:
+            return
+        folder = Path(self._tmp.name) / "plots"  # type: ignore[attr-defined]
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{name}.png"
+        path.write_bytes(png(fig))
+        self._submit({"op": "log_artifact", "key": "study",  # type: ignore[attr-defined]
+                      "path": str(path), "artifact_path": "plots"})
+
+    def _rv_figures(self, st: dict[str, Any]) -> None:
+        from tracking import plots
+
+        title = st["name"]
+        if st["eval"] is not None:
+            y, proba, names, split = st["eval"]
+            self._rv_png(plots.confusion_figure(y, proba, names, f"{title}: {split} confusion "
+                                                "matrix (selected checkpoint)"),
+                         f"{split}_confusion_matrix")
+            self._rv_png(plots.roc_figure(y, proba, names, f"{title}: {split} ROC"),
+                         f"{split}_roc")
+        if st["history"]:
+            self._rv_png(plots.trials_profile_figure(
+                st["history"], f"{title}: balanced accuracy over time"), "accuracy_over_time")
+        for name, fig in plots.search_figures(st["trials"]).items():
+            self._rv_png(fig, f"search_{name}")
+        if st["curves"]:
+            self._rv_png(plots.learning_curves_figure(st["curves"],
+                                                      f"{title}: learning curves"),
+                         "learning_curves")
+
+    def _rv_description(self, st: dict[str, Any], status: str) -> str:
+        t, p, b = st["tags"], st["params"], st["best"]
+        role = t.get("scarcelab.role", "study")
+        lines = [f"**{st['name']}** — {role} ({status})", ""]
+        what = ", ".join(f"{k}={p[k]}" for k in ("method", "dataset", "arch", "seed",
+                                                  "budget_minutes", "search", "strategy",
+                                                  "query_size", "repetitions")
+                         if k in p)
+        if what:
+            lines.append(f"Run: {what}.")
+        if role == "study":
+            if "scarcelab.n_trials" in t:
+                lines.append(f"Trials: {t['scarcelab.n_trials']} "
+                             f"({t.get('scarcelab.n_failed', '0')} failed); selected trial "
+                             f"{t.get('scarcelab.best_trial', '?')} (best validation balanced "
+                             "accuracy).")
+            head = [(k, b[k]) for k in ("best/val_balanced_accuracy",
+                                        "best/test_balanced_accuracy", "best/test_auroc",
+                                        "best/test_accuracy") if k in b]
+            if head:
+                lines.append("Selected checkpoint: " + ", ".join(
+                    f"{k.removeprefix('best/').replace('_', ' ')} {v:.4f}" for k, v in head)
+                    + ".")
+            run_id = getattr(self, "study_run_id", None)
+            if run_id and status == "FINISHED":
+                lines.append(f"Model: `runs:/{run_id}/model`; figures under `plots/`.")
+        elif st["curves"]:
+            import numpy as np
+
+            aucs = b.get("al/auc_mean")
+            finals = [c[-1][1] for c in st["curves"].values() if c]
+            lines.append(f"{len(st['curves'])} repetitions; mean final test accuracy "
+                         f"{np.mean(finals):.4f}" + (f", mean AUC {aucs:.4f}" if aucs else "")
+                         + "; learning curves under `plots/`.")
+        return "\n".join(lines)
