@@ -23,7 +23,8 @@ def _float(value: str, name: str) -> float:
 
 
 @main.command(name="segment", help="Train and test a nuclei instance segmenter (PQ, mPQ, "
-              "AJI, Dice) on an encoder: random init or a backbone state-dict file.")
+              "AJI, Dice) on an encoder: random init, a backbone state-dict file, or a "
+              "scarcelab run (runs:/<id>/model, models:/<name>/<version>).")
 @click.option("--dataset", default="consep_patches", show_default=True,
               help="consep_patches | nuclei_cpm15 | consep (the .mat release; needs --data-dir)")
 @click.option("--data-dir", default="", help="the dataset's folder (default: "
@@ -80,8 +81,14 @@ def segment(**kw: Any) -> None:
         max_test_tiles=opt_int(kw["max_test_tiles"], "--max-test-tiles"),
         device=kw["device"])
     tracker = MlflowTracker(experiment=kw["experiment"] or None)
+    factory = None
+    if cfg.encoder.startswith(("runs:/", "models:/")):
+        from tracking.encoders import resolve_encoder
+
+        def factory(arch: str) -> Any:  # the same resolver as `probe`: no unpickling
+            return resolve_encoder(cfg.encoder, arch, 3, seed=cfg.seed)[0]
     try:
-        res = run_segment(cfg, tracker)
+        res = run_segment(cfg, tracker, backbone_factory=factory)
     except ScarcelabError as e:
         raise click.ClickException(str(e)) from e
     t = res.test

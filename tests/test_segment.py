@@ -385,3 +385,34 @@ def test_protocol_is_deterministic_under_a_seed():
         states.append(tr.checkpoints[0]["state_dict"])
     for k, v in states[0].items():
         assert torch.equal(v, states[1][k]), k
+
+
+def test_segment_resolves_mlflow_encoders_through_the_probe_resolver(monkeypatch):
+    """``--encoder runs:/…`` goes through tracking.encoders.resolve_encoder (the same
+    pickle-free resolver as ``probe``) and the runs stay tagged with the URI."""
+    from click.testing import CliRunner
+
+    import scarcelab.protocols.segment as seg
+    import tracking.encoders as enc
+    from entrypoints.cli import main
+    from scarcelab.errors import ConfigError
+    from scarcelab.models import create_model
+
+    seen: dict = {}
+
+    def fake_resolve(spec, arch, in_channels, seed=0):  # type: ignore[no-untyped-def]
+        seen["resolve"] = (spec, arch, in_channels)
+        return create_model(arch), {"source": spec}
+
+    def fake_run(cfg, tracker, backbone_factory=None):  # type: ignore[no-untyped-def]
+        seen["encoder"] = cfg.encoder
+        seen["backbone"] = backbone_factory("small_cnn")
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(enc, "resolve_encoder", fake_resolve)
+    monkeypatch.setattr(seg, "run_segment", fake_run)
+    r = CliRunner().invoke(main, ["segment", "--encoder", "runs:/abc123/model", "--arch",
+                                  "small_cnn", "--device", "cpu"])
+    assert "stop here" in r.output
+    assert seen["resolve"] == ("runs:/abc123/model", "small_cnn", 3)
+    assert seen["encoder"] == "runs:/abc123/model" and seen["backbone"] is not None

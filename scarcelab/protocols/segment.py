@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,11 +267,16 @@ def _validate(cfg: SegmentConfig) -> None:
 
 
 # -- the protocol -----------------------------------------------------------------------------
-def run_segment(cfg: SegmentConfig, tracker: Tracker) -> SegmentResult:
+def run_segment(cfg: SegmentConfig, tracker: Tracker,
+                backbone_factory: Callable[[str], nn.Module] | None = None) -> SegmentResult:
+    """``backbone_factory(arch)``: the encoder when the caller resolves it (the entry point
+    resolves ``runs:/``/``models:/`` URIs through the tracking side, as ``probe`` does);
+    ``cfg.encoder`` stays the name the runs are tagged with."""
     _validate(cfg)
     device, arch = cfg.resolved_device(), cfg.resolved_arch()
     torch.manual_seed(cfg.seed)  # before the backbone: a random encoder's init is seeded too
-    backbone = load_segment_backbone(cfg.encoder, arch)  # fails fast on a bad encoder
+    backbone = (backbone_factory(arch) if backbone_factory is not None  # fails fast
+                else load_segment_backbone(cfg.encoder, arch))
     data: NucleiDataset = load_nuclei(cfg.dataset, cfg.data_dir)
     rng = np.random.default_rng(cfg.seed)
     train, val = split_validation(data.train, cfg.val_fraction, cfg.seed)
