@@ -86,9 +86,12 @@ def run_target(name: str, workdir: Path, jobs: int) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(wd),
            "SCARCELAB_SHARED_DATA": str(REPO.parent / "shared" / "data")}
     t0 = time.time()
-    proc = subprocess.run([mutmut, "run", "--max-children", str(jobs)], cwd=wd, env=env,
-                          capture_output=True, text=True)
+    log = wd / "mutmut_run.log"  # progress while it runs: tail -f this file
+    with log.open("w") as f:
+        proc = subprocess.run([mutmut, "run", "--max-children", str(jobs)], cwd=wd, env=env,
+                              stdout=f, stderr=subprocess.STDOUT, text=True)
     elapsed = time.time() - t0
+    tail = log.read_text(errors="replace")[-3000:]
     res = subprocess.run([mutmut, "results", "--all", "true"], cwd=wd, env=env,
                          capture_output=True, text=True)
     status: dict[str, str] = {}
@@ -109,7 +112,7 @@ def run_target(name: str, workdir: Path, jobs: int) -> dict[str, object]:
             survivors[k] = {"status": v, "diff": show.stdout}
     out = {"target": name, "mutated": only, "tests": tests, "counts": counts,
            "score": score, "seconds": round(elapsed, 1), "survivors": survivors,
-           "mutmut_rc": proc.returncode, "mutmut_tail": proc.stdout[-2000:] + proc.stderr[-2000:]}
+           "mutmut_rc": proc.returncode, "mutmut_tail": tail}
     print(f"{name}: {counts} score {score:.1%} ({elapsed:.0f} s)", flush=True)
     return out
 

@@ -46,3 +46,17 @@ def test_training_loop_logs_the_mcclish_key():
     # McClish is the increasing affine map 0.5 * (1 + (0.1 r - 0.005) / 0.095) of r = pa / m
     # per curve; synthetic_tiny is multi-class, so check the range and order only
     assert all(0.0 <= v <= 1.0 for v in mc)
+
+
+# -- mutation-testing survivors (bench/mutation.py): exact error messages ------------------
+
+def test_fraction_errors_name_the_parameter_exactly():
+    from scarcelab.metrics import partial_auroc, sensitivity_at_specificity
+
+    y, p = np.array([0, 1]), np.eye(2)
+    with pytest.raises(ValueError, match=r"^min_specificity must lie in \[0, 1\), got 1\.0$"):
+        partial_auroc(y, p, min_specificity=1.0)
+    with pytest.raises(ValueError, match=r"^specificity must lie in \[0, 1\], got 1\.5$"):
+        sensitivity_at_specificity(y, p, 1.5)
+    # 1.0 is allowed for a specificity, not for the partial-AUROC bound
+    assert sensitivity_at_specificity(y, p, 1.0) == 1.0
