@@ -249,7 +249,10 @@ def test_oracle_picks_the_same_with_batched_and_sequential_fits() -> None:
     from scarcelab.active.datasets import load_al_dataset
 
     data = load_al_dataset("honeypot", None, np.random.default_rng(0))
-    cfg = dataset_config("honeypot").replace(budget=10)
+    # the stacked fit mirrors the default fitting (fresh optimiser, best weights kept)
+    cfg = dataset_config("honeypot").replace(budget=10, max_epochs=50, patience=2,
+                                             restore_best=True, drop_last=False,
+                                             keep_optimizer=False, first_fit_epochs=0)
     runs = [run_repetition(data, cfg, make_strategy("oracle", {"tau": 5}), 2, 0, 0, 0, 0,
                            batched_oracle=b) for b in (True, False)]
     assert runs[0].labeled == runs[1].labeled
