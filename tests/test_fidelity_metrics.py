@@ -60,3 +60,12 @@ def test_fraction_errors_name_the_parameter_exactly():
         sensitivity_at_specificity(y, p, 1.5)
     # 1.0 is allowed for a specificity, not for the partial-AUROC bound
     assert sensitivity_at_specificity(y, p, 1.0) == 1.0
+
+
+def test_ranking_metric_errors_name_y_true():
+    from scarcelab.metrics import auroc
+
+    with pytest.raises(ValueError, match=r"^y_true must be 1-D \(one class index per sample\)"):
+        auroc(np.zeros((2, 2), dtype=int), np.eye(2))
+    with pytest.raises(ValueError, match=r"^y_true is empty"):
+        auroc(np.zeros(0, dtype=int), np.zeros((0, 2)))
