@@ -40,6 +40,9 @@ def _parse_kv(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for part in filter(None, text.split(",")):
         k, v = part.split("=", 1)
+        if k == "hidden":  # hidden=24x24x12, as `scarcelab al --set` takes it
+            out[k] = tuple(int(h) for h in v.split("x") if h)
+            continue
         try:
             out[k] = int(v)
         except ValueError:
@@ -185,12 +188,13 @@ def summarize(path: Path) -> None:
 
 
 def _ranks(rows: list[dict[str, Any]]) -> None:
-    """Mean ranks per problem and overall, and a Friedman test over the problems — the
-    same views as ``scarcelab al-report`` (``tracking.al``), when tracking is importable."""
+    """Mean ranks per problem and over every (dataset, query size, repetition) block, and a
+    Friedman test over those blocks — the same views as ``scarcelab al-report``
+    (``tracking.al``), when tracking is importable."""
     try:
         import pandas as pd
 
-        from tracking.al import problem_scores, rank_table
+        from tracking.al import cd_blocks, rank_table
         from tracking.stats import friedman_test
     except ImportError as e:  # e.g. a box without MLflow: the AUC table above stands alone
         print(f"(ranks skipped: {e})")
@@ -199,9 +203,9 @@ def _ranks(rows: list[dict[str, Any]]) -> None:
     df = df[df["overrides"].map(lambda o: not o)]  # one configuration per dataset
     if df["strategy"].nunique() < 2:
         return
-    print("\nmean rank (1 = best AUC) per problem, then over problems:")
+    print("\nmean rank (1 = best AUC) per problem, then over all blocks:")
     print(rank_table(df).round(2).to_string())
-    scores = problem_scores(df)
+    scores = cd_blocks(df)
     if len(scores) >= 2 and scores.shape[1] >= 3:
         stat, p = friedman_test(scores)
         print(f"Friedman over {len(scores)} blocks x {scores.shape[1]} strategies: "

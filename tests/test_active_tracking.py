@@ -95,7 +95,7 @@ def test_cli_al_command_and_strategy_listing(store: str) -> None:
 def test_partial_strategy_is_ranked_where_run_and_left_out_of_the_cd_diagram() -> None:
     import pandas as pd
 
-    from tracking.al import problem_scores, rank_table
+    from tracking.al import cd_blocks, rank_table
 
     rows = []
     for ds, base in (("a", 0.7), ("b", 0.8)):
@@ -108,8 +108,10 @@ def test_partial_strategy_is_ranked_where_run_and_left_out_of_the_cd_diagram() -
     ranks = rank_table(runs)
     assert ranks.loc[("a", 1), "oracle"] == 1.0 and ranks.loc[("a", 1), "x"] == 2.0
     assert pd.isna(ranks.loc[("b", 1), "oracle"]) and ranks.loc[("b", 1), "x"] == 1.0
-    scores = problem_scores(runs)
-    assert list(scores.columns) == ["x", "y", "z"] and len(scores) == 2
+    scores = cd_blocks(runs)  # (dataset, query size, repetition) blocks, CDALBench's
+    assert list(scores.columns) == ["x", "y", "z"] and len(scores) == 6
+    assert pd.isna(ranks.loc[("mean", "all"), "oracle"])
+    assert ranks.loc[("mean", "all"), "x"] == 1.0
 
 
 def _enc_cli(experiment: str, *extra: str) -> object:

@@ -371,6 +371,7 @@ def test_classification_metrics_keys_and_values():
         "accuracy",
         "auroc",
         "pauroc_spec90",
+        "pauroc_spec90_mcclish",
         "sensitivity_at_spec95",
     ]
     assert all(type(v) is float for v in out.values())

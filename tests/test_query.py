@@ -457,13 +457,12 @@ def test_ranks_study_and_al(store, tracked):
     for m, avg in _ranks_by_hand(table).items():
         assert study.loc[m, "average_rank"] == pytest.approx(avg)
     al = r[r.scope == "al"].set_index("method")
-    al_table: dict[str, dict[str, list[float]]] = {}
+    # CDALBench's blocks: every (dataset, query size, repetition) is ranked on its own
+    al_table: dict[str, dict[str, float]] = {}
     for a in store["al"]:
-        al_table.setdefault(f"{a.dataset}/{a.query_size}", {}).setdefault(
-            a.strategy, []).append(a.auc)
-    means = {p: {s: statistics.mean(v) for s, v in d.items()} for p, d in al_table.items()}
-    hand = _ranks_by_hand(means)
-    assert set(al.index) == set(hand) and set(al.n_problems) == {4}
+        al_table.setdefault(f"{a.dataset}/{a.query_size}/{a.repetition}", {})[a.strategy] = a.auc
+    hand = _ranks_by_hand(al_table)
+    assert set(al.index) == set(hand) and set(al.n_problems) == {8}
     for s, avg in hand.items():
         assert al.loc[s, "average_rank"] == pytest.approx(avg)
     assert list(al.average_rank) == sorted(al.average_rank)

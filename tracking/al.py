@@ -4,8 +4,9 @@ Every AL repetition is one run (role ``al``) carrying ``al/auc`` and the tags da
 query_size, method and repetition (see ``scarcelab.active.loop``). Repetition k of every
 strategy shares the data seed s_D + k and the model seed s_θ + k, so the AUCs of one
 repetition are paired observations: strategies are ranked within each (dataset, query
-size, repetition) block, the ranks averaged over repetitions per problem, then over problems
-(CDALBench §5). The significance statistics live in ``tracking.stats``.
+size, repetition) block and the ranks averaged over all blocks, as CDALBench's
+``results/cd_diagram.py`` does; Friedman, Wilcoxon–Holm and the CD diagram use the same
+blocks (:func:`cd_blocks`). The significance statistics live in ``tracking.stats``.
 """
 
 from __future__ import annotations
@@ -53,12 +54,35 @@ def paired_blocks(runs: pd.DataFrame) -> pd.DataFrame:
                             values="auc", aggfunc="first")
 
 
+#: CDALBench's blocks for every rank statistic (their ``results/cd_diagram.py``,
+#: ``prepare_df``: ``dataset_name = dataset + query_size + trial``): each (dataset, query
+#: size, repetition) is one block, ranks are taken within it and averaged over all blocks.
+BLOCK = ["dataset", "query_size", "repetition"]
+
+
+def cd_blocks(runs: pd.DataFrame) -> pd.DataFrame:
+    """The blocks of the rank statistics (average rank, Friedman, Wilcoxon–Holm, CD diagram):
+    one row per (dataset, query size, repetition) that every compared strategy finished,
+    over the strategies run on every (dataset, query size) problem (a strategy run on some
+    problems only would shrink the comparison for all; it keeps its per-problem ranks in
+    :func:`rank_table`). ``runs``: one row per repetition with dataset, query_size,
+    strategy, repetition, auc (:func:`al_runs`). This is the one rank definition of the AL
+    views; ``tracking.query.views.al_ranks`` uses it too."""
+    n_problems = runs.groupby(["dataset", "query_size"]).ngroups
+    per_strategy = runs.drop_duplicates(["strategy", "dataset", "query_size"])
+    covered = per_strategy["strategy"].value_counts()
+    runs = runs[runs["strategy"].isin(covered[covered == n_problems].index)]
+    return paired_blocks(runs).dropna()
+
+
 def rank_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean rank (1 = best AUC) per (dataset, query_size), plus the mean over problems.
+    """Mean rank (1 = best AUC) per (dataset, query_size) over its repetition blocks, and
+    the row ("mean", "all"): the mean rank over every block of :func:`cd_blocks` — the
+    ranks the CD diagram shows.
 
     Within a problem, only strategies run on it are ranked, on the repetitions all of them
-    finished; a strategy missing from a problem has no rank there (NaN), and its mean over
-    problems covers the problems it was run on."""
+    finished; a strategy missing from a problem has no rank there (NaN), nor in the
+    overall row."""
     from tracking.stats import average_ranks
 
     blocks = paired_blocks(runs)
@@ -66,22 +90,9 @@ def rank_table(runs: pd.DataFrame) -> pd.DataFrame:
             for key, sub in blocks.groupby(level=[0, 1])}
     table = pd.DataFrame(rows).T
     table.index.names = ["dataset", "query_size"]
-    table.loc[("mean", "all"), :] = table.mean(axis=0)
+    overall = average_ranks(cd_blocks(runs))
+    table.loc[("mean", "all"), :] = overall.reindex(table.columns)
     return table
-
-
-def problem_scores(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean AUC per (dataset, query_size) problem: the rows of the CD diagram, over the
-    strategies run on every problem (a partial strategy would shrink the comparison for all;
-    it keeps its per-problem ranks in :func:`rank_table`). With a single problem the
-    repetitions are the blocks instead (otherwise no test is possible)."""
-    n_problems = runs.groupby(["dataset", "query_size"]).ngroups
-    per_strategy = runs.drop_duplicates(["strategy", "dataset", "query_size"])
-    covered = per_strategy["strategy"].value_counts()
-    runs = runs[runs["strategy"].isin(covered[covered == n_problems].index)]
-    blocks = paired_blocks(runs).dropna()
-    per_problem = blocks.groupby(level=[0, 1]).mean()
-    return per_problem if len(per_problem) >= 2 else blocks
 
 
 @dataclass
@@ -95,8 +106,9 @@ class ALReport:
 
 def al_report(experiments: list[str], tracking_uri: str | None = None, alpha: float = 0.05,
               log: bool = True) -> ALReport:
-    """Ranks and, with >= 3 strategies and >= 2 blocks, Friedman + Wilcoxon-Holm and the CD
-    diagram; ``log`` stores them as a run (role ``al_report``) in the first experiment."""
+    """Ranks and, with >= 3 strategies and >= 2 (dataset, query size, repetition) blocks,
+    Friedman + Wilcoxon-Holm and the CD diagram; ``log`` stores them as a run (role
+    ``al_report``) in the first experiment."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,7 +120,7 @@ def al_report(experiments: list[str], tracking_uri: str | None = None, alpha: fl
     if runs.empty:
         raise ValueError(f"no finished AL runs (tag scarcelab.role=al) in {experiments}")
     ranks = rank_table(runs)
-    scores = problem_scores(runs)
+    scores = cd_blocks(runs)
     fried = pw = fig = None
     if scores.shape[1] >= 3 and scores.shape[0] >= 2:
         fried = friedman_test(scores)

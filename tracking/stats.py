@@ -32,7 +32,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from scipy import stats  # noqa: E402
 
 __all__ = ["average_ranks", "cd_diagram", "cliques", "friedman_test", "nemenyi_cd",
-           "wilcoxon_holm"]
+           "nemenyi_pvalues", "wilcoxon_holm"]
 
 
 def _complete(scores: pd.DataFrame, need_methods: int = 2) -> pd.DataFrame:
@@ -77,6 +77,10 @@ def friedman_test(scores: pd.DataFrame) -> tuple[float, float]:
     """
     df = _complete(scores)
     n, k = df.shape
+    if n < 2:
+        raise ValueError(f"Friedman test needs at least 2 blocks (rows of complete scores), got "
+                         f"{n}: with one block the ranks are fixed and a p-value would be "
+                         "meaningless — add problems or repetitions")
     ranks = _row_ranks(df).to_numpy()
     rank_sums = ranks.sum(axis=0)
     stat = 12.0 / (n * k * (k + 1)) * float(np.sum(rank_sums**2)) - 3.0 * n * (k + 1)
@@ -125,6 +129,22 @@ def wilcoxon_holm(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     return out
 
 
+def nemenyi_pvalues(scores: pd.DataFrame) -> pd.DataFrame:
+    """Nemenyi post-hoc p-values of every pair (Demšar 2006 §3.2.2): the difference of
+    average ranks over ``sqrt(k (k + 1) / (6 N))``, times sqrt(2), against the studentized
+    range with k groups and infinite degrees of freedom. Symmetric methods x methods frame,
+    1 on the diagonal; a pair differs at level alpha exactly when its rank difference
+    exceeds :func:`nemenyi_cd`. Equals ``scikit_posthocs.posthoc_nemenyi_friedman``
+    (checked in tests)."""
+    df = _complete(scores)
+    n, k = df.shape
+    r = _row_ranks(df).mean(axis=0).to_numpy()
+    q = np.abs(r[:, None] - r[None, :]) / np.sqrt(k * (k + 1) / (6.0 * n)) * np.sqrt(2.0)
+    p = stats.studentized_range.sf(q, k, np.inf)
+    np.fill_diagonal(p, 1.0)
+    return pd.DataFrame(np.clip(p, 0.0, 1.0), index=df.columns, columns=df.columns)
+
+
 def nemenyi_cd(n_methods: int, n_problems: int, alpha: float = 0.05) -> float:
     """Nemenyi critical difference of average ranks (Demšar 2006, Eq. in §3.2.2):
     q_alpha * sqrt(k (k + 1) / (6 N)), q_alpha = studentized range quantile / sqrt(2)."""
@@ -154,6 +174,9 @@ def cd_diagram(scores: pd.DataFrame, alpha: float = 0.05, title: str = "") -> Fi
     labelled below it, thick bars joining methods not significantly different
     (Wilcoxon–Holm), the Nemenyi CD as a scale bar, the Friedman p-value in the title."""
     df = _complete(scores)
+    if len(df) < 2:
+        raise ValueError(f"a critical-difference diagram needs at least 2 blocks (rows of "
+                         f"complete scores), got {len(df)}: no test is possible on one")
     ranks = average_ranks(df)
     pairwise = wilcoxon_holm(df, alpha)
     groups = cliques(ranks, pairwise)

@@ -168,6 +168,12 @@ class FitConfig:
     max_epochs: int = 50
     patience: int = 2
     eval_batch_size: int = 1024
+    #: Keep the weights of the lowest validation loss (True) or those of the last epoch run
+    #: (False: CDALBench's code, whose ``EarlyStopping`` only stops).
+    restore_best: bool = True
+    #: Drop the last incomplete mini-batch once the labeled set exceeds one batch (CDALBench's
+    #: ``drop_last = batch_size < len(x_labeled)``).
+    drop_last: bool = False
 
 
 def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
@@ -189,14 +195,18 @@ def _optimizer(cfg: FitConfig, params: list[nn.Parameter]) -> torch.optim.Optimi
 
 
 def fit(net: ALModel, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
-        cfg: FitConfig, data_gen: torch.Generator, model_gen: torch.Generator) -> int:
+        cfg: FitConfig, data_gen: torch.Generator, model_gen: torch.Generator,
+        opt: torch.optim.Optimizer | None = None) -> int:
     """CDALBench Alg. 2: train at least one epoch, then stop once the validation loss has not
-    improved for ``patience`` epochs; the weights with the lowest validation loss are kept.
+    improved for ``patience`` epochs; with ``cfg.restore_best`` the weights with the lowest
+    validation loss are kept, otherwise those of the last epoch.
 
     Mini-batch order comes from ``data_gen`` (s_D), dropout masks from ``model_gen`` (s_θ).
+    ``opt``: an optimiser over ``net``'s parameters to continue (CDALBench creates one per
+    repetition and keeps its state across fits); None = a fresh one for this fit.
     Returns the number of epochs run.
     """
-    opt = _optimizer(cfg, list(net.parameters()))
+    opt = opt if opt is not None else _optimizer(cfg, list(net.parameters()))
     net.set_dropout_generator(model_gen)
     best_loss, best_state, bad, epochs = math.inf, None, 0, 0
     n = x.shape[0]
@@ -204,7 +214,8 @@ def fit(net: ALModel, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_v
     for _ in range(cfg.max_epochs):
         net.train()
         perm = torch.randperm(n, generator=data_gen)
-        for s in range(0, n, cfg.batch_size):
+        stop = n - n % cfg.batch_size if cfg.drop_last and n > cfg.batch_size else n
+        for s in range(0, stop, cfg.batch_size):
             idx = perm[s:s + cfg.batch_size]
             if idx.numel() < 2 and has_bn:
                 continue  # a batch of one breaks BatchNorm's batch statistics
@@ -220,7 +231,8 @@ def fit(net: ALModel, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_v
         if val_loss < best_loss - 1e-12:
             best_loss, bad = val_loss, 0
             # clone, not deepcopy: the same tensors copied, a fifth of the oracle's time saved
-            best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+            if cfg.restore_best:
+                best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
         else:
             bad += 1
             if bad >= cfg.patience:

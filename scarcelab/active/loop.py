@@ -6,8 +6,9 @@ mini-batch order); s_θ + k drives its model (initial weights, dropout). Nothing
 global RNG, so one repetition is reproduced from (s_Ω, s_D + k, s_θ + k) alone, and two
 strategies compared under the same k see the same data and the same initial model.
 
-Score: AUC = mean test accuracy over the iterations after each query (CDALBench Eq. 1); the
-whole curve is logged with step = labeled-set size.
+Score: AUC = mean test accuracy of the models that chose a query, from the seed-set model
+to the one before the last query (CDALBench Alg. 1; :func:`curve_auc`); the whole curve is
+logged with step = labeled-set size.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from scarcelab.active.classifier import (
     ALModel,
     FitConfig,
     TorchModelView,
+    _optimizer,
     accuracy,
     build_net,
     fit,
@@ -95,6 +97,17 @@ class ALResult:
     @property
     def aucs(self) -> np.ndarray:
         return np.asarray([r.auc for r in self.repetitions])
+
+
+def curve_auc(accuracies: list[float]) -> float:
+    """CDALBench Alg. 1's score: the mean test accuracy of the models that chose a query —
+    the seed-set model first, the model after the last query excluded (it chooses nothing).
+    With ``B / q`` queries that is ``B / q`` accuracies. A curve with no query (budget 0)
+    scores its seed-set accuracy. (Their released evaluation code averages every row of
+    ``accuracies.csv``, i.e. also the last model; see docs/active.md.)"""
+    if not accuracies:
+        raise ValueError("curve_auc: empty accuracy curve")
+    return float(np.mean(accuracies[:-1])) if len(accuracies) > 1 else float(accuracies[0])
 
 
 def _split(data: ALData, cfg: ALConfig, rng: np.random.Generator
@@ -164,17 +177,27 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
                     cfg.dropout, model_gen).to(dev)
     init_state = copy.deepcopy(net.state_dict())
     fcfg = FitConfig(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.batch_size, cfg.max_epochs,
-                     cfg.patience)
+                     cfg.patience, restore_best=cfg.restore_best, drop_last=cfg.drop_last)
+    # The seed-set fit: a fixed number of epochs when first_fit_epochs > 0 (a patience
+    # longer than the run never stops it).
+    first_cfg = (dataclasses.replace(fcfg, max_epochs=cfg.first_fit_epochs,
+                                     patience=cfg.first_fit_epochs + 1)
+                 if cfg.first_fit_epochs > 0 else fcfg)
+    main_opt = _optimizer(fcfg, list(net.parameters())) if cfg.keep_optimizer else None
 
     def train(model: ALModel, idx: np.ndarray, dgen: torch.Generator,
-              mgen: torch.Generator) -> float:
+              mgen: torch.Generator, fc: FitConfig = fcfg,
+              opt: torch.optim.Optimizer | None = None) -> float:
         if cfg.fitting == "scratch":
             model.load_state_dict(init_state)
         t = torch.from_numpy(idx).to(dev)
-        fit(model, x_all[t], y_all[t], x_val, y_val, fcfg, dgen, mgen)
-        return accuracy(model, x_te, y_te, fcfg.eval_batch_size)
+        fit(model, x_all[t], y_all[t], x_val, y_val, fc, dgen, mgen, opt)
+        return accuracy(model, x_te, y_te, fc.eval_batch_size)
 
-    batched = batched_oracle and batch_supports(net, cfg.dropout)
+    # The stacked fit mirrors the default fit only (fresh optimiser, best weights kept,
+    # every batch); other settings use the sequential candidate fits.
+    batched = (batched_oracle and batch_supports(net, cfg.dropout) and fcfg.restore_best
+               and not fcfg.drop_last and main_opt is None)
     spare: list[ALModel] = []
 
     def scratch_net() -> ALModel:
@@ -190,7 +213,7 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     in_pool[pool] = True
     labeled = seed_idx.copy()
 
-    acc = train(net, labeled, data_gen, model_gen)
+    acc = train(net, labeled, data_gen, model_gen, first_cfg, main_opt)
     if on_iteration is not None:
         on_iteration(repetition, len(labeled), acc)
     sizes, accs, qtimes = [len(labeled)], [acc], []
@@ -210,8 +233,12 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
             mg.set_state(model_gen.get_state())
             trial = scratch_net()
             trial.load_state_dict(net.state_dict())
+            topt = None
+            if main_opt is not None:  # the candidate continues a copy of the optimiser state
+                topt = _optimizer(fcfg, list(trial.parameters()))
+                topt.load_state_dict(copy.deepcopy(main_opt.state_dict()))
             return train(trial, np.concatenate([_lab, np.asarray(extra, dtype=np.int64)]), dg,
-                         mg)
+                         mg, fcfg, topt)
 
         def oracle_scores(extras: list[np.ndarray], _lab: np.ndarray = labeled
                           ) -> list[float]:
@@ -240,12 +267,12 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
         in_labeled[picked] = True
         labeled = np.concatenate([labeled, picked])
         added += picked.size
-        acc = train(net, labeled, data_gen, model_gen)
+        acc = train(net, labeled, data_gen, model_gen, fcfg, main_opt)
         if on_iteration is not None:
             on_iteration(repetition, len(labeled), acc)
         sizes.append(len(labeled))
         accs.append(acc)
-    auc = float(np.mean(accs[1:])) if len(accs) > 1 else float(accs[0])
+    auc = curve_auc(accs)
     return RepetitionResult(repetition, {"strategy": seed_strategy, "data": s_d, "model": s_t},
                             sizes, accs, qtimes, auc, _hash_split(val, pool, seed_idx),
                             labeled.tolist())

@@ -230,6 +230,17 @@ def _partial_auc(c: _Curve, max_fpr: float) -> float:
     return float(np.sum(np.diff(x) * (y[1:] + y[:-1])) / 2.0 / max_fpr)
 
 
+def _mcclish(normalised_pa: float, max_fpr: float) -> float:
+    """McClish (1989) standardisation of a partial area, from ``pa / max_fpr`` (what
+    :func:`_partial_auc` returns): ``0.5 * (1 + (pa - a_min) / (a_max - a_min))`` with the raw
+    area ``pa``, ``a_min = max_fpr**2 / 2`` (the chance diagonal) and ``a_max = max_fpr``.
+    sklearn's ``roc_auc_score(max_fpr=...)`` computes the same per curve (binary); for
+    one-vs-rest the macro mean is taken over these per-class values, as for the others."""
+    pa = normalised_pa * max_fpr
+    a_min, a_max = 0.5 * max_fpr**2, max_fpr
+    return 0.5 * (1.0 + (pa - a_min) / (a_max - a_min))
+
+
 def _sensitivity_at(c: _Curve, specificity: float) -> float:
     # Specificity as TN / N computed by a single (correctly rounded) division, so that e.g.
     # 9 / 10 compares equal to the literal 0.9; (1 - 0.9) * 10 would be 0.9999... < 1.
@@ -303,8 +314,11 @@ def classification_metrics(y_true: ArrayLike, proba: ArrayLike) -> dict[str, flo
     Predicted labels are ``proba.argmax(axis=1)`` (first column wins ties). The ROC curves
     are built once and shared by the three ranking metrics. Keys: ``balanced_accuracy``
     (model selection), ``accuracy``, ``auroc``, ``pauroc_spec90``
-    (:func:`partial_auroc` with ``min_specificity=0.90``) and ``sensitivity_at_spec95``
-    (:func:`sensitivity_at_specificity` with ``specificity=0.95``).
+    (:func:`partial_auroc` with ``min_specificity=0.90``: mean sensitivity over FPR <= 0.1,
+    random = 0.05), ``pauroc_spec90_mcclish`` (the same area McClish-standardised, random =
+    0.5: what ``sklearn.metrics.roc_auc_score(max_fpr=0.1)`` and the AIROGS challenge report)
+    and ``sensitivity_at_spec95`` (:func:`sensitivity_at_specificity` with
+    ``specificity=0.95``).
     """
     y, p = _labels_and_scores(y_true, proba)
     y_pred = p.argmax(axis=1)
@@ -315,5 +329,7 @@ def classification_metrics(y_true: ArrayLike, proba: ArrayLike) -> dict[str, flo
         "accuracy": float(np.mean(y == y_pred)),
         "auroc": _macro(curves, _auc),
         "pauroc_spec90": _macro(curves, lambda c: _partial_auc(c, max_fpr)),
+        "pauroc_spec90_mcclish": _macro(curves, lambda c: _mcclish(_partial_auc(c, max_fpr),
+                                                                  max_fpr)),
         "sensitivity_at_spec95": _macro(curves, lambda c: _sensitivity_at(c, 0.95)),
     }

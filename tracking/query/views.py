@@ -8,7 +8,8 @@
   that was best on validation by t; mean and min/max over seeds.
 * :func:`significance` — "Tune It or Don't Use It" (Table 3): Welch's t-test of every
   method against the best one per dataset.
-* :func:`ranks` / :func:`al_ranks` — average ranks over problems (``tracking.stats``).
+* :func:`ranks` / :func:`al_ranks` — average ranks over problems (``tracking.stats``); AL
+  strategies over (dataset, query size, repetition) blocks, as ``tracking.al``.
 
 Label budgets never mix: a "dataset" block is (dataset, n_labeled) whenever the studies
 carry ``n_labeled``.
@@ -263,33 +264,58 @@ def al_scores(t: Tracked, metric: str = "al/auc", blocks: Sequence[str] = ("data
 
 
 def _rank_table(scores: pd.DataFrame, scope: str) -> pd.DataFrame:
+    """Average ranks with the Friedman test; with fewer than 2 complete blocks the test is
+    not run (NaN, with a warning saying why) rather than printed as a meaningless p."""
     cols = ["scope", "method", "average_rank", "n_problems", "friedman_statistic",
             "friedman_p"]
     if scores.shape[1] < 2 or scores.dropna().empty:
         return pd.DataFrame(columns=cols)
     r = stats.average_ranks(scores)
     n = len(scores.dropna())
-    stat, p = stats.friedman_test(scores)
+    if n < 2:
+        warnings.warn(f"ranks ({scope}): only {n} complete block; no Friedman p-value "
+                      "(it needs at least 2 blocks)", stacklevel=3)
+        stat, p = np.nan, np.nan
+    else:
+        stat, p = stats.friedman_test(scores)
     return pd.DataFrame({"scope": scope, "method": r.index, "average_rank": r.to_numpy(),
                          "n_problems": n, "friedman_statistic": stat, "friedman_p": p})[cols]
+
+
+def al_block_scores(t: Tracked, metric: str = "al/auc", **filters: Any) -> pd.DataFrame:
+    """Rows: (dataset, query size, repetition) blocks; columns: strategies; values: the
+    repetition's ``metric`` — CDALBench's blocks, chosen by ``tracking.al.cd_blocks`` (the
+    one rank definition of ``scarcelab al-report`` and of these views)."""
+    from tracking.al import BLOCK, cd_blocks
+
+    scores = al_scores(t, metric, per_repetition=True, **filters)
+    if scores.empty:
+        return scores
+    long = scores.stack().dropna().rename("auc").reset_index()
+    for key in BLOCK:  # runs without the tag form one block level
+        if key not in long:
+            long[key] = 0
+    return cd_blocks(long[[*BLOCK, "strategy", "auc"]])
 
 
 def ranks(t: Tracked, metric: str = TEST, al_metric: str = "al/auc", source: str = "auto",
           **filters: Any) -> pd.DataFrame:
     """Average ranks (1 = best) of methods over dataset blocks (scope ``study``) and of AL
-    strategies over (dataset, query size) problems (scope ``al``), whichever exist. Only
-    the ``dataset`` filter applies to the AL runs."""
+    strategies over (dataset, query size, repetition) blocks (scope ``al``, see
+    :func:`al_block_scores`), whichever exist. Only the ``dataset`` filter applies to the
+    AL runs."""
     parts = [_rank_table(study_scores(t, metric, source, **filters), "study")]
     if len(t.role("al")):  # label-budget / family filters are about studies, not AL runs
         al_filters = {k: v for k, v in filters.items() if k == "dataset"}
-        parts.append(_rank_table(al_scores(t, al_metric, **al_filters), "al"))
+        parts.append(_rank_table(al_block_scores(t, al_metric, **al_filters), "al"))
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True) if parts else _rank_table(pd.DataFrame(), "")
 
 
 def al_ranks(t: Tracked, metric: str = "al/auc", **kw: Any) -> pd.DataFrame:
-    """Average ranks of AL strategies (see :func:`al_scores` for the problems)."""
-    return _rank_table(al_scores(t, metric, **kw), "al")
+    """Average ranks of AL strategies over (dataset, query size, repetition) blocks
+    (:func:`al_block_scores`)."""
+    return _rank_table(al_block_scores(t, metric, **kw), "al")
 
 
 VIEWS = {"leaderboard": leaderboard, "gains": gains, "profile": profile,

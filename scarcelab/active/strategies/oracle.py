@@ -2,9 +2,10 @@
 
 For each of the ``q`` picks it samples ``tau`` candidates (strategy RNG), retrains the
 classifier with each one added (same batch order and dropout masks for all), and keeps the
-one with the best *test* accuracy. If none improves on the accuracy so far, it falls back
-to the margin pick — CDALBench found that adding a point which hurts at this step can still
-be necessary, and margin is the strongest cheap choice. It reads test labels by design, so
+one with the best *test* accuracy. Candidates come from the whole unlabeled pool. If none
+improves on the accuracy so far, it falls back to the smallest-margin point of the whole
+pool — CDALBench found that adding a point which hurts at this step can still be necessary,
+and margin is the strongest cheap choice. It reads test labels by design, so
 it is a reference, never a method.
 """
 
@@ -21,6 +22,10 @@ from scarcelab.active.strategies.margin import margin_scores
 class GreedyOracle(Strategy):
     needs_oracle = True
     tau: int = 20
+    #: The τ candidates are drawn from, and the margin fallback ranks, the whole unlabeled
+    #: pool (CDALBench's ``OracleALGame.step`` samples ``pool_rng.choice(len(x_unlabeled),
+    #: τ)``), never a 5,000-point subsample.
+    max_candidates = None
 
     def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
         if state.oracle_score is None:
