@@ -166,7 +166,7 @@ def load_backbone(state: dict[str, torch.Tensor], meta: dict[str, Any], arch: st
                   in_channels: int | None, where: str) -> tuple[nn.Module, dict[str, Any]]:
     """Build the backbone and load ``state`` into it (strictly, except the documented
     ImageNet stem/head for torchvision files). ``in_channels=None``: what the file says,
-    else 3."""
+    else the first convolution's input width."""
     file_arch = meta.get("arch")
     if arch and file_arch and arch != file_arch:
         raise ConfigError(f"arch={arch!r} but {where} holds a {file_arch!r} encoder; pass "
@@ -175,8 +175,9 @@ def load_backbone(state: dict[str, torch.Tensor], meta: dict[str, Any], arch: st
     if not arch:
         raise ConfigError(f"{where} does not say which architecture it holds; pass arch=<name> "
                           "(scarcelab list archs)")
-    if in_channels is None:
-        in_channels = int(meta.get("in_channels", 3))
+    if in_channels is None:  # what the file says, else the first convolution's input width
+        first = next((v for v in state.values() if getattr(v, "ndim", 0) == 4), None)
+        in_channels = int(meta.get("in_channels", first.shape[1] if first is not None else 3))
     if meta.get("in_channels") not in (None, in_channels):
         raise ConfigError(f"{where} was trained on {meta['in_channels']}-channel images; the "
                           f"dataset has {in_channels} channels")
