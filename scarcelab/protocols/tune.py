@@ -430,7 +430,7 @@ def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawD
         torch.manual_seed(seed)
         g = torch.Generator().manual_seed(seed)
         tracker.start_trial(i, {**tags, "scarcelab.role": "retrain",
-                                "scarcelab.retrain": str(i), "mlflow.runName": f"retrain-{i}"},
+                                "scarcelab.retrain": str(i)},
                             {**hp, "batch_size": batch, "arch": s.arch, "retrain_seed": seed,
                              "epochs": s.epochs, "train_split": "trainval"})
         method = build_method(method_cls, s.arch, raw, mean, std, hp)
