@@ -3,7 +3,8 @@ CIFAR-10 JPEGs: for each method an ASHA study, then 10 retrains of its best conf
 on train+val; prints mean ± std test balanced accuracy and Welch p-values against ``ce``.
 
     PYTHONPATH=. MLFLOW_TRACKING_URI=sqlite:////tmp/tune.db \\
-        python bench/tune_cpu.py --methods ce,ole,cosine_ce,tvmf
+        python -P bench/tune_cpu.py --methods ce,ole,cosine_ce,tvmf  # -P: bench/tracking.py
+                                                                   # must not shadow tracking/
 
 Budget (stated in docs/tune.md): small_cnn, 30 epochs, grace period 4, 12 trials,
 batch sizes {10, 25, 50}, 10 retrains — far below the paper's WRN-16-8 / 500 epochs /
