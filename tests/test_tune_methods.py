@@ -123,3 +123,98 @@ def test_tvmf_similarity_and_head():
     torch.testing.assert_close(sim, torch.tensor([[expect, expect]]))
     assert float(head.scale) == pytest.approx(1 + math.log(2))  # 1 + softplus(0)
     np.testing.assert_allclose(float(head.scale), 1.6931471805599454, rtol=1e-6)
+
+
+# -- architecture-changing methods ---------------------------------------------------------
+
+from scarcelab.methods.supervised.dsk import DualSK, SKConv  # noqa: E402
+from scarcelab.methods.supervised.fconv import full_convolution  # noqa: E402
+from scarcelab.methods.supervised.harmonic import Harm2d, dct_filters, harmonize  # noqa: E402
+from scarcelab.methods.supervised.scattering import Scattering2D, morlet  # noqa: E402
+from scarcelab.models import create_model  # noqa: E402
+
+
+def test_dct_basis_hand_values_and_completeness():
+    d = dct_filters(3)
+    torch.testing.assert_close(d[0], torch.full((3, 3), 1 / 9))  # DC, l1-normalised
+    # (u, v) = (0, 1): cos(pi (y + 1/2) / 3) = (sqrt(3)/2, 0, -sqrt(3)/2) along columns
+    row = torch.tensor([math.sqrt(3) / 2, 0.0, -math.sqrt(3) / 2])
+    torch.testing.assert_close(d[1], (row / (3 * math.sqrt(3))).expand(3, 3))
+    assert torch.linalg.matrix_rank(d.view(9, 9).double()) == 9  # a basis of 3x3 filters
+
+
+def test_harmonic_conv_reproduces_any_filter_from_its_dct_coefficients():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(2, 3, 3, padding=1, bias=False)
+    h = Harm2d(conv)
+    basis = h.dct.view(9, 9).double()
+    coef = torch.linalg.solve(basis.t(), conv.weight.detach().view(6, 9).double().t()).t()
+    with torch.no_grad():
+        h.weight.copy_(coef.view(3, 2, 9).float())
+    x = torch.randn(2, 2, 5, 5)
+    torch.testing.assert_close(h(x), conv(x), rtol=1e-4, atol=1e-5)
+    net = create_model("small_cnn", in_channels=3)
+    assert harmonize(net) == 3 and net(torch.randn(2, 3, 16, 16)).shape == (2, 128)
+
+
+def test_full_convolution_hand_case_and_shapes():
+    conv = torch.nn.Conv2d(1, 1, 3, bias=False)
+    with torch.no_grad():
+        conv.weight.copy_(torch.arange(9.0).view(1, 1, 3, 3))
+    seq = torch.nn.Sequential(conv)
+    full_convolution(seq)
+    out = seq(torch.ones(1, 1, 1, 1))  # a single pixel: the output is the flipped kernel
+    torch.testing.assert_close(out[0, 0], torch.arange(9.0).flip(0).view(3, 3))
+    wrn = create_model("wrn16_2", in_channels=3)
+    full_convolution(wrn)
+    assert all(b.full_conv for b in wrn.blocks)
+    assert wrn(torch.randn(2, 3, 32, 32)).shape == (2, 128)
+
+
+def test_dual_selective_kernel_selection_and_attention():
+    torch.manual_seed(0)
+    d = DualSK(torch.nn.Conv2d(8, 8, 3, padding=1))
+    x = torch.randn(2, 8, 6, 6)
+    d.eval()
+    torch.testing.assert_close(d(x), 0.5 * (d.a(x) + d.b(x)))
+    d.train()
+    torch.manual_seed(3)
+    y = d(x)
+    torch.manual_seed(3)
+    pick_a = bool(torch.randint(0, 2, ()).item())
+    ref = d.a(x) if pick_a else d.b(x)
+    torch.testing.assert_close(y, ref)
+    sk = SKConv(8, 8, 1, 4)
+    att = sk.attention(torch.stack([b(x) for b in sk.branches], 1))
+    torch.testing.assert_close(att.sum(1), torch.ones(2, 8, 1, 1))
+
+
+def test_scattering_reference_properties():
+    s = Scattering2D(2, 16, 16)
+    assert s.channels_per_input == 1 + 2 * 8 + 64
+    psi = torch.fft.ifft2(s.psi_hat)
+    assert psi.sum(dim=(1, 2)).abs().max() < 1e-4  # wavelets have zero mean
+    phi = torch.fft.ifft2(s.phi_hat).real
+    assert float(phi.sum()) == pytest.approx(1.0, abs=1e-3)  # low-pass keeps the mean
+    const = torch.full((1, 1, 16, 16), 0.7)
+    out = s(const)
+    assert out.shape == (1, 81, 4, 4)
+    torch.testing.assert_close(out[:, 0], torch.full((1, 4, 4), 0.7), rtol=1e-3, atol=1e-3)
+    assert out[:, 1:].abs().max() < 1e-3  # no oscillation in a constant image
+    # brute-force periodic convolution of one pixel with one wavelet
+    x = torch.randn(1, 1, 16, 16)
+    k = psi[3].to(torch.complex128)
+    xs = x[0, 0].double()
+    i, j = 5, 7
+    direct = sum(xs[(i - a) % 16, (j - b) % 16] * k[a, b] for a in range(16) for b in range(16))
+    fft = torch.fft.ifft2(torch.fft.fft2(x.double())[0, 0] * torch.fft.fft2(k))[i, j]
+    assert abs(complex(direct) - complex(fft)) < 1e-8
+    # a 90-degree rotation permutes the first-order orientations by L/2
+    x = torch.randn(1, 1, 16, 16)
+    a = s(x)[0, 1:17].view(2, 8, 4, 4)
+    b = s(torch.rot90(x, 1, dims=(2, 3)))[0, 1:17].view(2, 8, 4, 4)
+    spatial = a.mean(dim=(2, 3))
+    rotated = b.mean(dim=(2, 3))
+    torch.testing.assert_close(rotated, spatial.roll(4, dims=1), rtol=2e-2, atol=2e-3)
+    m = morlet(16, 16, 0.8, 0.0, 3 * math.pi / 4, 0.5)
+    assert abs(complex(m.sum())) < 1e-10
