@@ -114,7 +114,10 @@ class ScatteringStem(nn.Module):
         super().__init__()
         self.j, self.cin = j, conv.in_channels
         k = 1 + j * N_ANGLES + N_ANGLES * N_ANGLES * j * (j - 1) // 2
-        self.bn = nn.BatchNorm2d(self.cin * k, affine=False)
+        # momentum 0.9 (gem's ResNet hybrid stem): scattering coefficients have tiny
+        # variances, so running statistics started at var = 1 must forget that quickly or
+        # evaluation sees inputs scaled far off those of training
+        self.bn = nn.BatchNorm2d(self.cin * k, affine=False, momentum=0.9)
         self.conv = nn.Conv2d(self.cin * k, conv.out_channels, 3, 1, 1, bias=False)
         self.scat: Scattering2D | None = None
         self._size: tuple[int, int] | None = None
