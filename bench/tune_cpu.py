@@ -6,7 +6,7 @@ on train+val; prints mean ± std test balanced accuracy and Welch p-values again
         python -P bench/tune_cpu.py --methods ce,ole,cosine_ce,tvmf  # -P: bench/tracking.py
                                                                    # must not shadow tracking/
 
-Budget (stated in docs/tune.md): small_cnn, 30 epochs, grace period 4, 12 trials,
+Budget (stated in docs/tune.md): small_cnn, 12 epochs, grace period 2, 8 trials,
 batch sizes {10, 25, 50}, 10 retrains — far below the paper's WRN-16-8 / 500 epochs /
 250 trials; the ranking it gives is a smoke-scale one.
 """
@@ -29,9 +29,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--methods", default="ce,ole,cosine_ce,tvmf")
     p.add_argument("--arch", default="small_cnn")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--grace", type=int, default=4)
-    p.add_argument("--trials", type=int, default=12)
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--grace", type=int, default=2)
+    p.add_argument("--trials", type=int, default=8)
     p.add_argument("--n-final", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="")

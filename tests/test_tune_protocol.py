@@ -75,6 +75,15 @@ def test_asha_prunes_and_retrains_visible_in_optuna_and_mlflow(tmp_path, store):
                key=lambda t: t.value)
     assert res.best_params == best.params
     assert retrains[0].data.params["batch_size"] == str(best.params["batch_size"])
+    # the Table-3 view renders from this store
+    from tracking.query.frame import load
+    from tracking.query.table3 import render_table3, retrain_scores, table3
+
+    sc = retrain_scores(load("tune-unit", store))
+    assert len(sc) == 3 and set(sc.method) == {"ce"}
+    md = render_table3(table3(sc))
+    assert "synthetic_tiny_rgb" in md.splitlines()[0]
+    assert f"**{100 * np.mean(scores):.2f} ± {100 * np.std(scores, ddof=1):.2f}**" in md
 
 
 def test_workers_share_one_study_and_its_trial_budget(tmp_path):
