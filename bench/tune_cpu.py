@@ -35,7 +35,12 @@ def main() -> None:
     p.add_argument("--n-final", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="")
+    p.add_argument("--summarize", default="", help="comma-separated result JSONs of earlier "
+                   "runs (e.g. one process per method): print Welch p-values and Table 3")
     a = p.parse_args()
+    if a.summarize:
+        summarize(a.summarize.split(","))
+        return
     torch.set_num_threads(a.threads)
     results: dict[str, dict] = {}
     for m in a.methods.split(","):
@@ -62,6 +67,27 @@ def main() -> None:
     print("mean±std:", {m: (round(100 * float(np.mean(r["scores"])), 2),
                             round(100 * float(np.std(r["scores"], ddof=1)), 2))
                         for m, r in results.items()})
+
+
+def summarize(paths: list[str]) -> None:
+    import pandas as pd
+
+    from tracking.query.table3 import render_table3, table3
+
+    results: dict[str, dict] = {}
+    for path in paths:
+        with open(path) as fh:
+            results.update(json.load(fh))
+    base = results["ce"]["scores"]
+    for m, r in results.items():
+        p = "" if m == "ce" else \
+            f"  Welch p vs ce = {stats.ttest_ind(r['scores'], base, equal_var=False).pvalue:.3g}"
+        print(f"{m}: {100 * np.mean(r['scores']):.2f} ± {100 * np.std(r['scores'], ddof=1):.2f}"
+              f"  (n={len(r['scores'])}, ASHA pruned {r['pruned']}/{r['pruned'] + r['complete']}"
+              f", wall {r['wall_s']:.0f} s, best {r['best']}){p}")
+    rows = [{"method": m, "dataset": "cifair10 (CIFAR-10 JPEG)", "study_id": r["study_run"],
+             "score": s} for m, r in results.items() for s in r["scores"]]
+    print(render_table3(table3(pd.DataFrame(rows))))
 
 
 if __name__ == "__main__":

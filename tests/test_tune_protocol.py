@@ -144,3 +144,37 @@ def test_normalisation_statistics_come_from_trainval():
     np.testing.assert_allclose(z.std(dim=(0, 2, 3), unbiased=False).numpy(), 1.0, atol=1e-5)
     m2, _ = channel_stats(raw.train_x)
     assert not np.allclose(m2, mean, rtol=0, atol=1e-12)  # train-only stats differ
+
+
+DEIC_METHODS = ("ce", "scattering", "ole", "gradl2", "cosine", "cosine_ce", "harmonic",
+                "fconv", "dsk", "tvmf")
+
+
+@pytest.mark.parametrize("method", DEIC_METHODS)
+def test_every_method_trains_through_tune(method):
+    from scarcelab.methods import get_method
+
+    assert getattr(get_method(method), "deic", False) and get_method(method).optimizer == "sgd"
+    t = InMemoryTracker()
+    res = run_tune(TuneConfig(method=method, dataset="synthetic_tiny_rgb", arch="small_cnn",
+                              epochs=1, grace_period=1, n_trials=1, batch_sizes=(8,),
+                              max_steps_per_epoch=2, n_final=1), t)
+    assert res.n_complete == 1 and len(res.final_test) == 1
+    assert 0.0 <= res.final_test[0] <= 1.0 and t.model is not None
+
+
+def test_tune_command_line(tmp_path, store):
+    from click.testing import CliRunner
+
+    from entrypoints.cli import main
+
+    args = ["tune", "--method", "ce", "--dataset", "synthetic_tiny_rgb", "--arch", "small_cnn",
+            "--epochs", "2", "--grace-period", "1", "--n-trials", "2", "--batch-sizes", "8,16",
+            "--n-final", "2", "--max-steps-per-epoch", "2", "--experiment", "cli"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert "final: test balanced accuracy" in r.output and "over 2 retrains" in r.output
+    bad = CliRunner().invoke(main, [*args[:-2], "--batch-sizes", "8,x"])
+    assert bad.exit_code != 0 and "--batch-sizes" in bad.output
+    unknown = CliRunner().invoke(main, [*args, "--set", "lambda_ole=0.3"])
+    assert unknown.exit_code != 0 and "unknown hyperparameter" in unknown.output
