@@ -37,7 +37,12 @@ def main() -> None:
     p.add_argument("--out", default="")
     p.add_argument("--summarize", default="", help="comma-separated result JSONs of earlier "
                    "runs (e.g. one process per method): print Welch p-values and Table 3")
+    p.add_argument("--stores", default="", help="comma-separated MLflow tracking URIs of "
+                   "runs (finished or not): Table 3 of their finished retrains")
     a = p.parse_args()
+    if a.stores:
+        from_stores(a.stores.split(","))
+        return
     if a.summarize:
         summarize(a.summarize.split(","))
         return
@@ -67,6 +72,26 @@ def main() -> None:
     print("mean±std:", {m: (round(100 * float(np.mean(r["scores"])), 2),
                             round(100 * float(np.std(r["scores"], ddof=1)), 2))
                         for m, r in results.items()})
+
+
+def from_stores(uris: list[str]) -> None:
+    """Table 3 and Welch p-values vs ``ce`` from the retrain runs in MLflow stores, read
+    through the query layer (``tracking.query.table3``)."""
+    import pandas as pd
+
+    from tracking.query.frame import load
+    from tracking.query.table3 import render_table3, retrain_scores, table3
+
+    sc = pd.concat([retrain_scores(load("tune-cpu", u)) for u in uris], ignore_index=True)
+    long = table3(sc)
+    base = sc[sc.method == "ce"]["score"].to_numpy()
+    for m, g in sc.groupby("method"):
+        v = g["score"].to_numpy()
+        p = "" if m == "ce" or len(v) < 2 or len(base) < 2 else \
+            f"  Welch p vs ce = {stats.ttest_ind(v, base, equal_var=False).pvalue:.3g}"
+        sd = f"{100 * v.std(ddof=1):.2f}" if len(v) > 1 else "nan"
+        print(f"{m}: {100 * v.mean():.2f} ± {sd} (n={len(v)}){p}")
+    print(render_table3(long))
 
 
 def summarize(paths: list[str]) -> None:

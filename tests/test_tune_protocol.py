@@ -156,11 +156,23 @@ def test_every_method_trains_through_tune(method):
 
     assert getattr(get_method(method), "deic", False) and get_method(method).optimizer == "sgd"
     t = InMemoryTracker()
+    # J = 3 would leave 2x2 maps of the 16-px images: a failed trial, not a finished one
+    fixed = {"J": 2} if method == "scattering" else {}
     res = run_tune(TuneConfig(method=method, dataset="synthetic_tiny_rgb", arch="small_cnn",
                               epochs=1, grace_period=1, n_trials=1, batch_sizes=(8,),
-                              max_steps_per_epoch=2, n_final=1), t)
+                              max_steps_per_epoch=2, n_final=1, overrides=fixed), t)
     assert res.n_complete == 1 and len(res.final_test) == 1
     assert 0.0 <= res.final_test[0] <= 1.0 and t.model is not None
+
+
+def test_scattering_scale_too_large_for_the_input_is_a_failed_trial():
+    t = InMemoryTracker()
+    res = run_tune(TuneConfig(method="scattering", dataset="synthetic_tiny_rgb",
+                              arch="small_cnn", epochs=1, grace_period=1, n_trials=1,
+                              batch_sizes=(8,), max_steps_per_epoch=1, phase="search",
+                              overrides={"J": 3}), t)
+    assert res.n_failed == 1 and t.trials[0].status == "FAILED"
+    assert "smaller J" in t.trials[0].error
 
 
 def test_tune_command_line(tmp_path, store):

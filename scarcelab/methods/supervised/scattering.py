@@ -24,12 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scarcelab.errors import TrialFailed
 from scarcelab.methods import Batch, Losses, Progress, register
 from scarcelab.methods.space import Choice
 from scarcelab.methods.supervised._deic import COMMON_DEFAULTS, COMMON_SPACE, DEICMethod
 from scarcelab.methods.supervised.harmonic import _replace
 
 N_ANGLES = 8
+MIN_SIDE = 4  # smallest scattering map side handed to the base network
 
 
 def gabor(h: int, w: int, sigma: float, theta: float, xi: float, slant: float) -> torch.Tensor:
@@ -124,6 +126,10 @@ class ScatteringStem(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         size = (x.shape[2], x.shape[3])
+        if min(size) // 2 ** self.j < MIN_SIDE:
+            raise TrialFailed(f"scattering J={self.j} turns {size[0]}x{size[1]} inputs into "
+                              f"maps smaller than {MIN_SIDE}x{MIN_SIDE}, too small for the "
+                              "base network's down-sampling; use a smaller J")
         if self.scat is None or self._size != size:
             self.scat = Scattering2D(self.j, *size).to(x.device)
             self._size = size
