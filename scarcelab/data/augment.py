@@ -526,7 +526,12 @@ def random_resized_crop(x: Tensor, g: torch.Generator, min_area: float, hflip: b
     ok = (rel_w <= 1.0) & (rel_h <= 1.0)
     first = ok.long().argmax(0)
     pick = torch.arange(n, device=dev)
-    rel_w, rel_h = rel_w[first, pick].clamp(max=1.0), rel_h[first, pick].clamp(max=1.0)
+    # no valid try: torchvision's fallback, the whole image (for aspect ratios within
+    # 3/4..4/3, which every stored image has), centred
+    found = ok.any(0)
+    one_n = torch.ones(n, device=dev, dtype=rel_w.dtype)
+    rel_w = torch.where(found, rel_w[first, pick], one_n)
+    rel_h = torch.where(found, rel_h[first, pick], one_n)
     cx = (2.0 * _rand(g, n, device=dev) - 1.0) * (1.0 - rel_w)
     cy = (2.0 * _rand(g, n, device=dev) - 1.0) * (1.0 - rel_h)
     one = torch.ones(n, device=dev)
