@@ -23,7 +23,7 @@ import torch
 
 from scarcelab.data.augment import AUGMENTATIONS, to_float
 from scarcelab.data.bundle import DatasetBundle
-from scarcelab.errors import TrialFailed
+from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.methods.base import Batch, DataInfo, Method, Progress
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, normalize
@@ -83,6 +83,9 @@ class TrainConfig:
     batch_unlabeled: int = 0
     eval_batch_size: int = 512
     device: str = "cpu"
+    # Protocols whose augmentation depends on the dataset (``scarcelab.protocols.tune``)
+    # replace the method's ``labeled_views`` here; None keeps the method's own.
+    labeled_views: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -115,13 +118,15 @@ class BatchSource:
         batch_unlabeled: int,
         device: torch.device,
         generator: torch.Generator,
+        labeled_views: tuple[str, ...] | None = None,
     ) -> None:
         self.device = device
         self.g = generator
         self.xl = torch.as_tensor(bundle.labeled_x).to(device)
         self.yl = torch.as_tensor(bundle.labeled_y, dtype=torch.long).to(device)
         self.xu = torch.as_tensor(bundle.unlabeled_x).to(device)
-        self.labeled_views = [AUGMENTATIONS.get(v) for v in method.labeled_views]
+        self.labeled_views = [AUGMENTATIONS.get(v) for v in (
+            method.labeled_views if labeled_views is None else labeled_views)]
         self.views = [AUGMENTATIONS.get(v) for v in method.views]
         self.bl = batch_labeled if self.labeled_views else 0
         self.bu = batch_unlabeled if self.views else 0
@@ -247,9 +252,22 @@ def make_optimizer(method: Method, total_steps: int
                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """Adam at the method's ``lr`` / ``weight_decay`` with a per-step cosine decay to 0 over
     ``total_steps`` — the one schedule of every method (SSL-vs-SSL §4), also for encoders
-    trained outside a study (``scarcelab.active.encoded``)."""
-    opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
-                           weight_decay=float(method.hp["weight_decay"]))
+    trained outside a study (``scarcelab.active.encoded``).
+
+    A method declaring ``optimizer = "sgd"`` gets SGD with momentum 0.9 under the same
+    per-step cosine annealing instead: the common optimiser of every method in Brigato et
+    al.'s "Tune It or Don't Use It" protocol (``scarcelab.protocols.tune``)."""
+    kind = getattr(method, "optimizer", "adam")
+    if kind == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(
+            method.parameters(), lr=float(method.hp["lr"]), momentum=0.9,
+            weight_decay=float(method.hp["weight_decay"]))
+    elif kind == "adam":
+        opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
+                               weight_decay=float(method.hp["weight_decay"]))
+    else:
+        raise ConfigError(f"{type(method).__name__}.optimizer = {kind!r}: valid are "
+                          "'adam' and 'sgd'")
     total = max(1, total_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
@@ -303,7 +321,7 @@ def train_trial(
     method.to(device).train()
     method.on_train_start(data_info(bundle))
     source = BatchSource(bundle, type(method), cfg.batch_labeled, cfg.batch_unlabeled, device,
-                         generator)
+                         generator, labeled_views=cfg.labeled_views)
     spe = steps_per_epoch(bundle, source.samples_per_step, cfg.max_steps_per_epoch)
     total = spe * cfg.max_epochs
     opt, sched = make_optimizer(method, total)

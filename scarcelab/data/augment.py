@@ -495,6 +495,92 @@ def simclr(x: Tensor, g: torch.Generator) -> Tensor:
     return out.clamp_(0.0, 1.0).to(x.dtype)
 
 
+
+# ---------------------------------------------------------------------------------------
+# "Tune It or Don't Use It" (Brigato et al. 2021) per-dataset training augmentations,
+# as the benchmark's reference code (gem ``BasicAugmentation.get_data_transforms`` with the
+# flags of ``bash_scripts/bench_*.sh``): a random shift of 12.5 % of the side with reflect
+# padding plus flips for the small fixed-resolution sets, RandomResizedCrop with a minimum
+# area fraction A_min (aspect ratio 3/4..4/3) back to the stored resolution for the others.
+
+
+def _vflip(x: Tensor, g: torch.Generator) -> Tensor:
+    flip = (_rand(g, x.shape[0], device=x.device) < 0.5).view(-1, 1, 1, 1)
+    return _select(flip, x.flip(2), x)
+
+
+def random_resized_crop(x: Tensor, g: torch.Generator, min_area: float, hflip: bool,
+                        vflip: bool = False) -> Tensor:
+    """torchvision's RandomResizedCrop(scale=(min_area, 1), ratio=(3/4, 4/3)) to the input
+    size, batched as one bilinear ``grid_sample``; optional horizontal / vertical flips
+    are folded into the same affine map."""
+    _check(x)
+    work = _as_work(x)
+    n, _, h, w = work.shape
+    dev = work.device
+    tries = 10
+    area = _uniform(g, min_area, 1.0, n * tries, dev).view(tries, n)
+    log_ratio = _uniform(g, math.log(3 / 4), math.log(4 / 3), n * tries, dev).view(tries, n)
+    ratio = log_ratio.exp() * (h / w)
+    rel_w, rel_h = (area * ratio).sqrt(), (area / ratio).sqrt()
+    ok = (rel_w <= 1.0) & (rel_h <= 1.0)
+    first = ok.long().argmax(0)
+    pick = torch.arange(n, device=dev)
+    # no valid try: torchvision's fallback, the whole image (for aspect ratios within
+    # 3/4..4/3, which every stored image has), centred
+    found = ok.any(0)
+    one_n = torch.ones(n, device=dev, dtype=rel_w.dtype)
+    rel_w = torch.where(found, rel_w[first, pick], one_n)
+    rel_h = torch.where(found, rel_h[first, pick], one_n)
+    cx = (2.0 * _rand(g, n, device=dev) - 1.0) * (1.0 - rel_w)
+    cy = (2.0 * _rand(g, n, device=dev) - 1.0) * (1.0 - rel_h)
+    one = torch.ones(n, device=dev)
+    fx = torch.where(_rand(g, n, device=dev) < 0.5, -one, one) if hflip else one
+    fy = torch.where(_rand(g, n, device=dev) < 0.5, -one, one) if vflip else one
+    theta = torch.zeros(n, 2, 3, device=dev, dtype=work.dtype)
+    theta[:, 0, 0], theta[:, 0, 2] = rel_w * fx, cx
+    theta[:, 1, 1], theta[:, 1, 2] = rel_h * fy, cy
+    out = F.grid_sample(work, _affine_grid(theta, h, w), mode="bilinear",
+                        padding_mode="border", align_corners=False)
+    return out.clamp_(0.0, 1.0).to(x.dtype)
+
+
+@AUGMENTATIONS.register("deic_shift_hflip")
+def deic_shift_hflip(x: Tensor, g: torch.Generator) -> Tensor:
+    """ciFAIR-10: shift by up to 12.5 % (4 px at 32) with reflect padding + horizontal flip."""
+    return weak(x, g)
+
+
+@AUGMENTATIONS.register("deic_shift_hvflip")
+def deic_shift_hvflip(x: Tensor, g: torch.Generator) -> Tensor:
+    """EuroSAT: shift 12.5 % (8 px at 64) + horizontal and vertical flips."""
+    return _vflip(weak(x, g), g)
+
+
+@AUGMENTATIONS.register("deic_rrc10_hflip")
+def deic_rrc10_hflip(x: Tensor, g: torch.Generator) -> Tensor:
+    """ImageNet: RandomResizedCrop with A_min = 10 % + horizontal flip."""
+    return random_resized_crop(x, g, 0.1, hflip=True)
+
+
+@AUGMENTATIONS.register("deic_rrc40_hflip")
+def deic_rrc40_hflip(x: Tensor, g: torch.Generator) -> Tensor:
+    """CUB: RandomResizedCrop with A_min = 40 % + horizontal flip."""
+    return random_resized_crop(x, g, 0.4, hflip=True)
+
+
+@AUGMENTATIONS.register("deic_rrc40_hvflip")
+def deic_rrc40_hvflip(x: Tensor, g: torch.Generator) -> Tensor:
+    """ISIC 2018: RandomResizedCrop with A_min = 40 % + horizontal and vertical flips."""
+    return random_resized_crop(x, g, 0.4, hflip=True, vflip=True)
+
+
+@AUGMENTATIONS.register("deic_rrc20")
+def deic_rrc20(x: Tensor, g: torch.Generator) -> Tensor:
+    """CLaMM: RandomResizedCrop with A_min = 20 %, no flips (script orientation matters)."""
+    return random_resized_crop(x, g, 0.2, hflip=False)
+
+
 __all__ = [
     "AUGMENTATIONS",
     "Augmentation",
@@ -502,6 +588,7 @@ __all__ = [
     "flip_crop",
     "identity",
     "randaugment_ops",
+    "random_resized_crop",
     "simclr",
     "strong",
     "to_float",

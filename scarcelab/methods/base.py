@@ -106,6 +106,7 @@ class Method(nn.Module, metaclass=ABCMeta):
     labeled_views: ClassVar[tuple[str, ...]] = ("weak",)
     views: ClassVar[tuple[str, ...]] = ()
     linear_probe: ClassVar[bool] = False
+    optimizer: ClassVar[str] = "adam"  # or "sgd" (momentum 0.9); see train.make_optimizer
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__()

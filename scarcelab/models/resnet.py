@@ -36,3 +36,25 @@ def resnet18(in_channels: int = 3) -> nn.Module:
 @register_model("resnet50")
 def resnet50(in_channels: int = 3) -> nn.Module:
     return _TorchvisionBackbone(tv_resnet50(weights=None), in_channels, 2048)
+
+
+class _ImageNetStemBackbone(nn.Module):
+    """torchvision ResNet with its ImageNet stem (7×7 stride-2 conv + max-pool) kept, for
+    the non-CIFAR sets of "Tune It or Don't Use It" (gem ``architectures/rn.py`` ``rn50``)."""
+
+    def __init__(self, net: nn.Module, in_channels: int, width: int) -> None:
+        super().__init__()
+        if in_channels != 3:
+            net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3,
+                                  bias=False)
+        net.fc = nn.Identity()
+        self.net = net
+        self.num_features = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@register_model("resnet50_imagenet")
+def resnet50_imagenet(in_channels: int = 3) -> nn.Module:
+    return _ImageNetStemBackbone(tv_resnet50(weights=None), in_channels, 2048)

@@ -1,0 +1,474 @@
+"""The "Tune It or Don't Use It" protocol (Brigato et al., ICCV 2021 workshops, VIPriors):
+every method tuned the same way by ASHA, then the best configuration retrained 10 times.
+
+Search (gem ``scripts/hpo.py`` + ``bash_scripts/bench_*.sh``, the authors' code):
+
+* ``lr ~ logU(1e-4, 0.1)``, ``weight_decay ~ logU(1e-5, 0.1)``, batch size from the
+  dataset's set (Table 2: {10, 25, 50} for ciFAIR-10 and EuroSAT, {8, 16, 32} for the
+  224-px sets), plus the method's own hyperparameters (its ``search_space``).
+* Asynchronous successive halving (reduction factor 2) on validation balanced accuracy:
+  a trial reports, after every epoch, the mean validation balanced accuracy of its last
+  five epochs (gem's default metric ``accuracy_avg5``, with balanced accuracy), and Optuna's
+  ``SuccessiveHalvingPruner(min_resource=grace_period, reduction_factor=2)`` decides at
+  epochs grace·2^k whether it continues. The pruner runs on the trials of the shared
+  :class:`StudyStore`, so several workers (processes or machines, one RDB storage and one
+  ``study_name``) make up one asynchronous study. A finished trial's value is its last
+  five-epoch mean; the best configuration is the finished trial with the highest value
+  (gem ``get_best_trial(metric, "max", "last")``).
+* Every trial is a tracker run; a pruned one ends ``KILLED`` with the tags
+  ``scarcelab.pruned=true`` and ``scarcelab.asha_rung`` and the metric ``asha/pruned_epoch``.
+
+Final training: the best configuration trained on train+val (``trainval``) ``n_final``
+(10) times with different seeds, each for the full number of epochs with no model
+selection, the last epoch evaluated on the test set; one tracker run per retrain
+(``scarcelab.role=retrain``) under the study, the study logging every retrain's test
+balanced accuracy (``final/test_balanced_accuracy``, step = retrain index) and their mean
+and sample standard deviation.
+
+Preprocessing: channel normalisation with the statistics of the ``trainval`` split
+(:class:`scarcelab.models.standardize.Standardized`), per-dataset augmentation (names in
+``scarcelab.data.augment``), evaluation on the stored (resized) image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optuna
+import torch
+from optuna.trial import TrialState
+
+import scarcelab
+from scarcelab.data import load_raw
+from scarcelab.data.bundle import DatasetBundle, RawDataset
+from scarcelab.errors import ConfigError, TrialFailed
+from scarcelab.methods import get_method
+from scarcelab.methods.base import Method
+from scarcelab.methods.space import sample
+from scarcelab.metrics import classification_metrics
+from scarcelab.models import create_model
+from scarcelab.models.standardize import Standardized, channel_stats
+from scarcelab.protocols.study_store import StudyStore, redact
+from scarcelab.tracker import DatasetInfo, Tracker
+from scarcelab.train import (
+    EpochReport,
+    TrainConfig,
+    export_classifier,
+    forward_images,
+    train_trial,
+)
+
+log = logging.getLogger("scarcelab")
+
+REDUCTION_FACTOR = 2  # gem scripts/hpo.py --reduction-factor default
+AVG_WINDOW = 5  # gem's "accuracy_avg5": mean of the last five validation evaluations
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """One dataset's protocol settings (paper Table 2 / gem ``bench_<dataset>.sh``)."""
+
+    arch: str
+    epochs: int
+    grace_period: int
+    n_trials: int
+    batch_sizes: tuple[int, ...]
+    augmentation: str
+    source: str = "gem bash_scripts"
+
+
+SETTINGS: dict[str, TuneSettings] = {
+    "cifair10": TuneSettings("wrn16_8", 500, 50, 250, (10, 25, 50), "deic_shift_hflip"),
+    "eurosat": TuneSettings("resnet50_imagenet", 500, 25, 250, (10, 25, 50), "deic_shift_hvflip"),
+    "cub": TuneSettings("resnet50_imagenet", 200, 10, 100, (8, 16, 32), "deic_rrc40_hflip"),
+    "isic2018": TuneSettings("resnet50_imagenet", 500, 25, 100, (8, 16, 32), "deic_rrc40_hvflip"),
+    "clamm": TuneSettings("resnet50_imagenet", 500, 25, 100, (8, 16, 32), "deic_rrc20"),
+}
+# ImageNet (50/class) is in the ICCV paper but not in the public code (gem dropped it);
+# its epochs / grace period / trial count must be given explicitly.
+SETTINGS_PARTIAL: dict[str, TuneSettings] = {
+    "imagenet50": TuneSettings("resnet50_imagenet", 0, 0, 0, (8, 16, 32), "deic_rrc10_hflip",
+                               source="paper (augmentation, batch sizes); rest not public"),
+}
+# Datasets outside the benchmark that carry a fixed validation split (tests, smoke runs).
+GENERIC = TuneSettings("small_cnn", 20, 2, 20, (16, 32, 64), "weak", source="scarcelab")
+
+
+@dataclass
+class TuneConfig:
+    method: str
+    dataset: str = "cifair10"
+    data_dir: str | None = None
+    arch: str | None = None  # None = the dataset's (WRN-16-8 / ResNet-50)
+    seed: int = 0
+    epochs: int | None = None
+    grace_period: int | None = None
+    n_trials: int | None = None
+    batch_sizes: tuple[int, ...] | None = None
+    n_final: int = 10
+    phase: str = "all"  # "all" | "search" | "final"
+    max_steps_per_epoch: int | None = None
+    budget_minutes: float = 0.0  # 0 = no wall-clock cap on the search
+    device: str = "cpu"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    storage: str | None = None
+    study_name: str | None = None
+
+    def settings(self) -> TuneSettings:
+        base = SETTINGS.get(self.dataset) or SETTINGS_PARTIAL.get(self.dataset) or GENERIC
+        s = dataclasses.replace(
+            base, arch=self.arch or base.arch, epochs=self.epochs or base.epochs,
+            grace_period=self.grace_period or base.grace_period,
+            n_trials=self.n_trials or base.n_trials,
+            batch_sizes=tuple(self.batch_sizes or base.batch_sizes))
+        for name in ("epochs", "grace_period", "n_trials"):
+            if getattr(s, name) < 1:
+                raise ConfigError(f"{name} for dataset {self.dataset!r} is not published "
+                                  f"({base.source}); pass --{name.replace('_', '-')}")
+        if s.grace_period > s.epochs:
+            raise ConfigError(f"grace_period ({s.grace_period}) exceeds epochs ({s.epochs}): "
+                              "no trial could ever be pruned; lower --grace-period")
+        return s
+
+
+@dataclass
+class TuneResult:
+    study_name: str
+    n_complete: int
+    n_pruned: int
+    n_failed: int
+    best_params: dict[str, Any]
+    best_value: float
+    final_test: list[float]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.final_test)) if self.final_test else math.nan
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.final_test, ddof=1)) if len(self.final_test) > 1 else 0.0
+
+
+class _Pruned(Exception):
+    def __init__(self, epoch: int) -> None:
+        super().__init__(f"pruned by ASHA after epoch {epoch}")
+        self.epoch = epoch
+
+
+def asha_rung(epoch: int, grace: int, factor: int = REDUCTION_FACTOR) -> int:
+    """The rung a trial stopping at ``epoch`` (1-based) was judged at: rung k sits at
+    epoch grace·factor^k."""
+    if epoch < grace:
+        return -1
+    return int(math.floor(math.log(epoch / grace, factor) + 1e-9))
+
+
+# -- data ---------------------------------------------------------------------------------
+
+
+def _bundle(x: np.ndarray, y: np.ndarray, vx: np.ndarray, vy: np.ndarray, tx: np.ndarray,
+            ty: np.ndarray, raw: RawDataset) -> DatasetBundle:
+    return DatasetBundle(
+        labeled_x=x, labeled_y=y, unlabeled_x=x[:0], val_x=vx, val_y=vy, test_x=tx, test_y=ty,
+        meta={"name": raw.name, "num_classes": raw.num_classes, "class_names": raw.class_names,
+              "resolution": list(raw.resolution), "source": raw.source, "md5": raw.md5})
+
+
+def prepare(raw: RawDataset) -> tuple[DatasetBundle, DatasetBundle, np.ndarray, np.ndarray]:
+    """(search bundle: train / val, final bundle: trainval, normalisation mean, std).
+
+    The search bundle's test slot holds the validation set (test data is never looked at
+    while searching); the final bundle evaluates on ``trainval`` per epoch (cheap training
+    accuracy) and the test set once, after the last epoch."""
+    if raw.val_x is None or raw.val_y is None:
+        raise ConfigError(f"dataset {raw.name!r} has no fixed validation split; the tune "
+                          "protocol needs published train/val/test splits (e.g. cifair10)")
+    tv_x = np.concatenate([raw.train_x, raw.val_x])
+    tv_y = np.concatenate([raw.train_y, raw.val_y])
+    mean, std = channel_stats(tv_x)
+    search = _bundle(raw.train_x, raw.train_y, raw.val_x, raw.val_y, raw.val_x, raw.val_y, raw)
+    final = _bundle(tv_x, tv_y, tv_x, tv_y, tv_x, tv_y, raw)
+    return search, final, mean, std
+
+
+def build_method(method_cls: type[Method], arch: str, raw: RawDataset, mean: np.ndarray,
+                 std: np.ndarray, hp: dict[str, Any]) -> Method:
+    backbone = Standardized(create_model(arch, in_channels=raw.channels), mean, std)
+    return method_cls(backbone, raw.num_classes, hp)
+
+
+# -- the protocol -------------------------------------------------------------------------
+
+
+def _counted(store: StudyStore) -> int:
+    """Trials that took a slot of ``n_trials``: finished, pruned, failed or running —
+    not crashed ones and not the surplus ones a worker gave back."""
+    n = 0
+    for t in store.study.get_trials(deepcopy=False):
+        if t.user_attrs.get("crashed") or t.user_attrs.get("surplus"):
+            continue
+        n += t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL,
+                         TrialState.RUNNING)
+    return n
+
+
+def _counted_before(store: StudyStore, number: int) -> int:
+    return sum(1 for t in store.study.get_trials(deepcopy=False)
+               if t.number < number and not t.user_attrs.get("crashed")
+               and not t.user_attrs.get("surplus"))
+
+
+def run_tune(cfg: TuneConfig, tracker: Tracker) -> TuneResult:
+    method_cls = get_method(cfg.method)
+    if method_cls.family != "supervised" or method_cls.linear_probe:
+        raise ConfigError(f"method {cfg.method!r} is {method_cls.family}"
+                          f"{' (linear probe)' if method_cls.linear_probe else ''}; the tune "
+                          "protocol trains supervised classifiers (scarcelab list methods)")
+    if cfg.phase not in ("all", "search", "final"):
+        raise ConfigError(f"phase={cfg.phase!r}: valid are 'all', 'search', 'final'")
+    if cfg.n_final < 1 and cfg.phase != "search":
+        raise ConfigError(f"n_final must be >= 1, got {cfg.n_final}")
+    unknown = set(cfg.overrides) - set(method_cls.search_space) - set(method_cls.defaults)
+    if unknown:
+        valid = sorted(set(method_cls.search_space) | set(method_cls.defaults))
+        raise ConfigError(f"unknown hyperparameter(s) {sorted(unknown)} for {cfg.method}; "
+                          f"valid: {valid}")
+    s = cfg.settings()
+    create_model(s.arch, in_channels=1)  # fail fast on an unknown arch
+    raw = load_raw(cfg.dataset, cfg.data_dir)
+    search_b, final_b, mean, std = prepare(raw)
+    name = cfg.study_name or (f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
+                              f"-{time.strftime('%Y%m%dT%H%M%S')}")
+    store = StudyStore(name, cfg.seed, cfg.storage)
+    store.study.pruner = optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=s.grace_period, reduction_factor=REDUCTION_FACTOR,
+        min_early_stopping_rate=0)
+    tags = {"scarcelab.role": "study", "scarcelab.protocol": "tune",
+            "scarcelab.family": "supervised", "scarcelab.method": method_cls.registered_name,
+            "scarcelab.dataset": cfg.dataset, "scarcelab.seed": str(cfg.seed),
+            "scarcelab.version": scarcelab.__version__, "scarcelab.arch": s.arch,
+            "scarcelab.search": "asha", "scarcelab.study_key": name,
+            "scarcelab.optuna_study": name, "scarcelab.tune_phase": cfg.phase}
+    resolved = {**dataclasses.asdict(cfg), **dataclasses.asdict(s),
+                "storage": redact(cfg.storage), "norm_mean": mean.round(5).tolist(),
+                "norm_std": std.round(5).tolist(), "n_train": len(raw.train_y),
+                "n_val": len(raw.val_y), "n_test": len(raw.test_y),
+                "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
+    params = {k: v for k, v in resolved.items()
+              if k not in ("overrides", "search_space", "norm_mean", "norm_std")}
+    params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
+    digest = f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:{len(raw.test_y)}"
+    tracker.start_study(
+        name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
+        params=params, artifacts={"config.json": resolved},
+        dataset=DatasetInfo(name=raw.name, source=raw.source or raw.name,
+                            digest=hashlib.sha256(digest.encode()).hexdigest()[:16]))
+    status = "FINISHED"
+    final: list[float] = []
+    try:
+        deadline = time.time() + cfg.budget_minutes * 60.0 if cfg.budget_minutes > 0 \
+            else math.inf
+        if cfg.phase in ("all", "search"):
+            _search(cfg, s, method_cls, raw, search_b, mean, std, store, tracker, tags,
+                    deadline)
+        counts = _state_counts(store)
+        tracker.set_tags({f"scarcelab.n_{k}": str(v) for k, v in counts.items()})
+        best = _best(store)
+        if best is not None:
+            tracker.set_tags({"scarcelab.best_trial": str(best.number),
+                              "scarcelab.best_params": json.dumps(best.params, sort_keys=True)})
+            tracker.log_metrics({"best/val_balanced_accuracy_avg5": float(best.value)}, 0,
+                                scope="study")
+        if cfg.phase in ("all", "final"):
+            if best is None:
+                raise TrialFailed(f"study {name} has no finished trial to retrain; run the "
+                                  "search first (phase=search) or raise n_trials")
+            final = _final(cfg, s, method_cls, raw, final_b, mean, std, best.params, tracker,
+                           tags)
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        store.close()
+        tracker.end_study(status)
+    best = _best(store)
+    counts = _state_counts(store)
+    return TuneResult(study_name=name, n_complete=counts["complete"], n_pruned=counts["pruned"],
+                      n_failed=counts["failed"], best_params=dict(best.params) if best else {},
+                      best_value=float(best.value) if best else math.nan, final_test=final)
+
+
+def _state_counts(store: StudyStore) -> dict[str, int]:
+    c = {"complete": 0, "pruned": 0, "failed": 0}
+    for t in store.study.get_trials(deepcopy=False):
+        if t.user_attrs.get("crashed") or t.user_attrs.get("surplus"):
+            continue
+        key = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned",
+               TrialState.FAIL: "failed"}.get(t.state)
+        if key:
+            c[key] += 1
+    return c
+
+
+def _best(store: StudyStore) -> optuna.trial.FrozenTrial | None:
+    done = store.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return max(done, key=lambda t: (t.value, -t.number)) if done else None
+
+
+def _hp(method_cls: type[Method], params: dict[str, Any], overrides: dict[str, Any]
+        ) -> dict[str, Any]:
+    fixed = {k: v for k, v in method_cls.defaults.items() if k not in method_cls.search_space}
+    return {**fixed, **{k: v for k, v in params.items() if k != "batch_size"}, **overrides}
+
+
+def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
+            bundle: DatasetBundle, mean: np.ndarray, std: np.ndarray, store: StudyStore,
+            tracker: Tracker, tags: dict[str, str], deadline: float) -> None:
+    errors_in_row = 0
+    while _counted(store) < s.n_trials and time.time() < deadline:
+        fails = store.fail_orphans()
+        if fails:
+            log.warning("trials %s were left running by a dead process: marked failed", fails)
+        trial = store.ask()
+        if _counted_before(store, trial.number) >= s.n_trials:
+            trial.set_user_attr("surplus", True)  # another worker took the last slot
+            store.tell(trial, state=TrialState.FAIL)
+            break
+        params = sample(method_cls.search_space, trial)
+        params["batch_size"] = trial.suggest_categorical("batch_size", list(s.batch_sizes))
+        hp = _hp(method_cls, params, cfg.overrides)
+        trial_seed = cfg.seed * 100_003 + trial.number
+        torch.manual_seed(trial_seed)
+        g = torch.Generator().manual_seed(trial_seed)
+        tracker.start_trial(trial.number, {**tags, "scarcelab.role": "trial",
+                                           "scarcelab.trial": str(trial.number)},
+                            {**hp, "batch_size": params["batch_size"], "arch": s.arch,
+                             "trial_seed": trial_seed, "epochs": s.epochs})
+        history: list[float] = []
+
+        def on_epoch(rep: EpochReport, improved: bool, snap: Any, trial: Any = trial,
+                     history: list[float] = history) -> None:
+            history.append(rep.val_balanced_accuracy)
+            avg = float(np.mean(history[-AVG_WINDOW:]))
+            metrics = {k: v for k, v in rep.metrics.items() if not k.startswith("test/")}
+            metrics["val/balanced_accuracy_avg5"] = avg
+            tracker.log_metrics(metrics, rep.epoch)
+            trial.report(avg, rep.epoch + 1)
+            if trial.should_prune():
+                raise _Pruned(rep.epoch + 1)
+
+        train_cfg = TrainConfig(max_epochs=s.epochs, patience=10**9,
+                                max_steps_per_epoch=cfg.max_steps_per_epoch,
+                                batch_labeled=int(params["batch_size"]), device=cfg.device,
+                                labeled_views=(s.augmentation,))
+        try:
+            method = build_method(method_cls, s.arch, raw, mean, std, hp)
+            res = train_trial(method, bundle, train_cfg, deadline=deadline, generator=g,
+                              probe_rng=np.random.default_rng(trial_seed), on_epoch=on_epoch)
+        except _Pruned as p:
+            rung = asha_rung(p.epoch, s.grace_period)
+            store.tell(trial, state=TrialState.PRUNED)
+            tracker.log_metrics({"asha/pruned_epoch": p.epoch, "asha/rung": rung}, p.epoch,
+                                scope="trial")
+            tracker.set_tags({"scarcelab.pruned": "true", "scarcelab.asha_rung": str(rung),
+                              "scarcelab.stopped": "asha"}, scope="trial")
+            tracker.end_trial("KILLED", str(p))
+            errors_in_row = 0
+            continue
+        except TrialFailed as e:
+            store.tell(trial, state=TrialState.FAIL)
+            tracker.end_trial("FAILED", str(e))
+            log.warning("trial %d failed: %s", trial.number, e)
+            continue
+        except (ConfigError, KeyboardInterrupt):
+            store.tell(trial, state=TrialState.FAIL)
+            tracker.end_trial("FAILED", traceback.format_exc(limit=3))
+            raise
+        except Exception:
+            store.tell(trial, state=TrialState.FAIL)
+            tracker.end_trial("FAILED", traceback.format_exc(limit=5))
+            errors_in_row += 1
+            if errors_in_row >= 3:
+                raise
+            continue
+        errors_in_row = 0
+        if res.stopped == "budget" and res.epochs < s.epochs:
+            # cut by the wall-clock cap, not by ASHA: not comparable with full trials
+            trial.set_user_attr("budget_cut", res.epochs)
+            store.tell(trial, state=TrialState.FAIL)
+            tracker.set_tags({"scarcelab.stopped": "budget"}, scope="trial")
+            tracker.end_trial("KILLED", f"budget_minutes ran out after {res.epochs} epochs")
+            break
+        value = float(np.mean(history[-AVG_WINDOW:]))
+        store.tell(trial, value)
+        tracker.log_metrics({"asha/final_value": value, "asha/rung": asha_rung(
+            res.epochs, s.grace_period)}, res.epochs, scope="trial")
+        tracker.set_tags({"scarcelab.pruned": "false", "scarcelab.stopped": res.stopped},
+                         scope="trial")
+        tracker.end_trial("FINISHED")
+
+
+def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
+           bundle: DatasetBundle, mean: np.ndarray, std: np.ndarray, params: dict[str, Any],
+           tracker: Tracker, tags: dict[str, str]) -> list[float]:
+    hp = _hp(method_cls, params, cfg.overrides)
+    batch = int(params.get("batch_size", s.batch_sizes[0]))
+    device = torch.device(cfg.device)
+    scores: list[float] = []
+    for i in range(cfg.n_final):
+        seed = cfg.seed * 1_000_003 + 7_919 * (i + 1)
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)
+        tracker.start_trial(i, {**tags, "scarcelab.role": "retrain",
+                                "scarcelab.retrain": str(i)},
+                            {**hp, "batch_size": batch, "arch": s.arch, "retrain_seed": seed,
+                             "epochs": s.epochs, "train_split": "trainval"})
+        method = build_method(method_cls, s.arch, raw, mean, std, hp)
+
+        def on_epoch(rep: EpochReport, improved: bool, snap: Any) -> None:
+            tracker.log_metrics({**{k: v for k, v in rep.metrics.items()
+                                    if not k.startswith(("test/", "val/"))},
+                                 "trainval/balanced_accuracy": rep.val_balanced_accuracy},
+                                rep.epoch)
+
+        train_cfg = TrainConfig(max_epochs=s.epochs, patience=10**9,
+                                max_steps_per_epoch=cfg.max_steps_per_epoch,
+                                batch_labeled=batch, device=cfg.device,
+                                labeled_views=(s.augmentation,))
+        try:
+            res = train_trial(method, bundle, train_cfg, deadline=math.inf, generator=g,
+                              probe_rng=np.random.default_rng(seed), on_epoch=on_epoch)
+            method.eval()
+            logits = forward_images(method.logits, raw.test_x, 512, device)
+            if not np.isfinite(logits).all():
+                raise TrialFailed("non-finite test predictions")
+            probs = torch.softmax(torch.as_tensor(logits), 1).numpy()
+            test = classification_metrics(raw.test_y, probs)
+        except BaseException:
+            tracker.end_trial("FAILED", traceback.format_exc(limit=5))
+            raise
+        tracker.log_metrics({f"test/{k}": v for k, v in test.items()}, res.epochs)
+        tracker.end_trial("FINISHED")
+        scores.append(float(test["balanced_accuracy"]))
+        tracker.log_metrics({"final/test_balanced_accuracy": scores[-1]}, i, scope="study")
+        if i == 0:
+            ckpt = {"state_dict": {k: v.detach().cpu() for k, v in method.state_dict().items()},
+                    "probe": None}
+            tracker.log_model(export_classifier(method, ckpt, raw.class_names),
+                              torch.rand(2, raw.channels, *raw.resolution))
+    arr = np.asarray(scores)
+    tracker.log_metrics({"final/test_balanced_accuracy_mean": float(arr.mean()),
+                         "final/test_balanced_accuracy_std":
+                             float(arr.std(ddof=1)) if len(arr) > 1 else 0.0,
+                         "final/n_runs": float(len(arr))}, 0, scope="study")
+    return scores

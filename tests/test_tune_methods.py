@@ -1,0 +1,220 @@
+"""Hand-computable checks of the "Tune It or Don't Use It" methods' losses and layers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scarcelab.methods import get_method
+from scarcelab.methods.base import Batch, Progress
+from scarcelab.methods.supervised.cosine import one_hot_cosine_loss
+from scarcelab.methods.supervised.cosine_ce import CosineCEHead, cosine_ce_loss
+from scarcelab.methods.supervised.gradl2 import grad_l2_penalty
+from scarcelab.methods.supervised.ole import ole_loss
+from scarcelab.methods.supervised.tvmf import TvMFHead, tvmf_similarity
+from scarcelab.train import make_optimizer
+
+
+class _Feat(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.num_features = d
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)
+
+
+def test_ce_is_log_c_for_uniform_logits_and_uses_sgd_momentum():
+    m = get_method("ce")(_Feat(4), 3, {})
+    with torch.no_grad():
+        m.head.weight.zero_()
+        m.head.bias.zero_()
+    out = m.step(Batch(x=[torch.randn(5, 4)], y=torch.tensor([0, 1, 2, 0, 1]), u=[]),
+                 Progress(0, 1, 0))
+    assert float(out["loss"]) == pytest.approx(math.log(3))
+    opt, sched = make_optimizer(m, 10)
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9
+    lrs = []
+    for _ in range(10):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    lr0 = m.hp["lr"]
+    assert lrs[5] == pytest.approx(lr0 * 0.5 * (1 + math.cos(math.pi * 5 / 10)))  # cosine
+
+
+def test_ole_loss_hand_case():
+    # class 0: rows (3,0), (0,4) -> singular values 4, 3 -> ||F_0||_* = 7
+    # class 1: row (1,0) -> ||F_1||_* = 1 <= delta -> contributes delta = 1
+    # all rows: F^T F = [[10, 0], [0, 16]] -> singular values sqrt(10), 4
+    f = torch.tensor([[3.0, 0.0], [0.0, 4.0], [1.0, 0.0]], requires_grad=True)
+    y = torch.tensor([0, 0, 1])
+    loss = ole_loss(f, y)
+    assert float(loss) == pytest.approx((7 + 1 - (4 + math.sqrt(10))) / 3, rel=1e-6)
+    loss.backward()
+    # d||F_0||_*/dF_0 = U V^T = I for this diagonal block; class 1 (below delta): 0;
+    # d||F||_*/dF = F (F^T F)^{-1/2} = F diag(1/sqrt(10), 1/4)
+    expect = (torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+              - torch.tensor([[3 / math.sqrt(10), 0.0], [0.0, 1.0], [1 / math.sqrt(10), 0.0]]))
+    torch.testing.assert_close(f.grad, expect / 3, rtol=1e-5, atol=1e-6)
+
+
+def test_ole_method_adds_weighted_term():
+    m = get_method("ole")(_Feat(2), 2, {"lambda_ole": 0.5})
+    x = torch.tensor([[3.0, 0.0], [0.0, 4.0], [1.0, 0.0]])
+    y = torch.tensor([0, 0, 1])
+    out = m.step(Batch(x=[x], y=y, u=[]), Progress(0, 1, 0))
+    ce = F.cross_entropy(m.head(x), y)
+    assert float(out["loss"]) == pytest.approx(float(ce + 0.5 * ole_loss(x, y)), rel=1e-6)
+
+
+def test_grad_l2_penalty_hand_case():
+    # logits = W x with W = I (2 classes), x = 0 -> p = (1/2, 1/2); y = 0:
+    # dCE/dx = W^T (p - e_y) = (-1/2, 1/2) -> squared norm 1/2; second sample y = 1 same.
+    w = torch.eye(2, requires_grad=True)
+    x = torch.zeros(2, 2)
+    ce, pen = grad_l2_penalty(lambda v: v @ w.t(), x, torch.tensor([0, 1]))
+    assert float(ce) == pytest.approx(math.log(2))
+    assert float(pen) == pytest.approx(0.5)
+    pen.backward()  # differentiable in the weights (create_graph)
+    assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
+def test_grad_l2_disables_weight_decay_and_keeps_bn():
+    cls = get_method("gradl2")
+    assert cls.defaults["weight_decay"] == 0.0
+    assert cls.search_space["weight_decay"].options == (0.0,)
+
+
+def test_cosine_loss_hand_case():
+    out = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
+    loss = one_hot_cosine_loss(out, torch.tensor([1, 1]))
+    assert float(loss) == pytest.approx(((1 - 4 / 5) + (1 - 0)) / 2)
+
+
+def test_cosine_ce_head_and_loss():
+    head = CosineCEHead(2, 2).eval()
+    with torch.no_grad():
+        head.embed.weight.copy_(torch.eye(2))
+        head.embed.bias.zero_()
+    emb = head.embedding(torch.tensor([[3.0, 4.0]]))
+    torch.testing.assert_close(emb, torch.tensor([[0.6, 0.8]]))
+    logits = torch.tensor([[0.0, 0.0]])
+    total, cos, ce = cosine_ce_loss(emb, logits, torch.tensor([1]), 0.1)
+    assert float(cos) == pytest.approx(0.2) and float(ce) == pytest.approx(math.log(2))
+    assert float(total) == pytest.approx(0.2 + 0.1 * math.log(2))
+
+
+def test_tvmf_similarity_and_head():
+    c = torch.tensor([1.0, 0.5, 0.0, -1.0])
+    torch.testing.assert_close(tvmf_similarity(c, 0.0), c)  # kappa 0: cosine
+    # kappa 1: (1 + c)/(2 - c) - 1 -> 1, 0, -1/2, -1
+    torch.testing.assert_close(tvmf_similarity(c, 1.0), torch.tensor([1.0, 0.0, -0.5, -1.0]))
+    head = TvMFHead(2, 2, kappa=1.0)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[2.0, 0.0], [0.0, 5.0]]))
+    sim = head(torch.tensor([[1.0, 1.0]]))  # cosines 1/sqrt(2) with both classes
+    cs = 1 / math.sqrt(2)
+    expect = (1 + cs) / (1 + (1 - cs)) - 1
+    torch.testing.assert_close(sim, torch.tensor([[expect, expect]]))
+    assert float(head.scale) == pytest.approx(1 + math.log(2))  # 1 + softplus(0)
+    np.testing.assert_allclose(float(head.scale), 1.6931471805599454, rtol=1e-6)
+
+
+# -- architecture-changing methods ---------------------------------------------------------
+
+from scarcelab.methods.supervised.dsk import DualSK, SKConv  # noqa: E402
+from scarcelab.methods.supervised.fconv import full_convolution  # noqa: E402
+from scarcelab.methods.supervised.harmonic import Harm2d, dct_filters, harmonize  # noqa: E402
+from scarcelab.methods.supervised.scattering import Scattering2D, morlet  # noqa: E402
+from scarcelab.models import create_model  # noqa: E402
+
+
+def test_dct_basis_hand_values_and_completeness():
+    d = dct_filters(3)
+    torch.testing.assert_close(d[0], torch.full((3, 3), 1 / 9))  # DC, l1-normalised
+    # (u, v) = (0, 1): cos(pi (y + 1/2) / 3) = (sqrt(3)/2, 0, -sqrt(3)/2) along columns
+    row = torch.tensor([math.sqrt(3) / 2, 0.0, -math.sqrt(3) / 2])
+    torch.testing.assert_close(d[1], (row / (3 * math.sqrt(3))).expand(3, 3))
+    assert torch.linalg.matrix_rank(d.view(9, 9).double()) == 9  # a basis of 3x3 filters
+
+
+def test_harmonic_conv_reproduces_any_filter_from_its_dct_coefficients():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(2, 3, 3, padding=1, bias=False)
+    h = Harm2d(conv)
+    basis = h.dct.view(9, 9).double()
+    coef = torch.linalg.solve(basis.t(), conv.weight.detach().view(6, 9).double().t()).t()
+    with torch.no_grad():
+        h.weight.copy_(coef.view(3, 2, 9).float())
+    x = torch.randn(2, 2, 5, 5)
+    torch.testing.assert_close(h(x), conv(x), rtol=1e-4, atol=1e-5)
+    net = create_model("small_cnn", in_channels=3)
+    assert harmonize(net) == 3 and net(torch.randn(2, 3, 16, 16)).shape == (2, 128)
+
+
+def test_full_convolution_hand_case_and_shapes():
+    conv = torch.nn.Conv2d(1, 1, 3, bias=False)
+    with torch.no_grad():
+        conv.weight.copy_(torch.arange(9.0).view(1, 1, 3, 3))
+    seq = torch.nn.Sequential(conv)
+    full_convolution(seq)
+    out = seq(torch.ones(1, 1, 1, 1))  # a single pixel: the output is the flipped kernel
+    torch.testing.assert_close(out[0, 0], torch.arange(9.0).flip(0).view(3, 3))
+    wrn = create_model("wrn16_2", in_channels=3)
+    full_convolution(wrn)
+    assert all(b.full_conv for b in wrn.blocks)
+    assert wrn(torch.randn(2, 3, 32, 32)).shape == (2, 128)
+
+
+def test_dual_selective_kernel_selection_and_attention():
+    torch.manual_seed(0)
+    d = DualSK(torch.nn.Conv2d(8, 8, 3, padding=1))
+    x = torch.randn(2, 8, 6, 6)
+    d.eval()
+    torch.testing.assert_close(d(x), 0.5 * (d.a(x) + d.b(x)))
+    d.train()
+    torch.manual_seed(3)
+    y = d(x)
+    torch.manual_seed(3)
+    pick_a = bool(torch.randint(0, 2, ()).item())
+    ref = d.a(x) if pick_a else d.b(x)
+    torch.testing.assert_close(y, ref)
+    sk = SKConv(8, 8, 1, 4)
+    att = sk.attention(torch.stack([b(x) for b in sk.branches], 1))
+    torch.testing.assert_close(att.sum(1), torch.ones(2, 8, 1, 1))
+
+
+def test_scattering_reference_properties():
+    s = Scattering2D(2, 16, 16)
+    assert s.channels_per_input == 1 + 2 * 8 + 64
+    psi = torch.fft.ifft2(s.psi_hat)
+    assert psi.sum(dim=(1, 2)).abs().max() < 1e-4  # wavelets have zero mean
+    phi = torch.fft.ifft2(s.phi_hat).real
+    assert float(phi.sum()) == pytest.approx(1.0, abs=1e-3)  # low-pass keeps the mean
+    const = torch.full((1, 1, 16, 16), 0.7)
+    out = s(const)
+    assert out.shape == (1, 81, 4, 4)
+    torch.testing.assert_close(out[:, 0], torch.full((1, 4, 4), 0.7), rtol=1e-3, atol=1e-3)
+    assert out[:, 1:].abs().max() < 1e-3  # no oscillation in a constant image
+    # brute-force periodic convolution of one pixel with one wavelet
+    x = torch.randn(1, 1, 16, 16)
+    k = psi[3].to(torch.complex128)
+    xs = x[0, 0].double()
+    i, j = 5, 7
+    direct = sum(xs[(i - a) % 16, (j - b) % 16] * k[a, b] for a in range(16) for b in range(16))
+    fft = torch.fft.ifft2(torch.fft.fft2(x.double())[0, 0] * torch.fft.fft2(k))[i, j]
+    assert abs(complex(direct) - complex(fft)) < 1e-8
+    # a 90-degree rotation permutes the first-order orientations by L/2
+    x = torch.randn(1, 1, 16, 16)
+    a = s(x)[0, 1:17].view(2, 8, 4, 4)
+    b = s(torch.rot90(x, 1, dims=(2, 3)))[0, 1:17].view(2, 8, 4, 4)
+    spatial = a.mean(dim=(2, 3))
+    rotated = b.mean(dim=(2, 3))
+    torch.testing.assert_close(rotated, spatial.roll(4, dims=1), rtol=2e-2, atol=2e-3)
+    m = morlet(16, 16, 0.8, 0.0, 3 * math.pi / 4, 0.5)
+    assert abs(complex(m.sum())) < 1e-10
