@@ -409,9 +409,12 @@ class Stack:
     def _start_s3_private(self) -> None:
         """s3rver on a Unix socket (Node's ``listen`` takes a path given as the port), so no
         TCP port reaches the unsigned store; the proxy is its only client."""
-        if self._alive(self.state.pids.get("s3"), "s3rver"):
-            return
         sock = self.s3_socket
+        if self._alive(self.state.pids.get("s3"), "s3rver"):
+            if sock.exists():
+                return
+            # an s3rver on a TCP port (a stack started with --auth before the proxy existed)
+            self._kill_group("s3", "s3rver")
         if len(str(sock)) > 100:  # AF_UNIX path limit (108 bytes with the terminator)
             raise StackError(f"the stack folder path is too long for a Unix socket ({sock}); "
                              "choose a shorter one (SCARCELAB_STACK_DIR / --root)")
@@ -436,6 +439,11 @@ class Stack:
     def _start_s3_proxy(self) -> None:
         if self._alive(self.state.pids.get("s3proxy"), "s3_proxy"):
             return
+        with socket.socket() as s:  # something else answering there would pass _wait_port
+            s.settimeout(0.5)
+            if s.connect_ex((self.state.host, self.state.s3_port)) == 0:
+                raise StackError(f"port {self.state.s3_port} is already in use; choose another "
+                                 "(--s3-port 0 picks a free one)")
         env = {**os.environ, "SCARCELAB_S3_ACCESS_KEY": self.state.s3_access_key,
                "SCARCELAB_S3_SECRET_KEY": self.state.s3_secret_key}  # not argv: `ps` shows it
         self._spawn("s3proxy", [sys.executable, str(REPO / "tracking" / "s3_proxy.py"),
