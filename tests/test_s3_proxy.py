@@ -245,3 +245,33 @@ def test_auth_stack_store_accepts_only_signed_requests(tmp_path):
     finally:
         assert set(st.stop()) >= {"s3", "s3proxy"}
     assert not st.status()["s3"]["running"]
+
+
+def test_chunked_request_bodies_are_decoded_checked_and_forwarded(proxied):
+    import http.client
+
+    endpoint, _ = proxied
+    s3 = _s3(endpoint)
+    s3.create_bucket(Bucket="bkt-4")
+    hostport = endpoint.removeprefix("http://")
+    body = b"chunk-one|" * 1000 + b"end"
+    for sign_payload, data, ok in ((True, body, True), (False, body, True),
+                                   (True, body + b"!", False)):
+        m, target, headers = _signed(path="/bkt-4/c.bin", body=body, sign_payload=sign_payload)
+        conn = http.client.HTTPConnection(hostport, timeout=10)
+        conn.putrequest(m, target, skip_host=True, skip_accept_encoding=True)
+        for k, v in headers:
+            if k.lower() != "content-length":
+                conn.putheader(k, v)
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        for i in range(0, len(data), 777):
+            piece = data[i:i + 777]
+            conn.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+        conn.send(b"0\r\n\r\n")
+        status = conn.getresponse().status
+        conn.close()
+        assert (status == 200) == ok, (sign_payload, status)
+        if ok:
+            assert s3.get_object(Bucket="bkt-4", Key="c.bin")["Body"].read() == body
+            s3.delete_object(Bucket="bkt-4", Key="c.bin")
