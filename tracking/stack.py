@@ -577,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"(default {DEFAULT_PORTS[k]}, or what the last start used; 0 = "
                        "pick a free one)")
     p.add_argument("--auth", action=argparse.BooleanOptionalAction, default=None,
-                   help="MLflow basic auth (user admin; password in `env` output)")
+                   help="MLflow basic auth (user admin; password in `env` output) and an S3 "
+                   "store that accepts only requests signed with generated keys")
     a = p.parse_args(argv)
     stack = Stack(a.root)
     try:
