@@ -13,8 +13,10 @@ Why these pieces (see ../shared/ENV.md for the verified recipes):
   (local socket stays ``trust`` for administration).
 * ``moto_server`` keeps objects in memory only, which breaks "data survives stop + start";
   npm's ``s3rver@3`` writes to disk, so it is the store (installed project-locally on first
-  use). Its access keys are fixed (``S3RVER``), which is fine on loopback; a real deployment
-  brings its own store (docs/tracking.md).
+  use). Its access keys are fixed (``S3RVER``) and it checks no signature, so with ``--auth``
+  it listens on a Unix socket in a 0700 folder of the stack and ``tracking/s3_proxy.py``
+  holds the public S3 port, accepting only requests signed (SigV4) with per-stack generated
+  keys. A real deployment brings its own store (docs/tracking.md).
 * ``mlflow server`` proxies artifacts (``--artifacts-destination s3://…``) so clients need
   only the tracking URI; it runs in its own session (``setsid``) so that ``stop`` can end its
   whole process group (gunicorn/uvicorn workers included).
@@ -110,6 +112,9 @@ class StackState:
     optuna_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     flask_secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    # the S3 keys the proxy checks with --auth (s3rver itself knows only S3RVER)
+    s3_access_key: str = field(default_factory=lambda: "SL" + secrets.token_hex(9).upper())
+    s3_secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(30))
     pids: dict[str, int] = field(default_factory=dict)
 
     # -- derived ---------------------------------------------------------------------------
@@ -120,6 +125,11 @@ class StackState:
     @property
     def s3_endpoint(self) -> str:
         return f"http://{self.host}:{self.s3_port}"
+
+    def s3_keys(self) -> tuple[str, str]:
+        """(access key, secret) a client signs S3 requests with: the per-stack keys the proxy
+        checks when auth is on, s3rver's built-in account otherwise."""
+        return (self.s3_access_key, self.s3_secret_key) if self.auth else (S3_KEY, S3_KEY)
 
     def db_uri(self, db: str, role: str | None = None) -> str:
         """A connection URI for ``db`` as its least-privilege role (``mlflow`` for the MLflow
@@ -134,8 +144,8 @@ class StackState:
         env = {
             "MLFLOW_TRACKING_URI": self.tracking_uri,
             "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint,
-            "AWS_ACCESS_KEY_ID": S3_KEY,
-            "AWS_SECRET_ACCESS_KEY": S3_KEY,
+            "AWS_ACCESS_KEY_ID": self.s3_keys()[0],
+            "AWS_SECRET_ACCESS_KEY": self.s3_keys()[1],
             "OPTUNA_STORAGE": self.db_uri("optuna"),
         }
         if self.auth:
@@ -376,7 +386,16 @@ class Stack:
                                  f"{out.stderr[-1500:]}")
         return script
 
+    @property
+    def s3_socket(self) -> Path:
+        """Where s3rver listens with --auth: only this user can enter the folder (0700)."""
+        return self.root / "s3-private" / "store.sock"
+
     def _start_s3(self) -> None:
+        if self.state.auth:
+            self._start_s3_private()
+            self._start_s3_proxy()
+            return
         if self._alive(self.state.pids.get("s3"), "s3rver"):
             return
         script = self.ensure_s3rver()
@@ -386,6 +405,51 @@ class Stack:
                            "-p", str(self.state.s3_port), "--configure-bucket",
                            self.state.bucket], dict(os.environ))
         self._wait_port(self.state.s3_port, "s3", 30)
+
+    def _start_s3_private(self) -> None:
+        """s3rver on a Unix socket (Node's ``listen`` takes a path given as the port), so no
+        TCP port reaches the unsigned store; the proxy is its only client."""
+        sock = self.s3_socket
+        if self._alive(self.state.pids.get("s3"), "s3rver"):
+            if sock.exists():
+                return
+            # an s3rver on a TCP port (a stack started with --auth before the proxy existed)
+            self._kill_group("s3", "s3rver")
+        if len(str(sock)) > 100:  # AF_UNIX path limit (108 bytes with the terminator)
+            raise StackError(f"the stack folder path is too long for a Unix socket ({sock}); "
+                             "choose a shorter one (SCARCELAB_STACK_DIR / --root)")
+        script = self.ensure_s3rver()
+        self.s3_dir.mkdir(parents=True, exist_ok=True)
+        sock.parent.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(sock.parent, 0o700)
+        sock.unlink(missing_ok=True)  # a stale socket of a killed s3rver
+        node = shutil.which("node") or "node"
+        self._spawn("s3", [node, str(script), "-d", str(self.s3_dir), "-p", str(sock),
+                           "--configure-bucket", self.state.bucket], dict(os.environ))
+        end = time.time() + 30
+        while time.time() < end:
+            with socket.socket(socket.AF_UNIX) as s:
+                if sock.exists() and s.connect_ex(str(sock)) == 0:
+                    return
+            if not self._alive(self.state.pids.get("s3"), ""):
+                break
+            time.sleep(0.2)
+        raise StackError(f"s3 did not open {sock}; see {self.logs / 's3.log'}")
+
+    def _start_s3_proxy(self) -> None:
+        if self._alive(self.state.pids.get("s3proxy"), "s3_proxy"):
+            return
+        with socket.socket() as s:  # something else answering there would pass _wait_port
+            s.settimeout(0.5)
+            if s.connect_ex((self.state.host, self.state.s3_port)) == 0:
+                raise StackError(f"port {self.state.s3_port} is already in use; choose another "
+                                 "(--s3-port 0 picks a free one)")
+        env = {**os.environ, "SCARCELAB_S3_ACCESS_KEY": self.state.s3_access_key,
+               "SCARCELAB_S3_SECRET_KEY": self.state.s3_secret_key}  # not argv: `ps` shows it
+        self._spawn("s3proxy", [sys.executable, str(REPO / "tracking" / "s3_proxy.py"),
+                                "--host", self.state.host, "--port", str(self.state.s3_port),
+                                "--upstream", f"unix:{self.s3_socket}"], env)
+        self._wait_port(self.state.s3_port, "s3proxy", 30)
 
     def _wait_port(self, port: int, name: str, timeout: float) -> None:
         end = time.time() + timeout
@@ -404,7 +468,8 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
         env.update({
             "MLFLOW_S3_ENDPOINT_URL": self.state.s3_endpoint,
-            "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_KEY,
+            "AWS_ACCESS_KEY_ID": self.state.s3_keys()[0],
+            "AWS_SECRET_ACCESS_KEY": self.state.s3_keys()[1],
             "AWS_DEFAULT_REGION": "us-east-1",
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
             # passed through the environment, not argv, so `ps` does not show the password
@@ -472,6 +537,8 @@ class Stack:
         stopped = []
         if self.stop_mlflow():
             stopped.append("mlflow")
+        if self._kill_group("s3proxy", "s3_proxy"):
+            stopped.append("s3proxy")
         if self._kill_group("s3", "s3rver"):
             stopped.append("s3")
         if self._stop_pg():
@@ -484,8 +551,10 @@ class Stack:
         return {
             "root": str(self.root),
             "postgres": {"running": self._pg_running(), "port": s.pg_port},
-            "s3": {"running": self._alive(s.pids.get("s3"), "s3rver"), "port": s.s3_port,
-                   "endpoint": s.s3_endpoint, "bucket": s.bucket},
+            "s3": {"running": self._alive(s.pids.get("s3"), "s3rver") and (
+                       not s.auth or self._alive(s.pids.get("s3proxy"), "s3_proxy")),
+                   "port": s.s3_port, "endpoint": s.s3_endpoint, "bucket": s.bucket,
+                   "signed_requests_only": s.auth},
             "mlflow": {"running": self.is_running(), "port": s.mlflow_port,
                        "tracking_uri": s.tracking_uri, "auth": s.auth},
         }
@@ -508,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"(default {DEFAULT_PORTS[k]}, or what the last start used; 0 = "
                        "pick a free one)")
     p.add_argument("--auth", action=argparse.BooleanOptionalAction, default=None,
-                   help="MLflow basic auth (user admin; password in `env` output)")
+                   help="MLflow basic auth (user admin; password in `env` output) and an S3 "
+                   "store that accepts only requests signed with generated keys")
     a = p.parse_args(argv)
     stack = Stack(a.root)
     try:

@@ -80,10 +80,10 @@ def _runs(exp: str):  # type: ignore[no-untyped-def]
     return mlflow.search_runs(experiment_names=[exp])
 
 
-def _bucket_keys(stack, env) -> list[str]:  # type: ignore[no-untyped-def]
+def _bucket_keys(stack, env, keys=(S3_KEY, S3_KEY)) -> list[str]:  # type: ignore[no-untyped-def]
     """Every object key in the stack's bucket, read with boto3 (not through MLflow)."""
     s3 = boto3.client("s3", endpoint_url=env["MLFLOW_S3_ENDPOINT_URL"],
-                      aws_access_key_id=S3_KEY, aws_secret_access_key=S3_KEY,
+                      aws_access_key_id=keys[0], aws_secret_access_key=keys[1],
                       region_name="us-east-1")
     return [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
         Bucket=stack.state.bucket) for o in page.get("Contents", [])]
@@ -392,7 +392,8 @@ def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
     (workers' OPTUNA_STORAGE cannot open the MLflow database; nobody gets the superuser);
     secret files are 0600; and no generated secret appears in a finished study's params,
     tags or artifacts, the stack's logs, or — beyond the client's own credentials — in
-    `stack env` (issue 13 item 2)."""
+    `stack env`; the S3 store refuses unsigned requests and s3rver's built-in key while the
+    study's artifacts still land in it (issue 13 item 2)."""
     import psycopg2
 
     st = _private_stack(auth=True)
@@ -415,6 +416,20 @@ def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
         # -- files with secrets: 0600
         for f in (st.state_file, st.root / "auth.ini"):
             assert (f.stat().st_mode & 0o777) == 0o600, f
+        # -- the object store: anonymous (raw unsigned) and s3rver's built-in key refused
+        bucket_url = f"{st.state.s3_endpoint}/{st.state.bucket}"
+        for method, url, data in (("GET", bucket_url, None),
+                                  ("PUT", f"{bucket_url}/artifacts/evil.pt", b"pickle"),
+                                  ("GET", f"{bucket_url}/artifacts/evil.pt", None)):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(urllib.request.Request(url, data=data, method=method),
+                                       timeout=10)
+            assert e.value.code == 403, (method, url)
+        with pytest.raises(Exception) as e:
+            boto3.client("s3", endpoint_url=st.state.s3_endpoint, aws_access_key_id=S3_KEY,
+                         aws_secret_access_key=S3_KEY, region_name="us-east-1").list_objects_v2(
+                Bucket=st.state.bucket)
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403  # type: ignore
         # -- PostgreSQL roles
         s = st.state
         exported = dict(line.removeprefix("export ").split("=", 1) for line in subprocess.run(
@@ -469,17 +484,23 @@ def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
                                                          dst_path=tmp_path / "model"))
         files += [f for f in model.rglob("*") if f.is_file()]
         assert any(f.name == "best.pt" for f in files) and any(f.name == "MLmodel" for f in files)
+        # the artifacts landed in the bucket through the proxy (the server signs with the
+        # stack's keys), and nothing unsigned was stored
+        keys = _bucket_keys(st, {"MLFLOW_S3_ENDPOINT_URL": s.s3_endpoint}, s.s3_keys())
+        assert any(k.endswith(f"{study.run_id}/artifacts/checkpoints/best.pt") for k in keys)
+        assert not any(k.endswith("evil.pt") for k in keys)
         logs = [f for f in (st.root / "logs").glob("*.log")]
-        assert {f.name for f in logs} >= {"mlflow.log", "postgres.log", "s3.log"}
+        assert {f.name for f in logs} >= {"mlflow.log", "postgres.log", "s3.log",
+                                          "s3proxy.log"}
         generated = {"pg superuser": s.pg_password, "mlflow db role": s.mlflow_db_password,
                      "optuna db role": s.optuna_password, "admin": s.admin_password,
-                     "flask secret": s.flask_secret}
+                     "flask secret": s.flask_secret, "s3 secret key": s.s3_secret_key}
         env_out = "\n".join(f"{k}={v}" for k, v in exported.items())
         for name, secret in generated.items():
             assert not any(secret in t for t in texts), f"{name} secret in the run / output"
             for f in files + logs:
                 assert secret.encode() not in f.read_bytes(), f"{name} secret in {f}"
-            if name not in ("optuna db role", "admin"):  # the client's own credentials
+            if name not in ("optuna db role", "admin", "s3 secret key"):  # the client's own
                 assert secret not in env_out, f"`stack env` hands out the {name} secret"
     finally:
         st.stop()
