@@ -3,7 +3,8 @@
 The same computation as ``scarcelab al`` (``scarcelab.active.loop.run_one``, so repetition
 k sees the same seeds and data), without MLflow — it runs where only torch and numpy are
 installed (e.g. a rented GPU box) and uses every core: each (problem, repetition) is one
-task for a process pool. Results are appended to ``--out`` (JSON lines, one per
+task for the sweep driver's Ray pool (``tracking.sweep.pool``: every core here, or a Ray
+cluster with ``--address``). Results are appended to ``--out`` (JSON lines, one per
 repetition) as they finish, so a run cut short keeps what it did; ``--resume`` skips
 repetitions already in the file.
 
@@ -22,11 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +96,10 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=["random", "margin", "badge", "coreset",
                                                         "oracle"])
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="tasks at once on this machine (embedded Ray)")
+    ap.add_argument("--address", default="", help="a Ray cluster (ray://head:10001) instead of "
+                    "this machine; --jobs is then the cluster's")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tau", type=int, default=20, help="oracle candidates per pick")
     ap.add_argument("--data-dir", default=None)
@@ -132,35 +134,39 @@ def main() -> None:
     order = sorted(((p, s, k) for p in problems for s in a.strategies for k in range(a.reps)),
                    key=lambda t: (t[1] != "oracle", t[2]))
     t0 = time.time()
-    # spawn, not fork: the parent may have initialised CUDA (encoders), which a forked
-    # child cannot use.
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(a.jobs, mp_context=ctx) as pool, out.open("a") as f:
-        futs = {}
+    # The fan-out is the sweep driver's (tracking.sweep.pool: Ray, embedded on this machine
+    # or a cluster with --address); each task runs in a Ray worker process, so a parent that
+    # initialised CUDA (encoders) is no problem.
+    from tracking.sweep.pool import RayPool
+
+    gpus = (1.0 / max(1, a.jobs)) if a.device.startswith("cuda") else 0.0
+    pool = RayPool(a.address or None, None if a.address else a.jobs, 1.0, gpus)
+    with out.open("a") as f:
         for (ds, q, over), s, k in order:
             if json.dumps([ds, q, over, s, k], sort_keys=True) in done:
                 continue
-            futs[pool.submit(_task, ds, q, over, s, k, args)] = (ds, q, s, k)
+            pool.submit((ds, q, s, k), _task, ds, q, over, s, k, args)
         cancelled = 0
-        for fut in as_completed(futs):
-            if fut.cancelled():
-                cancelled += 1
-                continue
-            try:
-                r = fut.result()
-            except Exception as e:  # noqa: BLE001 - report and go on
-                print(f"FAILED {futs[fut]}: {type(e).__name__}: {e}", flush=True)
+        stopping = False
+        while len(pool):
+            key, r, err = pool.next_done()
+            if err is not None:
+                if stopping:
+                    cancelled += 1
+                else:
+                    print(f"FAILED {key}: {type(err).__name__}: {err}", flush=True)
                 continue
             f.write(json.dumps(r) + "\n")
             f.flush()
             print(f"{r['dataset']} q={r['query_size']} {r['strategy']} rep {r['repetition']}: "
                   f"AUC {r['auc']:.4f} ({r['seconds']:.1f} s)", flush=True)
-            if a.deadline_s and time.time() - t0 > a.deadline_s:
+            if a.deadline_s and time.time() - t0 > a.deadline_s and not stopping:
                 print("deadline reached: cancelling the tasks not yet started", flush=True)
-                for other in futs:
-                    other.cancel()
+                stopping = True
+                pool.cancel_pending()
         if cancelled:
             print(f"{cancelled} tasks not run (deadline)", flush=True)
+    pool.shutdown()
     summarize(out)
 
 

@@ -67,5 +67,11 @@ class RayPool:
             cause = getattr(e, "cause", None)
             return key, None, cause if isinstance(cause, BaseException) else e
 
+    def cancel_pending(self) -> None:
+        """Cancel every task not yet finished (queued ones never start); their
+        ``next_done`` then reports a cancellation error."""
+        for ref in list(self._pending):
+            self._ray.cancel(ref, force=False)
+
     def shutdown(self) -> None:
         self._ray.shutdown()
