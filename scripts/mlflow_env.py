@@ -4,7 +4,8 @@ Subcommands (run with the project's venv python):
 
   build-deps  DIR          print python_env.yaml's build_dependencies, one per line
                            (standard library only: runs before anything is installed)
-  check-pins  DIR          fail if pyproject.toml's pins differ from requirements*.txt
+  check-pins  DIR          fail unless every pyproject.toml range has a pin in
+                           requirements*.txt (the lock) that satisfies it, and vice versa
   env-dir     DIR          print the virtualenv path `mlflow run` would use for DIR
   link        DIR VENV     point that path at VENV (a symlink), so `mlflow run` skips
                            building its own environment
@@ -61,43 +62,84 @@ def build_deps(project_dir: Path) -> list[str]:
 # --------------------------------------------------------------------------- check-pins
 
 
-def _req_lines(path: Path) -> list[str]:
-    out = []
+def _name(req: str) -> str:
+    """Distribution name, normalised (PEP 503), extras dropped: ``moto[server]`` -> moto."""
+    m = re.match(r"\s*([A-Za-z0-9_.-]+)", req)
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower() if m else req
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:4])
+
+
+def _satisfies(version: str, spec: str) -> bool:
+    """``version`` against a range such as ``>=2.4,<3`` (the forms pyproject.toml uses:
+    ==, !=, >=, <=, >, <, ~=); stdlib only, so it runs before anything is installed."""
+    v = _version(version)
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        m = re.match(r"(==|!=|>=|<=|~=|>|<)\s*([\w.*+]+)", part)
+        if not m:
+            raise ValueError(f"cannot read the version range {part!r}")
+        op, w = m.group(1), _version(m.group(2))
+        n = max(len(v), len(w))
+        vv, ww = v + (0,) * (n - len(v)), w + (0,) * (n - len(w))
+        ok = {"==": vv == ww, "!=": vv != ww, ">=": vv >= ww, "<=": vv <= ww, ">": vv > ww,
+              "<": vv < ww,
+              "~=": vv >= ww and vv[:len(w) - 1] == ww[:len(w) - 1]}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _pins(path: Path, seen: set[Path] | None = None) -> dict[str, str]:
+    """name -> pinned version of a requirements file, following ``-r`` includes."""
+    seen = seen or set()
+    seen.add(path.resolve())
+    out: dict[str, str] = {}
     for raw in path.read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
-        if line and not line.startswith("-"):
-            out.append(line)
+        if line.startswith("-r "):
+            inc = (path.parent / line[3:].strip()).resolve()
+            if inc not in seen:
+                out.update(_pins(inc, seen))
+        elif line and not line.startswith("-"):
+            name, _, ver = line.partition("==")
+            out[_name(name)] = ver.strip()
     return out
 
 
-def _norm(req: str) -> str:
-    name, sep, rest = req.partition("==")
-    return re.sub(r"[-_.]+", "-", name.strip().lower()) + sep + rest.strip()
-
-
 def check_pins(project_dir: Path) -> int:
+    """pyproject.toml holds compatible ranges (what `pip install scarcelab` asks of a
+    user's environment); requirements.txt (runtime + stack) and requirements-dev.txt (+ dev)
+    are the lock CI, scripts/setup and `mlflow run` install. Every declared package must be
+    pinned in the lock within its range, and every pin must be declared."""
     meta = tomllib.loads((project_dir / "pyproject.toml").read_text())["project"]
-    pairs = [
-        ("requirements.txt", "[project].dependencies", meta.get("dependencies", [])),
-        (
-            "requirements-dev.txt",
-            "[project.optional-dependencies].dev",
-            meta.get("optional-dependencies", {}).get("dev", []),
-        ),
-    ]
+    extras = meta.get("optional-dependencies", {})
+    groups = [("requirements.txt", ["dependencies"] + [f"[{k}]" for k in extras if k != "dev"],
+               meta.get("dependencies", []) + [r for k, rs in extras.items() if k != "dev"
+                                                for r in rs]),
+              ("requirements-dev.txt", ["[dev]"], extras.get("dev", []))]
     bad = 0
-    for fname, key, declared in pairs:
-        want = sorted(map(_norm, _req_lines(project_dir / fname)))
-        have = sorted(map(_norm, declared))
-        if want != have:
-            bad += 1
-            _say(f"pyproject.toml {key} differs from {fname}:")
-            for r in sorted(set(want) - set(have)):
-                _say(f"  only in {fname}: {r}")
-            for r in sorted(set(have) - set(want)):
-                _say(f"  only in pyproject.toml: {r}")
+    lock_all = _pins(project_dir / "requirements-dev.txt")
+    declared_all: set[str] = set()
+    for fname, where, reqs in groups:
+        lock = _pins(project_dir / fname)
+        for req in reqs:
+            name = _name(req)
+            declared_all.add(name)
+            spec = re.sub(r"^\s*[A-Za-z0-9_.-]+(\[[^\]]*\])?", "", req).split(";")[0].strip()
+            if name not in lock:
+                bad += 1
+                _say(f"{req!r} ({'/'.join(where)} in pyproject.toml) has no pin in {fname}")
+            elif spec and not _satisfies(lock[name], spec):
+                bad += 1
+                _say(f"{fname} pins {name}=={lock[name]}, outside pyproject.toml's {spec!r}")
+    for name in sorted(set(lock_all) - declared_all):
+        bad += 1
+        _say(f"{name}=={lock_all[name]} is pinned but not declared in pyproject.toml")
     if bad:
-        _say("fix: make pyproject.toml and requirements*.txt list the same pins")
+        _say("fix: declare each package in pyproject.toml (a range) and pin it in "
+             "requirements.txt (runtime/stack) or requirements-dev.txt (dev)")
         return 1
     return 0
 

@@ -42,7 +42,19 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PG_BIN = Path(os.environ.get("SCARCELAB_PG_BIN", "/usr/lib/postgresql/15/bin"))
-NODE_PREFIX = REPO / ".scarcelab" / "node"
+
+
+def state_home() -> Path:
+    """Where local state goes: ``<checkout>/.scarcelab`` in a source checkout (what
+    scripts/setup and CI use); for an installed package ``$XDG_STATE_HOME/scarcelab`` (default
+    ``~/.local/state/scarcelab``) — never inside site-packages."""
+    if (REPO / "pyproject.toml").is_file() and (REPO / "scarcelab").is_dir():
+        return REPO / ".scarcelab"
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "scarcelab"
+
+
+NODE_PREFIX = state_home() / "node"
 S3RVER_VERSION = "3"
 S3_KEY = "S3RVER"  # s3rver@3 accepts only its built-in account
 DEFAULT_PORTS = {"pg_port": 15432, "s3_port": 14568, "mlflow_port": 15000}
@@ -57,7 +69,7 @@ class StackError(RuntimeError):
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("SCARCELAB_STACK_DIR") or REPO / ".scarcelab" / "stack")
+    return Path(os.environ.get("SCARCELAB_STACK_DIR") or state_home() / "stack")
 
 
 def write_secret(path: Path, text: str) -> None:
