@@ -137,7 +137,7 @@ def main() -> None:
     # The fan-out is the sweep driver's (tracking.sweep.pool: Ray, embedded on this machine
     # or a cluster with --address); each task runs in a Ray worker process, so a parent that
     # initialised CUDA (encoders) is no problem.
-    from tracking.sweep.pool import RayPool
+    from scarcelab.tracking.sweep.pool import RayPool
 
     gpus = (1.0 / max(1, a.jobs)) if a.device.startswith("cuda") else 0.0
     pool = RayPool(a.address or None, None if a.address else a.jobs, 1.0, gpus)
@@ -200,8 +200,8 @@ def _ranks(rows: list[dict[str, Any]]) -> None:
     try:
         import pandas as pd
 
-        from tracking.al import cd_blocks, rank_table
-        from tracking.stats import friedman_test
+        from scarcelab.tracking.al import cd_blocks, rank_table
+        from scarcelab.tracking.stats import friedman_test
     except ImportError as e:  # e.g. a box without MLflow: the AUC table above stands alone
         print(f"(ranks skipped: {e})")
         return

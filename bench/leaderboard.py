@@ -208,7 +208,7 @@ def calibrate() -> float:
 
 
 def time_ours(uri: str, experiment: str, repeat: int, reader: str = "auto") -> dict[str, float]:
-    from tracking import query
+    from scarcelab.tracking import query
 
     res: dict[str, float] = {}
     res["ours_s"], lb = best_of(lambda: query.leaderboard(query.load(experiment, uri,
@@ -260,7 +260,7 @@ def run_sqlite(a: argparse.Namespace, rng: np.random.Generator) -> dict[str, flo
               f"{time.perf_counter() - t:.1f}s at {uri}", flush=True)
         check_store(uri, "bench", n_runs)
         res = time_ours(uri, "bench", a.repeat)
-        from tracking import query
+        from scarcelab.tracking import query
 
         res["api_s"], _ = best_of(lambda: query.leaderboard(
             query.load("bench", uri, reader="api")), 1)
@@ -279,7 +279,7 @@ def run_stack(a: argparse.Namespace, rng: np.random.Generator) -> dict[str, floa
     from mlflow.tracking import MlflowClient
 
     try:
-        from tracking.stack import Stack, free_port
+        from scarcelab.tracking.stack import Stack, free_port
     except ImportError as e:
         print(f"[postgres] skipped: no tracking.stack ({e})")
         return None
@@ -303,7 +303,7 @@ def run_stack(a: argparse.Namespace, rng: np.random.Generator) -> dict[str, floa
         print(f"[postgres] {n_runs} runs filled in {time.perf_counter() - t:.1f}s", flush=True)
         check_store(st.tracking_uri, "bench", n_runs)
         res = time_ours(st.db_uri("mlflow"), "bench", a.repeat)
-        from tracking import query
+        from scarcelab.tracking import query
 
         res["api_server_s"], _ = best_of(lambda: query.leaderboard(
             query.load("bench", st.tracking_uri)), 1)

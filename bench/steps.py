@@ -55,7 +55,7 @@ def load_bundle() -> tuple[DatasetBundle, str]:
 
 def tracking_cost_per_epoch(n_metrics: int, reps: int = 20) -> float:
     """Seconds for one epoch's tracking: one trial log_batch + one study log_batch."""
-    from tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     with tempfile.TemporaryDirectory() as d:
         cwd = os.getcwd()

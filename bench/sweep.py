@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--spec", default="", help="grid spec (default: the tiny 8-cell grid)")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
-    from tracking.sweep.spec import load_spec, parse_spec
+    from scarcelab.tracking.sweep.spec import load_spec, parse_spec
 
     spec = load_spec(args.spec) if args.spec else parse_spec(TINY, "<tiny>")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -55,7 +55,7 @@ def main() -> None:
         env_seq = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{d}/seq.db"}
         t0 = time.time()
         for c in spec.cells:
-            subprocess.run([sys.executable, "-m", "entrypoints.cli", *c.argv(),
+            subprocess.run([sys.executable, "-m", "scarcelab.entrypoints.cli", *c.argv(),
                             "--experiment", spec.experiment], env=env_seq, cwd=d, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         seq = time.time() - t0
@@ -65,7 +65,7 @@ def main() -> None:
         p.write_text(spec.text)
         env_sw = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{d}/sweep.db"}
         t0 = time.time()
-        out = subprocess.run([sys.executable, "-m", "entrypoints.cli", "sweep", str(p),
+        out = subprocess.run([sys.executable, "-m", "scarcelab.entrypoints.cli", "sweep", str(p),
                               "--jobs", str(args.jobs)], env=env_sw, cwd=d,
                              capture_output=True, text=True)
         sw = time.time() - t0

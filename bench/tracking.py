@@ -24,8 +24,8 @@ import mlflow  # noqa: E402
 from mlflow.entities import Metric  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from tracking.mlflow_tracker import MlflowTracker  # noqa: E402
-from tracking.stack import DEFAULT_PORTS, Stack, free_port  # noqa: E402
+from scarcelab.tracking.mlflow_tracker import MlflowTracker  # noqa: E402
+from scarcelab.tracking.stack import DEFAULT_PORTS, Stack, free_port  # noqa: E402
 
 EPOCH_KEYS = ["train/loss", "train/loss_labeled", "train/loss_unlabeled", "train/mask_rate",
               "val/balanced_accuracy", "test/balanced_accuracy", "test/accuracy", "test/auroc",

@@ -22,7 +22,7 @@ import torch
 from scipy import stats
 
 from scarcelab.protocols.tune import TuneConfig, run_tune
-from tracking.mlflow_tracker import MlflowTracker
+from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
 
 def main() -> None:
@@ -79,8 +79,8 @@ def from_stores(uris: list[str]) -> None:
     through the query layer (``tracking.query.table3``)."""
     import pandas as pd
 
-    from tracking.query.frame import load
-    from tracking.query.table3 import render_table3, retrain_scores, table3
+    from scarcelab.tracking.query.frame import load
+    from scarcelab.tracking.query.table3 import render_table3, retrain_scores, table3
 
     sc = pd.concat([retrain_scores(load("tune-cpu", u)) for u in uris], ignore_index=True)
     long = table3(sc)
@@ -97,7 +97,7 @@ def from_stores(uris: list[str]) -> None:
 def summarize(paths: list[str]) -> None:
     import pandas as pd
 
-    from tracking.query.table3 import render_table3, table3
+    from scarcelab.tracking.query.table3 import render_table3, table3
 
     results: dict[str, dict] = {}
     for path in paths:

@@ -173,8 +173,8 @@ class ProgressTracker(Tracker):
 
     # -- study --------------------------------------------------------------------------
     def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
-        from entrypoints.options import merge_params
         from scarcelab.data import provenance
+        from scarcelab.entrypoints.options import merge_params
 
         self.data_files = provenance.used()
         provenance.reset()  # the next run of this process records its own files

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from entrypoints.cli import main
-from entrypoints.options import (
+from scarcelab.entrypoints.cli import main
+from scarcelab.entrypoints.options import (
     SEED_MAX,
     Device,
     Float,
@@ -140,11 +140,11 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
 
     import torch
 
-    from entrypoints._progress import CountBar, Display, ProgressTracker, summary_lines
     from scarcelab.active import STRATEGIES
     from scarcelab.active.datasets import spec
     from scarcelab.active.loop import ALRunConfig, run_al, sweep_summary
-    from tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.entrypoints._progress import CountBar, Display, ProgressTracker, summary_lines
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     check_device(device)
     STRATEGIES.get(strategy)  # an unknown name fails here, before any data is read
@@ -210,7 +210,7 @@ def _encoded_context(rc: Any, encoder: str, enc_params: dict[str, Any],
     logged scarcelab model whose backbone is used as is."""
     from scarcelab.active.datasets import default_data_dir
     from scarcelab.active.encoded import DiskEncodingCache
-    from tracking.encoding_cache import MlflowEncodingCache, load_pretrained_backbone
+    from scarcelab.tracking.encoding_cache import MlflowEncodingCache, load_pretrained_backbone
 
     cache = MlflowEncodingCache(DiskEncodingCache(default_data_dir() / "encoded"), experiment)
     if ":/" not in encoder:  # a method trained here, set up in rc.encoder
@@ -230,7 +230,7 @@ def _encoded_context(rc: Any, encoder: str, enc_params: dict[str, Any],
               help="log the tables and the critical-difference diagram as a report run")
 def al_report_cmd(experiment: str, tracking_uri: str, alpha: float, log: bool) -> None:
     """Ranks of strategies per dataset and query size, and a critical-difference diagram."""
-    from tracking.al import al_report
+    from scarcelab.tracking.al import al_report
 
     rep = al_report([e for e in experiment.split(",") if e], tracking_uri or None,
                     alpha=alpha, log=log)

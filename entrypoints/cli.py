@@ -30,7 +30,7 @@ def main(verbose: bool, quiet: bool) -> None:
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from tracking.lifecycle import die_with_mlflow_run
+    from scarcelab.tracking.lifecycle import die_with_mlflow_run
 
     die_with_mlflow_run()  # under `mlflow run`: do not outlive it (issue 13 item 5)
 
@@ -44,11 +44,11 @@ def _load_commands() -> None:
     import importlib
     import pkgutil
 
-    import entrypoints
+    import scarcelab.entrypoints as entrypoints
 
     for info in pkgutil.iter_modules(entrypoints.__path__):
         if info.name not in ("cli", "__main__") and not info.name.startswith("_"):
-            importlib.import_module(f"entrypoints.{info.name}")
+            importlib.import_module(f"scarcelab.entrypoints.{info.name}")
 
 
 _load_commands()
@@ -56,6 +56,6 @@ _load_commands()
 if __name__ == "__main__":
     # Run through the imported module so that commands registered on ``entrypoints.cli.main``
     # (not on this ``__main__`` copy of it) are present.
-    from entrypoints.cli import main as _main
+    from scarcelab.entrypoints.cli import main as _main
 
     sys.exit(_main())

@@ -22,8 +22,8 @@ from typing import Any
 
 import click
 
-from entrypoints.cli import main
-from entrypoints.options import (
+from scarcelab.entrypoints.cli import main
+from scarcelab.entrypoints.options import (
     Folder,
     Names,
     Ratios,
@@ -32,12 +32,12 @@ from entrypoints.options import (
     param_str,
     verbosity,
 )
-from entrypoints.study import STUDY_ENTRY, study_config, study_options
+from scarcelab.entrypoints.study import STUDY_ENTRY, study_config, study_options
 from scarcelab.errors import ScarcelabError
 
 
 def _child_tracker_class() -> type:
-    from tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     class ChildStudyTracker(MlflowTracker):
         """A study tracker whose run is linked to the sweep's parent run."""
@@ -68,9 +68,9 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
 
-    from entrypoints._progress import Display, ProgressTracker, summary_lines
+    from scarcelab.entrypoints._progress import Display, ProgressTracker, summary_lines
     from scarcelab.protocols.contamination import run_contamination
-    from tracking.contamination import contamination_table, plot_vs_ratio, to_markdown
+    from scarcelab.tracking.contamination import contamination_table, plot_vs_ratio, to_markdown
 
     client = MlflowClient()
     parent_id = os.environ.pop("MLFLOW_RUN_ID", None)

@@ -14,7 +14,7 @@ import tempfile
 
 import click
 
-from entrypoints.cli import main
+from scarcelab.entrypoints.cli import main
 
 VIEW_NAMES = ("leaderboard", "gains", "profile", "significance", "ranks")
 
@@ -50,7 +50,7 @@ def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, out
     studies in EXPERIMENT(s)."""
     import mlflow
 
-    from tracking.query import load, log_report, render, report
+    from scarcelab.tracking.query import load, log_report, render, report
 
     uri = _opt(tracking_uri)
     if uri:
@@ -83,7 +83,7 @@ def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, out
         out_dir = tempfile.mkdtemp(prefix="scarcelab-report-")
     secs = report.sections(t, VIEW_NAMES, **kw)
     if sort_by != "test_balanced_accuracy_mean":
-        from tracking.query import leaderboard
+        from scarcelab.tracking.query import leaderboard
 
         secs[0].table = leaderboard(t, sort_by=sort_by, **kw)
     names = [n for n in experiment.split(",") if n]

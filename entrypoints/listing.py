@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from entrypoints.cli import main
+from scarcelab.entrypoints.cli import main
 
 
 @main.command(name="list", short_help="List registered methods, datasets, archs, strategies.")

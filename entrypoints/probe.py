@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from entrypoints.cli import main
-from entrypoints.options import label_budget, opt_int
+from scarcelab.entrypoints.cli import main
+from scarcelab.entrypoints.options import label_budget, opt_int
 from scarcelab.errors import ScarcelabError
 
 
@@ -54,10 +54,10 @@ def _run(kw: dict[str, Any]) -> None:
     from scarcelab.data import load_raw
     from scarcelab.protocols.search import parse_overrides
     from scarcelab.protocols.transfer import ProbeConfig, run_finetune, run_linear
-    from tracking.encoders import resolve_encoder
-    from tracking.encoding_cache import MlflowEncodingCache
-    from tracking.mlflow_tracker import MlflowTracker
-    from tracking.transfer import log_probe_outcome
+    from scarcelab.tracking.encoders import resolve_encoder
+    from scarcelab.tracking.encoding_cache import MlflowEncodingCache
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.tracking.transfer import log_probe_outcome
 
     cfg = ProbeConfig(
         dataset=kw["dataset"], encoder=kw["encoder"], protocol=kw["protocol"],

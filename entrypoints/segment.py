@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from entrypoints.cli import main
-from entrypoints.options import bool_option, opt_int
+from scarcelab.entrypoints.cli import main
+from scarcelab.entrypoints.options import bool_option, opt_int
 from scarcelab.errors import ScarcelabError
 
 
@@ -22,7 +22,8 @@ def _float(value: str, name: str) -> float:
         raise click.BadParameter(f"expected a number, got {value!r}", param_hint=name) from None
 
 
-@main.command(name="segment", help="Train and test a nuclei instance segmenter (PQ, mPQ, "
+@main.command(name="segment", short_help="Nuclei instance segmentation with an encoder (PQ, mPQ).",
+              help="Train and test a nuclei instance segmenter (PQ, mPQ, "
               "AJI, Dice) on an encoder: random init, a backbone state-dict file, or a "
               "scarcelab run (runs:/<id>/model, models:/<name>/<version>).")
 @click.option("--dataset", default="consep_patches", show_default=True,
@@ -61,7 +62,7 @@ def _float(value: str, name: str) -> float:
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 def segment(**kw: Any) -> None:
     from scarcelab.protocols.segment import SegmentConfig, run_segment
-    from tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     cfg = SegmentConfig(
         dataset=kw["dataset"], data_dir=kw["data_dir"] or None, encoder=kw["encoder"],
@@ -83,7 +84,7 @@ def segment(**kw: Any) -> None:
     tracker = MlflowTracker(experiment=kw["experiment"] or None)
     factory = None
     if cfg.encoder.startswith(("runs:/", "models:/")):
-        from tracking.encoders import resolve_encoder
+        from scarcelab.tracking.encoders import resolve_encoder
 
         def factory(arch: str) -> Any:  # the same resolver as `probe`: no unpickling
             return resolve_encoder(cfg.encoder, arch, 3, seed=cfg.seed)[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from entrypoints.cli import main
+from scarcelab.entrypoints.cli import main
 
 
 @main.command(name="stack", short_help="Start/stop the local tracking stack.",
@@ -15,7 +15,7 @@ from entrypoints.cli import main
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def stack(action: str, args: tuple[str, ...]) -> None:
     """Local PostgreSQL + S3 store + MLflow server; options as ``scripts/stack --help``."""
-    from tracking.stack import main as stack_main
+    from scarcelab.tracking.stack import main as stack_main
 
     # MLflow Projects passes every parameter; "default" (or '') means "not given".
     rest: list[str] = []

@@ -13,11 +13,11 @@ from typing import Any
 
 import click
 
-from entrypoints.cli import main
-from entrypoints.options import (
+from scarcelab.entrypoints.cli import main
+from scarcelab.entrypoints.options import (
     SEED_MAX as _SEED_MAX,
 )
-from entrypoints.options import (
+from scarcelab.entrypoints.options import (
     Bool,
     Device,
     Float,
@@ -138,7 +138,7 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
     overrides = check_study(kw)
     hparams, hparams_source = None, "defaults"
     if (kw.get("hparams_from") or "defaults") != "defaults":
-        from tracking.hparams import resolve_hparams
+        from scarcelab.tracking.hparams import resolve_hparams
 
         hparams, hparams_source = resolve_hparams(kw["hparams_from"], kw["method"])
     return StudyConfig(
@@ -159,9 +159,9 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     level = verbosity(ctx, kw.pop("quiet"), kw.pop("verbose"))
     t0 = time.time()
     cfg = study_config(family, kw)
-    from entrypoints._progress import Display, ProgressTracker, fmt_time, summary_lines
+    from scarcelab.entrypoints._progress import Display, ProgressTracker, fmt_time, summary_lines
     from scarcelab.protocols.search import run_study
-    from tracking.mlflow_tracker import MlflowTracker, check_tracking_server
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker, check_tracking_server
 
     check_tracking_server()  # a dead server: one clear line now, not a traceback later
     inner = MlflowTracker(experiment=kw["experiment"] or None)
@@ -180,7 +180,7 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     if tracker.spool_left is not None:  # trained, but the record is not complete: say so
         raise ScarcelabError(
             f"the tracking records of study run {tracker.study_run_id} were not all delivered; "
-            f"deliver them with `python -m tracking.spool replay {tracker.spool_left}`")
+            f"deliver them with `python -m scarcelab.tracking.spool replay {tracker.spool_left}`")
 
 
 def _family_command(family: str, default_method: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import click
 
-from entrypoints.cli import main
+from scarcelab.entrypoints.cli import main
 
 
 @main.command(name="sweep", short_help="Run a benchmark grid (YAML spec) on Ray.")
@@ -34,8 +34,8 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: boo
     """Run every cell of a grid spec as a Ray task; one sweep run in MLflow records them."""
     import os
 
-    from entrypoints.options import bool_option, opt_int
-    from tracking.sweep.spec import SpecError, load_spec
+    from scarcelab.entrypoints.options import bool_option, opt_int
+    from scarcelab.tracking.sweep.spec import SpecError, load_spec
 
     full = full or (bool_option(full_scale) if full_scale else False)
     n_retries = opt_int(retries, "--retries")
@@ -53,7 +53,7 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: boo
         for c in sp.cells:
             click.echo(f"{c.id}  scarcelab {' '.join(c.argv())}")
         return
-    from tracking.sweep.driver import run_sweep
+    from scarcelab.tracking.sweep.driver import run_sweep
 
     try:
         res = run_sweep(sp, address=address or None, jobs=jobs, retries=n_retries,

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from entrypoints.cli import main
-from entrypoints.options import opt_int
+from scarcelab.entrypoints.cli import main
+from scarcelab.entrypoints.options import opt_int
 from scarcelab.errors import ScarcelabError
 
 
@@ -26,7 +26,8 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
     return sizes
 
 
-@main.command(name="tune", help="Tune a supervised method with ASHA and retrain the best "
+@main.command(name="tune", short_help="Tune a method with ASHA, retrain the best 10 times.",
+              help="Tune a supervised method with ASHA and retrain the best "
               "configuration 10 times (Brigato et al. 2021), e.g. --method ole "
               "--dataset cifair10.")
 @click.option("--method", required=True, help="a supervised method (ce, ole, gradl2, cosine, "
@@ -60,7 +61,7 @@ def tune_cmd(**kw: Any) -> None:
 
     from scarcelab.protocols.search import parse_overrides
     from scarcelab.protocols.tune import TuneConfig, run_tune
-    from tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     try:
         device = kw["device"]

@@ -29,7 +29,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _sweep(strategy: str, experiment: str, reps: int = 2) -> object:
     from scarcelab.active.loop import ALRunConfig, run_al
-    from tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     rc = ALRunConfig(strategy, "honeypot", query_size=2, repetitions=reps, overrides=TINY)
     return run_al(rc, MlflowTracker(experiment=experiment))
@@ -56,7 +56,7 @@ def test_sweep_is_a_parent_with_one_al_run_per_repetition(store: str) -> None:
 def test_al_views_rank_strategies_and_log_a_cd_diagram(store: str) -> None:
     import mlflow
 
-    from tracking.al import al_report, al_runs
+    from scarcelab.tracking.al import al_report, al_runs
 
     for s in ("random", "margin", "coreset"):
         _sweep(s, "al-t2", reps=3)
@@ -75,7 +75,7 @@ def test_al_views_rank_strategies_and_log_a_cd_diagram(store: str) -> None:
 
 
 def test_cli_al_command_and_strategy_listing(store: str) -> None:
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     r = CliRunner().invoke(main, ["list", "strategies"])
     assert r.exit_code == 0
@@ -95,7 +95,7 @@ def test_cli_al_command_and_strategy_listing(store: str) -> None:
 def test_partial_strategy_is_ranked_where_run_and_left_out_of_the_cd_diagram() -> None:
     import pandas as pd
 
-    from tracking.al import cd_blocks, rank_table
+    from scarcelab.tracking.al import cd_blocks, rank_table
 
     rows = []
     for ds, base in (("a", 0.7), ("b", 0.8)):
@@ -115,7 +115,7 @@ def test_partial_strategy_is_ranked_where_run_and_left_out_of_the_cd_diagram() -
 
 
 def _enc_cli(experiment: str, *extra: str) -> object:
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     r = CliRunner().invoke(main, ["al", "--strategy", "margin", "--dataset",
                                   "encoded_synthetic_tiny", "--query-size", "2", "--budget",
@@ -176,7 +176,7 @@ def test_encoder_can_be_a_logged_scarcelab_model(store: str, tmp_path, monkeypat
     assert sweep["tags.scarcelab.encoding_source"].startswith("computed mlflow-run:")
     enc = runs[runs["tags.scarcelab.role"] == "encoding"].iloc[0]
     assert enc["params.source"] == uri and enc["params.encoder"] == "pretrained"
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     r = CliRunner().invoke(main, ["al", "--strategy", "margin", "--dataset",
                                   "encoded_synthetic_tiny", "--encoder", uri, "--set",

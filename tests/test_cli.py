@@ -21,7 +21,7 @@ TINY = ["--dataset", "synthetic_tiny", "--arch", "small_cnn", "--device", "cpu",
 
 
 def _invoke(args: list[str]):  # type: ignore[no-untyped-def]
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     return CliRunner().invoke(main, args)
 
@@ -154,7 +154,7 @@ def test_contamination_bad_values(args, option, tmp_path, monkeypatch) -> None: 
 def test_typo_is_reported_before_torch_and_mlflow_are_imported() -> None:
     """A real process: the error comes from click's parser, and at that point neither torch
     nor MLflow (nor numpy) has been imported — the ~10 s a typo used to cost."""
-    code = ("import json, sys\nfrom entrypoints.cli import main\n"
+    code = ("import json, sys\nfrom scarcelab.entrypoints.cli import main\n"
             "try:\n    main(['semi', '--method', 'fixmatch', '--budget-minutes', 'abc'])\n"
             "except SystemExit as e:\n"
             "    print(json.dumps({'rc': e.code, 'heavy': sorted(m for m in ('torch', "
@@ -209,10 +209,10 @@ def _mlproject(entry: str) -> dict:  # type: ignore[type-arg]
 
 @pytest.mark.parametrize("entry", ["supervised", "semi", "self", "contamination", "al"])
 def test_mlproject_parameters_and_defaults_match_the_cli(entry: str) -> None:
-    from entrypoints.al import AL_ENTRY
-    from entrypoints.cli import main
-    from entrypoints.contamination import CONTAMINATION_ENTRY
-    from entrypoints.study import FAMILY_ENTRY
+    from scarcelab.entrypoints.al import AL_ENTRY
+    from scarcelab.entrypoints.cli import main
+    from scarcelab.entrypoints.contamination import CONTAMINATION_ENTRY
+    from scarcelab.entrypoints.study import FAMILY_ENTRY
 
     names = {"al": AL_ENTRY, "contamination": CONTAMINATION_ENTRY}.get(entry, FAMILY_ENTRY)
     spec = _mlproject(entry)
@@ -229,7 +229,7 @@ def test_mlproject_parameters_and_defaults_match_the_cli(entry: str) -> None:
 
 
 def test_merge_params_follows_the_trackers_rule_under_mlflow_run() -> None:
-    from entrypoints.options import merge_params
+    from scarcelab.entrypoints.options import merge_params
 
     entry = {"arch": "auto", "data_dir": "default", "seed": "0", "budget_minutes": "3"}
     merged = merge_params(entry, {"arch": "small_cnn", "data_dir": None, "seed": 0,
@@ -280,7 +280,7 @@ def test_console_script_and_mlflow_run_log_the_same_parameters(tmp_path, monkeyp
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in
                                               list(final.items()) + list(extra.items())])
     argv = shlex.split(ep.compute_command(user, storage_dir=None))
-    assert argv[:4] == ["python", "-m", "entrypoints.cli", "supervised"]
+    assert argv[:4] == ["python", "-m", "scarcelab.entrypoints.cli", "supervised"]
     monkeypatch.setenv("MLFLOW_RUN_ID", run.info.run_id)
     r = _invoke(argv[3:])
     assert r.exit_code == 0, r.output

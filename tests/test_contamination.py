@@ -294,7 +294,7 @@ def _points():
 
 
 def test_table_a1_relative_changes_and_clean_row_per_source():
-    from tracking.contamination import summarise_history, table_a1, to_markdown
+    from scarcelab.tracking.contamination import summarise_history, table_a1, to_markdown
 
     t = table_a1(_points())
     assert list(zip(t["source"], t["ratio"], strict=True)) == [
@@ -316,8 +316,8 @@ def test_view_reads_a_real_mlflow_sweep(tmp_path, monkeypatch):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from entrypoints.contamination import _child_tracker_class
-    from tracking.contamination import contamination_table, plot_vs_ratio
+    from scarcelab.entrypoints.contamination import _child_tracker_class
+    from scarcelab.tracking.contamination import contamination_table, plot_vs_ratio
 
     monkeypatch.chdir(tmp_path)
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")

@@ -153,7 +153,7 @@ def test_al_data_with_nan_features_or_one_class_is_refused() -> None:
 
 
 def test_undefined_metric_is_logged_as_missing_with_a_warning() -> None:
-    from entrypoints._progress import Display, ProgressTracker
+    from scarcelab.entrypoints._progress import Display, ProgressTracker
     from scarcelab.tracker import InMemoryTracker
 
     inner = InMemoryTracker()
@@ -220,7 +220,7 @@ def test_al_sweep_logs_its_data_files(tmp_path, monkeypatch) -> None:  # type: i
     import mlflow
     from click.testing import CliRunner
 
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     data = tmp_path / "data"
     _splice_files(data)

@@ -143,7 +143,7 @@ def store(tmp_path, monkeypatch):
 def self_study(store):
     """A real (tiny) self-supervised study logged to the store: checkpoint and model."""
     from scarcelab.protocols.search import StudyConfig, run_study
-    from tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     tracker = MlflowTracker(experiment="enc")
     res = run_study(StudyConfig(method="simclr", dataset="synthetic_tiny_rgb", budget_minutes=1,
@@ -162,7 +162,7 @@ def _backbone_of(ckpt):  # type: ignore[no-untyped-def]
 
 
 def test_runs_uri_reads_the_study_checkpoint(self_study):
-    from tracking.encoders import resolve_encoder
+    from scarcelab.tracking.encoders import resolve_encoder
 
     run_id, ckpt = self_study
     want = _backbone_of(ckpt)
@@ -180,8 +180,8 @@ def test_runs_uri_reads_the_study_checkpoint(self_study):
 
 
 def test_models_uri_and_the_al_loader(self_study):
-    from tracking.encoders import resolve_encoder
-    from tracking.encoding_cache import load_pretrained_backbone
+    from scarcelab.tracking.encoders import resolve_encoder
+    from scarcelab.tracking.encoding_cache import load_pretrained_backbone
 
     run_id, ckpt = self_study
     mlflow.register_model(f"runs:/{run_id}/model", "pathology-encoder")
@@ -194,7 +194,7 @@ def test_models_uri_and_the_al_loader(self_study):
 
 def test_runs_uri_without_checkpoint_reads_the_model_pickle_safely(store, tmp_path):
     """A run with only a pickled model: its tensors, still without running its code."""
-    from tracking.encoders import resolve_encoder
+    from scarcelab.tracking.encoders import resolve_encoder
 
     bb = create_model("small_cnn", in_channels=3)
     model = ExportedClassifier(bb, nn.Linear(bb.num_features, 2), ["a", "b"])

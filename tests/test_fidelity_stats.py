@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from tracking import stats
-from tracking.al import cd_blocks, rank_table
+from scarcelab.tracking import stats
+from scarcelab.tracking.al import cd_blocks, rank_table
 
 sp = pytest.importorskip("scikit_posthocs")  # test-only dependency (requirements-dev.txt)
 
@@ -92,7 +92,7 @@ def test_ranks_are_taken_per_dataset_query_size_repetition_block():
 def test_views_rank_al_strategies_over_the_same_blocks(monkeypatch):
     """tracking.query.views and tracking.al give the same AL ranks (they disagreed: the
     views ranked the mean AUC per problem)."""
-    from tracking.query import views
+    from scarcelab.tracking.query import views
 
     rows = []
     for k, (a, b) in enumerate([(0.9, 0.5), (0.45, 0.5), (0.45, 0.5)]):
@@ -115,7 +115,7 @@ def test_views_rank_al_strategies_over_the_same_blocks(monkeypatch):
 
 
 def test_rank_view_with_one_block_gives_no_friedman_p():
-    from tracking.query.views import _rank_table
+    from scarcelab.tracking.query.views import _rank_table
 
     with pytest.warns(UserWarning, match="no Friedman p-value"):
         out = _rank_table(_scores(0, n=1), "al")

@@ -25,7 +25,7 @@ def _store(tmp_path, monkeypatch):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
@@ -48,7 +48,7 @@ def _store(tmp_path, monkeypatch):
 
 
 def test_configuration_from_a_study_run_a_trial_run_and_an_experiment(store):
-    from tracking.hparams import resolve_hparams
+    from scarcelab.tracking.hparams import resolve_hparams
 
     client, runs = store
     (rid, res), _ = runs
@@ -76,7 +76,7 @@ def test_configuration_from_a_study_run_a_trial_run_and_an_experiment(store):
 
 
 def test_unknown_source_or_other_method_is_a_clear_error(store):
-    from tracking.hparams import resolve_hparams
+    from scarcelab.tracking.hparams import resolve_hparams
 
     _, runs = store
     with pytest.raises(ConfigError, match="hparams_from='nosuch'.*no MLflow run or experiment"):
@@ -88,8 +88,10 @@ def test_unknown_source_or_other_method_is_a_clear_error(store):
 
 
 def test_cli_options_reach_the_study_config(store):
-    from entrypoints.cli import main  # registers the commands (entrypoints.study among them)
-    from entrypoints.study import study_config
+    from scarcelab.entrypoints.cli import (
+        main,  # registers the commands (entrypoints.study among them)
+    )
+    from scarcelab.entrypoints.study import study_config
 
     _, runs = store
     args = ["--method", "sup", "--dataset", "synthetic_tiny", "--arch", "small_cnn",

@@ -8,8 +8,8 @@ from mlflow.tracking import MlflowClient
 
 from scarcelab.errors import TrialFailed
 from scarcelab.protocols.search import StudyConfig, run_study
-from tracking.leaderboard import leaderboard, load_studies
-from tracking.mlflow_tracker import MlflowTracker
+from scarcelab.tracking.leaderboard import leaderboard, load_studies
+from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def test_experiment_created_concurrently_is_reused(store, monkeypatch):
     """Two workers starting together both see no experiment and both create it: the loser
     of that race must use the winner's experiment, not fail (seen once in the two-worker
     e2e test)."""
-    from tracking import mlflow_tracker as mt
+    from scarcelab.tracking import mlflow_tracker as mt
 
     winner = MlflowClient().create_experiment("raced")
     real = MlflowClient.get_experiment_by_name

@@ -6,7 +6,7 @@ import numpy as np
 import optuna
 from sklearn.metrics import confusion_matrix, roc_curve
 
-from tracking import plots
+from scarcelab.tracking import plots
 
 
 def _data(n: int = 120, k: int = 3, seed: int = 0):  # type: ignore[no-untyped-def]

@@ -9,7 +9,14 @@ import re
 
 import pytest
 
-from entrypoints._progress import NORMAL, QUIET, VERBOSE, Display, ProgressTracker, fmt_time
+from scarcelab.entrypoints._progress import (
+    NORMAL,
+    QUIET,
+    VERBOSE,
+    Display,
+    ProgressTracker,
+    fmt_time,
+)
 
 
 class Tty(io.StringIO):
@@ -79,7 +86,7 @@ def test_cli_summary_names_experiment_run_model_and_ui(tmp_path, monkeypatch) ->
     import mlflow
     from click.testing import CliRunner
 
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     uri = f"sqlite:///{tmp_path}/m.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -25,8 +25,8 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from scipy import stats as sps
 
-from tracking import query
-from tracking.query import views
+from scarcelab.tracking import query
+from scarcelab.tracking.query import views
 
 T0 = 1_700_000_000_000  # ms; all timestamps derive from the spec, so the store is fixed
 
@@ -483,7 +483,7 @@ def test_api_reader_matches_sql_reader(store, tracked):
 
 
 def test_cli_csv_on_stdout(store, tracked):
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     res = CliRunner().invoke(main, ["leaderboard", "--experiment", "qa,qb", "--tracking-uri",
                                     store["uri"], "--view", "significance"])
@@ -505,7 +505,7 @@ def test_cli_csv_on_stdout(store, tracked):
 @pytest.fixture(scope="module")
 def report(store, tmp_path_factory):
     """The full report written by the CLI and logged as a `report` run."""
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     out = tmp_path_factory.mktemp("report")
     res = CliRunner().invoke(main, ["leaderboard", "--experiment", "qa,qb", "--tracking-uri",

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-from entrypoints.cli import main
+from scarcelab.entrypoints.cli import main
 
 TINY = ["--dataset", "synthetic_tiny", "--arch", "small_cnn", "--device", "cpu",
         "--max-epochs", "2", "--patience", "2", "--batch-size", "16",

@@ -19,7 +19,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
 
-from tracking.s3_proxy import S3AuthError, SigV4Verifier, make_server, serve_in_thread
+from scarcelab.tracking.s3_proxy import S3AuthError, SigV4Verifier, make_server, serve_in_thread
 
 KEY, SECRET = "SLTESTKEY0001", "s3cr3t/with+chars=="
 HOST = "127.0.0.1:14999"
@@ -215,7 +215,7 @@ def test_auth_stack_store_accepts_only_signed_requests(tmp_path):
     import shutil
     import stat
 
-    from tracking.stack import Stack, free_port
+    from scarcelab.tracking.stack import Stack, free_port
 
     if not (Stack.s3rver_script().exists() and shutil.which("node")):
         pytest.skip("s3rver (npm, installed by scripts/setup) or node not available")

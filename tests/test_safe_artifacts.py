@@ -17,8 +17,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tracking.mlflow_tracker import MlflowTracker
-from tracking.safe_io import (
+from scarcelab.tracking.mlflow_tracker import MlflowTracker
+from scarcelab.tracking.safe_io import (
     CHECKSUM_TAG,
     UnsafeArtifact,
     load_checkpoint,
@@ -148,7 +148,7 @@ def test_pretrained_encoder_in_pickle_format_is_read_without_unpickling(store, m
     from the artifact store runs (a crafted pickle is tested in tests/test_encoders.py)."""
     from scarcelab.models import create_model
     from scarcelab.models.classifier import ExportedClassifier
-    from tracking.encoding_cache import load_pretrained_backbone
+    from scarcelab.tracking.encoding_cache import load_pretrained_backbone
 
     bb = create_model("small_cnn", in_channels=1)
     model = ExportedClassifier(bb, torch.nn.Linear(bb.num_features, 2), ["a", "b"])

@@ -281,7 +281,7 @@ def test_hovernet_loss_hand_cases():
 def test_segment_cli_tiny_run_into_sqlite_mlflow(tmp_path, monkeypatch):
     import mlflow
 
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     _need("consep_patches")
     _need("nuclei_cpm15")
@@ -324,7 +324,7 @@ def test_segment_cli_tiny_run_into_sqlite_mlflow(tmp_path, monkeypatch):
 
 
 def test_segment_cli_rejects_bad_options(tmp_path):
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     r = CliRunner().invoke(main, ["segment", "--aggregation", "median", "--encoder",
                                   str(tmp_path / "missing.pt")])
@@ -393,8 +393,8 @@ def test_segment_resolves_mlflow_encoders_through_the_probe_resolver(monkeypatch
     from click.testing import CliRunner
 
     import scarcelab.protocols.segment as seg
-    import tracking.encoders as enc
-    from entrypoints.cli import main
+    import scarcelab.tracking.encoders as enc
+    from scarcelab.entrypoints.cli import main
     from scarcelab.errors import ConfigError
     from scarcelab.models import create_model
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from mlflow.exceptions import MlflowException, RestException
 
-from tracking.spool import Spool, is_transient, leftovers, replay
+from scarcelab.tracking.spool import Spool, is_transient, leftovers, replay
 
 
 class Server:
@@ -36,7 +36,7 @@ class Server:
 
 @pytest.fixture(autouse=True)
 def fast(monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setattr("tracking.spool.RETRY_INTERVAL_S", 0.0)
+    monkeypatch.setattr("scarcelab.tracking.spool.RETRY_INTERVAL_S", 0.0)
 
 
 def test_outage_keeps_order_and_maps_runs_created_meanwhile(tmp_path):
@@ -135,7 +135,7 @@ from pathlib import Path  # noqa: E402
 
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST  # noqa: E402
 
-import tracking.spool as spool_mod  # noqa: E402
+import scarcelab.tracking.spool as spool_mod  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -250,8 +250,8 @@ def test_disk_full_keeps_the_journal_valid_and_the_records_in_memory(tmp_path, c
 _REPLAY_AND_DIE = """
 import os, signal, sys, time
 import mlflow
-from tracking import mlflow_tracker as mt
-from tracking.spool import replay
+from scarcelab.tracking import mlflow_tracker as mt
+from scarcelab.tracking.spool import replay
 mlflow.set_tracking_uri(sys.argv[2])
 mode = sys.argv[3]
 go = sys.argv[4] if len(sys.argv) > 4 else None
@@ -301,7 +301,7 @@ def _runs_in(exp):  # type: ignore[no-untyped-def]
 def test_kill9_during_replay_then_replay_again_delivers_each_record_once(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from tracking.mlflow_tracker import deliver_op
+    from scarcelab.tracking.mlflow_tracker import deliver_op
 
     uri, exp, left = _real_store_spool(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -310,7 +310,8 @@ def test_kill9_during_replay_then_replay_again_delivers_each_record_once(tmp_pat
                        timeout=300)
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     assert len(_runs_in(exp)) == 1  # the run was created before the kill
-    assert replay(left, deliver_op)  # the next start (or `python -m tracking.spool replay`)
+    # the next start (or `python -m scarcelab.tracking.spool replay`)
+    assert replay(left, deliver_op)
     runs = _runs_in(exp)
     assert len(runs) == 1, "the run the killed replay created was created again"
     r = runs[0]

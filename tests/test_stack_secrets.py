@@ -13,7 +13,7 @@ import stat
 import pytest
 
 from scarcelab.protocols.study_store import redact
-from tracking.stack import Stack, StackState, scram_verifier
+from scarcelab.tracking.stack import Stack, StackState, scram_verifier
 
 
 @pytest.mark.parametrize("uri,secret", [

@@ -10,7 +10,7 @@ import pytest
 from matplotlib.figure import Figure
 from scipy import stats as sps
 
-from tracking.stats import (
+from scarcelab.tracking.stats import (
     average_ranks,
     cd_diagram,
     cliques,

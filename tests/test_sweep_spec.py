@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from entrypoints.cli import main
-from tracking.sweep.spec import SpecError, load_spec, parse_spec
+from scarcelab.entrypoints.cli import main
+from scarcelab.tracking.sweep.spec import SpecError, load_spec, parse_spec
 
 GRID = """\
 name: mini

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracking.query.table3 import render_table3, table3
+from scarcelab.tracking.query.table3 import render_table3, table3
 
 
 def _scores() -> pd.DataFrame:

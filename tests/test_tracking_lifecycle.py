@@ -28,7 +28,7 @@ def _env(**kw: str) -> dict[str, str]:
 
 def test_dead_server_at_start_is_refused_in_one_line_before_loading_data(tmp_path):
     # a data folder that does not exist: had data been loaded first, that would be the error
-    cmd = [sys.executable, "-m", "entrypoints.cli", "semi", "--method", "fixmatch",
+    cmd = [sys.executable, "-m", "scarcelab.entrypoints.cli", "semi", "--method", "fixmatch",
            "--dataset", "breastmnist", "--data-dir", str(tmp_path / "nonexistent")]
     t0 = time.time()
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
@@ -69,9 +69,9 @@ def test_undelivered_records_at_exit_give_a_nonzero_status_and_the_replay_comman
     from click.testing import CliRunner
 
     import scarcelab.protocols.search as search
-    import tracking.mlflow_tracker as mt
-    from entrypoints.cli import main
-    from tracking.stack import free_port
+    import scarcelab.tracking.mlflow_tracker as mt
+    from scarcelab.entrypoints.cli import main
+    from scarcelab.tracking.stack import free_port
 
     port = free_port()
     srv = _mlflow_server(tmp_path, port)
@@ -86,7 +86,7 @@ def test_undelivered_records_at_exit_give_a_nonzero_status_and_the_replay_comman
     monkeypatch.setattr(mt, "FLUSH_TIMEOUT_S", 1.0)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("SCARCELAB_SPOOL_DIR", str(tmp_path / "spool"))
-    monkeypatch.setattr("tracking.spool.DEFAULT_ROOT", tmp_path / "spool")
+    monkeypatch.setattr("scarcelab.tracking.spool.DEFAULT_ROOT", tmp_path / "spool")
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     monkeypatch.chdir(tmp_path)
     assert search.run_study  # the real study, only the server is taken away
@@ -99,7 +99,7 @@ def test_undelivered_records_at_exit_give_a_nonzero_status_and_the_replay_comman
     assert "best val balanced accuracy" in r.output  # it trained to the end
     left = list((tmp_path / "spool").iterdir())
     assert len(left) == 1
-    assert f"python -m tracking.spool replay {left[0]}" in r.output
+    assert f"python -m scarcelab.tracking.spool replay {left[0]}" in r.output
 
 
 # -- item 5: `mlflow run` killed --------------------------------------------------------
@@ -122,7 +122,8 @@ def test_training_child_dies_with_a_killed_mlflow_run(tmp_path):
     fake_mlflow.write_text(_LAUNCHER)
     pidfile = tmp_path / "child.pid"
     # the pid file is written once the CLI has started (its watchdog is armed from then on)
-    child_cmd = (f"{sys.executable} -c \"import os, time; from entrypoints.cli import main; "
+    child_cmd = (f"{sys.executable} -c \"import os, time; "
+                 "from scarcelab.entrypoints.cli import main; "
                  "main(['list', 'methods'], standalone_mode=False); "
                  f"open('{pidfile}', 'w').write(str(os.getpid())); time.sleep(120)\"")
     env = _env(MLFLOW_RUN_ID="0123456789abcdef", SCARCELAB_PARENT_POLL_S="0.2")
@@ -163,6 +164,6 @@ def _alive(pid: int) -> bool:
     (["python", "train.py", "run"], False),
 ])
 def test_mlflow_run_is_recognised(argv, expect):
-    from tracking.lifecycle import is_mlflow_run
+    from scarcelab.tracking.lifecycle import is_mlflow_run
 
     assert is_mlflow_run(argv) is expect

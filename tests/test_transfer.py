@@ -154,7 +154,7 @@ def store(tmp_path, monkeypatch):
 
 
 def _probe(*args: str) -> str:
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     out = CliRunner().invoke(main, ["probe", "--dataset", SEPARABLE, "--device", "cpu",
                                     "--experiment", "transfer", *args])
@@ -163,8 +163,8 @@ def _probe(*args: str) -> str:
 
 
 def test_probe_command_linear_and_finetune(store, tmp_path):
-    from tracking.query import load
-    from tracking.query.views import transfer
+    from scarcelab.tracking.query import load
+    from scarcelab.tracking.query.views import transfer
 
     enc, _ = build_encoder("random", "small_cnn", 3, seed=5)
     weights = str(tmp_path / "enc.pt")
@@ -214,7 +214,7 @@ def test_probe_command_linear_and_finetune(store, tmp_path):
 
 
 def test_probe_command_bad_encoder_is_one_line(store):
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     out = CliRunner().invoke(main, ["probe", "--dataset", SEPARABLE, "--encoder",
                                     "/nonexistent/w.pt"])

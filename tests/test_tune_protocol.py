@@ -40,7 +40,7 @@ def _cfg(tmp_path, **kw):
 
 
 def test_asha_prunes_and_retrains_visible_in_optuna_and_mlflow(tmp_path, store):
-    from tracking.mlflow_tracker import MlflowTracker
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     tracker = MlflowTracker(experiment="tune-unit")
     res = run_tune(_cfg(tmp_path), tracker)
@@ -76,8 +76,8 @@ def test_asha_prunes_and_retrains_visible_in_optuna_and_mlflow(tmp_path, store):
     assert res.best_params == best.params
     assert retrains[0].data.params["batch_size"] == str(best.params["batch_size"])
     # the Table-3 view renders from this store
-    from tracking.query.frame import load
-    from tracking.query.table3 import render_table3, retrain_scores, table3
+    from scarcelab.tracking.query.frame import load
+    from scarcelab.tracking.query.table3 import render_table3, retrain_scores, table3
 
     sc = retrain_scores(load("tune-unit", store))
     assert len(sc) == 3 and set(sc.method) == {"ce"}
@@ -178,7 +178,7 @@ def test_scattering_scale_too_large_for_the_input_is_a_failed_trial():
 def test_tune_command_line(tmp_path, store):
     from click.testing import CliRunner
 
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     args = ["tune", "--method", "ce", "--dataset", "synthetic_tiny_rgb", "--arch", "small_cnn",
             "--epochs", "2", "--grace-period", "1", "--n-trials", "2", "--batch-sizes", "8,16",

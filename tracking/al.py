@@ -83,7 +83,7 @@ def rank_table(runs: pd.DataFrame) -> pd.DataFrame:
     Within a problem, only strategies run on it are ranked, on the repetitions all of them
     finished; a strategy missing from a problem has no rank there (NaN), nor in the
     overall row."""
-    from tracking.stats import average_ranks
+    from scarcelab.tracking.stats import average_ranks
 
     blocks = paired_blocks(runs)
     rows = {key: average_ranks(sub.droplevel([0, 1]).dropna(axis=1, how="all").dropna())
@@ -114,7 +114,7 @@ def al_report(experiments: list[str], tracking_uri: str | None = None, alpha: fl
     matplotlib.use("Agg")
     import mlflow
 
-    from tracking.stats import cd_diagram, friedman_test, wilcoxon_holm
+    from scarcelab.tracking.stats import cd_diagram, friedman_test, wilcoxon_holm
 
     runs = al_runs(experiments, tracking_uri)
     if runs.empty:

@@ -130,7 +130,7 @@ def _verify(path: Path, tags: dict[str, str], spec: str) -> None:
     """A study records its checkpoint's sha256 in the tracking store: a file in the
     artifact store that differs from it was replaced behind the study's back (the artifact
     store is the less protected of the two, docs/threat-model.md) and is refused."""
-    from tracking.safe_io import CHECKSUM_TAG, sha256_file
+    from scarcelab.tracking.safe_io import CHECKSUM_TAG, sha256_file
 
     want = tags.get(CHECKSUM_TAG)
     if want and sha256_file(path) != want:

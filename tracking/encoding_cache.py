@@ -20,7 +20,7 @@ from typing import Any
 from mlflow.entities import Metric, Param
 
 from scarcelab.active.encoded import DiskEncodingCache, Encoded
-from tracking.mlflow_tracker import current_experiment_id
+from scarcelab.tracking.mlflow_tracker import current_experiment_id
 
 log = logging.getLogger(__name__)
 ROLE = "encoding"
@@ -96,7 +96,7 @@ def load_pretrained_backbone(uri: str) -> Any:
     which expects normalised images exactly as ``scarcelab.active.encoded.embed_images``
     feeds them. Read through ``tracking.encoders.resolve_encoder``: the study's checkpoint
     tensors, never an unpickled model."""
-    from tracking.encoders import resolve_encoder
+    from scarcelab.tracking.encoders import resolve_encoder
 
     backbone, _ = resolve_encoder(uri, None, None)
     return backbone.eval()

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from tracking.query import frame, views
+from scarcelab.tracking.query import frame, views
 
 STUDY_COLUMNS = ["run_id", "dataset", "method", "family", "seed", "arch",
                  "val_balanced_accuracy", "test_balanced_accuracy", "test_auroc"]

@@ -48,8 +48,8 @@ from torch import nn
 
 from scarcelab.errors import ScarcelabError
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
-from tracking.run_views import RunViews
-from tracking.safe_io import (
+from scarcelab.tracking.run_views import RunViews
+from scarcelab.tracking.safe_io import (
     CHECKSUM_TAG,
     UnsafeArtifact,
     export_model,
@@ -57,7 +57,7 @@ from tracking.safe_io import (
     load_exported,
     save_checkpoint,
 )
-from tracking.spool import Spool, is_remote, is_transient, leftovers, replay
+from scarcelab.tracking.spool import Spool, is_remote, is_transient, leftovers, replay
 
 log = logging.getLogger("scarcelab.tracking")
 
@@ -228,7 +228,7 @@ def check_tracking_server(uri: str | None = None) -> None:
     try:
         MlflowClient(uri).search_experiments(max_results=1)
     except Exception as e:  # noqa: BLE001 - classified below, reported in one line
-        from tracking.spool import http_status
+        from scarcelab.tracking.spool import http_status
 
         status = http_status(e) if not is_transient(e) else None
         why = (f"refused the request (HTTP {status}: check MLFLOW_TRACKING_USERNAME / "
@@ -525,7 +525,8 @@ class MlflowTracker(RunViews, Tracker):
             if self.spool_left is not None:
                 msg = (f"tracking server {self.spool.tracking_uri} did not take every record "
                        f"of study run {self.study_run_id} before exit: they are kept in "
-                       f"{self.spool_left}; deliver them with `python -m tracking.spool replay "
+                       f"{self.spool_left}; deliver them with "
+                       "`python -m scarcelab.tracking.spool replay "
                        f"{self.spool_left}` (the next study against this server does it too). "
                        "The run stays RUNNING until then and is tagged "
                        "scarcelab.spool=delivered_late when delivered.")

@@ -130,7 +130,7 @@ class RunViews:
                 log.info("system metrics monitor: %s", e)
 
     def _rv_png(self, fig: Any, name: str) -> None:
-        from tracking.plots import png
+        from scarcelab.tracking.plots import png
 
         if fig is None:
             return
@@ -142,7 +142,7 @@ class RunViews:
                       "path": str(path), "artifact_path": "plots"})
 
     def _rv_figures(self, st: dict[str, Any]) -> None:
-        from tracking import plots
+        from scarcelab.tracking import plots
 
         title = st["name"]
         if st["eval"] is not None:

@@ -9,7 +9,7 @@ order trivially correct). Runs created during an outage get a local key first an
 real id when the ``create_run`` is delivered; later operations name runs by key.
 
 If the process ends before everything is delivered, the folder stays, its path is printed,
-and ``python -m tracking.spool replay DIR`` (or the next tracker started against the same
+and ``python -m scarcelab.tracking.spool replay DIR`` (or the next tracker started against the same
 server) delivers it; runs completed that way are tagged ``scarcelab.spool=delivered_late``.
 Operations the server *rejects* (HTTP 4xx: a bug, not an outage) are written to
 ``rejected.jsonl`` and reported, not retried forever — but never dropped silently.
@@ -474,12 +474,13 @@ def replay(folder: Path, deliver: Callable[[dict[str, Any], dict[str, str]], str
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tracking.spool replay DIR...`` — deliver spools left by ended processes."""
+    """``python -m scarcelab.tracking.spool replay DIR...``: deliver spools left by ended
+    processes."""
     import argparse
 
-    from tracking.mlflow_tracker import deliver_op
+    from scarcelab.tracking.mlflow_tracker import deliver_op
 
-    p = argparse.ArgumentParser(prog="python -m tracking.spool")
+    p = argparse.ArgumentParser(prog="python -m scarcelab.tracking.spool")
     p.add_argument("action", choices=["replay"])
     p.add_argument("dirs", nargs="+")
     a = p.parse_args(argv)

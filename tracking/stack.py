@@ -458,7 +458,7 @@ class Stack:
                                  "(--s3-port 0 picks a free one)")
         env = {**os.environ, "SCARCELAB_S3_ACCESS_KEY": self.state.s3_access_key,
                "SCARCELAB_S3_SECRET_KEY": self.state.s3_secret_key}  # not argv: `ps` shows it
-        self._spawn("s3proxy", [sys.executable, str(REPO / "tracking" / "s3_proxy.py"),
+        self._spawn("s3proxy", [sys.executable, str(Path(__file__).with_name("s3_proxy.py")),
                                 "--host", self.state.host, "--port", str(self.state.s3_port),
                                 "--upstream", f"unix:{self.s3_socket}"], env)
         self._wait_port(self.state.s3_port, "s3proxy", 30)
@@ -576,7 +576,8 @@ class Stack:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tracking.stack start|stop|status|env [--root DIR] [--*-port N] [--auth]``."""
+    """``python -m scarcelab.tracking.stack start|stop|status|env [--root DIR] [--*-port N]
+    [--auth]``."""
     import argparse
 
     p = argparse.ArgumentParser(prog="scripts/stack", description=__doc__.split("\n")[0])

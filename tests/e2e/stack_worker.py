@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from scarcelab.protocols.search import StudyConfig, run_study
-from tracking.mlflow_tracker import MlflowTracker
+from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tracking.stack import DEFAULT_PORTS, S3_KEY, Stack, free_port
+from scarcelab.tracking.stack import DEFAULT_PORTS, S3_KEY, Stack, free_port
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -127,7 +127,8 @@ def test_kill_and_resume_study_through_server(stack, client_env, tmp_path):
     """SIGKILL a running study, run the same command again: it continues (items 1, 4, 5, 7)."""
     env, exp = client_env
     budget_s = 36.0
-    cmd = [sys.executable, "-m", "entrypoints.cli", "supervised", *STUDY, "--budget-minutes",
+    cmd = [sys.executable, "-m", "scarcelab.entrypoints.cli", "supervised", *STUDY,
+           "--budget-minutes",
            str(budget_s / 60), "--experiment", exp]
     log1 = open(tmp_path / "run1.log", "w+")  # noqa: SIM115
     p1 = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log1, stderr=subprocess.STDOUT)
@@ -248,7 +249,8 @@ def test_al_encoding_is_shared_through_the_object_store(stack, client_env, tmp_p
     """An encoded AL set computed on one machine is an artifact in the bucket; a second
     machine (an empty local cache) downloads it through the server instead of retraining."""
     env, exp = client_env
-    cmd = [sys.executable, "-m", "entrypoints.cli", "al", "--strategy", "margin", "--dataset",
+    cmd = [sys.executable, "-m", "scarcelab.entrypoints.cli", "al", "--strategy", "margin",
+           "--dataset",
            "encoded_synthetic_tiny", "--query-size", "2", "--budget", "2", "--set",
            "encoder.epochs=1,encoder.arch=small_cnn,encoder.batch_size=64", "--experiment",
            exp]
@@ -309,7 +311,8 @@ def test_server_outage_training_goes_on(stack, client_env, tmp_path):
     study is still training when the server returns."""
     env, exp = client_env
     budget_min = (OUTAGE_S + 40.0) / 60.0
-    cmd = [sys.executable, "-m", "entrypoints.cli", "supervised", *STUDY, "--budget-minutes",
+    cmd = [sys.executable, "-m", "scarcelab.entrypoints.cli", "supervised", *STUDY,
+           "--budget-minutes",
            f"{budget_min:.3f}", "--experiment", exp]
     log = open(tmp_path / "run.log", "w+")  # noqa: SIM115
     p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -349,7 +352,7 @@ def test_undeliverable_records_are_kept_and_data_survives_restart(stack, client_
                                                                   capsys, monkeypatch):
     """Stack stopped before the run ends: the spool is printed, replayed after `start`;
     earlier runs and artifacts are still there after stop + start (items 1, 6)."""
-    import tracking.mlflow_tracker as mt
+    import scarcelab.tracking.mlflow_tracker as mt
 
     env, exp = client_env
     monkeypatch.setattr(mt, "FLUSH_TIMEOUT_S", 1.0)
@@ -367,9 +370,10 @@ def test_undeliverable_records_are_kept_and_data_survives_restart(stack, client_
     assert t.spool_left is not None and str(t.spool_left) in err
     assert (t.spool_left / "journal.jsonl").exists()
     stack.start()
-    from tracking.spool import main as spool_main
+    from scarcelab.tracking.spool import main as spool_main
 
-    assert spool_main(["replay", str(t.spool_left)]) == 0  # `python -m tracking.spool replay`
+    # `python -m scarcelab.tracking.spool replay`
+    assert spool_main(["replay", str(t.spool_left)]) == 0
     assert "delivered" in capsys.readouterr().out
     c = MlflowClient()
     run = c.get_run(t.study_run_id)
@@ -461,7 +465,7 @@ def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
         cenv = {**os.environ, **env, "SCARCELAB_SPOOL_DIR": str(tmp_path / "spool"),
                 "OMP_NUM_THREADS": "1"}
         cenv.pop("MLFLOW_RUN_ID", None)
-        p = subprocess.run([sys.executable, "-m", "entrypoints.cli", "supervised", *STUDY,
+        p = subprocess.run([sys.executable, "-m", "scarcelab.entrypoints.cli", "supervised", *STUDY,
                             "--budget-minutes", "0.3", "--max-trials", "1", "--experiment",
                             exp], cwd=tmp_path, env=cenv, capture_output=True, text=True,
                            timeout=400)

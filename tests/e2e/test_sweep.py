@@ -56,7 +56,7 @@ def test_sweep_grid_kill_resume_and_failing_cell(stack, client_env, tmp_path):  
     spec = tmp_path / "grid.yaml"
     spec.write_text(SPEC.format(name=exp))
     env = {**env, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "entrypoints.cli", "sweep", str(spec), "--jobs", "2"]
+    cmd = [sys.executable, "-m", "scarcelab.entrypoints.cli", "sweep", str(spec), "--jobs", "2"]
     client = MlflowClient()
 
     log1 = open(tmp_path / "driver1.log", "w+")  # noqa: SIM115

@@ -1,6 +1,6 @@
 """The query layer: tracked studies -> the tables and figures of the papers we implement.
 
-    from tracking.query import load, leaderboard, gains, profile, significance, ranks
+    from scarcelab.tracking.query import load, leaderboard, gains, profile, significance, ranks
     t = load("my-benchmark", tracking_uri="sqlite:///mlflow.db")   # read once
     leaderboard(t, dataset="pathmnist", sort_by="test_auroc_mean")
     gains(t); profile(t); significance(t); ranks(t)
@@ -8,10 +8,10 @@
 See docs/query.md for what every column means and how each view is computed.
 """
 
-from tracking.query.frame import Tracked, load, tidy_runs
-from tracking.query.report import log_report, sections
-from tracking.query.store import ApiReader, SqlReader, open_reader
-from tracking.query.views import (
+from scarcelab.tracking.query.frame import Tracked, load, tidy_runs
+from scarcelab.tracking.query.report import log_report, sections
+from scarcelab.tracking.query.store import ApiReader, SqlReader, open_reader
+from scarcelab.tracking.query.views import (
     VIEWS,
     al_ranks,
     al_scores,

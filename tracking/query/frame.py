@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracking.query.store import StoreReader, open_reader
+from scarcelab.tracking.query.store import StoreReader, open_reader
 
 ROLE_TAG = "scarcelab.role"
 TAG_PREFIX = "scarcelab."

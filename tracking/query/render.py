@@ -24,8 +24,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from tracking import stats  # noqa: E402
-from tracking.query.frame import VAL  # noqa: E402
+from scarcelab.tracking import stats  # noqa: E402
+from scarcelab.tracking.query.frame import VAL  # noqa: E402
 
 FLOAT_FMT = ".4f"
 

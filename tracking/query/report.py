@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tracking.query import render, views
-from tracking.query.frame import Tracked
+from scarcelab.tracking.query import render, views
+from scarcelab.tracking.query.frame import Tracked
 
 ALL_VIEWS = ("leaderboard", "gains", "profile", "significance", "ranks")
 NOTES = {

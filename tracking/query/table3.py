@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from tracking.query.frame import Tracked
+from scarcelab.tracking.query.frame import Tracked
 
 SCORE = "metrics.test/balanced_accuracy"
 

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from tracking import stats
-from tracking.query.frame import VAL, Tracked
+from scarcelab.tracking import stats
+from scarcelab.tracking.query.frame import VAL, Tracked
 
 TEST = "test_balanced_accuracy"
 LABELED_ONLY = ("sup", "mixup", "supcon")
@@ -286,7 +286,7 @@ def al_block_scores(t: Tracked, metric: str = "al/auc", **filters: Any) -> pd.Da
     """Rows: (dataset, query size, repetition) blocks; columns: strategies; values: the
     repetition's ``metric`` — CDALBench's blocks, chosen by ``tracking.al.cd_blocks`` (the
     one rank definition of ``scarcelab al-report`` and of these views)."""
-    from tracking.al import BLOCK, cd_blocks
+    from scarcelab.tracking.al import BLOCK, cd_blocks
 
     scores = al_scores(t, metric, per_repetition=True, **filters)
     if scores.empty:

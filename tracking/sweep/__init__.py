@@ -4,6 +4,6 @@
 the cells (embedded Ray or a cluster) and records them under one sweep run.
 """
 
-from tracking.sweep.spec import Cell, SpecError, SweepSpec, load_spec, parse_spec
+from scarcelab.tracking.sweep.spec import Cell, SpecError, SweepSpec, load_spec, parse_spec
 
 __all__ = ["Cell", "SpecError", "SweepSpec", "load_spec", "parse_spec"]

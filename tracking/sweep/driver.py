@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tracking.sweep.spec import Cell, SweepSpec
+from scarcelab.tracking.sweep.spec import Cell, SweepSpec
 
 ROLE = "scarcelab.role"
 SWEEP_TAG = "scarcelab.sweep"
@@ -47,7 +47,7 @@ DRIVER_TAG = "scarcelab.sweep_driver"
 ATTEMPT_TAG = "scarcelab.sweep_attempt"
 LOG_TAIL = 200_000  # bytes of a cell's output kept as its run's artifact
 # The module every cell runs: the console script's, as ``python -m`` (no PATH needed).
-CELL_MODULE = "entrypoints.cli"
+CELL_MODULE = "scarcelab.entrypoints.cli"
 # Environment a cell takes from the driver when set there: where the data and the shared
 # search state live. Credentials are NOT forwarded to a remote cluster (they would travel
 # as task arguments): set them in the workers' own environment (docs/sweeps.md).
@@ -109,7 +109,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 def run_cell_process(argv: list[str], env: dict[str, str], cwd: str | None,
                      python: str) -> dict[str, Any]:
-    """Run one cell as ``python -m entrypoints.cli <argv>``; returns its exit code, wall
+    """Run one cell as ``python -m scarcelab.entrypoints.cli <argv>``; returns its exit code, wall
     time and output (the last ``LOG_TAIL`` bytes). Runs inside a Ray task."""
     t0 = time.time()
     full_env = {**os.environ, **env}
@@ -262,7 +262,7 @@ class Driver:
 
     def _schedule(self, exp: str, sweep_run: str, todo: list[Cell], result: SweepResult,
                   earlier: dict[str, int]) -> None:
-        from tracking.sweep.pool import RayPool
+        from scarcelab.tracking.sweep.pool import RayPool
 
         pool = RayPool(self.address, self.jobs, self.spec.cpus_per_cell,
                        self.spec.gpus_per_cell)
@@ -358,8 +358,8 @@ class Driver:
     def _log_report(self, sweep_run: str) -> bool:
         import warnings
 
-        from tracking.query import load, sections
-        from tracking.query.render import report_meta, write_report
+        from scarcelab.tracking.query import load, sections
+        from scarcelab.tracking.query.render import report_meta, write_report
 
         t = load(self.spec.experiment)
         with warnings.catch_warnings():
@@ -372,7 +372,7 @@ class Driver:
             for p in paths.values():
                 self.client.log_artifact(sweep_run, str(p), "report")
         if any(c.entry == "contamination" for c in self.spec.cells):
-            from tracking.contamination import contamination_table, to_markdown
+            from scarcelab.tracking.contamination import contamination_table, to_markdown
 
             table = contamination_table(experiments=[self.spec.experiment])
             self.client.log_text(sweep_run, to_markdown(table), "report/contamination.md")

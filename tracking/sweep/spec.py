@@ -137,7 +137,7 @@ class _Located:
 def entry_options(entry: str) -> dict[str, str] | None:
     """Option name (underscored) -> its help, for a registered entry point; None if the
     entry point does not exist. Reads the click commands: no heavy import happens."""
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     cmd = main.commands.get(entry)
     if cmd is None:
@@ -151,7 +151,7 @@ def entry_options(entry: str) -> dict[str, str] | None:
 
 
 def _entries() -> list[str]:
-    from entrypoints.cli import main
+    from scarcelab.entrypoints.cli import main
 
     return sorted(n for n in main.commands if n not in ("sweep", "list", "stack"))
 
