@@ -348,6 +348,14 @@ class MlflowTracker(RunViews, Tracker):
 
     # -- runs ---------------------------------------------------------------------------
     def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
+        if "scarcelab.data_files" not in tags:  # entry points without the progress wrapper
+            from scarcelab.data import provenance
+
+            files = provenance.used()
+            provenance.reset()  # the next run of this process records its own files
+            if files:
+                artifacts = {**artifacts, "data_files.json": {"files": files}}
+                tags = {**tags, "scarcelab.data_files": provenance.summary(files)}
         from mlflow.tracking.context.registry import resolve_tags
 
         project_run = os.environ.get("MLFLOW_RUN_ID")

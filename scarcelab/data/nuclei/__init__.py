@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scarcelab.data import provenance as _provenance
 from scarcelab.errors import ConfigError, DataError
 from scarcelab.registry import Registry
 
@@ -110,6 +111,7 @@ def read_rgb(path: Path) -> np.ndarray:
     """An image file as (H, W, 3) uint8 RGB (an alpha channel is dropped)."""
     from PIL import Image
 
+    _provenance.record(path)  # the run logs which bytes it read
     with Image.open(path) as im:
         return np.asarray(im.convert("RGB"), dtype=np.uint8)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scarcelab.data import provenance as _provenance
 from scarcelab.data.nuclei import SEG_DATASETS, NucleiDataset, NucleiTile, read_rgb
 from scarcelab.errors import DataError
 
@@ -33,6 +34,7 @@ def read_consep_mat(path: Path, merge_types: bool = True) -> tuple[np.ndarray, d
     from scipy.io import loadmat
 
     try:
+        _provenance.record(path)  # the run logs which bytes it read
         m = loadmat(path)
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: not a readable MATLAB .mat file ({e})") from e

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scarcelab.data import provenance as _provenance
 from scarcelab.data.nuclei import SEG_DATASETS, NucleiDataset, NucleiTile, dataset_dir, read_rgb
 from scarcelab.errors import DataError
 
@@ -22,6 +23,7 @@ ALL_TILES = tuple(f"image{i:02d}" for i in range(1, 16))
 @SEG_DATASETS.register("nuclei_cpm15")
 def load_cpm15(data_dir: str | Path | None = None) -> NucleiDataset:
     root = dataset_dir("nuclei_cpm15", data_dir, "instance_masks.npz")
+    _provenance.record(root / "instance_masks.npz")  # the run logs which bytes it read
     with np.load(root / "instance_masks.npz") as z:
         masks = {k: z[k] for k in z.files}
     train, test = [], []

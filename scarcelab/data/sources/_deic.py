@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scarcelab.data import provenance as _provenance
 from scarcelab.data.bundle import RawDataset
 from scarcelab.data.download import data_root, download, md5sum
 from scarcelab.errors import DataError
@@ -80,6 +81,7 @@ class DEICSource:
 
 def read_split(path: Path) -> list[tuple[str, int]]:
     out = []
+    _provenance.record(path)  # the run logs which bytes it read
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from scarcelab.data import DATASETS
+from scarcelab.data import provenance as _provenance
 from scarcelab.data.bundle import RawDataset
 from scarcelab.data.ood import find_shared_file
 from scarcelab.errors import DataError
@@ -33,6 +34,7 @@ def _read_zip(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if str(path) in _CACHE:
         return _CACHE[str(path)]
     xs, ys = [], []
+    _provenance.record(path)  # the run logs which bytes it read
     with zipfile.ZipFile(path) as z:
         for m in sorted(z.namelist()):
             if not m.lower().endswith(".jpg"):

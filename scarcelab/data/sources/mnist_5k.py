@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from scarcelab.data import DATASETS
+from scarcelab.data import provenance as _provenance
 from scarcelab.data.bundle import RawDataset
 from scarcelab.data.ood import _read_csv_images, find_shared_file
 
@@ -25,6 +26,7 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if str(path) not in _CACHE:
         import gzip
 
+        _provenance.record(path)  # the run logs which bytes it read
         with gzip.open(path, "rt") as f:
             labels = np.loadtxt(f, delimiter=",", usecols=[784], dtype=np.int64)
         _CACHE[str(path)] = (_read_csv_images(path, 28, 1.0), labels)

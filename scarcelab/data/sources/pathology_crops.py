@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from scarcelab.data import DATASETS
+from scarcelab.data import provenance as _provenance
 from scarcelab.data.bundle import RawDataset
 from scarcelab.data.ood import find_shared_file
 from scarcelab.errors import DataError
@@ -55,6 +56,7 @@ def read_crops(path: Path) -> RawDataset:
         return _CACHE[str(path)]
     keys = ("x_train", "y_train", "x_test", "y_test")
     try:
+        _provenance.record(path)  # the run logs which bytes it read
         with np.load(path, allow_pickle=False) as d:
             missing = [k for k in keys if k not in d.files]
             if missing:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from scarcelab.data import DATASETS
+from scarcelab.data import provenance as _provenance
 from scarcelab.data.bundle import RawDataset
 from scarcelab.data.download import data_root
 from scarcelab.data.sources._tiles import Resource, fetch
@@ -43,6 +44,7 @@ def _read(path: Path, key: str, idx: np.ndarray | None) -> np.ndarray:
     import h5py
 
     try:
+        _provenance.record(path)  # the run logs which bytes it read
         with h5py.File(path, "r") as f:
             if key not in f:
                 raise DataError(f"{path}: no dataset {key!r} (found {list(f)}); expected "
