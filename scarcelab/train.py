@@ -189,13 +189,14 @@ def export_classifier(
     return ExportedClassifier(backbone, head, class_names).eval()
 
 
-def make_optimizer(method: Method, total_steps: int
+def make_optimizer(method: Method, total_steps: int, fused: bool | None = None
                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """Adam at the method's ``lr`` / ``weight_decay`` with a per-step cosine decay to 0 over
     ``total_steps`` — the one schedule of every method (SSL-vs-SSL §4), also for encoders
-    trained outside a study (``scarcelab.active.encoded``)."""
+    trained outside a study (``scarcelab.active.encoded``). ``fused`` picks torch's fused
+    Adam kernel (same update up to float rounding; ``None``: torch's default)."""
     opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
-                           weight_decay=float(method.hp["weight_decay"]))
+                           weight_decay=float(method.hp["weight_decay"]), fused=fused)
     total = max(1, total_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
