@@ -164,8 +164,42 @@ def worker_model(kind: str, a: argparse.Namespace) -> float:
     return _time(step, a.warmup, a.steps, a.device)
 
 
+# Modules ``import semilearn`` pulls in only for its audio/NLP datasets and experiment
+# loggers; none is on the FixMatch path. Where one is not installed, an inert stand-in is
+# put in ``sys.modules`` for the worker process (a run-time shim, nothing of USB patched).
+USB_OPTIONAL = ("torchaudio", "transformers", "wandb", "aim", "progress", "progress.bar")
+
+
+def _stub_missing(names: tuple[str, ...]) -> list[str]:
+    import importlib.util
+    import types
+
+    class _Inert(types.ModuleType):
+        def __getattr__(self, attr: str) -> object:
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return type(attr, (), {"__init__": lambda self, *a, **k: None,
+                                   "from_pretrained": classmethod(lambda c, *a, **k: c())})
+
+    stubbed = []
+    for n in names:
+        parent = n.split(".")[0]
+        if parent in sys.modules and n in sys.modules:
+            continue
+        if n == parent and importlib.util.find_spec(n) is not None:
+            continue
+        if n != parent and not isinstance(sys.modules.get(parent), _Inert):
+            continue
+        mod = _Inert(n)
+        mod.__path__ = []  # type: ignore[attr-defined]  # lets "from x.y import z" resolve
+        sys.modules[n] = mod
+        stubbed.append(n)
+    return stubbed
+
+
 def worker_usb(a: argparse.Namespace) -> float:
     """USB FixMatch via get_config -> get_algorithm -> train_step + ParamUpdateHook."""
+    _stub_missing(USB_OPTIONAL)
     import torch
     from semilearn import get_algorithm, get_config, get_net_builder
     from semilearn.core.algorithmbase import AlgorithmBase
