@@ -80,14 +80,20 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+CPU_SPS: list[float] = []  # steps per CPU-second of the worker, set by _time
+
+
 def _time(step, warmup: int, steps: int, device: str) -> float:  # type: ignore[no-untyped-def]
+    """Wall-clock steps/s; steps per CPU-second of this process go to ``CPU_SPS`` (on an
+    oversubscribed machine CPU time is the steadier measure of the work a step does)."""
     for i in range(warmup):
         step(i)
     _sync(device)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for i in range(steps):
         step(warmup + i)
     _sync(device)
+    CPU_SPS.append(steps / max(time.process_time() - c, 1e-9))
     return steps / (time.perf_counter() - t)
 
 
@@ -311,7 +317,7 @@ def peers_python(a: argparse.Namespace) -> str | None:
     return None
 
 
-def run_one(system: str, a: argparse.Namespace, python: str) -> float | None:
+def run_one(system: str, a: argparse.Namespace, python: str) -> tuple[float, float] | None:
     cmd = [python, str(Path(__file__).resolve()), "--worker", system,
            "--scale", str(a.scale), "--steps", str(a.steps), "--warmup", str(a.warmup),
            "--device", a.device, "--threads", str(a.threads)]
@@ -320,7 +326,8 @@ def run_one(system: str, a: argparse.Namespace, python: str) -> float | None:
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            return float(json.loads(line[7:])["steps_per_s"])
+            r = json.loads(line[7:])
+            return float(r["steps_per_s"]), float(r["cpu_steps_per_s"])
     print(f"  {system}: failed (rc {p.returncode}): {p.stderr.strip()[-600:]}", flush=True)
     return None
 
@@ -340,7 +347,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         sps = worker(a.worker, a)
-        print("RESULT " + json.dumps({"steps_per_s": sps}))
+        print("RESULT " + json.dumps({"steps_per_s": sps, "cpu_steps_per_s": CPU_SPS[-1]}))
         return
     systems = [s for s in a.systems.split(",") if s]
     ppy = peers_python(a)
@@ -354,39 +361,50 @@ def main() -> None:
           f"{a.warmup} warm-up + {a.steps} timed steps per process; load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     res: dict[str, list[float]] = {s: [] for s in systems}
+    resc: dict[str, list[float]] = {s: [] for s in systems}
     for r in range(a.rounds):
         order = systems if r % 2 == 0 else systems[::-1]  # A B C / C B A: no fixed position
         for s in order:
             py = ppy if s in peers else sys.executable
-            v = run_one(s, a, py or sys.executable)
-            if v is not None:
-                res[s].append(v)
-                print(f"  round {r + 1} {s:<24} {v:8.3f} steps/s  (load "
-                      f"{os.getloadavg()[0]:.1f})", flush=True)
+            got = run_one(s, a, py or sys.executable)
+            if got is not None:
+                res[s].append(got[0])
+                resc[s].append(got[1])
+                print(f"  round {r + 1} {s:<24} {got[0]:8.3f} steps/s  {got[1]:8.3f} steps/"
+                      f"CPU-s  (load {os.getloadavg()[0]:.1f})", flush=True)
     med = {s: statistics.median(v) for s, v in res.items() if v}
-    print(f"\n{'system':<26}{'steps/s':>9}{'rounds':>8}{'model share':>13}")
+    medc = {s: statistics.median(v) for s, v in resc.items() if v}
+    print(f"\n{'system':<26}{'steps/s':>9}{'steps/CPU-s':>12}{'rounds':>8}"
+          f"{'model share wall/CPU':>22}")
     for s, v in med.items():
         fam = s.split("-")[0]
         lim = med.get(f"{fam}-model")
-        share = f"{v / lim:12.0%}" if lim else f"{'-':>12}"
-        print(f"{s:<26}{v:9.3f}{len(res[s]):>8} {share}")
+        limc = medc.get(f"{fam}-model")
+        share = f"{v / lim:6.0%} /{medc[s] / limc:4.0%}" if lim and limc else f"{'-':>12}"
+        print(f"{s:<26}{v:9.3f}{medc[s]:12.3f}{len(res[s]):>8} {share}")
     summary = {f"{s.replace('-', '_').replace('+', '_')}_sps": v for s, v in med.items()}
     for ours, peer in (("fixmatch-ours", "fixmatch-usb"), ("simclr-ours", "simclr-lightly")):
         for s in med:
             if s.split("+")[0] == ours and peer in med:
                 # ratio of medians, and median of per-round ratios (the paired estimate)
                 pr = [x / y for x, y in zip(res[s], res[peer], strict=False)]
+                pc = [x / y for x, y in zip(resc[s], resc[peer], strict=False)]
                 key = s.replace("-", "_").replace("+", "_")
                 summary[f"{key}_vs_{peer.split('-')[1]}"] = statistics.median(pr)
-                print(f"{s} / {peer}: {statistics.median(pr):.3f}x (median of per-round "
-                      f"ratios {', '.join(f'{x:.2f}' for x in pr)})")
+                summary[f"{key}_vs_{peer.split('-')[1]}_cpu"] = statistics.median(pc)
+                print(f"{s} / {peer}: {statistics.median(pr):.3f}x wall, "
+                      f"{statistics.median(pc):.3f}x CPU (median of per-round ratios; wall "
+                      f"{', '.join(f'{x:.2f}' for x in pr)})")
     for s in med:
         base = s.split("+")[0]
         if "+" in s and base in med:
             pr = [x / y for x, y in zip(res[s], res[base], strict=False)]
-            summary[f"{s.replace('-', '_').replace('+', '_')}_vs_base"] = statistics.median(pr)
-            print(f"{s} / {base}: {statistics.median(pr):.3f}x (rounds "
-                  f"{', '.join(f'{x:.2f}' for x in pr)})")
+            pc = [x / y for x, y in zip(resc[s], resc[base], strict=False)]
+            key = s.replace("-", "_").replace("+", "_")
+            summary[f"{key}_vs_base"] = statistics.median(pr)
+            summary[f"{key}_vs_base_cpu"] = statistics.median(pc)
+            print(f"{s} / {base}: {statistics.median(pr):.3f}x wall, {statistics.median(pc):.3f}x"
+                  f" CPU (wall rounds {', '.join(f'{x:.2f}' for x in pr)})")
     summary["load"] = os.getloadavg()[0]
     print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))
 
