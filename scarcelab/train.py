@@ -38,6 +38,10 @@ class TrainConfig:
     batch_unlabeled: int = 0
     eval_batch_size: int = 512
     device: str = "cpu"
+    # speed levers of issue 18 that leave the mathematics unchanged (docs/performance.md):
+    # NHWC weights (convolutions then run channels-last) and torch's fused Adam kernel
+    channels_last: bool = False
+    fused_optimizer: bool | None = None
 
 
 @dataclass
@@ -244,12 +248,14 @@ def train_trial(
     """
     device = torch.device(cfg.device)
     method.to(device).train()
+    if cfg.channels_last:
+        method.to(memory_format=torch.channels_last)
     method.on_train_start(data_info(bundle))
     source = BatchSource(bundle, type(method), cfg.batch_labeled, cfg.batch_unlabeled, device,
                          generator)
     spe = steps_per_epoch(bundle, source.samples_per_step, cfg.max_steps_per_epoch)
     total = spe * cfg.max_epochs
-    opt, sched = make_optimizer(method, total)
+    opt, sched = make_optimizer(method, total, fused=cfg.fused_optimizer)
     res = TrialResult()
     since_best = 0
     step = 0

@@ -117,3 +117,31 @@ def test_module_has_no_batchnorm_in_mlp() -> None:
     """Guard for the exactness test above: the MLP backbone must stay BatchNorm-free."""
     net = create_model("mlp", in_channels=64)
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
+
+
+def test_train_trial_applies_the_layout_and_optimizer_options() -> None:
+    """TrainConfig's channels_last reaches the model of the study's own loop, and a trial
+    with channels_last + fused Adam still trains and evaluates."""
+    import time
+
+    import numpy as np
+
+    from scarcelab.data.bundle import DatasetBundle
+    from scarcelab.train import TrainConfig, train_trial
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (96, 3, 12, 12), dtype=np.uint8)
+    y = np.arange(96) % 2
+    b = DatasetBundle(x[:32], y[:32], x[32:64], x[64:80], y[64:80], x[80:], y[80:],
+                      meta={"num_classes": 2, "name": "noise"})
+    torch.manual_seed(0)
+    m = get_method("fixmatch")(create_model("small_cnn", in_channels=3), 2, {})
+    cfg = TrainConfig(max_epochs=1, patience=1, max_steps_per_epoch=2, batch_labeled=8,
+                      batch_unlabeled=8, channels_last=True, fused_optimizer=True)
+    res = train_trial(m, b, cfg, deadline=time.time() + 600,
+                      generator=torch.Generator().manual_seed(0),
+                      probe_rng=np.random.default_rng(0))
+    assert res.steps == 2 and 0.0 <= res.best_val <= 1.0
+    conv = next(p for p in m.parameters() if p.ndim == 4)
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    assert not conv.is_contiguous()
