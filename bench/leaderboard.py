@@ -1,6 +1,7 @@
 """Leaderboard speed at scale: 10,000 trial runs with per-epoch metric histories.
 
     .venv/bin/python bench/leaderboard.py                      # sqlite (on /dev/shm if any)
+    .venv/bin/python bench/leaderboard.py --trials 100000 --naive-sample 300  # issue 18
     .venv/bin/python bench/leaderboard.py --stack              # + PostgreSQL behind mlflow server
     .venv/bin/python bench/leaderboard.py --trials 2000 --naive-sample 300   # quicker
 
@@ -21,6 +22,10 @@ Timed (wall clock, best of ``--repeat``; the 2 CPUs are shared, so read ratios):
   run (val, test, elapsed) and the same selection in pandas. It is run on a random sample of
   ``--naive-sample`` trials and extrapolated linearly to all trials (``naive_extrapolated=1``)
   unless ``--naive-sample 0`` (all of them).
+
+Memory: ``*_peak_mb`` is the Python-heap peak (tracemalloc, numpy/pandas buffers
+included) of one load + leaderboard; ``max_rss_mb`` the whole process's peak RSS, which
+the in-memory generation of the store dominates.
 
 Last line: ``key=value`` summary.
 """
@@ -54,70 +59,84 @@ T0 = 1_750_000_000_000
 
 def generate(n_trials: int, epochs: int, seeds: int, exp_id: int, rng: np.random.Generator
              ) -> dict[str, pd.DataFrame]:
-    """Rows for runs, tags, params, metrics, latest_metrics."""
-    n_studies = len(DATASETS) * len(METHODS) * seeds
-    per_study = max(1, math.ceil(n_trials / n_studies))
-    runs, tags, params, metrics = [], [], [], []
-    study_no = 0
-    for ds in DATASETS:
-        for method, family in METHODS.items():
-            for seed in range(seeds):
-                sid = uuid.uuid4().hex
-                start = T0 + study_no * 10_000_000
-                study_no += 1
-                base = {"scarcelab.family": family, "scarcelab.method": method,
-                        "scarcelab.dataset": ds, "scarcelab.seed": str(seed)}
-                runs.append((sid, f"{method}-{ds}-s{seed}", start, start + 9_000_000))
-                tags += [(k, v, sid) for k, v in {**base, "scarcelab.role": "study",
-                                                  "mlflow.runName": runs[-1][1]}.items()]
-                params += [("n_labeled", "400", sid), ("budget_minutes", "60", sid),
-                           ("arch", "resnet18", sid)]
-                skill = 0.05 * list(METHODS).index(method) / len(METHODS)
-                t = 0.0
-                best = (-1.0, None)
-                g = 0
-                for tr in range(per_study):
-                    tid = uuid.uuid4().hex
-                    tstart = start + int(t * 1000)
-                    runs.append((tid, f"trial-{tr}", tstart, tstart + epochs * 4000))
-                    tags += [(k, v, tid) for k, v in {**base, "scarcelab.role": "trial",
-                                                      "scarcelab.trial": str(tr),
-                                                      "mlflow.parentRunId": sid,
-                                                      "mlflow.runName": f"trial-{tr}"}.items()]
-                    params += [("lr", f"{10 ** rng.uniform(-4, -1):.6g}", tid),
-                               ("weight_decay", f"{10 ** rng.uniform(-6, -3):.6g}", tid),
-                               ("batch_size", "64", tid), ("arch", "resnet18", tid),
-                               ("trial_seed", str(seed * 100_003 + tr), tid)]
-                    quality = rng.uniform(0.3, 0.8) + skill
-                    for ep in range(epochs):
-                        t += 4.0
-                        ts = start + int(t * 1000)
-                        val = round(min(0.99, quality * (1 - math.exp(-(ep + 1) / 4))
-                                        + rng.normal(0, 0.02)), 3)
-                        test = {k: round(val - 0.02 + rng.normal(0, 0.02), 4) for k in TEST_KEYS}
-                        metrics += [("val/balanced_accuracy", val, ts, tid, ep),
-                                    ("time/elapsed_s", t, ts, tid, ep),
-                                    ("train/loss", 1.0 / (ep + 1), ts, tid, ep)]
-                        metrics += [(f"test/{k}", v, ts, tid, ep) for k, v in test.items()]
-                        if val > best[0]:
-                            best = (val, test)
-                        metrics += [("best/val_balanced_accuracy", best[0], ts, sid, g),
-                                    ("time/elapsed_s", t, ts, sid, g)]
-                        metrics += [(f"best/test_{k}", v, ts, sid, g)
-                                    for k, v in best[1].items()]
-                        g += 1
-                    t += 2.0
-    run_df = pd.DataFrame(runs, columns=["run_uuid", "name", "start_time", "end_time"])
+    """Rows for runs, tags, params, metrics, latest_metrics, built with numpy (100k trials
+    x 15 epochs are ~16M metric rows: a per-row Python loop would take minutes)."""
+    combos = [(ds, m, f, sd) for ds in DATASETS for m, f in METHODS.items()
+              for sd in range(seeds)]
+    S, E = len(combos), epochs
+    P = max(1, math.ceil(n_trials / S))
+    sid = np.array([uuid.uuid4().hex for _ in range(S)], dtype=object)
+    tid = np.array([uuid.uuid4().hex for _ in range(S * P)], dtype=object).reshape(S, P)
+    start = T0 + np.arange(S, dtype=np.int64) * 10_000_000
+    skill = np.array([0.05 * list(METHODS).index(m) / len(METHODS) for _, m, _, _ in combos])
+    tr, ep = np.arange(P), np.arange(E)
+    # time since the study started: 4 s per epoch, 2 s between trials
+    t_ep = (tr[:, None] * (4.0 * E + 2.0) + 4.0 * (ep[None, :] + 1))  # (P, E)
+    ts = start[:, None, None] + (t_ep[None] * 1000).astype(np.int64)  # (S, P, E)
+    quality = rng.uniform(0.3, 0.8, (S, P)) + skill[:, None]
+    val = np.round(np.minimum(0.99, quality[:, :, None] * (1 - np.exp(-(ep + 1) / 4))
+                              + rng.normal(0, 0.02, (S, P, E))), 3)
+    test = {k: np.round(val - 0.02 + rng.normal(0, 0.02, (S, P, E)), 4) for k in TEST_KEYS}
+    # the study's best-so-far answer (strictly better val replaces it), per global epoch g
+    vf = val.reshape(S, P * E)
+    cm = np.maximum.accumulate(vf, axis=1)
+    prev = np.concatenate([np.full((S, 1), -1.0), cm[:, :-1]], axis=1)
+    at = np.maximum.accumulate(np.where(vf > prev, np.arange(P * E)[None], 0), axis=1)
+    best_test = {k: np.take_along_axis(v.reshape(S, P * E), at, axis=1)
+                 for k, v in test.items()}
+    names = np.array([f"{m}-{ds}-s{sd}" for ds, m, _, sd in combos], dtype=object)
+    tnames = np.array([f"trial-{i}" for i in range(P)], dtype=object)
+    run_df = pd.DataFrame({
+        "run_uuid": np.concatenate([sid, tid.ravel()]),
+        "name": np.concatenate([names, np.tile(tnames, S)]),
+        "start_time": np.concatenate([start, ts[:, :, 0].ravel() - 4000]),
+        "end_time": np.concatenate([start + 9_000_000, ts[:, :, 0].ravel() - 4000 + E * 4000]),
+    })
     run_df = run_df.assign(source_type="LOCAL", source_name="bench", entry_point_name="",
                            user_id="bench", status="FINISHED", source_version="",
                            lifecycle_stage="active", experiment_id=exp_id)
     run_df["artifact_uri"] = "file:///tmp/bench-artifacts/" + run_df["run_uuid"]
-    m = pd.DataFrame(metrics, columns=["key", "value", "timestamp", "run_uuid", "step"])
+    tags, params = [], []
+    base_cols = {"scarcelab.family": [c[2] for c in combos],
+                 "scarcelab.method": [c[1] for c in combos],
+                 "scarcelab.dataset": [c[0] for c in combos],
+                 "scarcelab.seed": [str(c[3]) for c in combos]}
+    for k, v in {**base_cols, "scarcelab.role": ["study"] * S, "mlflow.runName": names}.items():
+        tags.append(pd.DataFrame({"key": k, "value": v, "run_uuid": sid}))
+    trial_tags = {**{k: np.repeat(np.array(v, dtype=object), P) for k, v in base_cols.items()},
+                  "scarcelab.role": "trial", "scarcelab.trial": np.tile(tr.astype(str), S),
+                  "mlflow.parentRunId": np.repeat(sid, P), "mlflow.runName": np.tile(tnames, S)}
+    for k, v in trial_tags.items():
+        tags.append(pd.DataFrame({"key": k, "value": v, "run_uuid": tid.ravel()}))
+    for k, v in (("n_labeled", "400"), ("budget_minutes", "60"), ("arch", "resnet18")):
+        params.append(pd.DataFrame({"key": k, "value": v, "run_uuid": sid}))
+    n = S * P
+    fmt = np.vectorize(lambda x: f"{x:.6g}", otypes=[object])
+    seed_of = np.repeat(np.array([c[3] for c in combos]), P)
+    for k, v in (("lr", fmt(10 ** rng.uniform(-4, -1, n))),
+                 ("weight_decay", fmt(10 ** rng.uniform(-6, -3, n))),
+                 ("batch_size", "64"), ("arch", "resnet18"),
+                 ("trial_seed", (seed_of * 100_003 + np.tile(tr, S)).astype(str))):
+        params.append(pd.DataFrame({"key": k, "value": v, "run_uuid": tid.ravel()}))
+    trial_ids = np.repeat(tid.ravel(), E)
+    steps_t = np.tile(ep, S * P)
+    ts_flat = ts.ravel()
+    study_ids = np.repeat(sid, P * E)
+    steps_s = np.tile(np.arange(P * E), S)
+    blocks = [("val/balanced_accuracy", val.ravel(), trial_ids, steps_t),
+              ("time/elapsed_s", np.broadcast_to(t_ep, (S, P, E)).ravel(), trial_ids, steps_t),
+              ("train/loss", np.tile(1.0 / (ep + 1), S * P), trial_ids, steps_t)]
+    blocks += [(f"test/{k}", v.ravel(), trial_ids, steps_t) for k, v in test.items()]
+    blocks += [("best/val_balanced_accuracy", cm.ravel(), study_ids, steps_s),
+               ("time/elapsed_s", np.broadcast_to(t_ep, (S, P, E)).ravel(), study_ids, steps_s)]
+    blocks += [(f"best/test_{k}", v.ravel(), study_ids, steps_s) for k, v in best_test.items()]
+    m = pd.concat([pd.DataFrame({"key": k, "value": v, "timestamp": ts_flat, "run_uuid": r,
+                                 "step": st}) for k, v, r, st in blocks], ignore_index=True)
     m["is_nan"] = False
-    latest = m.sort_values("step", kind="stable").drop_duplicates(["run_uuid", "key"],
-                                                                   keep="last")
-    return {"runs": run_df, "tags": pd.DataFrame(tags, columns=["key", "value", "run_uuid"]),
-            "params": pd.DataFrame(params, columns=["key", "value", "run_uuid"]),
+    last = m["step"].to_numpy() == np.where(m["run_uuid"].isin(set(sid)), P * E - 1, E - 1)
+    latest = m[last]
+    return {"runs": run_df, "tags": pd.concat(tags, ignore_index=True),
+            "params": pd.concat(params, ignore_index=True),
             "metrics": m, "latest_metrics": latest[["key", "value", "timestamp", "step",
                                                     "is_nan", "run_uuid"]]}
 
@@ -158,7 +177,7 @@ def naive(tracking_uri: str, experiment: str, sample: int, rng: np.random.Genera
     mlflow.set_tracking_uri(tracking_uri)
     client = MlflowClient()
     t = time.perf_counter()
-    df = mlflow.search_runs(experiment_names=[experiment], max_results=100_000)
+    df = mlflow.search_runs(experiment_names=[experiment], max_results=10**7)
     search_s = time.perf_counter() - t
     trials = df[df["tags.scarcelab.role"] == "trial"]
     n_trials = len(trials)
@@ -224,6 +243,13 @@ def time_ours(uri: str, experiment: str, repeat: int, reader: str = "auto") -> d
     query.leaderboard(t)
     res["profile_s"], _ = best_of(lambda: query.profile(t), 1, "profile")
     res["n_runs"] = len(t.runs)
+    # memory: Python-heap peak (numpy/pandas buffers included) of one load + leaderboard
+    import tracemalloc
+
+    tracemalloc.start()
+    query.leaderboard(query.load(experiment, uri, reader=reader))
+    res["ours_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
     return res
 
 
@@ -240,7 +266,8 @@ def check_store(uri: str, experiment: str, expected_runs: int) -> None:
     h = c.get_metric_history(run.info.run_id, "best/val_balanced_accuracy")
     assert len(h) > 1 and h[-1].value == run.data.metrics["best/val_balanced_accuracy"]
     mlflow.set_tracking_uri(uri)
-    n = len(mlflow.search_runs([exp.experiment_id], max_results=100_000, output_format="list"))
+    n = len(mlflow.search_runs([exp.experiment_id], max_results=expected_runs + 1,
+                               output_format="list"))
     assert n == expected_runs, (n, expected_runs)
 
 
@@ -260,10 +287,13 @@ def run_sqlite(a: argparse.Namespace, rng: np.random.Generator) -> dict[str, flo
               f"{time.perf_counter() - t:.1f}s at {uri}", flush=True)
         check_store(uri, "bench", n_runs)
         res = time_ours(uri, "bench", a.repeat)
+        print(f"[sqlite] ours: {res}", flush=True)
         from scarcelab.tracking import query
 
-        res["api_s"], _ = best_of(lambda: query.leaderboard(
-            query.load("bench", uri, reader="api")), 1)
+        res["api_s"] = math.nan
+        if not a.skip_api:
+            res["api_s"], _ = best_of(lambda: query.leaderboard(
+                query.load("bench", uri, reader="api")), 1)
         s_s, h_s, done, n_tr, _ = naive(uri, "bench", a.naive_sample, rng)
         res.update(naive_search_s=s_s, naive_hist_s=h_s, naive_done=done, n_trials=n_tr,
                    metric_rows=len(rows["metrics"]))
@@ -328,6 +358,8 @@ def main() -> None:
                    help="trials timed for the naive approach (0 = all), then extrapolated")
     p.add_argument("--stack", action="store_true", help="also PostgreSQL via scripts/stack")
     p.add_argument("--keep", action="store_true", help="keep the generated stores")
+    p.add_argument("--skip-api", action="store_true",
+                   help="do not time the client-API reader (minutes at 100k runs)")
     p.add_argument("--no-sqlite", action="store_true", help="only the PostgreSQL part")
     a = p.parse_args()
     rng = np.random.default_rng(0)
@@ -339,6 +371,7 @@ def main() -> None:
                        metric_rows=int(r["metric_rows"]), sqlite_leaderboard_s=r["ours_s"],
                        sqlite_trials_leaderboard_s=r["ours_trials_s"],
                        sqlite_load_s=r["load_s"], sqlite_profile_s=r["profile_s"],
+                       sqlite_leaderboard_peak_mb=r["ours_peak_mb"],
                        sqlite_api_s=r["api_s"], sqlite_naive_s=r["naive_s"],
                        sqlite_leaderboard_cpu_s=r["ours_cpu_s"],
                        sqlite_trials_cpu_s=r["ours_trials_cpu_s"],
@@ -357,8 +390,13 @@ def main() -> None:
             print(f"[postgres] {s}", flush=True)
             summary.update(pg_leaderboard_s=s["ours_s"], pg_trials_leaderboard_s=s[
                 "ours_trials_s"], pg_server_api_s=s["api_server_s"],
-                pg_server_naive_s=s["naive_s"], pg_vs_naive=s["naive_s"] / s["ours_s"])
+                pg_server_naive_s=s["naive_s"], pg_vs_naive=s["naive_s"] / s["ours_s"],
+                pg_leaderboard_peak_mb=s["ours_peak_mb"])
     summary["calib_end_s"] = calibrate()
+    import resource
+
+    summary["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    summary["load_avg"] = os.getloadavg()[0]
     print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                    for k, v in summary.items()))
 

@@ -86,6 +86,10 @@ class TrainConfig:
     # Protocols whose augmentation depends on the dataset (``scarcelab.protocols.tune``)
     # replace the method's ``labeled_views`` here; None keeps the method's own.
     labeled_views: tuple[str, ...] | None = None
+    # speed levers of issue 18 that leave the mathematics unchanged (docs/performance.md):
+    # NHWC weights (convolutions then run channels-last) and torch's fused Adam kernel
+    channels_last: bool = False
+    fused_optimizer: bool | None = None
 
 
 @dataclass
@@ -248,11 +252,12 @@ def export_classifier(
     return ExportedClassifier(backbone, head, class_names).eval()
 
 
-def make_optimizer(method: Method, total_steps: int
+def make_optimizer(method: Method, total_steps: int, fused: bool | None = None
                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """Adam at the method's ``lr`` / ``weight_decay`` with a per-step cosine decay to 0 over
     ``total_steps`` — the one schedule of every method (SSL-vs-SSL §4), also for encoders
-    trained outside a study (``scarcelab.active.encoded``).
+    trained outside a study (``scarcelab.active.encoded``). ``fused`` picks torch's fused
+    Adam kernel (same update up to float rounding; ``None``: torch's default).
 
     A method declaring ``optimizer = "sgd"`` gets SGD with momentum 0.9 under the same
     per-step cosine annealing instead: the common optimiser of every method in Brigato et
@@ -264,7 +269,7 @@ def make_optimizer(method: Method, total_steps: int
             weight_decay=float(method.hp["weight_decay"]))
     elif kind == "adam":
         opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
-                               weight_decay=float(method.hp["weight_decay"]))
+                               weight_decay=float(method.hp["weight_decay"]), fused=fused)
     else:
         raise ConfigError(f"{type(method).__name__}.optimizer = {kind!r}: valid are "
                           "'adam' and 'sgd'")
@@ -319,12 +324,14 @@ def train_trial(
         raise ValueError(f"TrainConfig.stop_on={cfg.stop_on!r}: 'val' or 'train_loss'")
     device = torch.device(cfg.device)
     method.to(device).train()
+    if cfg.channels_last:
+        method.to(memory_format=torch.channels_last)
     method.on_train_start(data_info(bundle))
     source = BatchSource(bundle, type(method), cfg.batch_labeled, cfg.batch_unlabeled, device,
                          generator, labeled_views=cfg.labeled_views)
     spe = steps_per_epoch(bundle, source.samples_per_step, cfg.max_steps_per_epoch)
     total = spe * cfg.max_epochs
-    opt, sched = make_optimizer(method, total)
+    opt, sched = make_optimizer(method, total, fused=cfg.fused_optimizer)
     res = TrialResult()
     since_best = 0
     best_loss = math.inf

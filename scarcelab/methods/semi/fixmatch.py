@@ -4,6 +4,13 @@ strong view of the same image, kept only above a confidence threshold τ.
 Defaults follow the paper (τ = 0.95, λU = 1, hard labels, T = 1); the search space is
 SSL-vs-SSL App. F.1 (λU = 10^U(−1, 1), no warm-up). Labeled and both unlabeled views go
 through the network in one concatenated pass so BatchNorm sees one joint batch.
+
+``weak_no_grad`` (off by default; issue 18 lever): the weak view, which only yields
+detached pseudo-labels, is forwarded separately under ``torch.no_grad()`` and only
+labeled + strong go through the graph. That saves the weak third of the backward pass but
+changes the mathematics: BatchNorm normalises the weak and the labeled+strong images with
+separate batch statistics and updates its running statistics twice per step (as USB's
+``use_cat=False`` path does). See docs/performance.md for the measured effect.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ class FixMatch(SemiMethod):
         "lambda_u": pow10(1, -1, 1),
     }
     defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
-                "temperature": 1.0}
+                "temperature": 1.0, "weak_no_grad": False}
     views = ("weak", "strong")
 
     def _targets(self, logits_weak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,8 +48,13 @@ class FixMatch(SemiMethod):
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u_weak, u_strong) = batch.x[0], batch.u
-        logits = self.logits(torch.cat([x, u_weak, u_strong]))
-        l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
+        if self.hp["weak_no_grad"]:
+            with torch.no_grad():
+                l_w = self.logits(u_weak)
+            l_x, l_s = self.logits(torch.cat([x, u_strong])).split([len(x), len(u_strong)])
+        else:
+            logits = self.logits(torch.cat([x, u_weak, u_strong]))
+            l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
         loss_l = F.cross_entropy(l_x, batch.y)
         mask, pseudo = self._targets(l_w)
         loss_u = masked_cross_entropy(l_s, pseudo, mask)
