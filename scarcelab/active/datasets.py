@@ -407,11 +407,18 @@ def _unit(images: np.ndarray) -> np.ndarray:
     return images.astype(np.float32) / 255.0
 
 
+def _chosen(data_dir: Path) -> Path | None:
+    """The data dir as the image loaders must see it: None when it is only the default root
+    (then they may look in the shared data folder, announced), the folder when the user
+    chose it (then nothing else is read)."""
+    return None if Path(data_dir) == default_data_dir() else data_dir
+
+
 def _image_loader(base: str) -> Loader:
     def load(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
         from scarcelab.data import load_raw
 
-        raw = load_raw(base, data_dir)
+        raw = load_raw(base, _chosen(data_dir))
         if raw.task != "multi-class":
             raise ConfigError(f"{base} is {raw.task}; AL needs a multi-class dataset")
         return ALData(base, _unit(raw.train_x), raw.train_y.astype(np.int64),
@@ -427,7 +434,7 @@ def _encoded_loader(base: str) -> Loader:
         from scarcelab.active.encoded import DiskEncodingCache, EncoderConfig, encode_dataset
         from scarcelab.data import load_raw
 
-        raw = load_raw(base, data_dir)
+        raw = load_raw(base, _chosen(data_dir))
         if raw.task != "multi-class":
             raise ConfigError(f"{base} is {raw.task}; AL needs a multi-class dataset")
         cfg = EncoderConfig.from_dict(ctx.encoder)
