@@ -166,7 +166,7 @@ def test_encoder_can_be_a_logged_scarcelab_model(store: str, tmp_path, monkeypat
         bb = create_model("small_cnn", in_channels=1)
         model = ExportedClassifier(bb, torch.nn.Linear(bb.num_features, 3), ["a", "b", "c"])
     mlflow.set_experiment("al-pre")
-    with mlflow.start_run() as run:
+    with mlflow.start_run(tags={"scarcelab.arch": "small_cnn"}) as run:  # as a study's run
         mlflow.pytorch.log_model(model, name="model", serialization_format="pt2",
                                  input_example=torch.rand(2, 1, 28, 28).numpy())
     uri = f"runs:/{run.info.run_id}/model"

@@ -107,8 +107,10 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
         if path is None and sub != CHECKPOINT:
             got = _download(f"runs:/{run_id}/{sub}", tmp)
             if got is not None and got.is_dir():  # an MLflow model folder
+                pt2 = sorted(got.rglob("*.pt2"))
                 cands = sorted(got.rglob("*.pth")) + sorted(got.rglob("*.pt"))
-                got = cands[0] if cands else None
+                got = _backbone_from_pt2(pt2[0], Path(tmp), spec) if pt2 else (
+                    cands[0] if cands else None)
             path = got
         if path is None:
             parent = tags.get("mlflow.parentRunId")
@@ -124,6 +126,28 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
         if f"scarcelab.{k}" in tags:
             info.setdefault(f"source_{k}", tags[f"scarcelab.{k}"])
     return net, info
+
+
+def _backbone_from_pt2(pt2: Path, tmp: Path, spec: str) -> Path:
+    """A study's model logged in MLflow's ``pt2`` format (scarcelab's default): the archive
+    is checked to hold no pickle payload, then only the backbone's tensors are kept, as a
+    plain state-dict file for :func:`backbone_from_file`."""
+    import torch
+
+    from scarcelab.tracking.safe_io import UnsafeArtifact, load_exported
+
+    try:
+        program = load_exported(pt2)
+    except UnsafeArtifact as e:
+        raise DataError(f"encoder={spec!r}: {e}") from e
+    state = {k.removeprefix("backbone."): v for k, v in program.state_dict.items()
+             if k.startswith("backbone.")}
+    if not state:
+        raise DataError(f"encoder={spec!r}: the pt2 model has no backbone.* weights; pass the "
+                        "model of a scarcelab study run")
+    out = tmp / "backbone_from_pt2.pt"
+    torch.save(state, out)
+    return out
 
 
 def _verify(path: Path, tags: dict[str, str], spec: str) -> None:
