@@ -8,7 +8,14 @@ from typing import Any
 import click
 
 from scarcelab.entrypoints.cli import main
-from scarcelab.entrypoints.options import label_budget, opt_int
+from scarcelab.entrypoints.options import (
+    SEED_MAX,
+    Device,
+    Float,
+    Int,
+    label_budget,
+    opt_int,
+)
 from scarcelab.errors import ScarcelabError
 
 
@@ -22,7 +29,7 @@ from scarcelab.errors import ScarcelabError
 @click.option("--data-dir", default="")
 @click.option("--arch", default="auto", show_default=True,
               help="auto = the encoder's own (random: resnet18 on GPU, small_cnn on CPU)")
-@click.option("--seed", default="0", show_default=True)
+@click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
 @click.option("--n-labeled", default="all", show_default=True,
               help="labeled train size; all = the train split minus validation")
 @click.option("--n-val", default="default", show_default=True,
@@ -30,13 +37,16 @@ from scarcelab.errors import ScarcelabError
 @click.option("--probe-trials", default="10", show_default=True,
               help="linear: random draws of the L2 penalty, best on validation")
 @click.option("--method", default="sup", show_default=True, help="finetune: supervised method")
-@click.option("--budget-minutes", default="3", show_default=True, help="finetune search budget")
-@click.option("--max-epochs", default="200", show_default=True)
-@click.option("--patience", default="20", show_default=True)
-@click.option("--batch-size", default="default", show_default=True)
-@click.option("--max-steps-per-epoch", default="default", show_default=True)
-@click.option("--max-trials", default="0", show_default=True)
-@click.option("--device", default="auto", show_default=True)
+@click.option("--budget-minutes", default="3", show_default=True,
+              type=Float(0.0, 7 * 24 * 60, lo_open=True), help="finetune search budget")
+@click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6))
+@click.option("--patience", default="20", show_default=True, type=Int(1, 10**6))
+@click.option("--batch-size", default="default", show_default=True,
+              type=Int(1, 10**6, default_ok=True))
+@click.option("--max-steps-per-epoch", default="default", show_default=True,
+              type=Int(1, None, default_ok=True))
+@click.option("--max-trials", default="0", show_default=True, type=Int(0, None))
+@click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--set", "overrides", default="", help="finetune: fixed hyperparameters")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 def probe_cmd(**kw: Any) -> None:
@@ -52,6 +62,7 @@ def _run(kw: dict[str, Any]) -> None:
     from scarcelab.active.datasets import default_data_dir
     from scarcelab.active.encoded import DiskEncodingCache
     from scarcelab.data import load_raw
+    from scarcelab.entrypoints.options import check_device
     from scarcelab.protocols.search import parse_overrides
     from scarcelab.protocols.transfer import ProbeConfig, run_finetune, run_linear
     from scarcelab.tracking.encoders import resolve_encoder
@@ -59,6 +70,7 @@ def _run(kw: dict[str, Any]) -> None:
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
     from scarcelab.tracking.transfer import log_probe_outcome
 
+    check_device(kw["device"])
     cfg = ProbeConfig(
         dataset=kw["dataset"], encoder=kw["encoder"], protocol=kw["protocol"],
         data_dir=kw["data_dir"] or None, arch=kw["arch"], seed=opt_int(kw["seed"], "--seed") or 0,

@@ -1,0 +1,27 @@
+"""The newer entry points (probe, segment, tune, sweep) answer a bad value with one click
+error line naming the option, not a traceback (issue 16, "Errors")."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from scarcelab.entrypoints.cli import main
+
+
+@pytest.mark.parametrize("args,option", [
+    (["probe", "--budget-minutes", "x"], "--budget-minutes"),
+    (["probe", "--max-epochs", "0"], "--max-epochs"),
+    (["probe", "--seed", "-1"], "--seed"),
+    (["probe", "--device", "nosuch"], "--device"),
+    (["segment", "--max-epochs", "abc"], "--max-epochs"),
+    (["tune", "--method", "ce", "--epochs", "abc"], "--epochs"),
+    (["sweep", "/nonexistent/grid.yaml"], "no such spec file"),
+])
+def test_bad_values_are_one_line_errors(args, option):
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0
+    assert "Traceback" not in r.output and r.exception is None or isinstance(
+        r.exception, SystemExit), r.output
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+    assert len(err) == 1 and option in err[0], r.output
