@@ -312,5 +312,6 @@ def test_contamination_sweep_runs_with_child_progress_and_parent_params(tmp_path
     assert parent["params.resolved.budget_minutes"] == "2.0"
     assert parent["params.ood_dir"] == "default" and parent["params.set"] == "none"
     children = runs[runs["tags.scarcelab.role"] == "study"]
-    assert len(children) == 2
+    assert len(children) == 3  # the tuning study at r=0, then one study per point
+    assert (children["tags.scarcelab.sweep_role"] == "tuning").sum() == 1
     assert set(children["tags.mlflow.parentRunId"]) == {parent.run_id}

@@ -27,9 +27,12 @@ def _env(**kw: str) -> dict[str, str]:
 
 
 def test_dead_server_at_start_is_refused_in_one_line_before_loading_data(tmp_path):
-    # a data folder that does not exist: had data been loaded first, that would be the error
+    # an empty data folder (it passes the option check): had data been loaded first, the
+    # missing breastmnist.npz (or its download) would be the error
+    empty = tmp_path / "empty-data"
+    empty.mkdir()
     cmd = [sys.executable, "-m", "scarcelab.entrypoints.cli", "semi", "--method", "fixmatch",
-           "--dataset", "breastmnist", "--data-dir", str(tmp_path / "nonexistent")]
+           "--dataset", "breastmnist", "--data-dir", str(empty)]
     t0 = time.time()
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env=_env(MLFLOW_TRACKING_URI="http://127.0.0.1:9"))
@@ -38,7 +41,7 @@ def test_dead_server_at_start_is_refused_in_one_line_before_loading_data(tmp_pat
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("Error:")]
     assert len(errors) == 1 and "tracking server http://127.0.0.1:9 does not answer" in errors[0]
-    assert "nonexistent" not in p.stderr and not list(tmp_path.glob("mlruns"))
+    assert "breastmnist.npz" not in p.stderr and not list(tmp_path.glob("mlruns"))
     assert took < 120
 
 
@@ -85,6 +88,10 @@ def test_undelivered_records_at_exit_give_a_nonzero_status_and_the_replay_comman
     monkeypatch.setattr(mt.MlflowTracker, "end_study", end_after_outage)
     monkeypatch.setattr(mt, "FLUSH_TIMEOUT_S", 1.0)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    import mlflow
+
+    # an earlier test may have set MLflow's process-global URI, which wins over the variable
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
     monkeypatch.setenv("SCARCELAB_SPOOL_DIR", str(tmp_path / "spool"))
     monkeypatch.setattr("scarcelab.tracking.spool.DEFAULT_ROOT", tmp_path / "spool")
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
