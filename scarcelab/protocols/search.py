@@ -77,8 +77,27 @@ TRANSFER_EPOCHS: dict[str, int] = {"tmed2": 80}
 DEFAULT_TRANSFER_EPOCHS = 100
 
 
+class AutoDevice:
+    """``device``/``arch`` = ``auto`` resolved one way for every protocol config (study,
+    probe, segment): cuda when present; resnet18 on a GPU (the paper's backbone), small_cnn
+    on CPU."""
+
+    device: str
+    arch: str
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def resolved_arch(self) -> str:
+        if self.arch == "auto":
+            return "resnet18" if self.resolved_device().startswith("cuda") else "small_cnn"
+        return self.arch
+
+
 @dataclass
-class StudyConfig:
+class StudyConfig(AutoDevice):
     method: str
     dataset: str = "breastmnist"
     family: str | None = None  # the entry point used; checked against the method's family
@@ -122,16 +141,6 @@ class StudyConfig:
             return int(self.transfer_epochs)
         return TRANSFER_EPOCHS.get(self.dataset, DEFAULT_TRANSFER_EPOCHS)
 
-    def resolved_device(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
-
-    def resolved_arch(self) -> str:
-        """``auto``: resnet18 on a GPU (the paper's backbone), small_cnn on CPU."""
-        if self.arch == "auto":
-            return "resnet18" if self.resolved_device().startswith("cuda") else "small_cnn"
-        return self.arch
 
 
 @dataclass

@@ -45,6 +45,7 @@ from scarcelab.models.nucleus_maps import (
     type_map,
 )
 from scarcelab.models.unet import NucleusUNet, load_segment_backbone
+from scarcelab.protocols.search import AutoDevice
 from scarcelab.tracker import DatasetInfo, Tracker
 
 METRICS = ("pq", "dq", "sq", "mpq", "aji", "dice")
@@ -52,7 +53,7 @@ EDGE_GRID = (0.05, 0.1, 0.2, 0.3, 0.4)
 
 
 @dataclass
-class SegmentConfig:
+class SegmentConfig(AutoDevice):
     dataset: str = "consep_patches"
     data_dir: str | None = None
     encoder: str = "random"
@@ -78,16 +79,6 @@ class SegmentConfig:
     n_overlays: int = 4
     device: str = "auto"
 
-    def resolved_device(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
-
-    def resolved_arch(self) -> str:
-        """``auto``: resnet18 on a GPU, small_cnn on CPU (as the other entry points)."""
-        if self.arch == "auto":
-            return "resnet18" if self.resolved_device().startswith("cuda") else "small_cnn"
-        return self.arch
 
 
 @dataclass

@@ -44,6 +44,7 @@ from scarcelab.errors import ConfigError
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier
 from scarcelab.protocols.probe import LinearProbe
+from scarcelab.protocols.search import AutoDevice
 from scarcelab.tracker import DatasetInfo, Tracker
 
 PROTOCOLS = ("linear", "finetune")
@@ -51,7 +52,7 @@ VAL_FRACTION = 0.2
 
 
 @dataclass
-class ProbeConfig:
+class ProbeConfig(AutoDevice):
     dataset: str = "pathology_crops"
     encoder: str = "random"
     protocol: str = "linear"
@@ -73,11 +74,6 @@ class ProbeConfig:
     max_steps_per_epoch: int | None = None
     max_trials: int = 0
     overrides: dict[str, Any] = field(default_factory=dict)
-
-    def resolved_device(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
 
     def validate(self) -> None:
         if self.protocol not in PROTOCOLS:
