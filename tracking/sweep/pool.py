@@ -31,6 +31,12 @@ class RayPool:
                 kw["address"] = address
             else:  # embedded: this machine's cores, or exactly `jobs` tasks at once
                 kw["num_cpus"] = jobs * cpus_per_task if jobs else os.cpu_count()
+                # Ray starts its workers at nice 15 (its `worker_niceness`), which keeps its
+                # own daemons responsive on a cluster node but, on a user's machine, makes
+                # every cell yield to any other job: a sweep then runs slower than the same
+                # commands typed by hand. Embedded cells run at the caller's priority
+                # (`RAY_worker_niceness` in the environment still wins).
+                os.environ.setdefault("RAY_worker_niceness", str(os.nice(0)))
             ray.init(**kw)
         res = ray.cluster_resources()
         gpus = (1.0 if res.get("GPU", 0) > 0 else 0.0) if gpus_per_task == "auto" \
