@@ -30,7 +30,8 @@ and a final ``key=value`` line.
 
 Levers of scarcelab's step can be switched per system for A/B runs, e.g.
 ``--systems fixmatch-ours,fixmatch-ours+cl`` (``+cl`` channels_last, ``+fused`` fused Adam,
-``+bf16`` bf16 autocast, ``+nogradweak`` FixMatch's weak view under no_grad).
+``+bf16`` bf16 autocast, ``+nogradweak`` FixMatch's weak view under no_grad, ``+compile``
+``torch.compile`` of the backbone: its compile time is in the warm-up, printed per round).
 """
 
 from __future__ import annotations
@@ -81,14 +82,17 @@ def _sync(device: str) -> None:
 
 
 CPU_SPS: list[float] = []  # steps per CPU-second of the worker, set by _time
+WARMUP_S: list[float] = []  # wall time of the warm-up steps (compile time lands here)
 
 
 def _time(step, warmup: int, steps: int, device: str) -> float:  # type: ignore[no-untyped-def]
     """Wall-clock steps/s; steps per CPU-second of this process go to ``CPU_SPS`` (on an
     oversubscribed machine CPU time is the steadier measure of the work a step does)."""
+    t = time.perf_counter()
     for i in range(warmup):
         step(i)
     _sync(device)
+    WARMUP_S.append(time.perf_counter() - t)
     t, c = time.perf_counter(), time.process_time()
     for i in range(steps):
         step(warmup + i)
@@ -123,6 +127,8 @@ def worker_ours(method: str, arch: str, a: argparse.Namespace, levers: set[str])
         opt, sched = make_optimizer(m, a.warmup + a.steps, fused=True)
     if "cl" in levers:
         m.to(memory_format=torch.channels_last)
+    if "compile" in levers:  # the backbone's forward and backward through inductor
+        m.backbone.compile()
     m.train()
     amp = "bf16" in levers
 
@@ -317,7 +323,8 @@ def peers_python(a: argparse.Namespace) -> str | None:
     return None
 
 
-def run_one(system: str, a: argparse.Namespace, python: str) -> tuple[float, float] | None:
+def run_one(system: str, a: argparse.Namespace, python: str
+            ) -> tuple[float, float, float] | None:
     cmd = [python, str(Path(__file__).resolve()), "--worker", system,
            "--scale", str(a.scale), "--steps", str(a.steps), "--warmup", str(a.warmup),
            "--device", a.device, "--threads", str(a.threads)]
@@ -327,7 +334,8 @@ def run_one(system: str, a: argparse.Namespace, python: str) -> tuple[float, flo
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[7:])
-            return float(r["steps_per_s"]), float(r["cpu_steps_per_s"])
+            return (float(r["steps_per_s"]), float(r["cpu_steps_per_s"]),
+                    float(r.get("warmup_s", float("nan"))))
     print(f"  {system}: failed (rc {p.returncode}): {p.stderr.strip()[-600:]}", flush=True)
     return None
 
@@ -347,7 +355,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         sps = worker(a.worker, a)
-        print("RESULT " + json.dumps({"steps_per_s": sps, "cpu_steps_per_s": CPU_SPS[-1]}))
+        print("RESULT " + json.dumps({"steps_per_s": sps, "cpu_steps_per_s": CPU_SPS[-1],
+                                     "warmup_s": WARMUP_S[-1] if WARMUP_S else None}))
         return
     systems = [s for s in a.systems.split(",") if s]
     ppy = peers_python(a)
@@ -371,7 +380,8 @@ def main() -> None:
                 res[s].append(got[0])
                 resc[s].append(got[1])
                 print(f"  round {r + 1} {s:<24} {got[0]:8.3f} steps/s  {got[1]:8.3f} steps/"
-                      f"CPU-s  (load {os.getloadavg()[0]:.1f})", flush=True)
+                      f"CPU-s  warm-up {got[2]:6.1f} s  (load {os.getloadavg()[0]:.1f})",
+                      flush=True)
     med = {s: statistics.median(v) for s, v in res.items() if v}
     medc = {s: statistics.median(v) for s, v in resc.items() if v}
     print(f"\n{'system':<26}{'steps/s':>9}{'steps/CPU-s':>12}{'rounds':>8}"

@@ -87,8 +87,10 @@ class TrainConfig:
     # replace the method's ``labeled_views`` here; None keeps the method's own.
     labeled_views: tuple[str, ...] | None = None
     # speed levers of issue 18 that leave the mathematics unchanged (docs/performance.md):
-    # NHWC weights (convolutions then run channels-last) and torch's fused Adam kernel
-    channels_last: bool = False
+    # NHWC weights (convolutions then run channels-last: 1.10x per FixMatch WRN-28-2 step
+    # on CPU, on by default; 2-D weights of MLPs are left as they are) and torch's fused
+    # Adam kernel
+    channels_last: bool = True
     fused_optimizer: bool | None = None
 
 
