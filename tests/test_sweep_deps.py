@@ -171,6 +171,7 @@ grids:
   - {id: pre, entry: self, method: simclr}
   - {entry: tune, method: [ce, ole], dataset: cifair10}
   - {entry: probe, encoder: [random, "@pre"], seed: [0, 1]}
+  - {entry: segment, encoder: random, cross_test: nuclei_cpm15}
 """, "rep.yaml")
     c = MlflowClient()
     exp = c.create_experiment("rep")
@@ -201,6 +202,13 @@ grids:
         c.log_metric(r, "test/accuracy", v)
         c.set_terminated(r, "FINISHED")
 
+    seg = c.create_run(exp, tags={"scarcelab.sweep": "rep", "scarcelab.role": "study",
+                                  "scarcelab.family": "segment", "scarcelab.encoder": "random",
+                                  "scarcelab.dataset": "consep_patches"}).info.run_id
+    c.log_metric(seg, "seg/pq", 0.25)
+    c.log_metric(seg, "seg/cross/nuclei_cpm15/pq", 0.125)
+    c.set_terminated(seg, "FINISHED")
+
     lines: list[str] = []
 
     def broken(self, sweep_run, t):  # type: ignore[no-untyped-def]
@@ -227,3 +235,6 @@ grids:
     assert view.loc["@pre", "pathology_crops linear accuracy"] == pytest.approx(0.8)
     assert view.loc["random", "pathology_crops linear accuracy"] == pytest.approx(0.55)
     assert view.loc["@pre", "n_runs"] == 2
+    assert view.loc["random", "consep_patches seg/pq"] == pytest.approx(0.25)
+    assert view.loc["random", "consep_patches seg/cross/nuclei_cpm15/pq"] == \
+        pytest.approx(0.125)

@@ -480,7 +480,8 @@ class Driver:
         self.client.log_text(sweep_run, long.to_csv(index=False), "report/table3.csv")
 
     def _report_transfer(self, sweep_run: str, t: Any) -> None:
-        """Kang et al.'s comparison: rows = encoder source, columns = tasks. An encoder that
+        """Kang et al.'s comparison: rows = encoder source, columns = tasks (probe
+        accuracies, segmentation PQ / mPQ, also on ``cross_test`` sets). An encoder that
         a dependency resolved (``runs:/<id>/model`` of a cell of this sweep) is shown as
         the spec's reference (``@pretrain``), so its seeds average into one row."""
         import dataclasses
@@ -498,7 +499,11 @@ class Driver:
         runs = t.runs
         if labels and "encoder" in runs:
             runs = runs.assign(encoder=runs["encoder"].replace(labels))
-        view = transfer(dataclasses.replace(t, runs=runs, _records={}))
+        # segment's cross-dataset tests (cross_test=nuclei_cpm15) are columns too
+        cross = sorted(c[len("metrics."):] for c in runs.columns
+                       if c.startswith("metrics.seg/cross/") and c.endswith(("/pq", "/mpq")))
+        view = transfer(dataclasses.replace(t, runs=runs, _records={}),
+                        seg_metrics=("seg/pq", "seg/mpq", *cross))
         self.client.log_text(sweep_run, f"# Transfer: {self.spec.name}\n\n"
                              + to_markdown(view) + "\n", "report/transfer.md")
         self.client.log_text(sweep_run, view.to_csv(index=False), "report/transfer.csv")
