@@ -159,12 +159,30 @@ def test_resume_resolves_dependencies_finished_by_an_earlier_invocation(sweeps):
     assert MlflowClient().get_run(res2.sweep_run_id).info.status == "FINISHED"
 
 
+def _tune_runs(c: MlflowClient, exp: str, sweep: str) -> None:
+    """Two tune studies as the tune protocol tags them: 3 retrains each, test score on
+    the retrains (the studies have none of their own)."""
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    scores = {"ce": [0.50, 0.52, 0.54], "ole": [0.30, 0.31, 0.32]}
+    for m, vals in scores.items():
+        tags = {"scarcelab.role": "study", "scarcelab.protocol": "tune",
+                "scarcelab.method": m, "scarcelab.dataset": "cifair10",
+                "scarcelab.family": "supervised"}
+        study = c.create_run(exp, tags={**tags, "scarcelab.sweep": sweep}).info.run_id
+        for i, v in enumerate(vals):
+            r = c.create_run(exp, tags={**tags, "scarcelab.role": "retrain",
+                                        "scarcelab.retrain": str(i),
+                                        MLFLOW_PARENT_RUN_ID: study}).info.run_id
+            c.log_metric(r, "test/balanced_accuracy", v)
+            c.set_terminated(r, "FINISHED")
+        c.set_terminated(study, "FINISHED")
+
+
 def test_report_adds_table3_and_transfer_and_survives_a_broken_part(store, monkeypatch,
                                                                      tmp_path):
     """Tune and probe/segment cells: report/table3.* and report/transfer.* on the sweep
     run, built from runs made here with the client as the entry points tag them."""
-    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-
     spec = parse_spec("""\
 name: rep
 grids:
@@ -176,19 +194,7 @@ grids:
     c = MlflowClient()
     exp = c.create_experiment("rep")
     sweep = c.create_run(exp, tags={"scarcelab.role": "sweep", "scarcelab.sweep": "rep"})
-    scores = {"ce": [0.50, 0.52, 0.54], "ole": [0.30, 0.31, 0.32]}
-    for m, vals in scores.items():
-        tags = {"scarcelab.role": "study", "scarcelab.protocol": "tune",
-                "scarcelab.method": m, "scarcelab.dataset": "cifair10",
-                "scarcelab.family": "supervised"}
-        study = c.create_run(exp, tags={**tags, "scarcelab.sweep": "rep"}).info.run_id
-        for i, v in enumerate(vals):
-            r = c.create_run(exp, tags={**tags, "scarcelab.role": "retrain",
-                                        "scarcelab.retrain": str(i),
-                                        MLFLOW_PARENT_RUN_ID: study}).info.run_id
-            c.log_metric(r, "test/balanced_accuracy", v)
-            c.set_terminated(r, "FINISHED")
-        c.set_terminated(study, "FINISHED")
+    _tune_runs(c, exp, "rep")
     pre = {s: c.create_run(exp).info.run_id for s in (0, 1)}  # two pre-trained encoders
     acc = {("random", 0): 0.5, ("random", 1): 0.6, ("@pre", 0): 0.7, ("@pre", 1): 0.9}
     for (enc, s), v in acc.items():
@@ -238,3 +244,19 @@ grids:
     assert view.loc["random", "consep_patches seg/pq"] == pytest.approx(0.25)
     assert view.loc["random", "consep_patches seg/cross/nuclei_cpm15/pq"] == \
         pytest.approx(0.125)
+
+
+def test_a_tune_only_grid_gets_table3_without_a_broken_leaderboard(store, tmp_path):
+    """Tune studies have no study-level test score, which the leaderboard and ranks need:
+    they are left to Table 3 instead of failing the generic part."""
+    spec = parse_spec("name: tonly\ngrids:\n  - {entry: tune, method: [ce, ole]}\n", "t.yaml")
+    c = MlflowClient()
+    exp = c.create_experiment("tonly")
+    sweep = c.create_run(exp, tags={"scarcelab.role": "sweep", "scarcelab.sweep": "tonly"})
+    _tune_runs(c, exp, "tonly")
+    lines: list[str] = []
+    assert Driver(spec, echo=lines.append)._log_report(sweep.info.run_id)
+    assert not [ln for ln in lines if "could not be built" in ln], lines
+    assert any("their leaderboard is report/table3.md" in ln for ln in lines)
+    arts = {a.path for a in c.list_artifacts(sweep.info.run_id, "report")}
+    assert {"report/table3.md", "report/table3.csv"} <= arts

@@ -451,9 +451,26 @@ class Driver:
         return logged
 
     def _report_views(self, sweep_run: str, t: Any) -> None:
+        import dataclasses
+
         from scarcelab.tracking.query import sections
         from scarcelab.tracking.query.render import report_meta, write_report
 
+        runs = t.runs
+        if "protocol" in runs and "role" in runs:
+            # tune studies log their test score per retrain, not per study: their table is
+            # Table 3 (_report_table3); the leaderboard and ranks are of the other studies
+            tune = set(runs.loc[(runs["role"] == "study") & (runs["protocol"] == "tune"),
+                                "run_id"])
+            if tune:
+                keep = ~runs["run_id"].isin(tune)
+                if "parent_run_id" in runs:
+                    keep &= ~runs["parent_run_id"].isin(tune)
+                t = dataclasses.replace(t, runs=runs[keep], _records={})
+                if not (t.runs["role"].isin(["study", "al"])).any():
+                    self.echo(f"[sweep {self.spec.name}] the grid's studies are tune studies: "
+                              "their leaderboard is report/table3.md")
+                    return
         which = ["leaderboard", "ranks"] if len(t.role("study")) else ["ranks"]
         secs = sections(t, which)
         with tempfile.TemporaryDirectory() as d:
