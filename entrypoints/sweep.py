@@ -50,8 +50,13 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: boo
         click.echo(f"sweep {sp.name}: {len(sp.cells)} cells -> experiment {sp.experiment!r} "
                    f"(cpus_per_cell={sp.cpus_per_cell:g}, gpus_per_cell={sp.gpus_per_cell}, "
                    f"retries={sp.retries if n_retries is None else n_retries})")
+        from scarcelab.tracking.sweep.driver import RESOLVE, RESOLVE_DEFAULT
+
         for c in sp.cells:
-            click.echo(f"{c.id}  scarcelab {' '.join(c.argv())}")
+            after = "".join(
+                f"  [{k} = {RESOLVE.get(k, RESOLVE_DEFAULT).format(run_id=f'<run of {d}>')}"
+                f" once cell {d} finished]" for k, d in c.refs)
+            click.echo(f"{c.id}  scarcelab {' '.join(c.argv())}{after}")
         return
     from scarcelab.tracking.sweep.driver import run_sweep
 

@@ -100,3 +100,97 @@ def test_shipped_suites_are_valid():
         for full in (False, True):
             sp = load_spec(p, full=full)
             assert sp.cells, p
+
+
+DEPS = """\
+name: deps
+grids:
+  - id: pretrain
+    entry: self
+    method: simclr
+    dataset: pathology_crops
+    seed: [0, 1]
+  - entry: probe
+    encoder: [random, "@pretrain"]
+    protocol: [linear, finetune]
+    seed: [0, 1]
+    budget_minutes: 2
+"""
+
+
+def test_a_reference_depends_on_the_cell_that_agrees_on_the_referenced_axes():
+    sp = parse_spec(DEPS, "g.yaml")
+    pre = {dict(c.options)["seed"]: c for c in sp.cells if c.entry == "self"}
+    probes = [c for c in sp.cells if c.entry == "probe"]
+    assert len(probes) == 8
+    for c in probes:
+        o = dict(c.options)
+        if o["encoder"] == "random":
+            assert c.refs == ()
+        else:  # the literal reference stays the option's value; the cell it matched is named
+            assert o["encoder"] == "@pretrain"
+            assert c.refs == (("encoder", pre[o["seed"]].id),)
+            assert c.argv({"encoder": "runs:/abc/model"})[1:3] == ["--encoder",
+                                                                    "runs:/abc/model"]
+    # stable: the same spec gives the same ids; a changed dependency gives new dependents
+    again = parse_spec(DEPS, "g.yaml")
+    assert [c.id for c in again.cells] == [c.id for c in sp.cells]
+    changed = parse_spec(DEPS.replace("dataset: pathology_crops", "dataset: crc"), "g.yaml")
+    dep_ids = {c.id for c in sp.cells if c.refs}
+    assert not dep_ids & {c.id for c in changed.cells if c.refs}
+    assert {c.id for c in sp.cells if c.entry == "probe" and not c.refs} == \
+        {c.id for c in changed.cells if c.entry == "probe" and not c.refs}
+
+
+@pytest.mark.parametrize("old,new,line,words", [
+    ('"@pretrain"', '"@pretrian"', 9, "@pretrian names no grid (grid ids: pretrain)"),
+    # the referenced grid has an axis (arch) this grid does not pin: two cells match
+    ("    seed: [0, 1]\n  - entry: probe", "    seed: [0, 1]\n    arch: [a, b]\n"
+     "  - entry: probe", 10, "matches 2 cells of grid 'pretrain' (matched on seed=0; they "
+     "differ in arch)"),
+    ("    seed: [0, 1]\n    budget", "    seed: [0, 5]\n    budget", 9,
+     "no cell of grid 'pretrain' has seed=5"),
+    # pretrain -> (its hparams_from) -> the probe grid -> pretrain
+    ("    method: simclr\n", "    method: simclr\n    hparams_from: \"@probes\"\n", 11,
+     "makes a dependency cycle (grid 0 (pretrain) -> grid 1 (probes) -> grid 0 (pretrain))"),
+    ("    method: simclr\n", "    method: simclr\n    hparams_from: \"@pretrain\"\n", 6,
+     "makes a dependency cycle (grid 0 (pretrain) -> grid 0 (pretrain))"),
+    ('"@pretrain"', "@pretrain", 9, 'quote a reference to another grid: "@pretrain"'),
+    ("  - id: pretrain\n", "  - id: [x]\n", 3, "a grid's 'id' is a name"),
+])
+def test_reference_errors_name_the_file_and_line(old, new, line, words):
+    text = DEPS.replace("  - entry: probe\n", "  - entry: probe\n    id: probes\n") \
+        if "@probes" in new else DEPS
+    text = text.replace(old, new, 1)
+    assert text != DEPS
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "grid.yaml")
+    assert str(e.value).startswith(f"grid.yaml:{line}: "), str(e.value)
+    assert words in str(e.value), str(e.value)
+
+
+def test_shipped_dependency_suites_expand_and_show_their_dependencies():
+    from pathlib import Path
+
+    suites = Path(__file__).resolve().parents[1] / "suites"
+    for full, n_pre in ((False, 1), (True, 3)):
+        sp = load_spec(suites / "pathology.yaml", full=full)
+        pre = [c for c in sp.cells if c.entry == "self"]
+        deps = [c for c in sp.cells if c.refs]
+        assert len(pre) == n_pre and len(deps) == 3 * n_pre  # linear, finetune, segment
+        seeds = {c.id: dict(c.options)["seed"] for c in pre}
+        for c in deps:  # each evaluation uses the encoder pre-trained with its own seed
+            assert seeds[c.refs[0][1]] == dict(c.options)["seed"]
+        res = CliRunner().invoke(main, ["sweep", str(suites / "pathology.yaml"), "--dry-run"]
+                                 + (["--full"] if full else []))
+        assert res.exit_code == 0, res.output
+        lines = {ln.split()[0]: ln for ln in res.output.splitlines()[1:]}
+        assert len(lines) == len(sp.cells)
+        for c in deps:
+            assert "--encoder @pretrain" in lines[c.id]
+            assert f"once cell {c.refs[0][1]} finished" in lines[c.id]
+    tune = load_spec(suites / "tune_it.yaml")
+    assert {c.entry for c in tune.cells} == {"tune"} and len(tune.cells) == 4
+    full = load_spec(suites / "tune_it.yaml", full=True)
+    assert len(full.cells) == 10 * 5
+    assert {dict(c.options)["epochs"] for c in full.cells} == {"default"}

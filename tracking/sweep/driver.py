@@ -22,10 +22,19 @@ that a dead driver left RUNNING as FAILED, and runs the rest again — with
 resume). A finished cell is never run twice. A failing cell is retried up to ``retries``
 times (each attempt its own run, the error and the cell's output on it) and the sweep goes
 on with the other cells.
+
+Dependencies (``"@<grid id>"`` option values, tracking/sweep/spec.py): a dependent cell is
+submitted once the cell it depends on has a FINISHED run — from this invocation or an
+earlier one — with the option set to ``runs:/<that run id>/model`` (the run the driver
+created for the cell and handed to it as ``MLFLOW_RUN_ID``, which is where its study logs
+its checkpoint and model). When the dependency fails for good, the dependent is recorded
+FAILED (a run with ``scarcelab.error`` naming the dependency) without being started, and
+the rest of the grid goes on.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -45,6 +54,11 @@ SWEEP_TAG = "scarcelab.sweep"
 CELL_TAG = "scarcelab.cell"
 DRIVER_TAG = "scarcelab.sweep_driver"
 ATTEMPT_TAG = "scarcelab.sweep_attempt"
+#: on a dependent cell's run: {option: [reference, resolved value]} (JSON)
+REFS_TAG = "scarcelab.sweep_refs"
+#: what a dependency option receives, by option; every other option gets a model URI
+RESOLVE = {"hparams_from": "{run_id}"}
+RESOLVE_DEFAULT = "runs:/{run_id}/model"
 LOG_TAIL = 200_000  # bytes of a cell's output kept as its run's artifact
 # The module every cell runs: the console script's, as ``python -m`` (no PATH needed).
 CELL_MODULE = "scarcelab.entrypoints.cli"
@@ -206,15 +220,19 @@ class Driver:
                                     "the cell was run again by the next sweep run")
                 self.client.set_terminated(r.info.run_id, "FAILED")
 
-    def _new_cell_run(self, exp: str, sweep_run: str, cell: Cell, attempt: int) -> str:
+    def _new_cell_run(self, exp: str, sweep_run: str, cell: Cell, attempt: int,
+                      resolved: dict[str, str] | None = None) -> str:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
         name = "-".join(v for _, v in cell.options)[:80] or cell.entry
         name = f"{cell.entry}-{name}"
-        return str(self.client.create_run(exp, run_name=name, tags={
-            SWEEP_TAG: self.spec.name, CELL_TAG: cell.id, "scarcelab.cell_label": cell.label,
-            DRIVER_TAG: self.owner, ATTEMPT_TAG: str(attempt),
-            MLFLOW_PARENT_RUN_ID: sweep_run, MLFLOW_RUN_NAME: name}).info.run_id)
+        tags = {SWEEP_TAG: self.spec.name, CELL_TAG: cell.id, "scarcelab.cell_label": cell.label,
+                DRIVER_TAG: self.owner, ATTEMPT_TAG: str(attempt),
+                MLFLOW_PARENT_RUN_ID: sweep_run, MLFLOW_RUN_NAME: name}
+        if resolved:
+            opts = dict(cell.options)
+            tags[REFS_TAG] = json.dumps({k: [opts[k], v] for k, v in resolved.items()})
+        return str(self.client.create_run(exp, run_name=name, tags=tags).info.run_id)
 
     def _cell_env(self, run_id: str, embedded: bool) -> dict[str, str]:
         env = {**self.spec.env, "MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": self.uri,
@@ -233,11 +251,13 @@ class Driver:
         result = SweepResult(self.spec.name, sweep_run)
         existing = self._existing(exp)
         todo: list[Cell] = []
+        finished: dict[str, str] = {}  # cell id -> its FINISHED run (dependencies read it)
         for cell in self.spec.cells:
             runs = existing.get(cell.id, [])
             done = [r for r in runs if r.info.status == "FINISHED"]
             if done:
                 result.outcomes.append(CellOutcome(cell, "SKIPPED", done[0].info.run_id))
+                finished[cell.id] = done[0].info.run_id
                 continue
             self._close_stale(runs)
             todo.append(cell)
@@ -248,7 +268,7 @@ class Driver:
         try:
             if todo:
                 self._schedule(exp, sweep_run, todo, result,
-                               {c.id: len(existing.get(c.id, [])) for c in todo})
+                               {c.id: len(existing.get(c.id, [])) for c in todo}, finished)
         except BaseException:
             status = "FAILED"
             raise
@@ -261,7 +281,7 @@ class Driver:
         return result
 
     def _schedule(self, exp: str, sweep_run: str, todo: list[Cell], result: SweepResult,
-                  earlier: dict[str, int]) -> None:
+                  earlier: dict[str, int], finished: dict[str, str]) -> None:
         from scarcelab.tracking.sweep.pool import RayPool
 
         pool = RayPool(self.address, self.jobs, self.spec.cpus_per_cell,
@@ -271,17 +291,50 @@ class Driver:
         started: dict[str, tuple[str, float]] = {}  # cell id -> (run id, start time)
         attempts: dict[str, int] = {}  # this invocation's, against `retries`
         cells = {c.id: c for c in todo}
+        done_runs = dict(finished)  # cell id -> FINISHED run id, grows as cells end
+        failed: dict[str, str] = {}  # cell id -> error, for cells failed for good
+        waiting = [c for c in todo if c.refs]  # dependents not yet submitted
 
         def submit(cell: Cell) -> None:
+            resolved = {k: RESOLVE.get(k, RESOLVE_DEFAULT).format(run_id=done_runs[dep])
+                        for k, dep in cell.refs}
             attempts[cell.id] = attempts.get(cell.id, 0) + 1
             earlier[cell.id] = earlier.get(cell.id, 0) + 1  # the run's number over re-runs
-            rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id])
+            rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id], resolved)
             started[cell.id] = (rid, time.time())
-            pool.submit(cell.id, run_cell_process, cell.argv(), self._cell_env(rid, embedded),
-                        self.cwd if embedded else None, self.python)
+            pool.submit(cell.id, run_cell_process, cell.argv(resolved),
+                        self._cell_env(rid, embedded), self.cwd if embedded else None,
+                        self.python)
+
+        def release() -> None:
+            """Submit the dependents whose dependencies all finished; record FAILED those
+            with a dependency that failed for good (and, in turn, their dependents)."""
+            progress = True
+            while progress:
+                progress = False
+                for cell in list(waiting):
+                    bad = [(k, d) for k, d in cell.refs if d in failed]
+                    if bad:
+                        k, d = bad[0]
+                        err = (f"dependency {k}={dict(cell.options)[k]} (cell "
+                               f"{self.spec.cell(d).label!r}) failed: {failed[d]}")[:2000]
+                        earlier[cell.id] = earlier.get(cell.id, 0) + 1
+                        rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id])
+                        self._fail(rid, err)
+                        result.outcomes.append(CellOutcome(cell, "FAILED", rid, 0, 0.0, err))
+                        failed[cell.id] = err
+                        self.echo(f"[sweep {self.spec.name}] {cell.label}: not run, {err}")
+                    elif all(d in done_runs for _, d in cell.refs):
+                        submit(cell)
+                    else:
+                        continue
+                    waiting.remove(cell)
+                    progress = True
 
         for cell in todo:
-            submit(cell)
+            if not cell.refs:
+                submit(cell)
+        release()
         durations: list[float] = []
         n_total = len(self.spec.cells)
         while len(pool):
@@ -296,6 +349,7 @@ class Driver:
                 durations.append(out["seconds"])
                 result.outcomes.append(CellOutcome(cell, "FINISHED", rid, attempt,
                                                    out["seconds"]))
+                done_runs[cell.id] = rid
                 verb = "finished"
             else:
                 err = _last_error(out["output"], out["rc"])
@@ -306,24 +360,34 @@ class Driver:
                 else:
                     result.outcomes.append(CellOutcome(cell, "FAILED", rid, attempt,
                                                        out["seconds"], err))
+                    failed[cell.id] = err
                     verb = f"FAILED after {attempt} attempt(s): {err}"
+            release()
             done = result.count("FINISHED") + result.count("SKIPPED")
-            failed = result.count("FAILED")
+            n_failed = result.count("FAILED")
             running = pool.running
             queued = len(pool) - running
             eta = ""
             if durations and len(pool):
                 mean = sum(durations) / len(durations)
-                eta = f" · ETA {_fmt_s(mean * (queued + running / 2) / max(1, slots))}"
+                left = mean * (queued + len(waiting) + running / 2) / max(1, slots)
+                eta = f" · ETA {_fmt_s(left)}"
+            wait = f" · {len(waiting)} waiting on dependencies" if waiting else ""
             self.echo(f"[sweep {self.spec.name}] {cell.label}: {verb} "
                       f"({out['seconds']:.0f} s) — {done}/{n_total} done · {running} running · "
-                      f"{failed} failed · {queued} queued{eta}")
+                      f"{n_failed} failed · {queued} queued{wait}{eta}")
             from mlflow.entities import Metric
 
             ts = int(time.time() * 1000)
             self.client.log_batch(sweep_run, metrics=[
-                Metric("sweep/cells_done", done, ts, done + failed),
-                Metric("sweep/cells_failed", failed, ts, done + failed)])
+                Metric("sweep/cells_done", done, ts, done + n_failed),
+                Metric("sweep/cells_failed", n_failed, ts, done + n_failed)])
+        for cell in waiting:  # cannot happen with an acyclic spec; never lose a cell
+            err = "its dependencies never finished"
+            earlier[cell.id] = earlier.get(cell.id, 0) + 1
+            rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id])
+            self._fail(rid, err)
+            result.outcomes.append(CellOutcome(cell, "FAILED", rid, 0, 0.0, err))
 
     def _status(self, rid: str) -> str:
         return str(self.client.get_run(rid).info.status)
@@ -356,29 +420,110 @@ class Driver:
                   f"failed, in {_fmt_s(result.wall_s)} — sweep run {sweep_run}")
 
     def _log_report(self, sweep_run: str) -> bool:
+        """The grid's report under ``report/`` on the sweep run: leaderboard and ranks, and
+        the source study's own table where the grid has its cells (contamination: Table
+        A1; tune: Table 3; probe / segment: the transfer view). Each part is built on its
+        own, so one that cannot be built (logged as a warning) does not lose the others.
+        Returns whether any part was logged."""
         import warnings
 
-        from scarcelab.tracking.query import load, sections
-        from scarcelab.tracking.query.render import report_meta, write_report
+        from scarcelab.tracking.query import load
 
         t = load(self.spec.experiment)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            which = ["leaderboard", "ranks"] if len(t.role("study")) else ["ranks"]
-            secs = sections(t, which)
+        entries = {c.entry for c in self.spec.cells}
+        parts: list[tuple[str, Callable[[str, Any], None]]] = [("leaderboard", self._report_views)]
+        if "contamination" in entries:
+            parts.append(("contamination", self._report_contamination))
+        if "tune" in entries:
+            parts.append(("table3", self._report_table3))
+        if entries & {"probe", "segment"}:
+            parts.append(("transfer", self._report_transfer))
+        logged = False
+        for what, build in parts:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    build(sweep_run, t)
+                logged = True
+            except Exception as e:  # noqa: BLE001 - the cells' runs are the record
+                self.echo(f"[sweep {self.spec.name}] warning: the report's {what} part could "
+                          f"not be built: {type(e).__name__}: {e}")
+        return logged
+
+    def _report_views(self, sweep_run: str, t: Any) -> None:
+        import dataclasses
+
+        from scarcelab.tracking.query import sections
+        from scarcelab.tracking.query.render import report_meta, write_report
+
+        runs = t.runs
+        if "protocol" in runs and "role" in runs:
+            # tune studies log their test score per retrain, not per study: their table is
+            # Table 3 (_report_table3); the leaderboard and ranks are of the other studies
+            tune = set(runs.loc[(runs["role"] == "study") & (runs["protocol"] == "tune"),
+                                "run_id"])
+            if tune:
+                keep = ~runs["run_id"].isin(tune)
+                if "parent_run_id" in runs:
+                    keep &= ~runs["parent_run_id"].isin(tune)
+                t = dataclasses.replace(t, runs=runs[keep], _records={})
+                if not (t.runs["role"].isin(["study", "al"])).any():
+                    self.echo(f"[sweep {self.spec.name}] the grid's studies are tune studies: "
+                              "their leaderboard is report/table3.md")
+                    return
+        which = ["leaderboard", "ranks"] if len(t.role("study")) else ["ranks"]
+        secs = sections(t, which)
         with tempfile.TemporaryDirectory() as d:
             paths = write_report(secs, d, title=f"sweep {self.spec.name}",
                                  meta=report_meta([self.spec.experiment], self.uri))
             for p in paths.values():
                 self.client.log_artifact(sweep_run, str(p), "report")
-        if any(c.entry == "contamination" for c in self.spec.cells):
-            from scarcelab.tracking.contamination import contamination_table, to_markdown
 
-            table = contamination_table(experiments=[self.spec.experiment])
-            self.client.log_text(sweep_run, to_markdown(table), "report/contamination.md")
-            self.client.log_text(sweep_run, table.to_csv(index=False),
-                                 "report/contamination.csv")
-        return True
+    def _report_contamination(self, sweep_run: str, t: Any) -> None:
+        from scarcelab.tracking.contamination import contamination_table, to_markdown
+
+        table = contamination_table(experiments=[self.spec.experiment])
+        self.client.log_text(sweep_run, to_markdown(table), "report/contamination.md")
+        self.client.log_text(sweep_run, table.to_csv(index=False), "report/contamination.csv")
+
+    def _report_table3(self, sweep_run: str, t: Any) -> None:
+        """Tune It or Don't Use It, Table 3: methods x datasets, mean ± std of the final
+        retrains' test balanced accuracy, best bold, not-significantly-worse italic."""
+        from scarcelab.tracking.query.table3 import render_table3, retrain_scores, table3
+
+        long = table3(retrain_scores(t))
+        self.client.log_text(sweep_run, f"# Table 3: {self.spec.name}\n\n"
+                             + render_table3(long) + "\n", "report/table3.md")
+        self.client.log_text(sweep_run, long.to_csv(index=False), "report/table3.csv")
+
+    def _report_transfer(self, sweep_run: str, t: Any) -> None:
+        """Kang et al.'s comparison: rows = encoder source, columns = tasks (probe
+        accuracies, segmentation PQ / mPQ, also on ``cross_test`` sets). An encoder that
+        a dependency resolved (``runs:/<id>/model`` of a cell of this sweep) is shown as
+        the spec's reference (``@pretrain``), so its seeds average into one row."""
+        import dataclasses
+
+        from scarcelab.tracking.query.render import to_markdown
+        from scarcelab.tracking.query.views import transfer
+
+        labels: dict[str, str] = {}
+        exp = self.client.get_experiment_by_name(self.spec.experiment)
+        for r in self.client.search_runs(
+                [exp.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.spec.name}'",
+                max_results=50_000):
+            for ref, value in json.loads(r.data.tags.get(REFS_TAG) or "{}").values():
+                labels[value] = ref
+        runs = t.runs
+        if labels and "encoder" in runs:
+            runs = runs.assign(encoder=runs["encoder"].replace(labels))
+        # segment's cross-dataset tests (cross_test=nuclei_cpm15) are columns too
+        cross = sorted(c[len("metrics."):] for c in runs.columns
+                       if c.startswith("metrics.seg/cross/") and c.endswith(("/pq", "/mpq")))
+        view = transfer(dataclasses.replace(t, runs=runs, _records={}),
+                        seg_metrics=("seg/pq", "seg/mpq", *cross))
+        self.client.log_text(sweep_run, f"# Transfer: {self.spec.name}\n\n"
+                             + to_markdown(view) + "\n", "report/transfer.md")
+        self.client.log_text(sweep_run, view.to_csv(index=False), "report/transfer.csv")
 
 
 def _last_error(output: str, rc: int) -> str:

@@ -20,6 +20,20 @@ the entry point's own options (``budget_minutes`` or ``budget-minutes`` for
     full:                          # merged into every grid by `scarcelab sweep --full`
       budget_minutes: 60
 
+A grid may carry an ``id``; an option value ``"@<id>"`` in another grid is a *dependency*:
+that option receives ``runs:/<run id>/model`` of the finished run of the matching cell of
+the grid with that id (the one whose values agree on the referenced grid's axes), resolved
+by the driver when the dependent cell is submitted::
+
+    grids:
+      - {id: pretrain, entry: self, method: simclr, dataset: pathology_crops, seed: [0, 1]}
+      - {entry: probe, encoder: [random, "@pretrain"], seed: [0, 1]}
+
+Exactly one cell must match (else a spec error with the line); cycles are refused. The
+literal reference is part of the dependent cell's options, and the id of the cell it
+matched is part of its cell id, so ids are stable across re-runs and a changed dependency
+makes its dependents new cells.
+
 Why validation happens here and not in the cell: a typo in an option name of cell 37 of 40
 should fail the sweep before the first cell runs, with the line of the spec that holds it.
 Option names are checked against the entry point's click command; values are checked by
@@ -44,6 +58,12 @@ TOP_KEYS = {"name", "experiment", "cpus_per_cell", "gpus_per_cell", "retries", "
 RESERVED = {"experiment"}
 
 
+#: Keys of a grid that are not options of its entry point.
+GRID_KEYS = {"entry", "id"}
+#: An option value starting with this refers to the grid with that ``id``.
+REF = "@"
+
+
 class SpecError(ValueError):
     """A spec that cannot run; the message starts with ``file:line:``."""
 
@@ -55,22 +75,29 @@ class Cell:
     entry: str
     options: tuple[tuple[str, str], ...]
     grid: int  # index of the grid it came from
+    #: dependencies: (option, id of the cell whose finished run the option receives);
+    #: the option's value in ``options`` stays the literal reference ("@pretrain")
+    refs: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:
         """Stable across re-runs of the same spec: what a finished cell is recognised by."""
         # sorted: reordering the keys of a grid does not make its cells new ones
-        blob = json.dumps([self.entry, sorted(self.options)])
+        parts: list[Any] = [self.entry, sorted(self.options)]
+        if self.refs:  # the cells depended on (stable ids, not run ids) are part of it
+            parts.append(sorted(self.refs))
+        blob = json.dumps(parts)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
     def label(self) -> str:
         return " ".join([self.entry] + [f"{k}={v}" for k, v in self.options])
 
-    def argv(self) -> list[str]:
+    def argv(self, resolved: Mapping[str, str] | None = None) -> list[str]:
+        """The command line; ``resolved`` replaces the values of dependency options."""
         out = [self.entry]
         for k, v in self.options:
-            out += [f"--{k.replace('_', '-')}", v]
+            out += [f"--{k.replace('_', '-')}", (resolved or {}).get(k, v)]
         return out
 
 
@@ -89,6 +116,9 @@ class SweepSpec:
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+    def cell(self, cell_id: str) -> Cell:
+        return next(c for c in self.cells if c.id == cell_id)
 
 
 def _line(node: yaml.Node | None) -> int:
@@ -164,7 +194,11 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False) -> SweepSpec
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 0
-        raise SpecError(f"{path}:{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
+        hint = ""
+        if "'@'" in str(getattr(e, "problem", "")):
+            hint = ' (quote a reference to another grid: "@pretrain")'
+        raise SpecError(f"{path}:{line}: not valid YAML: {getattr(e, 'problem', e)}{hint}"
+                        ) from None
     loc = _Located(path, node)
     if not isinstance(data, dict):
         raise loc.error(node, "a spec is a mapping with at least 'name' and 'grids'")
@@ -199,8 +233,10 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False) -> SweepSpec
     if not isinstance(env, dict):
         raise loc.error(loc.child(node, "env"), "'env' must be a mapping NAME: value")
 
-    cells: list[Cell] = []
-    seen: dict[str, int] = {}
+    grid_cells: list[list[Cell]] = []
+    grid_axes: list[set[str]] = []  # list-valued keys: what tells a grid's cells apart
+    grid_refs: list[dict[str, tuple[str, yaml.Node | None]]] = []  # option -> (id, node)
+    ids: dict[str, tuple[int, yaml.Node | None]] = {}
     entries = None
     for gi, grid in enumerate(grids):
         gn = loc.item(gnode, gi)
@@ -212,10 +248,19 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False) -> SweepSpec
             entries = entries or _entries()
             raise loc.error(loc.child(gn, "entry"), f"unknown entry point {entry!r}; valid: "
                             f"{', '.join(entries)}")
+        if "id" in grid:
+            gid, idn = grid["id"], loc.child(gn, "id")
+            if not isinstance(gid, str) or not gid.strip() or gid.startswith(REF):
+                raise loc.error(idn, f"a grid's 'id' is a name (e.g. id: pretrain), got {gid!r}")
+            if gid in ids:
+                raise loc.error(idn, f"grid id {gid!r} is used twice (first at line "
+                                f"{_line(ids[gid][1])})")
+            ids[gid] = (gi, idn)
         merged = {**grid, **(full_over if full else {})}
         axes: list[tuple[str, list[str]]] = []
+        refs: dict[str, tuple[str, yaml.Node | None]] = {}
         for raw_key, value in merged.items():
-            if raw_key == "entry":
+            if raw_key in GRID_KEYS:
                 continue
             key = str(raw_key).replace("-", "_")
             kn = loc.key_node(gn, raw_key) or loc.key_node(loc.child(node, "full"), raw_key)
@@ -232,17 +277,101 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False) -> SweepSpec
                 if v is None or isinstance(v, list):
                     raise loc.error(kn, f"{raw_key!r}: each value must be a scalar or a "
                                     f"mapping, got {v!r}")
+                if isinstance(v, str) and v.startswith(REF):
+                    if key in refs and refs[key][0] != v[1:]:
+                        raise loc.error(kn, f"{raw_key!r} refers to two grids ({REF}"
+                                        f"{refs[key][0]}, {v}); one reference per option")
+                    refs[key] = (v[1:], kn)
             axes.append((key, [_scalar(v) for v in values]))
-        for combo in itertools.product(*(vals for _, vals in axes)):
-            cell = Cell(entry, tuple((k, v) for (k, _), v in zip(axes, combo, strict=True)), gi)
+        grid_axes.append({k for k, vals in axes if len(set(vals)) > 1})
+        grid_refs.append(refs)
+        grid_cells.append([Cell(entry, tuple((k, v) for (k, _), v in
+                                             zip(axes, combo, strict=True)), gi)
+                           for combo in itertools.product(*(vals for _, vals in axes))])
+
+    for gi in _grid_order(loc, grid_refs, ids):
+        if grid_refs[gi]:
+            grid_cells[gi] = [_with_refs(loc, c, grid_refs[gi], ids, grid_cells, grid_axes)
+                              for c in grid_cells[gi]]
+    cells: list[Cell] = []
+    seen: dict[str, int] = {}
+    for gi, part in enumerate(grid_cells):
+        for cell in part:
             if cell.id in seen:
-                raise loc.error(gn, f"cell {cell.label!r} appears twice (grids {seen[cell.id]} "
-                                f"and {gi}): a sweep runs each cell once")
+                raise loc.error(loc.item(gnode, gi), f"cell {cell.label!r} appears twice "
+                                f"(grids {seen[cell.id]} and {gi}): a sweep runs each cell "
+                                "once")
             seen[cell.id] = gi
             cells.append(cell)
     return SweepSpec(name=name.strip(), experiment=str(data.get("experiment") or name).strip(),
                      cells=cells, cpus_per_cell=cpus, gpus_per_cell=gpus, retries=retries,
                      env={str(k): str(v) for k, v in env.items()}, path=path, text=text)
+
+
+def _grid_order(loc: _Located, grid_refs: list[dict[str, tuple[str, yaml.Node | None]]],
+                ids: dict[str, tuple[int, yaml.Node | None]]) -> list[int]:
+    """Grid indices with every grid after the grids it refers to; unknown ids and cycles
+    are spec errors at the line of the reference."""
+    for refs in grid_refs:
+        for key, (gid, kn) in refs.items():
+            if gid not in ids:
+                known = ", ".join(sorted(ids)) or "none: give the grid an 'id: <name>'"
+                raise loc.error(kn, f"{key}: {REF}{gid} names no grid (grid ids: {known})")
+    order: list[int] = []
+    placed: set[int] = set()
+
+    def visit(gi: int, path: list[int]) -> None:
+        if gi in placed:
+            return
+        for key, (gid, kn) in grid_refs[gi].items():
+            gj = ids[gid][0]
+            if gj in path + [gi]:
+                cyc = (path + [gi])[(path + [gi]).index(gj):] + [gj]
+                names = " -> ".join(f"grid {g}" + (f" ({_id_of(ids, g)})" if _id_of(ids, g)
+                                                   else "") for g in cyc)
+                raise loc.error(kn, f"{key}: {REF}{gid} makes a dependency cycle ({names}); "
+                                "a grid cannot depend on itself, directly or not")
+            visit(gj, path + [gi])
+        placed.add(gi)
+        order.append(gi)
+
+    for gi in range(len(grid_refs)):
+        visit(gi, [])
+    return order
+
+
+def _id_of(ids: dict[str, tuple[int, yaml.Node | None]], gi: int) -> str:
+    return next((k for k, (g, _) in ids.items() if g == gi), "")
+
+
+def _with_refs(loc: _Located, cell: Cell, refs: dict[str, tuple[str, yaml.Node | None]],
+               ids: dict[str, tuple[int, yaml.Node | None]], grid_cells: list[list[Cell]],
+               grid_axes: list[set[str]]) -> Cell:
+    """``cell`` with its dependencies: for each reference, the one cell of the referenced
+    grid that agrees with ``cell`` on that grid's axes (the keys its cells differ in)."""
+    mine = dict(cell.options)
+    out = []
+    for key, (gid, kn) in refs.items():
+        if not mine[key].startswith(REF):
+            continue  # this cell took another value of the axis (e.g. encoder=random)
+        gj = ids[gid][0]
+        on = {k: mine[k] for k in sorted(grid_axes[gj]) if k in mine and k not in refs}
+        match = [d for d in grid_cells[gj] if all(dict(d.options).get(k) == v
+                                                  for k, v in on.items())]
+        agree = ", ".join(f"{k}={v}" for k, v in on.items()) or "nothing (no shared axis)"
+        if not match:
+            raise loc.error(kn, f"{key}={mine[key]} for cell {cell.label!r}: no cell of grid "
+                            f"{gid!r} has {agree}; give both grids the same values on the "
+                            "axes they share")
+        if len(match) > 1:
+            free = sorted(grid_axes[gj] - set(on))
+            raise loc.error(kn, f"{key}={mine[key]} for cell {cell.label!r} matches "
+                            f"{len(match)} cells of grid {gid!r} (matched on {agree}; they "
+                            f"differ in {', '.join(free)}): add those keys to this grid with "
+                            f"the same values, or split grid {gid!r} into grids with their "
+                            "own ids")
+        out.append((key, match[0].id))
+    return Cell(cell.entry, cell.options, cell.grid, tuple(out))
 
 
 def load_spec(path: str | Path, full: bool = False) -> SweepSpec:

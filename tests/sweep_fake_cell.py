@@ -1,0 +1,43 @@
+"""A cheap stand-in for a cell process, for tests/test_sweep_deps.py.
+
+The sweep driver starts ``<python> -m scarcelab.entrypoints.cli <entry> --opt value …`` with
+``MLFLOW_RUN_ID`` set; the test hands the driver a ``python`` that runs this file instead,
+so a cell costs an MLflow client import rather than a study. Against the real store it
+records what a real cell must: the argv it got (param ``cell_argv``), for an
+``--encoder runs:/<id>/model`` that the run ``<id>`` exists and is FINISHED (else it fails
+like the resolver would), and it ends its run FINISHED. ``--set fail=1`` makes it fail
+with an ``Error:`` line, as an entry point does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> int:
+    argv = sys.argv[sys.argv.index("-m") + 2:]  # after "-m scarcelab.entrypoints.cli"
+    opts = dict(zip(argv[1::2], argv[2::2], strict=True))
+    if opts.get("--set") == "fail=1":
+        print("Error: this cell fails on purpose (--set fail=1)", flush=True)
+        return 1
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    run_id = os.environ["MLFLOW_RUN_ID"]
+    enc = opts.get("--encoder", "")
+    if enc.startswith("runs:/"):
+        dep = enc[len("runs:/"):].split("/")[0]
+        status = client.get_run(dep).info.status
+        if status != "FINISHED":
+            print(f"Error: encoder={enc}: run {dep} is {status}", flush=True)
+            return 1
+        client.set_tag(run_id, "scarcelab.encoder", enc)
+    client.log_param(run_id, "cell_argv", " ".join(argv))
+    client.set_terminated(run_id, "FINISHED")
+    print(f"fake cell {argv[0]} finished", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
