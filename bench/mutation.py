@@ -118,6 +118,11 @@ def _prepare(name: str, workdir: Path, jobs: int) -> tuple[Path, str, dict[str, 
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
     _copy_tree(wd)
+    # real-data tests and loaders look for ../shared/data beside the checkout (from the file's
+    # own location, which mutmut moves to <copy>/mutants/...): the copy gets the same link
+    shared = REPO.parent / "shared"
+    if shared.exists():
+        (wd / "shared").symlink_to(shared.resolve())
     with (wd / "pyproject.toml").open("a") as f:
         f.write(_config(only, tests, jobs))
     mutmut = str(Path(sys.executable).with_name("mutmut"))
@@ -178,8 +183,37 @@ def _population(wd: Path, mutmut: str, env: dict[str, str], jobs: int) -> list[s
     return sorted(_statuses(wd))
 
 
+def _direct(name: str, wd: Path, mutmut: str, env: dict[str, str], mutant: str,
+            timeout: float) -> str:
+    """Apply one mutant to the copy's source itself and run the target's whole test
+    selection in a fresh interpreter. Why: mutmut 3 tests a mutant in a worker forked after
+    the package was imported, so a mutation in code that runs only at import time (a
+    registration decorator, a loader factory called at module level) is never active there
+    and reads as 'survived'; a fresh interpreter imports the mutated source."""
+    only, tests = TARGETS[name]
+    tests = [t for t in tests if (REPO / t).exists()]
+    files = sorted({f for pat in only for f in wd.glob(pat) if f.suffix == ".py"})
+    saved = {f: f.read_bytes() for f in files}
+    try:
+        subprocess.run([mutmut, "apply", mutant], cwd=wd, env=env, check=True,
+                       capture_output=True)
+        if all(f.read_bytes() == b for f, b in saved.items()):
+            return "not applied"
+        try:
+            rc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
+                                 "no:cacheprovider", *tests], cwd=wd, env=env,
+                                capture_output=True, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return "timeout"
+        return {0: "survived", 1: "killed"}.get(rc, f"pytest rc {rc}")
+    finally:
+        for f, b in saved.items():
+            f.write_bytes(b)
+
+
 def run_target(name: str, workdir: Path, jobs: int, sample: int = 0, seed: int = 0,
-               only_names: list[str] | None = None) -> dict[str, object]:
+               only_names: list[str] | None = None, direct: bool = False,
+               direct_timeout: float = 900) -> dict[str, object]:
     """Full run (sample 0), a seeded random sample of ``sample`` mutants, or the mutants
     named in ``only_names`` (the re-run of a sample's survivors)."""
     wd, mutmut, env = _prepare(name, workdir, jobs)
@@ -199,6 +233,11 @@ def run_target(name: str, workdir: Path, jobs: int, sample: int = 0, seed: int =
         out = _summary(name, status, wd, mutmut, env)
         out.update({"mode": "rerun" if only_names else "sample", "population": len(population),
                     "sampled": len(chosen), "seed": seed, "sample_names": chosen})
+        if direct:  # second opinion on what still survives (see _direct)
+            d = {k: _direct(name, wd, mutmut, env, k, direct_timeout)
+                 for k in sorted(out["survivors"])}  # type: ignore[arg-type]
+            out["direct"] = d
+            print(f"{name}: direct check of {len(d)} survivors: {d}", flush=True)
     else:
         rc, tail, _ = _mutmut_run(wd, mutmut, env, jobs, [])
         out = _summary(name, _statuses(wd), wd, mutmut, env)
@@ -220,6 +259,10 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=0,
                     help="test a seeded uniform random sample of N mutants per target (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the --sample draw")
+    ap.add_argument("--direct", action="store_true",
+                    help="with --rerun-survivors: apply each remaining survivor to the source "
+                         "and run the whole test selection in a fresh interpreter (catches "
+                         "mutants of import-time code that mutmut's forked workers miss)")
     ap.add_argument("--rerun-survivors", action="store_true",
                     help="re-test only the survivors in OUT/mutation_<target>.json (e.g. after "
                          "adding tests); writes OUT/mutation_<target>_rerun.json")
@@ -233,18 +276,23 @@ def main() -> None:
             if not names:
                 print(f"{t}: no survivors to re-run")
                 continue
-            res = run_target(t, work, a.jobs, only_names=names)
+            res = run_target(t, work, a.jobs, only_names=names, direct=a.direct)
             res["before"] = {k: prev[k] for k in ("population", "sampled", "seed", "counts",
                                                    "score", "wilson95") if k in prev}
             if prev.get("mode") == "sample":  # the sample's score once these are re-tested
                 n = prev["tested"]
                 k = prev["killed_or_timeout"] + res["killed_or_timeout"]
+                k += sum(v in ("killed", "timeout") for v in res.get("direct", {}).values())
                 res["after"] = {"sampled": n, "killed_or_timeout": k, "score": k / n,
                                 "wilson95": list(wilson(k, n))}
                 print(f"{t}: sample score after re-run {k}/{n} = {k / n:.1%}", flush=True)
             (Path(a.out) / f"mutation_{t}_rerun.json").write_text(json.dumps(res, indent=1))
             continue
-        res = run_target(t, work, a.jobs, sample=a.sample, seed=a.seed)
+        try:
+            res = run_target(t, work, a.jobs, sample=a.sample, seed=a.seed)
+        except SystemExit as e:  # one target's broken test run must not cost the others
+            print(f"{t}: FAILED: {e}", flush=True)
+            continue
         (Path(a.out) / f"mutation_{t}.json").write_text(json.dumps(res, indent=1))
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
