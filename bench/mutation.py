@@ -16,13 +16,27 @@ is never touched; ``mutants/`` is left in that copy for ``mutmut show <name>``.
 
 Score = (killed + timeout) / (all mutants tested), mutmut's own definition; survivors are
 listed with their diff in ``bench/out/mutation_<target>.json``.
+
+A full run is thousands of mutants (hours on two cores), so ``--sample N --seed S`` tests a
+simple random sample instead: mutmut generates every mutant of the target (the population)
+and collects its test coverage once, then N mutant names are drawn uniformly without
+replacement from the sorted population with ``random.Random(S)`` (not stratified per file:
+a simple random sample keeps the binomial interval honest) and only those are run
+(``mutmut run NAME...``). The score is then an estimate, reported with its Wilson 95 %
+interval; the same seed and unchanged source give the same sample.
+
+    .venv/bin/python bench/mutation.py metrics active --sample 80 --seed 12
+    # after adding tests: re-test the sample's survivors only, same copy procedure
+    .venv/bin/python bench/mutation.py metrics --rerun-survivors
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -36,18 +50,28 @@ REPO = Path(__file__).resolve().parents[1]
 TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "metrics": (["scarcelab/metrics/*"],
                 ["tests/test_metrics.py", "tests/test_diagnostics.py",
-                 "tests/test_fidelity_metrics.py"]),
+                 "tests/test_fidelity_metrics.py", "tests/test_segmentation_metrics.py",
+                 "tests/test_mutation_kills_metrics.py"]),
     "active": (["scarcelab/active/*"],
                ["tests/test_active_loop.py", "tests/test_active_strategies.py",
-                "tests/test_active_contract.py", "tests/test_fidelity_al.py"]),
+                "tests/test_active_contract.py", "tests/test_fidelity_al.py",
+                "tests/test_active_images.py", "tests/test_active_skactiveml.py",
+                "tests/test_mutation_kills_active.py"]),
     "methods": (["scarcelab/methods/*"],
                 ["tests/test_method_contract.py", "tests/test_semi_losses.py",
-                 "tests/test_supervised_methods.py", "tests/test_selfsup_methods.py"]),
+                 "tests/test_supervised_methods.py", "tests/test_selfsup_methods.py",
+                 "tests/test_semi_steps.py", "tests/test_losses.py", "tests/test_ssl_losses.py",
+                 "tests/test_tune_methods.py", "tests/test_mutation_kills_methods.py"]),
     "protocols": (["scarcelab/protocols/*"],
                   ["tests/test_search.py", "tests/test_splits.py", "tests/test_probe.py",
-                   "tests/test_contamination.py"]),
+                   "tests/test_contamination.py", "tests/test_search_protocol.py",
+                   "tests/test_tune_protocol.py", "tests/test_study_store.py",
+                   "tests/test_transfer.py", "tests/test_hparams_from.py",
+                   "tests/test_mutation_kills_protocols.py"]),
     "query": (["tracking/query/*", "tracking/stats.py", "tracking/al.py"],
-              ["tests/test_query.py", "tests/test_stats.py", "tests/test_fidelity_stats.py"]),
+              ["tests/test_query.py", "tests/test_stats.py", "tests/test_fidelity_stats.py",
+               "tests/test_table3.py", "tests/test_active_tracking.py",
+               "tests/test_mutation_kills_query.py"]),
 }
 
 
@@ -73,47 +97,155 @@ def _config(only_mutate: list[str], tests: list[str], jobs: int) -> str:
             'also_copy = ["entrypoints/", "bench/", "conftest.py"]\n')
 
 
-def run_target(name: str, workdir: Path, jobs: int) -> dict[str, object]:
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for k successes in n draws: unlike the normal approximation it
+    stays inside [0, 1] and is usable near 90-100 %, where these scores live."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def _prepare(name: str, workdir: Path, jobs: int) -> tuple[Path, str, dict[str, str]]:
     only, tests = TARGETS[name]
+    # the tests/test_mutation_kills_<target>.py files exist only once a survivor needed one
+    tests = [t for t in tests if (REPO / t).exists()]
     wd = workdir / name
     if wd.exists():
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
     _copy_tree(wd)
+    # real-data tests and loaders look for ../shared/data beside the checkout (from the file's
+    # own location, which mutmut moves to <copy>/mutants/...): the copy gets the same link
+    shared = REPO.parent / "shared"
+    if shared.exists():
+        (wd / "shared").symlink_to(shared.resolve())
     with (wd / "pyproject.toml").open("a") as f:
         f.write(_config(only, tests, jobs))
     mutmut = str(Path(sys.executable).with_name("mutmut"))
     env = {**os.environ, "PYTHONPATH": str(wd),
            "SCARCELAB_SHARED_DATA": str(REPO.parent / "shared" / "data")}
-    t0 = time.time()
-    log = wd / "mutmut_run.log"  # progress while it runs: tail -f this file
-    with log.open("w") as f:
-        proc = subprocess.run([mutmut, "run", "--max-children", str(jobs)], cwd=wd, env=env,
-                              stdout=f, stderr=subprocess.STDOUT, text=True)
-    elapsed = time.time() - t0
-    tail = log.read_text(errors="replace")[-3000:]
-    res = subprocess.run([mutmut, "results", "--all", "true"], cwd=wd, env=env,
-                         capture_output=True, text=True)
-    status: dict[str, str] = {}
-    for line in res.stdout.splitlines():
-        if ":" in line:
-            k, v = line.strip().rsplit(":", 1)
-            status[k.strip()] = v.strip()
+    return wd, mutmut, env
+
+
+def _statuses(wd: Path) -> dict[str, str]:
+    """Every mutant's status read from mutmut's own ``mutants/**/*.meta`` files (the same
+    exit-code table ``mutmut results`` uses), so unrun mutants show as 'not checked'."""
+    from mutmut.stats import status_by_exit_code  # mutmut is a dev dependency
+
+    out: dict[str, str] = {}
+    for meta in sorted((wd / "mutants").rglob("*.meta")):
+        for k, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            out[k] = status_by_exit_code[code]
+    return out
+
+
+def _summary(name: str, status: dict[str, str], wd: Path, mutmut: str,
+             env: dict[str, str]) -> dict[str, object]:
     counts: dict[str, int] = {}
     for v in status.values():
         counts[v] = counts.get(v, 0) + 1
     tested = sum(n for s, n in counts.items() if s not in ("skipped", "not checked"))
-    score = (counts.get("killed", 0) + counts.get("timeout", 0)) / tested if tested else 0.0
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)
     survivors = {}
-    for k, v in status.items():
-        if v in ("survived", "no tests"):
+    for k, v in sorted(status.items()):
+        if v not in ("killed", "timeout", "skipped", "not checked"):
             show = subprocess.run([mutmut, "show", k], cwd=wd, env=env, capture_output=True,
                                   text=True)
             survivors[k] = {"status": v, "diff": show.stdout}
-    out = {"target": name, "mutated": only, "tests": tests, "counts": counts,
-           "score": score, "seconds": round(elapsed, 1), "survivors": survivors,
-           "mutmut_rc": proc.returncode, "mutmut_tail": tail}
-    print(f"{name}: {counts} score {score:.1%} ({elapsed:.0f} s)", flush=True)
+    lo, hi = wilson(killed, tested)
+    return {"target": name, "mutated": TARGETS[name][0], "tests": TARGETS[name][1],
+            "counts": counts, "tested": tested, "killed_or_timeout": killed,
+            "score": killed / tested if tested else 0.0, "wilson95": [lo, hi],
+            "survivors": survivors}
+
+
+def _mutmut_run(wd: Path, mutmut: str, env: dict[str, str], jobs: int,
+                names: list[str]) -> tuple[int, str, float]:
+    t0 = time.time()
+    log = wd / "mutmut_run.log"  # progress while it runs: tail -f this file
+    with log.open("a") as f:
+        proc = subprocess.run([mutmut, "run", "--max-children", str(jobs), *names], cwd=wd,
+                              env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
+    return proc.returncode, log.read_text(errors="replace")[-3000:], time.time() - t0
+
+
+def _population(wd: Path, mutmut: str, env: dict[str, str], jobs: int) -> list[str]:
+    """Generate all mutants and collect coverage without testing any: mutmut generates and
+    runs its stats before filtering by name, and stops (assertion) when a filter matches
+    nothing — the stats it saved are reused by the next ``mutmut run``."""
+    rc, tail, _ = _mutmut_run(wd, mutmut, env, jobs, ["__no_such_mutant__"])
+    if not (wd / "mutants" / "mutmut-stats.json").exists():
+        raise SystemExit(f"mutmut could not generate mutants / collect stats (rc {rc}):\n{tail}")
+    return sorted(_statuses(wd))
+
+
+def _direct(name: str, wd: Path, mutmut: str, env: dict[str, str], mutant: str,
+            timeout: float) -> str:
+    """Apply one mutant to the copy's source itself and run the target's whole test
+    selection in a fresh interpreter. Why: mutmut 3 tests a mutant in a worker forked after
+    the package was imported, so a mutation in code that runs only at import time (a
+    registration decorator, a loader factory called at module level) is never active there
+    and reads as 'survived'; a fresh interpreter imports the mutated source."""
+    only, tests = TARGETS[name]
+    tests = [t for t in tests if (REPO / t).exists()]
+    files = sorted({f for pat in only for f in wd.glob(pat) if f.suffix == ".py"})
+    saved = {f: f.read_bytes() for f in files}
+    try:
+        subprocess.run([mutmut, "apply", mutant], cwd=wd, env=env, check=True,
+                       capture_output=True)
+        if all(f.read_bytes() == b for f, b in saved.items()):
+            return "not applied"
+        try:
+            rc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
+                                 "no:cacheprovider", *tests], cwd=wd, env=env,
+                                capture_output=True, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return "timeout"
+        return {0: "survived", 1: "killed"}.get(rc, f"pytest rc {rc}")
+    finally:
+        for f, b in saved.items():
+            f.write_bytes(b)
+
+
+def run_target(name: str, workdir: Path, jobs: int, sample: int = 0, seed: int = 0,
+               only_names: list[str] | None = None, direct: bool = False,
+               direct_timeout: float = 900) -> dict[str, object]:
+    """Full run (sample 0), a seeded random sample of ``sample`` mutants, or the mutants
+    named in ``only_names`` (the re-run of a sample's survivors)."""
+    wd, mutmut, env = _prepare(name, workdir, jobs)
+    t0 = time.time()
+    if sample or only_names:
+        population = _population(wd, mutmut, env, jobs)
+        if only_names:
+            missing = sorted(set(only_names) - set(population))
+            if missing:
+                raise SystemExit(f"{name}: mutants not in today's population (source changed?):"
+                                 f" {missing[:5]}")
+            chosen = sorted(only_names)
+        else:
+            chosen = sorted(random.Random(seed).sample(population, min(sample, len(population))))
+        rc, tail, _ = _mutmut_run(wd, mutmut, env, jobs, chosen)
+        status = {k: v for k, v in _statuses(wd).items() if k in set(chosen)}
+        out = _summary(name, status, wd, mutmut, env)
+        out.update({"mode": "rerun" if only_names else "sample", "population": len(population),
+                    "sampled": len(chosen), "seed": seed, "sample_names": chosen})
+        if direct:  # second opinion on what still survives (see _direct)
+            d = {k: _direct(name, wd, mutmut, env, k, direct_timeout)
+                 for k in sorted(out["survivors"])}  # type: ignore[arg-type]
+            out["direct"] = d
+            print(f"{name}: direct check of {len(d)} survivors: {d}", flush=True)
+    else:
+        rc, tail, _ = _mutmut_run(wd, mutmut, env, jobs, [])
+        out = _summary(name, _statuses(wd), wd, mutmut, env)
+        out["mode"] = "full"
+    out.update({"seconds": round(time.time() - t0, 1), "mutmut_rc": rc, "mutmut_tail": tail})
+    lo, hi = out["wilson95"]  # type: ignore[misc]
+    print(f"{name} [{out['mode']}]: {out['counts']} score {out['score']:.1%} "
+          f"(Wilson 95 % {lo:.1%}-{hi:.1%}; {out['seconds']:.0f} s)", flush=True)
     return out
 
 
@@ -124,11 +256,43 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="mutants tested in parallel")
     ap.add_argument("--keep", default="", help="work in this folder and keep it")
     ap.add_argument("--out", default=str(REPO / "bench" / "out"))
+    ap.add_argument("--sample", type=int, default=0,
+                    help="test a seeded uniform random sample of N mutants per target (0: all)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the --sample draw")
+    ap.add_argument("--direct", action="store_true",
+                    help="with --rerun-survivors: apply each remaining survivor to the source "
+                         "and run the whole test selection in a fresh interpreter (catches "
+                         "mutants of import-time code that mutmut's forked workers miss)")
+    ap.add_argument("--rerun-survivors", action="store_true",
+                    help="re-test only the survivors in OUT/mutation_<target>.json (e.g. after "
+                         "adding tests); writes OUT/mutation_<target>_rerun.json")
     a = ap.parse_args()
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="scarcelab-mutation-"))
     Path(a.out).mkdir(parents=True, exist_ok=True)
     for t in a.targets:
-        res = run_target(t, work, a.jobs)
+        if a.rerun_survivors:
+            prev = json.loads((Path(a.out) / f"mutation_{t}.json").read_text())
+            names = sorted(prev["survivors"])
+            if not names:
+                print(f"{t}: no survivors to re-run")
+                continue
+            res = run_target(t, work, a.jobs, only_names=names, direct=a.direct)
+            res["before"] = {k: prev[k] for k in ("population", "sampled", "seed", "counts",
+                                                   "score", "wilson95") if k in prev}
+            if prev.get("mode") == "sample":  # the sample's score once these are re-tested
+                n = prev["tested"]
+                k = prev["killed_or_timeout"] + res["killed_or_timeout"]
+                k += sum(v in ("killed", "timeout") for v in res.get("direct", {}).values())
+                res["after"] = {"sampled": n, "killed_or_timeout": k, "score": k / n,
+                                "wilson95": list(wilson(k, n))}
+                print(f"{t}: sample score after re-run {k}/{n} = {k / n:.1%}", flush=True)
+            (Path(a.out) / f"mutation_{t}_rerun.json").write_text(json.dumps(res, indent=1))
+            continue
+        try:
+            res = run_target(t, work, a.jobs, sample=a.sample, seed=a.seed)
+        except SystemExit as e:  # one target's broken test run must not cost the others
+            print(f"{t}: FAILED: {e}", flush=True)
+            continue
         (Path(a.out) / f"mutation_{t}.json").write_text(json.dumps(res, indent=1))
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
