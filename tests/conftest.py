@@ -11,6 +11,13 @@ import torch
 
 torch.set_num_threads(1)
 
+# MLflow's log_model infers a model's pip requirements by re-importing it in a subprocess
+# (torch + MLflow again: 5-50 s per logged model on a 2-core machine, a few minutes over the
+# suite). No test reads the inferred requirements, and MLflow falls back to the flavor's
+# defaults whenever inference fails, so bounding it at 1 s changes nothing a test checks.
+# Set in os.environ so the studies the tests start as subprocesses inherit it.
+os.environ.setdefault("MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SCARCELAB_SHARED_DATA", REPO.parent / "shared" / "data"))
 MEDMNIST_DIR = SHARED_DATA / "medmnist"

@@ -125,8 +125,7 @@ def test_not_a_weights_file(tmp_path):
 
 
 # -- MLflow sources ------------------------------------------------------------------------
-@pytest.fixture
-def store(tmp_path, monkeypatch):
+def _point_at(tmp_path, monkeypatch) -> str:  # type: ignore[no-untyped-def]
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -136,22 +135,41 @@ def store(tmp_path, monkeypatch):
     # back to MLflow's defaults at once
     monkeypatch.setenv("MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT", "1")
     mlflow.set_tracking_uri(uri)
-    yield uri
+    return uri
 
 
 @pytest.fixture
-def self_study(store):
-    """A real (tiny) self-supervised study logged to the store: checkpoint and model."""
+def store(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    yield _point_at(tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def _logged_study(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A real (tiny) self-supervised study logged to its own store: checkpoint and model.
+    Built once for the module (a study with its model costs seconds); the tests read it,
+    and the one that registers a model is the only one that writes to this store."""
     from scarcelab.protocols.search import StudyConfig, run_study
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
-    tracker = MlflowTracker(experiment="enc")
-    res = run_study(StudyConfig(method="simclr", dataset="synthetic_tiny_rgb", budget_minutes=1,
-                                max_epochs=1, patience=1, unlabeled_batch_size=32,
-                                max_steps_per_epoch=2, max_trials=1, arch="small_cnn",
-                                device="cpu", search="none"), tracker)
+    tmp = tmp_path_factory.mktemp("enc_study")
+    with pytest.MonkeyPatch.context() as mp:
+        _point_at(tmp, mp)
+        tracker = MlflowTracker(experiment="enc")
+        res = run_study(StudyConfig(method="simclr", dataset="synthetic_tiny_rgb",
+                                    budget_minutes=1, max_epochs=1, patience=1,
+                                    unlabeled_batch_size=32, max_steps_per_epoch=2,
+                                    max_trials=1, arch="small_cnn", device="cpu",
+                                    search="none"), tracker)
     assert res.best_checkpoint is not None
-    return tracker.study_run_id, res.best_checkpoint
+    return tmp, tracker.study_run_id, res.best_checkpoint
+
+
+@pytest.fixture
+def self_study(_logged_study, monkeypatch):  # type: ignore[no-untyped-def]
+    """The module's logged study, with this test pointed at its store."""
+    tmp, run_id, ckpt = _logged_study
+    _point_at(tmp, monkeypatch)
+    return run_id, ckpt
 
 
 def _backbone_of(ckpt):  # type: ignore[no-untyped-def]
