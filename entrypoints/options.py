@@ -214,6 +214,25 @@ class Folder(_Typed):
         return str(p.resolve())
 
 
+class RunId(_Typed):
+    """An MLflow run id (MLflow's own rule: a letter or digit, then up to 255 word
+    characters or dashes), or ``''``/``none`` for None. Whether the run exists is checked
+    against the store later."""
+
+    name = "run id"
+    PATTERN = re.compile(r"^[A-Za-z0-9][\w-]{0,255}$")
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "RUN_ID"
+
+    def parse(self, value: str) -> str | None:
+        if value.lower() in ("", "none"):
+            return None
+        if not self.PATTERN.match(value):
+            raise ValueError("not an MLflow run id (e.g. 6d02eb752d0444fc9758ecb59b5a28c3)")
+        return value
+
+
 def parse_set(text: str) -> dict[str, Any]:
     """``"lambda_u=2,threshold=0.9"`` -> ``{"lambda_u": 2, "threshold": 0.9}``: JSON values,
     else the string (the same rule as ``scarcelab.protocols.search.parse_overrides``)."""

@@ -16,6 +16,9 @@ from scarcelab.entrypoints.cli import main
     (["probe", "--device", "nosuch"], "--device"),
     (["segment", "--max-epochs", "abc"], "--max-epochs"),
     (["tune", "--method", "ce", "--epochs", "abc"], "--epochs"),
+    (["tune", "--method", "ce", "--n-trials", "-3"], "'--n-trials'"),
+    (["tune", "--method", "ce", "--grace-period", "0"], "'--grace-period'"),
+    (["tune", "--resume", "no such id"], "'--resume'"),
     (["sweep", "/nonexistent/grid.yaml"], "no such spec file"),
 ])
 def test_bad_values_are_one_line_errors(args, option):

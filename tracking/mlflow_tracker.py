@@ -252,6 +252,7 @@ class MlflowTracker(RunViews, Tracker):
         self.trial_run_id: str | None = None
         self._trial_key: str | None = None
         self._resume_run: str | None = None
+        self._attach_run: str | None = None  # attach_study: continue this very run
         self._orphans: list[Any] = []  # trial runs a dead process left RUNNING (resume)
         self._spool_root = spool_root
         self.spool: Spool | None = None
@@ -346,6 +347,15 @@ class MlflowTracker(RunViews, Tracker):
                 _retry(self.client.set_tag, run.info.run_id, "scarcelab.error", reason)
                 _retry(self.client.set_terminated, run.info.run_id, "FAILED")
 
+    def attach_study(self, run_id: str) -> None:
+        """Make the next ``start_study`` continue the existing study run ``run_id`` (its
+        new trial runs become its children), even under ``mlflow run``: the run MLflow
+        Projects created for this process is then only a launcher, tagged
+        ``scarcelab.role=tune_resume`` and linked both ways (``scarcelab.resumes`` /
+        ``scarcelab.resumed_by``). Used to continue a study's final retraining
+        (``tracking.tune_resume``), whose results belong on the study they complete."""
+        self._attach_run = run_id
+
     # -- runs ---------------------------------------------------------------------------
     def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
         if "scarcelab.data_files" not in tags:  # entry points without the progress wrapper
@@ -359,7 +369,12 @@ class MlflowTracker(RunViews, Tracker):
         from mlflow.tracking.context.registry import resolve_tags
 
         project_run = os.environ.get("MLFLOW_RUN_ID")
-        if project_run:
+        launcher = None
+        if self._attach_run:
+            run = _retry(self.client.get_run, self._attach_run)
+            if project_run and project_run != self._attach_run:
+                launcher = project_run
+        elif project_run:
             run = _retry(self.client.get_run, project_run)
         elif self._resume_run:
             run = _retry(self.client.get_run, self._resume_run)
@@ -372,6 +387,13 @@ class MlflowTracker(RunViews, Tracker):
         commit = _git_commit()
         if commit and "mlflow.source.git.commit" not in run.data.tags:
             all_tags["mlflow.source.git.commit"] = commit
+        if launcher:
+            all_tags["scarcelab.resumed_by"] = launcher
+            _retry(self.client.log_batch, launcher, tags=[
+                RunTag("scarcelab.role", "tune_resume"),
+                RunTag("scarcelab.resumes", self.study_run_id),
+                RunTag("mlflow.note.content", "Continues the final retraining of study run "
+                       f"`{self.study_run_id}`; its retrain runs and results are there.")])
         if project_run and self._resume_run:  # a new run continues the dead one
             all_tags["scarcelab.resumed_from"] = self._resume_run
             _retry(self.client.set_tag, self._resume_run, "scarcelab.resumed_by", project_run)

@@ -23,7 +23,10 @@ Final training: the best configuration trained on train+val (``trainval``) ``n_f
 selection, the last epoch evaluated on the test set; one tracker run per retrain
 (``scarcelab.role=retrain``) under the study, the study logging every retrain's test
 balanced accuracy (``final/test_balanced_accuracy``, step = retrain index) and their mean
-and sample standard deviation.
+and sample standard deviation. Retrain ``i`` uses the seed :func:`retrain_seed` ``(seed, i)``,
+so an interrupted final phase can be continued (:class:`FinalResume`): the retrains that
+finished are kept, the missing indices run with exactly the seeds they would have had, and
+the mean and std are recomputed over all ``n_final``.
 
 Preprocessing: channel normalisation with the statistics of the ``trainval`` split
 (:class:`scarcelab.models.standardize.Standardized`), per-dataset augmentation (names in
@@ -140,6 +143,49 @@ class TuneConfig:
         return s
 
 
+def retrain_seed(seed: int, index: int) -> int:
+    """The seed of final retrain ``index`` (0-based) of a study with seed ``seed``: a pure
+    function of the two, so a resumed retrain is the one the dead process would have run."""
+    return seed * 1_000_003 + 7_919 * (index + 1)
+
+
+# what a resume compares between the study's recorded params and the ones it resolves now:
+# a difference means different data or code defaults, and mixing the retrains would be wrong
+RESUME_CHECKED = ("method", "dataset", "arch", "seed", "epochs", "n_final",
+                  "max_steps_per_epoch", "augmentation", "n_train", "n_val", "n_test")
+
+
+@dataclass(frozen=True)
+class FinalResume:
+    """What an interrupted final phase left behind, as plain data (the tracking layer reads
+    it from its store; the core never sees the store): the best configuration it was
+    retraining, the test balanced accuracy of each retrain that finished (by index), the
+    indices whose study-level ``final/test_balanced_accuracy`` is already recorded (not
+    logged twice), and the study's recorded parameters, checked against the resolved ones."""
+
+    best_params: dict[str, Any]
+    done: dict[int, float] = field(default_factory=dict)
+    logged: frozenset[int] = frozenset()
+    recorded: dict[str, str] = field(default_factory=dict)
+
+
+def _param_text(v: Any) -> str:
+    """How trackers render a parameter value (``tracking.mlflow_tracker._param_value``)."""
+    return v if isinstance(v, str) else json.dumps(v, default=str)
+
+
+def _check_recorded(resume: FinalResume, params: dict[str, Any]) -> None:
+    diff = []
+    for k in RESUME_CHECKED:
+        was = resume.recorded.get(f"resolved.{k}", resume.recorded.get(k))
+        if was is not None and k in params and was != _param_text(params[k]):
+            diff.append(f"{k}: recorded {was}, now {_param_text(params[k])}")
+    if diff:
+        raise ConfigError("cannot resume the final retraining: the study was run with other "
+                          "settings or data than this process resolves (" + "; ".join(diff)
+                          + "); point --data-dir at the data the study used")
+
+
 @dataclass
 class TuneResult:
     study_name: str
@@ -149,6 +195,8 @@ class TuneResult:
     best_params: dict[str, Any]
     best_value: float
     final_test: list[float]
+    kept: list[int] = field(default_factory=list)  # retrains an earlier process finished
+    ran: list[int] = field(default_factory=list)  # retrains this process ran
 
     @property
     def mean(self) -> float:
@@ -228,7 +276,11 @@ def _counted_before(store: StudyStore, number: int) -> int:
                and not t.user_attrs.get("surplus"))
 
 
-def run_tune(cfg: TuneConfig, tracker: Tracker) -> TuneResult:
+def run_tune(cfg: TuneConfig, tracker: Tracker, resume: FinalResume | None = None
+             ) -> TuneResult:
+    """The search and/or the final retraining of ``cfg``; with ``resume``, only the final
+    retrains ``resume`` lacks, on the study record the tracker was attached to (no search,
+    no Optuna study: the best configuration is ``resume.best_params``)."""
     method_cls = get_method(cfg.method)
     if method_cls.family != "supervised" or method_cls.linear_probe:
         raise ConfigError(f"method {cfg.method!r} is {method_cls.family}"
@@ -236,8 +288,11 @@ def run_tune(cfg: TuneConfig, tracker: Tracker) -> TuneResult:
                           "protocol trains supervised classifiers (scarcelab list methods)")
     if cfg.phase not in ("all", "search", "final"):
         raise ConfigError(f"phase={cfg.phase!r}: valid are 'all', 'search', 'final'")
-    if cfg.n_final < 1 and cfg.phase != "search":
+    if cfg.n_final < 1 and (cfg.phase != "search" or resume is not None):
         raise ConfigError(f"n_final must be >= 1, got {cfg.n_final}")
+    if resume is not None and not set(resume.done) <= set(range(cfg.n_final)):
+        raise ConfigError(f"finished retrains {sorted(resume.done)} lie outside the study's "
+                          f"n_final = {cfg.n_final}")
     unknown = set(cfg.overrides) - set(method_cls.search_space) - set(method_cls.defaults)
     if unknown:
         valid = sorted(set(method_cls.search_space) | set(method_cls.defaults))
@@ -249,24 +304,14 @@ def run_tune(cfg: TuneConfig, tracker: Tracker) -> TuneResult:
     search_b, final_b, mean, std = prepare(raw)
     name = cfg.study_name or (f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
                               f"-{time.strftime('%Y%m%dT%H%M%S')}")
+    if resume is not None:
+        return _resume_final(cfg, s, method_cls, raw, final_b, mean, std, name, tracker,
+                             resume)
     store = StudyStore(name, cfg.seed, cfg.storage)
     store.study.pruner = optuna.pruners.SuccessiveHalvingPruner(
         min_resource=s.grace_period, reduction_factor=REDUCTION_FACTOR,
         min_early_stopping_rate=0)
-    tags = {"scarcelab.role": "study", "scarcelab.protocol": "tune",
-            "scarcelab.family": "supervised", "scarcelab.method": method_cls.registered_name,
-            "scarcelab.dataset": cfg.dataset, "scarcelab.seed": str(cfg.seed),
-            "scarcelab.version": scarcelab.__version__, "scarcelab.arch": s.arch,
-            "scarcelab.search": "asha", "scarcelab.study_key": name,
-            "scarcelab.optuna_study": name, "scarcelab.tune_phase": cfg.phase}
-    resolved = {**dataclasses.asdict(cfg), **dataclasses.asdict(s),
-                "storage": redact(cfg.storage), "norm_mean": mean.round(5).tolist(),
-                "norm_std": std.round(5).tolist(), "n_train": len(raw.train_y),
-                "n_val": len(raw.val_y), "n_test": len(raw.test_y),
-                "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
-    params = {k: v for k, v in resolved.items()
-              if k not in ("overrides", "search_space", "norm_mean", "norm_std")}
-    params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
+    tags, resolved, params = _study_record(cfg, s, method_cls, raw, mean, std, name)
     digest = f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:{len(raw.test_y)}"
     tracker.start_study(
         name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
@@ -306,6 +351,53 @@ def run_tune(cfg: TuneConfig, tracker: Tracker) -> TuneResult:
     return TuneResult(study_name=name, n_complete=counts["complete"], n_pruned=counts["pruned"],
                       n_failed=counts["failed"], best_params=dict(best.params) if best else {},
                       best_value=float(best.value) if best else math.nan, final_test=final)
+
+
+def _study_record(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
+                  mean: np.ndarray, std: np.ndarray, name: str
+                  ) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+    """The study's tags, its resolved configuration (``config.json``) and its params."""
+    tags = {"scarcelab.role": "study", "scarcelab.protocol": "tune",
+            "scarcelab.family": "supervised", "scarcelab.method": method_cls.registered_name,
+            "scarcelab.dataset": cfg.dataset, "scarcelab.seed": str(cfg.seed),
+            "scarcelab.version": scarcelab.__version__, "scarcelab.arch": s.arch,
+            "scarcelab.search": "asha", "scarcelab.study_key": name,
+            "scarcelab.optuna_study": name, "scarcelab.tune_phase": cfg.phase}
+    resolved = {**dataclasses.asdict(cfg), **dataclasses.asdict(s),
+                "storage": redact(cfg.storage), "norm_mean": mean.round(5).tolist(),
+                "norm_std": std.round(5).tolist(), "n_train": len(raw.train_y),
+                "n_val": len(raw.val_y), "n_test": len(raw.test_y),
+                "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
+    params = {k: v for k, v in resolved.items()
+              if k not in ("overrides", "search_space", "norm_mean", "norm_std")}
+    params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
+    return tags, resolved, params
+
+
+def _resume_final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
+                  bundle: DatasetBundle, mean: np.ndarray, std: np.ndarray, name: str,
+                  tracker: Tracker, resume: FinalResume) -> TuneResult:
+    """Continue an interrupted final phase on its own study record: nothing but the
+    missing retrains runs; the record's params and ``config.json`` stay as they were."""
+    tags, _, params = _study_record(cfg, s, method_cls, raw, mean, std, name)
+    _check_recorded(resume, params)
+    missing = [i for i in range(cfg.n_final) if i not in resume.done]
+    tracker.start_study(name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}",
+                        tags=tags, params={}, artifacts={})
+    status = "FINISHED"
+    try:
+        tracker.set_tags({"scarcelab.final_kept": ",".join(map(str, sorted(resume.done))),
+                          "scarcelab.final_resumed": ",".join(map(str, missing))})
+        final = _final(cfg, s, method_cls, raw, bundle, mean, std, resume.best_params,
+                       tracker, tags, done=resume.done, logged=resume.logged)
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        tracker.end_study(status)
+    return TuneResult(study_name=name, n_complete=0, n_pruned=0, n_failed=0,
+                      best_params=dict(resume.best_params), best_value=math.nan,
+                      final_test=final, kept=sorted(resume.done), ran=missing)
 
 
 def _state_counts(store: StudyStore) -> dict[str, int]:
@@ -420,17 +512,26 @@ def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: Raw
 
 def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
            bundle: DatasetBundle, mean: np.ndarray, std: np.ndarray, params: dict[str, Any],
-           tracker: Tracker, tags: dict[str, str]) -> list[float]:
+           tracker: Tracker, tags: dict[str, str], done: dict[int, float] | None = None,
+           logged: frozenset[int] = frozenset()) -> list[float]:
+    """Retrains ``0 .. n_final-1`` of the best configuration, except those in ``done``
+    (index -> test balanced accuracy of a retrain an earlier process finished)."""
     hp = _hp(method_cls, params, cfg.overrides)
     batch = int(params.get("batch_size", s.batch_sizes[0]))
     device = torch.device(cfg.device)
-    scores: list[float] = []
+    scores: dict[int, float] = dict(done or {})
+    extra_tags = {"scarcelab.resumed": "true"} if done is not None else {}
     for i in range(cfg.n_final):
-        seed = cfg.seed * 1_000_003 + 7_919 * (i + 1)
+        if i in scores:
+            if i not in logged:  # finished, but the dead process had not recorded it yet
+                tracker.log_metrics({"final/test_balanced_accuracy": scores[i]}, i,
+                                    scope="study")
+            continue
+        seed = retrain_seed(cfg.seed, i)
         torch.manual_seed(seed)
         g = torch.Generator().manual_seed(seed)
         tracker.start_trial(i, {**tags, "scarcelab.role": "retrain",
-                                "scarcelab.retrain": str(i)},
+                                "scarcelab.retrain": str(i), **extra_tags},
                             {**hp, "batch_size": batch, "arch": s.arch, "retrain_seed": seed,
                              "epochs": s.epochs, "train_split": "trainval"})
         method = build_method(method_cls, s.arch, raw, mean, std, hp)
@@ -459,16 +560,17 @@ def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawD
             raise
         tracker.log_metrics({f"test/{k}": v for k, v in test.items()}, res.epochs)
         tracker.end_trial("FINISHED")
-        scores.append(float(test["balanced_accuracy"]))
-        tracker.log_metrics({"final/test_balanced_accuracy": scores[-1]}, i, scope="study")
+        scores[i] = float(test["balanced_accuracy"])
+        tracker.log_metrics({"final/test_balanced_accuracy": scores[i]}, i, scope="study")
         if i == 0:
             ckpt = {"state_dict": {k: v.detach().cpu() for k, v in method.state_dict().items()},
                     "probe": None}
             tracker.log_model(export_classifier(method, ckpt, raw.class_names),
                               torch.rand(2, raw.channels, *raw.resolution))
-    arr = np.asarray(scores)
+    ordered = [scores[i] for i in range(cfg.n_final)]
+    arr = np.asarray(ordered)
     tracker.log_metrics({"final/test_balanced_accuracy_mean": float(arr.mean()),
                          "final/test_balanced_accuracy_std":
                              float(arr.std(ddof=1)) if len(arr) > 1 else 0.0,
                          "final/n_runs": float(len(arr))}, 0, scope="study")
-    return scores
+    return ordered

@@ -1,0 +1,203 @@
+"""Continuing a killed final phase (``scarcelab tune --resume <study run id>``, also
+``mlflow run . -e tune -P resume=<id>``): a study dies mid-retrain on a real sqlite MLflow
+store (its tracker stops writing, as a killed process does), then the resume runs exactly
+the missing retrains, with the seeds they would have had, under the same study run, and the
+study's mean/std cover all of them."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from scarcelab.entrypoints.cli import main
+from scarcelab.protocols.tune import FinalResume, TuneConfig, retrain_seed, run_tune
+from scarcelab.tracker import InMemoryTracker
+
+REPO = Path(__file__).resolve().parents[1]
+N_FINAL = 10
+DIE_AT = 4  # retrains 0-3 finish, 4 is left RUNNING by the killed process
+
+TINY = dict(method="ole", dataset="synthetic_tiny_rgb", arch="small_cnn", epochs=2,
+            grace_period=1, n_trials=1, batch_sizes=(8,), max_steps_per_epoch=2,
+            n_final=N_FINAL)
+
+class _Killed(BaseException):
+    """The process dies (SIGKILL): nothing after this point reaches the store."""
+
+
+def _killed_tracker():  # type: ignore[no-untyped-def]
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
+
+    class Killed(MlflowTracker):
+        """Dies right after retrain DIE_AT's run is created: that run and the study stay
+        RUNNING, as a killed process leaves them (the local store wrote every earlier
+        record synchronously). Its owner tag names this test's pid, which a resume in the
+        same process treats as no longer running the study."""
+
+        dead = False
+
+        def start_trial(self, number, tags, params):  # type: ignore[no-untyped-def]
+            super().start_trial(number, tags, params)
+            if tags.get("scarcelab.role") == "retrain" and number == DIE_AT:
+                self.dead = True
+                raise _Killed
+
+        def end_trial(self, status, error=None):  # type: ignore[no-untyped-def]
+            if not self.dead:
+                super().end_trial(status, error)
+
+        def end_study(self, status):  # type: ignore[no-untyped-def]
+            if not self.dead:
+                super().end_study(status)
+
+    return Killed(experiment="tune-resume")
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setenv("SCARCELAB_SYSTEM_METRICS", "0")  # no monitor thread left behind
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    while mlflow.active_run():
+        mlflow.end_run()
+
+
+def _killed_study() -> str:
+    with pytest.raises(_Killed):
+        run_tune(TuneConfig(**TINY), _killed_tracker())
+    c = MlflowClient()
+    exp = c.get_experiment_by_name("tune-resume").experiment_id
+    studies = c.search_runs([exp], "tags.`scarcelab.role` = 'study'")
+    assert len(studies) == 1 and studies[0].info.status == "RUNNING"
+    return studies[0].info.run_id
+
+
+def _retrains(study_id: str) -> list:  # type: ignore[type-arg]
+    c = MlflowClient()
+    exp = c.get_run(study_id).info.experiment_id
+    return c.search_runs([exp], f"tags.`mlflow.parentRunId` = '{study_id}' and "
+                         "tags.`scarcelab.role` = 'retrain'", max_results=1000)
+
+
+def _project_argv(params: dict[str, str]) -> list[str]:
+    from mlflow.projects import _project_spec
+
+    ep = _project_spec.load_project(str(REPO)).get_entry_point("tune")
+    argv = shlex.split(ep.compute_command(params, storage_dir=None))
+    assert argv[:4] == ["python", "-m", "scarcelab.entrypoints.cli", "tune"]
+    return argv[3:]
+
+
+def test_resume_after_a_killed_run_finishes_exactly_the_missing_retrains(tmp_path, store,
+                                                                         monkeypatch):
+    study_id = _killed_study()
+    c = MlflowClient()
+    before = {r.info.run_id: r for r in _retrains(study_id)}
+    finished = {int(r.data.tags["scarcelab.retrain"]): r for r in before.values()
+                if r.info.status == "FINISHED"}
+    assert sorted(finished) == list(range(DIE_AT))
+    stale = [r for r in before.values() if r.info.status == "RUNNING"]
+    assert [r.data.tags["scarcelab.retrain"] for r in stale] == [str(DIE_AT)]
+
+    # resumed as MLflow Projects runs it: `mlflow run . -e tune -P resume=<id>` (MLflow's
+    # own code renders the command; the command runs under the run it created)
+    launcher = c.create_run(c.create_experiment("launch")).info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", launcher)
+    r = CliRunner().invoke(main, _project_argv({"resume": study_id, "device": "cpu"}))
+    monkeypatch.delenv("MLFLOW_RUN_ID")
+    assert r.exit_code == 0, r.output
+    assert f"kept retrains {list(range(DIE_AT))}, ran {list(range(DIE_AT, N_FINAL))}" \
+        in r.output
+
+    after = _retrains(study_id)
+    done = [x for x in after if x.info.status == "FINISHED"]
+    idx = sorted(int(x.data.tags["scarcelab.retrain"]) for x in done)
+    assert idx == list(range(N_FINAL))  # every index once: no duplicates
+    for x in done:  # each with the seed the uninterrupted run would have used
+        i = int(x.data.tags["scarcelab.retrain"])
+        assert x.data.params["retrain_seed"] == str(retrain_seed(0, i))
+        if i < DIE_AT:  # the earlier ones are kept, not rerun
+            assert x.info.run_id == finished[i].info.run_id
+        else:
+            assert x.data.tags["scarcelab.resumed"] == "true"
+    closed = c.get_run(stale[0].info.run_id)
+    assert closed.info.status == "FAILED" and "died" in closed.data.tags["scarcelab.error"]
+    assert len(after) == N_FINAL + 1  # the ten, and the closed stale one
+
+    study = c.get_run(study_id)
+    assert study.info.status == "FINISHED"
+    assert study.data.tags["scarcelab.final_kept"] == "0,1,2,3"
+    assert study.data.tags["scarcelab.final_resumed"] == "4,5,6,7,8,9"
+    scores = {int(x.data.tags["scarcelab.retrain"]): x.data.metrics["test/balanced_accuracy"]
+              for x in done}
+    vals = np.array([scores[i] for i in range(N_FINAL)])
+    m = study.data.metrics
+    assert m["final/test_balanced_accuracy_mean"] == pytest.approx(vals.mean())
+    assert m["final/test_balanced_accuracy_std"] == pytest.approx(vals.std(ddof=1))
+    assert m["final/n_runs"] == N_FINAL
+    hist = c.get_metric_history(study_id, "final/test_balanced_accuracy")
+    assert sorted(h.step for h in hist) == list(range(N_FINAL))  # each step once
+    assert {h.step: h.value for h in hist} == pytest.approx(scores)
+    # the run MLflow Projects made is a launcher linked to the study both ways
+    lrun = c.get_run(launcher)
+    assert lrun.data.tags["scarcelab.role"] == "tune_resume"
+    assert lrun.data.tags["scarcelab.resumes"] == study_id
+    assert study.data.tags["scarcelab.resumed_by"] == launcher
+
+    # a resumed retrain i is exactly the one an uninterrupted final phase runs as i
+    best = FinalResume(best_params=json.loads(
+        study.data.tags["scarcelab.best_params"]))
+    ref = run_tune(TuneConfig(**TINY), InMemoryTracker(), resume=best)
+    assert ref.final_test == pytest.approx(list(vals), abs=0)
+
+    # resuming a complete study runs nothing and records nothing twice
+    r2 = CliRunner().invoke(main, ["tune", "--resume", study_id, "--device", "cpu"])
+    assert r2.exit_code == 0, r2.output
+    assert f"kept retrains {list(range(N_FINAL))}, ran []" in r2.output
+    assert len(_retrains(study_id)) == N_FINAL + 1
+    hist = c.get_metric_history(study_id, "final/test_balanced_accuracy")
+    assert sorted(h.step for h in hist) == list(range(N_FINAL))
+
+    # a retrain run's id is not a study's: one line that names the parent
+    r3 = CliRunner().invoke(main, ["tune", "--resume", done[0].info.run_id])
+    err = [ln for ln in r3.output.splitlines() if ln.startswith("Error")]
+    assert r3.exit_code == 1 and len(err) == 1 and study_id in err[0], r3.output
+    assert "not a tune study run" in err[0]
+
+
+def test_a_bad_run_id_is_a_one_line_error(tmp_path, store):
+    for args, code, words in (
+            (["--resume", "0123456789abcdef0123456789abcdef"], 1, "no run"),
+            (["--resume", "not a run id"], 2, "'--resume'")):
+        r = CliRunner().invoke(main, ["tune", *args])
+        err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+        assert r.exit_code == code and len(err) == 1 and words in err[0], r.output
+        assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--n-trials", "-3"), ("--n-trials", "0"), ("--epochs", "0"), ("--epochs", "-1"),
+    ("--grace-period", "0"), ("--grace-period", "-2"), ("--n-final", "0"),
+    ("--max-steps-per-epoch", "0")])
+def test_tune_range_errors_name_the_option(option, value, tmp_path, monkeypatch):
+    """Issue 16's leftover: these were "not published" (n_trials < 0) or silently the
+    dataset's default (0). ``--dataset nosuch`` keeps the old code from training."""
+    db = tmp_path / "m.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    r = CliRunner().invoke(main, ["tune", "--method", "ce", "--dataset", "nosuch",
+                                  option, value])
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+    assert r.exit_code == 2 and len(err) == 1, r.output
+    assert f"'{option}'" in err[0] and "must be >= 1" in err[0]
+    assert "not published" not in r.output and not db.exists()

@@ -1,0 +1,175 @@
+"""Continue the final retraining of a ``tune`` study from its MLflow record
+(``scarcelab tune --resume <study run id>``).
+
+A final phase of 10 retrains can take hours; if its process dies, the retrains that
+finished are valid results and should not be thrown away. Everything needed to continue is
+on the study run: the best configuration (tag ``scarcelab.best_params``), the settings
+(params), and the retrain child runs (``scarcelab.role=retrain``, ``scarcelab.retrain=i``).
+This module reads them and hands the learning core plain data
+(:class:`scarcelab.protocols.tune.FinalResume`): the core then runs only the missing
+indices, each with the seed it would have had (:func:`~scarcelab.protocols.tune.retrain_seed`),
+under the same study run, and recomputes the study's mean and std over all ``n_final``.
+
+Closing stale records: a retrain run left RUNNING by the dead process is closed as FAILED
+(tag ``scarcelab.error``) and its index is run again. A study whose owner process
+(``scarcelab.owner``, ``host:pid``) is still alive on this machine is refused — two
+processes must not retrain the same study at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from typing import Any
+
+import mlflow
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+from scarcelab.errors import ScarcelabError
+from scarcelab.protocols.tune import FinalResume, retrain_seed
+
+log = logging.getLogger("scarcelab.tracking")
+
+SCORE = "test/balanced_accuracy"
+
+
+class ResumeError(ScarcelabError):
+    """The run cannot be resumed; the message says why and what to pass instead."""
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    return (host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid()
+            and os.path.exists(f"/proc/{pid}"))
+
+
+def _get_study(client: MlflowClient, run_id: str) -> Any:
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as e:
+        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise ResumeError(f"no run {run_id!r} in the tracking store "
+                              f"{mlflow.get_tracking_uri()}; pass the id of a tune study run "
+                              "(`scarcelab.role = study`, the parent of the retrain runs)"
+                              ) from None
+        raise
+    tags = run.data.tags
+    if tags.get("scarcelab.protocol") != "tune" or tags.get("scarcelab.role") != "study":
+        parent = tags.get(MLFLOW_PARENT_RUN_ID)
+        hint = f"; did you mean its parent, the study run {parent}?" if parent else ""
+        raise ResumeError(f"run {run_id} is not a tune study run (scarcelab.role="
+                          f"{tags.get('scarcelab.role')!r}, scarcelab.protocol="
+                          f"{tags.get('scarcelab.protocol')!r}){hint}")
+    if "scarcelab.best_params" not in tags:
+        raise ResumeError(f"study run {run_id} has no best configuration (tag "
+                          "scarcelab.best_params): its search did not finish, so there is no "
+                          "final retraining to continue; run the search again")
+    owner = tags.get("scarcelab.owner", "")
+    if run.info.status == "RUNNING" and _owner_alive(owner):
+        raise ResumeError(f"study run {run_id} is still being run by process {owner}; stop "
+                          "it first (two processes must not retrain one study)")
+    return run
+
+
+def _fields(run: Any) -> dict[str, Any]:
+    """The study's ``TuneConfig`` fields from its params (``resolved.<name>`` first: under
+    ``mlflow run`` the plain name holds the raw string, e.g. ``default``)."""
+    params, tags, rid = run.data.params, run.data.tags, run.info.run_id
+
+    def raw(k: str) -> str:
+        v = params.get(f"resolved.{k}", params.get(k))
+        if v is None:
+            raise ResumeError(f"study run {rid} lacks the param {k!r}; it was not recorded by "
+                              "the tune protocol and cannot be resumed")
+        return v
+
+    def as_json(k: str) -> Any:
+        try:
+            return json.loads(raw(k))
+        except json.JSONDecodeError:
+            raise ResumeError(f"study run {rid}: param {k} = {raw(k)!r} is not what the tune "
+                              "protocol records") from None
+
+    def as_int(k: str, none_ok: bool = False) -> int | None:
+        v = as_json(k)
+        if v is None and none_ok:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ResumeError(f"study run {rid}: param {k} = {raw(k)!r} is not an integer")
+        return v
+
+    overrides = {}
+    for k, v in params.items():
+        if k.startswith("override."):
+            try:
+                overrides[k[len("override."):]] = json.loads(v)
+            except json.JSONDecodeError:
+                overrides[k[len("override."):]] = v
+    data_dir = as_json("data_dir")
+    return {"method": tags.get("scarcelab.method") or raw("method"),
+            "dataset": tags.get("scarcelab.dataset") or raw("dataset"),
+            "arch": raw("arch"), "seed": as_int("seed"), "epochs": as_int("epochs"),
+            "grace_period": as_int("grace_period"), "n_trials": as_int("n_trials"),
+            "batch_sizes": tuple(as_json("batch_sizes")), "n_final": as_int("n_final"),
+            "phase": raw("phase"),
+            "max_steps_per_epoch": as_int("max_steps_per_epoch", none_ok=True),
+            "data_dir": data_dir if isinstance(data_dir, str) and data_dir else None,
+            "overrides": overrides,
+            "study_name": tags.get("scarcelab.study_key") or None}
+
+
+def read_final_phase(run_id: str, client: MlflowClient | None = None
+                     ) -> tuple[dict[str, Any], FinalResume, list[str]]:
+    """(the study's config fields, what its final phase left, the ids of the stale retrain
+    runs to close). Reads only; :func:`close_stale` writes."""
+    client = client or MlflowClient()
+    run = _get_study(client, run_id)
+    fields = _fields(run)
+    seed, n_final = fields["seed"], fields["n_final"]
+    children = client.search_runs(
+        [run.info.experiment_id],
+        f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}' and tags.`scarcelab.role` = 'retrain'",
+        max_results=10_000, order_by=["attributes.start_time ASC"])
+    done: dict[int, float] = {}
+    stale: list[str] = []
+    for r in children:
+        index = r.data.tags.get("scarcelab.retrain", "")
+        if not index.isdigit():
+            continue
+        i = int(index)
+        if r.info.status == "RUNNING":
+            stale.append(r.info.run_id)
+            continue
+        if r.info.status != "FINISHED" or SCORE not in r.data.metrics:
+            continue  # failed or killed earlier: its index runs again
+        want = retrain_seed(seed, i)
+        if r.data.params.get("retrain_seed") != str(want):
+            raise ResumeError(f"retrain run {r.info.run_id} (index {i}) has seed "
+                              f"{r.data.params.get('retrain_seed')}, the protocol's seed for "
+                              f"index {i} is {want}; refusing to mix retrains of different "
+                              "seeding schemes")
+        if i >= n_final:
+            raise ResumeError(f"retrain run {r.info.run_id} has index {i} >= the study's "
+                              f"n_final {n_final}")
+        if i in done:
+            log.warning("study %s has two finished retrains %d; keeping the earlier", run_id, i)
+            continue
+        done[i] = float(r.data.metrics[SCORE])
+    logged = frozenset(m.step for m in client.get_metric_history(
+        run_id, "final/test_balanced_accuracy"))
+    best = json.loads(run.data.tags["scarcelab.best_params"])
+    return fields, FinalResume(best_params=best, done=done, logged=logged,
+                               recorded=dict(run.data.params)), stale
+
+
+def close_stale(run_ids: list[str], client: MlflowClient | None = None) -> None:
+    """Close the retrain runs a dead process left RUNNING: FAILED, with the reason."""
+    client = client or MlflowClient()
+    for rid in run_ids:
+        client.set_tag(rid, "scarcelab.error", "the process running this retrain died; "
+                       "the resumed final phase runs this index again")
+        client.set_terminated(rid, "FAILED")
