@@ -335,7 +335,7 @@ def _peak_mb(fn) -> float:  # type: ignore[no-untyped-def]
 
 
 def time_ours(uri: str, experiment: str, repeat: int, repeat_trials: int,
-              reader: str = "auto") -> dict[str, float]:
+              reader: str = "auto", lean: bool = False) -> dict[str, float]:
     from scarcelab.tracking import query
 
     res: dict[str, float] = {}
@@ -355,12 +355,15 @@ def time_ours(uri: str, experiment: str, repeat: int, repeat_trials: int,
     # the whole tidy frame (every run's tags, params, latest metrics): what `t.runs` costs
     res["frame_s"], n = timed(lambda: len(query.load(experiment, uri, reader=reader).runs), 1)
     res["n_runs"] = int(n)  # type: ignore[arg-type]
-    t = query.load(experiment, uri, reader=reader)
-    query.leaderboard(t)
-    res["profile_s"], _ = timed(lambda: query.profile(t), 1, "profile")
     res["ours_peak_mb"] = _peak_mb(lambda: query.leaderboard(query.load(experiment, uri,
                                                                         reader=reader)))
-    res["frame_peak_mb"] = _peak_mb(lambda: query.load(experiment, uri, reader=reader).runs)
+    res["profile_s"] = res["frame_peak_mb"] = math.nan
+    if not lean:  # each reads millions of rows: a minute or more at 100k on a busy machine
+        t = query.load(experiment, uri, reader=reader)
+        query.leaderboard(t)
+        res["profile_s"], _ = timed(lambda: query.profile(t), 1, "profile")
+        res["frame_peak_mb"] = _peak_mb(lambda: query.load(experiment, uri,
+                                                           reader=reader).runs)
     return res
 
 
@@ -420,7 +423,7 @@ def run_sqlite(a: argparse.Namespace, rng: np.random.Generator) -> dict[str, flo
                   f"{ {k: round(v, 1) for k, v in res.items() if k.startswith('fill_')} }",
                   flush=True)
         check_store(uri, "bench")
-        res.update(time_ours(uri, "bench", a.repeat, a.repeat_trials))
+        res.update(time_ours(uri, "bench", a.repeat, a.repeat_trials, lean=a.lean))
         print(f"[sqlite] ours: {res}", flush=True)
         from scarcelab.tracking import query
 
@@ -468,7 +471,8 @@ def run_stack(a: argparse.Namespace, rng: np.random.Generator) -> dict[str, floa
               f"{ {k: round(v, 1) for k, v in res.items() if k.startswith('fill_')} }",
               flush=True)
         check_store(st.tracking_uri, "bench")
-        res.update(time_ours(st.db_uri("mlflow"), "bench", a.repeat, a.repeat_trials))
+        res.update(time_ours(st.db_uri("mlflow"), "bench", a.repeat, a.repeat_trials,
+                              lean=a.lean))
         print(f"[postgres] ours: {res}", flush=True)
         from scarcelab.tracking import query
 
@@ -503,6 +507,8 @@ def main() -> None:
     p.add_argument("--skip-api", action="store_true",
                    help="do not time the client-API reader (minutes at 100k runs)")
     p.add_argument("--no-sqlite", action="store_true", help="only the PostgreSQL part")
+    p.add_argument("--lean", action="store_true",
+                   help="skip the profile view and the full frame's memory peak")
     a = p.parse_args()
     rng = np.random.default_rng(0)
     summary: dict[str, float | int] = {"calib_s": calibrate(), "load_avg_start": os.getloadavg()[0]}
