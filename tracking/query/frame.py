@@ -109,6 +109,8 @@ class Tracked:
                 part = self._runs[self._runs["role"] == role]
             else:
                 part = self._runs.iloc[0:0]
+            if "role" not in part:  # no run has a role tag (read alone: no tag rows at all)
+                part = part.assign(role=pd.Series(index=part.index, dtype=object))
             self._roles[role] = _drop_empty(part)
         return self._roles[role]
 
