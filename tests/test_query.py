@@ -502,6 +502,66 @@ def test_cli_csv_on_stdout(store, tracked):
     assert bad.exit_code != 0 and "no MLflow experiment named 'nope'" in bad.output
 
 
+class _Recorder:
+    """Wraps a reader and records which runs each bulk read asked for."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name not in ("runs", "tags", "params", "latest_metrics"):
+            return attr
+
+        def call(ids, role=None):
+            self.calls.append((name, role))
+            return attr(ids, role)
+        return call
+
+
+def _by_run(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values("run_id").reset_index(drop=True).sort_index(axis=1)
+
+
+def test_leaderboard_reads_only_the_studies(store, tracked):
+    """A leaderboard whose studies carry their own best/* series needs the study runs' rows
+    only: at 100,000 trials reading every trial's tags/params/metrics is what made
+    load + leaderboard miss 2 s (docs/performance.md)."""
+    t = query.load("qa,qb", store["uri"])
+    t.reader = rec = _Recorder(t.reader)
+    lb = query.leaderboard(t, source="study")
+    assert rec.calls and {role for _, role in rec.calls} == {"study"}, rec.calls
+    pd.testing.assert_frame_equal(lb, query.leaderboard(tracked, source="study"))
+    # the default (auto) reads the trials only for the studies without a series of their own
+    rec.calls.clear()
+    pd.testing.assert_frame_equal(query.leaderboard(t), query.leaderboard(tracked))
+    assert {role for _, role in rec.calls} <= {"study", "trial"}
+
+
+@pytest.mark.parametrize("scoped_max", [None, 0])
+def test_role_frames_read_alone_equal_the_full_frame(store, monkeypatch, scoped_max):
+    """Every role read on its own (by run ids, or with scoped_max=0 the whole tables cut
+    here) has the rows and values of that role in the full tidy frame."""
+    from scarcelab.tracking.query import store as store_mod
+
+    if scoped_max is not None:
+        monkeypatch.setattr(store_mod, "SCOPED_MAX", scoped_max)
+    full = query.load("qa,qb", store["uri"])
+    assert len(full.runs)  # read the whole frame first: role() then cuts it
+    for role in ("study", "trial", "al", "report", "nope"):
+        alone = query.load("qa,qb", store["uri"])
+        part = alone.role(role)
+        assert alone._runs is None  # the full frame was not read
+        want = full.role(role)
+        assert set(part["run_id"]) == set(full.runs.loc[full.runs["role"] == role, "run_id"])
+        pd.testing.assert_frame_equal(_by_run(part), _by_run(want), check_dtype=False)
+    # the API reader's role filter (a search_runs filter string) gives the same rows
+    api = query.load("qa,qb", store["uri"], reader="api")
+    for role in ("study", "al"):
+        pd.testing.assert_frame_equal(_by_run(api.role(role)), _by_run(full.role(role)),
+                                      check_dtype=False)
+
+
 @pytest.fixture(scope="module")
 def report(store, tmp_path_factory):
     """The full report written by the CLI and logged as a `report` run."""

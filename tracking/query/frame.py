@@ -19,19 +19,22 @@ budget ended at t. Two sources give the same record:
 
 Test metrics are read only for the entries of the record (a few per study), not for every
 epoch of every trial: that second, narrow read is what keeps 10,000 trials interactive.
+
+Reads are also scoped by role: :meth:`Tracked.role` reads the tags, params and latest
+metrics of that role's runs only, and the full frame (:attr:`Tracked.runs`) is read on first
+use. A leaderboard over 250 studies with 100,000 trials then reads 250 runs' rows, not
+100,250 (see docs/performance.md for the measured difference).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from scarcelab.tracking.query.store import StoreReader, open_reader
+from scarcelab.tracking.query.store import ROLE_TAG, StoreReader, open_reader  # noqa: F401 - ROLE_TAG re-exported
 
-ROLE_TAG = "scarcelab.role"
 TAG_PREFIX = "scarcelab."
 NUMERIC_COLUMNS = ("seed", "trial", "query_size", "repetition", "n_labeled", "n_val",
                    "budget_minutes")
@@ -64,22 +67,52 @@ def _wide(long: pd.DataFrame, prefix: str) -> pd.DataFrame:
                         columns=[prefix + str(k) for k in keys])
 
 
-@dataclass
 class Tracked:
     """The runs of some experiments, loaded once. ``runs`` is the tidy frame; the views in
-    :mod:`tracking.query.views` take this object."""
+    :mod:`tracking.query.views` take this object.
 
-    runs: pd.DataFrame
-    reader: StoreReader
-    experiment_ids: list[str]
-    include_failed: bool = False
-    _records: dict[tuple, pd.DataFrame] = field(default_factory=dict, repr=False)
+    ``runs`` may be given (a frame built elsewhere) or left to be read from ``reader`` on
+    first use; :meth:`role` reads only its role's runs unless the full frame is there."""
+
+    def __init__(self, runs: pd.DataFrame | None, reader: StoreReader,
+                 experiment_ids: Sequence[str], include_failed: bool = False,
+                 experiments: dict[str, str] | None = None) -> None:
+        self._runs = runs
+        self.reader = reader
+        self.experiment_ids = list(experiment_ids)
+        # name -> id, for the ``experiment`` column of frames read later
+        self.experiments = experiments or {i: i for i in self.experiment_ids}
+        self.include_failed = include_failed
+        self._roles: dict[str, pd.DataFrame] = {}
+        self._records: dict[tuple, pd.DataFrame] = {}
+
+    def __repr__(self) -> str:
+        return (f"Tracked(experiments={list(self.experiments)}, "
+                f"runs={'not read' if self._runs is None else len(self._runs)})")
+
+    @property
+    def runs(self) -> pd.DataFrame:
+        """One row per run of the experiments (read on first use)."""
+        if self._runs is None:
+            self._runs = tidy_runs(self.reader, self.experiments)
+        return self._runs
 
     # -- selections ---------------------------------------------------------------
     def role(self, role: str) -> pd.DataFrame:
-        if "role" not in self.runs:
-            return self.runs.iloc[0:0]
-        return self.runs[self.runs["role"] == role]
+        """The tidy rows of the runs with this ``scarcelab.role``, with the columns that
+        those runs have (a column no run of the role has a value in is left out, so the
+        frame is the same whether it was read alone or cut from :attr:`runs`)."""
+        if role not in self._roles:
+            if self._runs is None:
+                part = tidy_runs(self.reader, self.experiments, role=role)
+            elif "role" in self._runs:
+                part = self._runs[self._runs["role"] == role]
+            else:
+                part = self._runs.iloc[0:0]
+            if "role" not in part:  # no run has a role tag (read alone: no tag rows at all)
+                part = part.assign(role=pd.Series(index=part.index, dtype=object))
+            self._roles[role] = _drop_empty(part)
+        return self._roles[role]
 
     def studies(self) -> pd.DataFrame:
         """Study runs that count: FINISHED ones unless ``include_failed``."""
@@ -159,7 +192,7 @@ class Tracked:
         w = w.reindex(columns=[val_key, ELAPSED]).reset_index()
         w.columns = ["run_id", "step", VAL, "elapsed_s"]
         w = w.dropna(subset=[VAL])
-        meta = self.runs.set_index("run_id")
+        meta = self.role(source).set_index("run_id")
         if source == "study":
             w["study_id"] = w["run_id"]
         else:
@@ -169,7 +202,7 @@ class Tracked:
         return w
 
     def _n_role(self, role: str) -> int:
-        return int((self.runs["role"] == role).sum()) if "role" in self.runs else 0
+        return len(self.role(role))
 
     def _attach_tests(self, rec: pd.DataFrame, tests: Sequence[str] | None) -> pd.DataFrame:
         """Read the test metrics of the record's checkpoints only (see module doc)."""
@@ -264,17 +297,30 @@ def _record_rows(cand: pd.DataFrame) -> pd.DataFrame:
     return c
 
 
-def tidy_runs(reader: StoreReader, experiments: dict[str, str]) -> pd.DataFrame:
+# columns every role frame keeps, even when empty for that role
+BASE_COLUMNS = ("run_id", "experiment_id", "experiment", "run_name", "status", "start_time",
+                "end_time", "parent_run_id", "role")
+
+
+def _drop_empty(df: pd.DataFrame) -> pd.DataFrame:
+    """Leave out the columns without a single value (other than the base columns)."""
+    empty = [c for c in df.columns if c not in BASE_COLUMNS and df[c].isna().all()]
+    return df.drop(columns=empty) if empty else df
+
+
+def tidy_runs(reader: StoreReader, experiments: dict[str, str], role: str | None = None
+              ) -> pd.DataFrame:
     """One row per run: ids, status, times, ``scarcelab.*`` tags as short columns (role,
     family, method, dataset, seed, ...), other tags as ``tags.*``, params as ``params.*``
-    and last metric values as ``metrics.*`` (MLflow's own naming)."""
+    and last metric values as ``metrics.*`` (MLflow's own naming). ``role``: only the runs
+    with that ``scarcelab.role`` (read as such, not filtered afterwards)."""
     ids = list(experiments.values())
-    runs = reader.runs(ids).copy()  # the reader caches its frame: never modify it
+    runs = reader.runs(ids, role).copy()  # the reader caches its frame: never modify it
     names = {v: k for k, v in experiments.items()}
     runs.insert(2, "experiment", runs["experiment_id"].map(names))
-    tags = reader.tags(ids)
-    params = reader.params(ids)
-    latest = reader.latest_metrics(ids)
+    tags = reader.tags(ids, role)
+    params = reader.params(ids, role)
+    latest = reader.latest_metrics(ids, role)
     ours = tags[tags["key"].str.startswith(TAG_PREFIX)]
     ours = ours.assign(key=ours["key"].str.slice(len(TAG_PREFIX)))
     parent = tags[tags["key"] == "mlflow.parentRunId"].drop_duplicates("run_id", keep="last")
@@ -319,8 +365,8 @@ def load(experiments: str | Iterable[str], tracking_uri: str | None = None, *,
         raise ValueError("name at least one experiment")
     rd = open_reader(tracking_uri, reader)
     exps = rd.experiment_ids(names)
-    return Tracked(runs=tidy_runs(rd, exps), reader=rd, experiment_ids=list(exps.values()),
-                   include_failed=include_failed)
+    return Tracked(runs=None, reader=rd, experiment_ids=list(exps.values()),
+                   include_failed=include_failed, experiments=exps)
 
 
 __all__: Sequence[str] = ["Tracked", "load", "tidy_runs"]

@@ -26,24 +26,34 @@ import pandas as pd
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 RUN_COLUMNS = ["run_id", "experiment_id", "run_name", "status", "start_time", "end_time"]
 CHUNK = 900  # ids per IN (...) list: below every backend's bound-parameter limit
+ROLE_TAG = "scarcelab.role"
+# a role with more runs than this is read with the experiments' whole tables and filtered
+# here: beyond a few chunks, IN (...) lists cost more than one scan
+SCOPED_MAX = 20 * CHUNK
 METRIC = {"value": float, "step": "int64"}
 
 
 class StoreReader(Protocol):
     """What the query layer needs from a store. ``keys`` are exact metric keys and
-    ``prefixes`` select every key starting with one of them."""
+    ``prefixes`` select every key starting with one of them. ``role`` keeps only the runs
+    whose ``scarcelab.role`` tag has that value (a leaderboard needs the 250 studies of a
+    store, not its 100,000 trials)."""
 
     uri: str
 
     def experiment_ids(self, names: Sequence[str]) -> dict[str, str]: ...
 
-    def runs(self, experiment_ids: Sequence[str]) -> pd.DataFrame: ...
+    def runs(self, experiment_ids: Sequence[str], role: str | None = None
+             ) -> pd.DataFrame: ...
 
-    def tags(self, experiment_ids: Sequence[str]) -> pd.DataFrame: ...
+    def tags(self, experiment_ids: Sequence[str], role: str | None = None
+             ) -> pd.DataFrame: ...
 
-    def params(self, experiment_ids: Sequence[str]) -> pd.DataFrame: ...
+    def params(self, experiment_ids: Sequence[str], role: str | None = None
+               ) -> pd.DataFrame: ...
 
-    def latest_metrics(self, experiment_ids: Sequence[str]) -> pd.DataFrame: ...
+    def latest_metrics(self, experiment_ids: Sequence[str], role: str | None = None
+                       ) -> pd.DataFrame: ...
 
     def histories(self, run_ids: Sequence[str] | None, experiment_ids: Sequence[str],
                   keys: Sequence[str] = (), prefixes: Sequence[str] = (),
@@ -78,7 +88,7 @@ class SqlReader:
         kwargs = {"connect_args": {"check_same_thread": False}} if uri.startswith(
             "sqlite") else {}
         self.engine = sa.create_engine(uri, **kwargs)
-        self._runs: dict[tuple[str, ...], pd.DataFrame] = {}
+        self._runs: dict[tuple[tuple[str, ...], str | None], pd.DataFrame] = {}
 
     def _read(self, sql: str, numeric: dict[str, object] | None = None,
               **params: object) -> pd.DataFrame:
@@ -116,38 +126,63 @@ class SqlReader:
     def _ids(self, experiment_ids: Sequence[str]) -> list[int]:
         return [int(e) for e in experiment_ids]
 
-    def runs(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
-        key = tuple(experiment_ids)
+    def runs(self, experiment_ids: Sequence[str], role: str | None = None) -> pd.DataFrame:
+        key = (tuple(experiment_ids), role)
         if key not in self._runs:
-            self._runs[key] = self._read_runs(experiment_ids)
+            self._runs[key] = self._read_runs(experiment_ids, role)
         return self._runs[key]
 
-    def _read_runs(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
+    def _read_runs(self, experiment_ids: Sequence[str], role: str | None) -> pd.DataFrame:
+        params: dict[str, object] = {"e": self._ids(experiment_ids)}
+        scope = ""
+        if role is not None:
+            # the role tag's rows come from the tags primary key (key, run_uuid)
+            scope = (" AND run_uuid IN (SELECT run_uuid FROM tags WHERE key = :rk "
+                     "AND value = :rv)")
+            params.update(rk=ROLE_TAG, rv=role)
         df = self._read(
             "SELECT run_uuid AS run_id, experiment_id, name AS run_name, status, start_time, "
-            "end_time FROM runs WHERE experiment_id IN :e AND lifecycle_stage = 'active'",
-            numeric={"start_time": float, "end_time": float}, e=self._ids(experiment_ids))
+            "end_time FROM runs WHERE experiment_id IN :e AND lifecycle_stage = 'active'"
+            + scope, numeric={"start_time": float, "end_time": float}, **params)
         df["experiment_id"] = df["experiment_id"].astype(str)
         return df.reindex(columns=RUN_COLUMNS)
 
-    def _kv(self, table: str, experiment_ids: Sequence[str]) -> pd.DataFrame:
-        return self._read(
-            f"SELECT t.run_uuid AS run_id, t.key, t.value FROM {table} t JOIN runs r "  # noqa: S608
-            "ON t.run_uuid = r.run_uuid WHERE r.experiment_id IN :e "
-            "AND r.lifecycle_stage = 'active'", e=self._ids(experiment_ids))
+    def _scoped(self, sql: str, experiment_ids: Sequence[str], role: str | None,
+                numeric: dict[str, object] | None = None) -> pd.DataFrame:
+        """``sql`` (aliases: ``t`` for the keyed table, ``r`` for runs) for every active run
+        of the experiments, or for the runs of one role: by their ids (index lookups) when
+        the role has few runs, else the whole read filtered here."""
+        whole = sql + " JOIN runs r ON t.run_uuid = r.run_uuid WHERE r.experiment_id IN :e " \
+            "AND r.lifecycle_stage = 'active'"
+        if role is None:
+            return self._read(whole, numeric, e=self._ids(experiment_ids))
+        ids = list(self.runs(experiment_ids, role)["run_id"])
+        if len(ids) > SCOPED_MAX:
+            df = self._read(whole, numeric, e=self._ids(experiment_ids))
+            return df[df["run_id"].isin(set(ids))].reset_index(drop=True)
+        frames = [self._read(sql + " WHERE t.run_uuid IN :ids", numeric, ids=chunk)
+                  for chunk in _chunks(ids)]
+        frames = [f for f in frames if len(f)]
+        if not frames:
+            return self._read(sql + " WHERE 1 = 0", numeric)
+        return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
-    def tags(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
-        return self._kv("tags", experiment_ids)
+    def _kv(self, table: str, experiment_ids: Sequence[str], role: str | None
+            ) -> pd.DataFrame:
+        return self._scoped(f"SELECT t.run_uuid AS run_id, t.key, t.value FROM {table} t",  # noqa: S608
+                            experiment_ids, role)
 
-    def params(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
-        return self._kv("params", experiment_ids)
+    def tags(self, experiment_ids: Sequence[str], role: str | None = None) -> pd.DataFrame:
+        return self._kv("tags", experiment_ids, role)
 
-    def latest_metrics(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
-        return self._read(
-            "SELECT m.run_uuid AS run_id, m.key, CASE WHEN m.is_nan THEN NULL ELSE m.value END "
-            "AS value, m.step FROM latest_metrics m JOIN runs r ON m.run_uuid = r.run_uuid "
-            "WHERE r.experiment_id IN :e AND r.lifecycle_stage = 'active'",
-            numeric=METRIC, e=self._ids(experiment_ids))
+    def params(self, experiment_ids: Sequence[str], role: str | None = None) -> pd.DataFrame:
+        return self._kv("params", experiment_ids, role)
+
+    def latest_metrics(self, experiment_ids: Sequence[str], role: str | None = None
+                       ) -> pd.DataFrame:
+        return self._scoped(
+            "SELECT t.run_uuid AS run_id, t.key, CASE WHEN t.is_nan THEN NULL ELSE t.value "
+            "END AS value, t.step FROM latest_metrics t", experiment_ids, role, METRIC)
 
     def histories(self, run_ids: Sequence[str] | None, experiment_ids: Sequence[str],
                   keys: Sequence[str] = (), prefixes: Sequence[str] = (),
@@ -197,7 +232,7 @@ class ApiReader:
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         self.threads = threads
-        self._cache: dict[tuple[str, ...], list] = {}
+        self._cache: dict[tuple[tuple[str, ...], str | None], list] = {}
 
     def experiment_ids(self, names: Sequence[str]) -> dict[str, str]:
         out = {}
@@ -208,45 +243,61 @@ class ApiReader:
             out[n] = exp.experiment_id
         return out
 
-    def _runs(self, experiment_ids: Sequence[str]) -> list:
-        key = tuple(experiment_ids)
-        if key not in self._cache:
-            runs, token = [], None
-            while True:
-                page = self.client.search_runs(list(experiment_ids), max_results=10_000,
-                                               page_token=token)
-                runs += list(page)
-                token = page.token
-                if not token:
-                    break
-            self._cache[key] = runs
-        return self._cache[key]
+    def _runs(self, experiment_ids: Sequence[str], role: str | None = None) -> list:
+        key = (tuple(experiment_ids), role)
+        if key in self._cache:
+            return self._cache[key]
+        whole = self._cache.get((tuple(experiment_ids), None))
+        if whole is not None:  # already read: select here
+            self._cache[key] = [r for r in whole if r.data.tags.get(ROLE_TAG) == role]
+            return self._cache[key]
+        where = ""
+        if role is not None:
+            if "'" in role or "\\" in role:
+                raise ValueError(f"role {role!r}: quotes and backslashes are not supported")
+            where = f"tags.`{ROLE_TAG}` = '{role}'"
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs(list(experiment_ids), where, max_results=10_000,
+                                           page_token=token)
+            runs += list(page)
+            token = page.token
+            if not token:
+                break
+        self._cache[key] = runs
+        return runs
 
-    def runs(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
+    def runs(self, experiment_ids: Sequence[str], role: str | None = None) -> pd.DataFrame:
         rows = [(r.info.run_id, str(r.info.experiment_id), r.info.run_name, r.info.status,
-                 r.info.start_time, r.info.end_time) for r in self._runs(experiment_ids)]
+                 r.info.start_time, r.info.end_time) for r in self._runs(experiment_ids, role)]
         return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
-    def tags(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
-        rows = [(r.info.run_id, k, v) for r in self._runs(experiment_ids)
+    def tags(self, experiment_ids: Sequence[str], role: str | None = None) -> pd.DataFrame:
+        rows = [(r.info.run_id, k, v) for r in self._runs(experiment_ids, role)
                 for k, v in r.data.tags.items()]
         return pd.DataFrame(rows, columns=["run_id", "key", "value"])
 
-    def params(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
-        rows = [(r.info.run_id, k, v) for r in self._runs(experiment_ids)
+    def params(self, experiment_ids: Sequence[str], role: str | None = None) -> pd.DataFrame:
+        rows = [(r.info.run_id, k, v) for r in self._runs(experiment_ids, role)
                 for k, v in r.data.params.items()]
         return pd.DataFrame(rows, columns=["run_id", "key", "value"])
 
-    def latest_metrics(self, experiment_ids: Sequence[str]) -> pd.DataFrame:
-        rows = [(r.info.run_id, k, float(v), np.nan) for r in self._runs(experiment_ids)
+    def latest_metrics(self, experiment_ids: Sequence[str], role: str | None = None
+                       ) -> pd.DataFrame:
+        rows = [(r.info.run_id, k, float(v), np.nan) for r in self._runs(experiment_ids, role)
                 for k, v in r.data.metrics.items()]
         return pd.DataFrame(rows, columns=["run_id", "key", "value", "step"])
 
     def histories(self, run_ids: Sequence[str] | None, experiment_ids: Sequence[str],
                   keys: Sequence[str] = (), prefixes: Sequence[str] = (),
                   steps: Sequence[int] | None = None) -> pd.DataFrame:
-        runs = self._runs(experiment_ids)
         wanted = None if run_ids is None else set(run_ids)
+        # runs already read for some role serve when they cover the wanted ones (a study's
+        # history must not cost a search over every trial)
+        seen = {r.info.run_id: r for (e, _), part in self._cache.items()
+                if e == tuple(experiment_ids) for r in part}
+        runs = list(seen.values()) if wanted is not None and wanted <= seen.keys() \
+            else self._runs(experiment_ids)
         jobs = [(r.info.run_id, k) for r in runs
                 if wanted is None or r.info.run_id in wanted
                 for k in r.data.metrics
