@@ -86,6 +86,12 @@ class Tracked:
         self._roles: dict[str, pd.DataFrame] = {}
         self._records: dict[tuple, pd.DataFrame] = {}
 
+    def with_runs(self, runs: pd.DataFrame) -> Tracked:
+        """The same store and experiments seen through another frame (a filtered or
+        relabelled copy of :attr:`runs`); views and caches start afresh on it."""
+        return Tracked(runs, self.reader, self.experiment_ids, self.include_failed,
+                       self.experiments)
+
     def __repr__(self) -> str:
         return (f"Tracked(experiments={list(self.experiments)}, "
                 f"runs={'not read' if self._runs is None else len(self._runs)})")

@@ -451,7 +451,6 @@ class Driver:
         return logged
 
     def _report_views(self, sweep_run: str, t: Any) -> None:
-        import dataclasses
 
         from scarcelab.tracking.query import sections
         from scarcelab.tracking.query.render import report_meta, write_report
@@ -466,7 +465,7 @@ class Driver:
                 keep = ~runs["run_id"].isin(tune)
                 if "parent_run_id" in runs:
                     keep &= ~runs["parent_run_id"].isin(tune)
-                t = dataclasses.replace(t, runs=runs[keep], _records={})
+                t = t.with_runs(runs[keep])
                 if not (t.runs["role"].isin(["study", "al"])).any():
                     self.echo(f"[sweep {self.spec.name}] the grid's studies are tune studies: "
                               "their leaderboard is report/table3.md")
@@ -501,7 +500,6 @@ class Driver:
         accuracies, segmentation PQ / mPQ, also on ``cross_test`` sets). An encoder that
         a dependency resolved (``runs:/<id>/model`` of a cell of this sweep) is shown as
         the spec's reference (``@pretrain``), so its seeds average into one row."""
-        import dataclasses
 
         from scarcelab.tracking.query.render import to_markdown
         from scarcelab.tracking.query.views import transfer
@@ -519,7 +517,7 @@ class Driver:
         # segment's cross-dataset tests (cross_test=nuclei_cpm15) are columns too
         cross = sorted(c[len("metrics."):] for c in runs.columns
                        if c.startswith("metrics.seg/cross/") and c.endswith(("/pq", "/mpq")))
-        view = transfer(dataclasses.replace(t, runs=runs, _records={}),
+        view = transfer(t.with_runs(runs),
                         seg_metrics=("seg/pq", "seg/mpq", *cross))
         self.client.log_text(sweep_run, f"# Transfer: {self.spec.name}\n\n"
                              + to_markdown(view) + "\n", "report/transfer.md")
