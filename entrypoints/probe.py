@@ -34,7 +34,7 @@ from scarcelab.errors import ScarcelabError
               help="labeled train size; all = the train split minus validation")
 @click.option("--n-val", default="default", show_default=True,
               help="validation size drawn from train (default 20 %% of it)")
-@click.option("--probe-trials", default="10", show_default=True,
+@click.option("--probe-trials", default="10", show_default=True, type=Int(1, 10**4),
               help="linear: random draws of the L2 penalty, best on validation")
 @click.option("--method", default="sup", show_default=True, help="finetune: supervised method")
 @click.option("--budget-minutes", default="3", show_default=True,
@@ -76,7 +76,7 @@ def _run(kw: dict[str, Any]) -> None:
         data_dir=kw["data_dir"] or None, arch=kw["arch"], seed=opt_int(kw["seed"], "--seed") or 0,
         n_labeled=label_budget(kw["n_labeled"], "--n-labeled") or "all",
         n_val=label_budget(kw["n_val"], "--n-val"),
-        probe_trials=opt_int(kw["probe_trials"], "--probe-trials") or 10,
+        probe_trials=kw["probe_trials"],
         method=kw["method"], budget_minutes=float(kw["budget_minutes"]),
         max_epochs=opt_int(kw["max_epochs"], "--max-epochs") or 200,
         patience=opt_int(kw["patience"], "--patience") or 20,

@@ -11,15 +11,18 @@ from typing import Any
 import click
 
 from scarcelab.entrypoints.cli import main
-from scarcelab.entrypoints.options import bool_option, opt_int
+from scarcelab.entrypoints.options import (
+    SEED_MAX,
+    Bool,
+    Device,
+    Float,
+    Int,
+    Word,
+    check_device,
+)
 from scarcelab.errors import ScarcelabError
 
-
-def _float(value: str, name: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise click.BadParameter(f"expected a number, got {value!r}", param_hint=name) from None
+BIG = 10**6
 
 
 @main.command(name="segment", short_help="Nuclei instance segmentation with an encoder (PQ, mPQ).",
@@ -34,53 +37,52 @@ def _float(value: str, name: str) -> float:
               help="'random' or a local file with the backbone's state dict")
 @click.option("--arch", default="auto", show_default=True,
               help="backbone; auto = resnet18 on GPU, small_cnn on CPU")
-@click.option("--seed", default="0", show_default=True)
-@click.option("--budget-minutes", default="5", show_default=True,
+@click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
+@click.option("--budget-minutes", default="5", show_default=True, type=Float(0, None, lo_open=True),
               help="wall clock for training + per-epoch validation")
-@click.option("--max-epochs", default="100", show_default=True)
-@click.option("--patience", default="5", show_default=True,
+@click.option("--max-epochs", default="100", show_default=True, type=Int(1, BIG))
+@click.option("--patience", default="5", show_default=True, type=Int(1, BIG),
               help="epochs without a better validation PQ before stopping")
-@click.option("--steps-per-epoch", default="40", show_default=True)
-@click.option("--batch-size", default="8", show_default=True)
-@click.option("--crop", default="96", show_default=True, help="training crop (pixels)")
-@click.option("--window", default="256", show_default=True,
+@click.option("--steps-per-epoch", default="40", show_default=True, type=Int(1, BIG))
+@click.option("--batch-size", default="8", show_default=True, type=Int(1, 4096))
+@click.option("--crop", default="96", show_default=True, type=Int(8, BIG),
+              help="training crop (pixels)")
+@click.option("--window", default="256", show_default=True, type=Int(8, BIG),
               help="sliding-window size at inference (pixels)")
-@click.option("--scale", default="1.0", show_default=True,
+@click.option("--scale", default="1.0", show_default=True, type=Float(0.1, 4),
               help="resize tiles by this factor first (0.5: CoNSeP's 40x seen at ~20x; "
               "4x less compute)")
-@click.option("--lr", default="0.001", show_default=True)
-@click.option("--types", default="true", show_default=True,
+@click.option("--lr", default="0.001", show_default=True, type=Float(0, 10, lo_open=True))
+@click.option("--types", default="true", show_default=True, type=Bool(),
               help="train a nucleus-type head (mPQ) when the dataset has types")
 @click.option("--aggregation", default="pooled", show_default=True,
+              type=Word(("pooled", "image")),
               help="pooled (sums over tiles, CoNIC) or image (mean over tiles, HoVer-Net)")
 @click.option("--cross-test", default="", help="comma-separated test-only datasets, "
               "e.g. nuclei_cpm15")
-@click.option("--max-val-tiles", default="32", show_default=True)
-@click.option("--max-train-tiles", default="default", show_default=True)
-@click.option("--max-test-tiles", default="default", show_default=True)
-@click.option("--device", default="auto", show_default=True)
+@click.option("--max-val-tiles", default="32", show_default=True,
+              type=Int(1, None, default_ok=True))
+@click.option("--max-train-tiles", default="default", show_default=True,
+              type=Int(1, None, default_ok=True))
+@click.option("--max-test-tiles", default="default", show_default=True,
+              type=Int(1, None, default_ok=True))
+@click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 def segment(**kw: Any) -> None:
     from scarcelab.protocols.segment import SegmentConfig, run_segment
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
+    check_device(kw["device"])
     cfg = SegmentConfig(
         dataset=kw["dataset"], data_dir=kw["data_dir"] or None, encoder=kw["encoder"],
-        arch=kw["arch"], seed=opt_int(kw["seed"], "--seed") or 0,
-        budget_minutes=_float(kw["budget_minutes"], "--budget-minutes"),
-        max_epochs=opt_int(kw["max_epochs"], "--max-epochs") or 100,
-        patience=opt_int(kw["patience"], "--patience") or 5,
-        steps_per_epoch=opt_int(kw["steps_per_epoch"], "--steps-per-epoch") or 40,
-        batch_size=opt_int(kw["batch_size"], "--batch-size") or 8,
-        crop=opt_int(kw["crop"], "--crop") or 96,
-        window=opt_int(kw["window"], "--window") or 256,
-        scale=_float(kw["scale"], "--scale"), lr=_float(kw["lr"], "--lr"),
-        types=bool_option(kw["types"]), aggregation=kw["aggregation"],
+        arch=kw["arch"], seed=kw["seed"], budget_minutes=kw["budget_minutes"],
+        max_epochs=kw["max_epochs"], patience=kw["patience"],
+        steps_per_epoch=kw["steps_per_epoch"], batch_size=kw["batch_size"], crop=kw["crop"],
+        window=kw["window"], scale=kw["scale"], lr=kw["lr"], types=kw["types"],
+        aggregation=kw["aggregation"],
         cross_test=tuple(s.strip() for s in kw["cross_test"].split(",") if s.strip()),
-        max_val_tiles=opt_int(kw["max_val_tiles"], "--max-val-tiles"),
-        max_train_tiles=opt_int(kw["max_train_tiles"], "--max-train-tiles"),
-        max_test_tiles=opt_int(kw["max_test_tiles"], "--max-test-tiles"),
-        device=kw["device"])
+        max_val_tiles=kw["max_val_tiles"], max_train_tiles=kw["max_train_tiles"],
+        max_test_tiles=kw["max_test_tiles"], device=kw["device"])
     tracker = MlflowTracker(experiment=kw["experiment"] or None)
     factory = None
     if cfg.encoder.startswith(("runs:/", "models:/")):
