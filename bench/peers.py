@@ -393,28 +393,23 @@ def main() -> None:
         share = f"{v / lim:6.0%} /{medc[s] / limc:4.0%}" if lim and limc else f"{'-':>12}"
         print(f"{s:<26}{v:9.3f}{medc[s]:12.3f}{len(res[s]):>8} {share}")
     summary = {f"{s.replace('-', '_').replace('+', '_')}_sps": v for s, v in med.items()}
+    def paired(s: str, other: str, suffix: str) -> None:
+        """Median of per-round ratios s / other (the paired estimate), wall and CPU."""
+        pr = [x / y for x, y in zip(res[s], res[other], strict=False)]
+        pc = [x / y for x, y in zip(resc[s], resc[other], strict=False)]
+        key = f"{s.replace('-', '_').replace('+', '_')}_vs_{suffix}"
+        summary[key], summary[f"{key}_cpu"] = statistics.median(pr), statistics.median(pc)
+        print(f"{s} / {other}: {summary[key]:.3f}x wall, {summary[key + '_cpu']:.3f}x CPU "
+              f"(median of per-round ratios; wall {', '.join(f'{x:.2f}' for x in pr)})")
+
     for ours, peer in (("fixmatch-ours", "fixmatch-usb"), ("simclr-ours", "simclr-lightly")):
         for s in med:
             if s.split("+")[0] == ours and peer in med:
-                # ratio of medians, and median of per-round ratios (the paired estimate)
-                pr = [x / y for x, y in zip(res[s], res[peer], strict=False)]
-                pc = [x / y for x, y in zip(resc[s], resc[peer], strict=False)]
-                key = s.replace("-", "_").replace("+", "_")
-                summary[f"{key}_vs_{peer.split('-')[1]}"] = statistics.median(pr)
-                summary[f"{key}_vs_{peer.split('-')[1]}_cpu"] = statistics.median(pc)
-                print(f"{s} / {peer}: {statistics.median(pr):.3f}x wall, "
-                      f"{statistics.median(pc):.3f}x CPU (median of per-round ratios; wall "
-                      f"{', '.join(f'{x:.2f}' for x in pr)})")
+                paired(s, peer, peer.split("-")[1])
     for s in med:
         base = s.split("+")[0]
         if "+" in s and base in med:
-            pr = [x / y for x, y in zip(res[s], res[base], strict=False)]
-            pc = [x / y for x, y in zip(resc[s], resc[base], strict=False)]
-            key = s.replace("-", "_").replace("+", "_")
-            summary[f"{key}_vs_base"] = statistics.median(pr)
-            summary[f"{key}_vs_base_cpu"] = statistics.median(pc)
-            print(f"{s} / {base}: {statistics.median(pr):.3f}x wall, {statistics.median(pc):.3f}x"
-                  f" CPU (wall rounds {', '.join(f'{x:.2f}' for x in pr)})")
+            paired(s, base, "base")
     summary["load"] = os.getloadavg()[0]
     print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))
 
