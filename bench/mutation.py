@@ -68,7 +68,8 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
                    "tests/test_tune_protocol.py", "tests/test_study_store.py",
                    "tests/test_transfer.py", "tests/test_hparams_from.py",
                    "tests/test_mutation_kills_protocols.py"]),
-    "query": (["tracking/query/*", "tracking/stats.py", "tracking/al.py"],
+    "query": (["scarcelab/tracking/query/*", "scarcelab/tracking/stats.py",
+               "scarcelab/tracking/al.py"],
               ["tests/test_query.py", "tests/test_stats.py", "tests/test_fidelity_stats.py",
                "tests/test_table3.py", "tests/test_active_tracking.py",
                "tests/test_mutation_kills_query.py"]),
@@ -85,16 +86,32 @@ def _copy_tree(dst: Path) -> None:
             shutil.copy2(src, dst / rel)
 
 
-def _config(only_mutate: list[str], tests: list[str], jobs: int) -> str:
+def _nest(wd: Path) -> None:
+    """Move the copy's ``tracking/`` and ``entrypoints/`` under ``scarcelab/``, the wheel's
+    layout. Why: in a checkout they import as ``scarcelab.tracking`` through the package's
+    ``__path__`` extension, so mutmut's trampolines record hits as
+    ``scarcelab.tracking.query.views.*`` while it names the mutants from the file path
+    (``tracking.query.views.*``); no hit matched a mutant and every ``query`` mutant read
+    "no tests" (50/50 on 30 Nov 2026). Nested, path and module name agree, and
+    ``scarcelab/__init__`` stops extending ``__path__`` because ``scarcelab/tracking`` exists.
+    Only the ``query`` target nests: other targets' tests check that ``scarcelab/`` never
+    imports mlflow, which the nested copy would break."""
+    for d in ("tracking", "entrypoints"):
+        shutil.move(str(wd / d), str(wd / "scarcelab" / d))
+
+
+def _config(only_mutate: list[str], tests: list[str], jobs: int, nested: bool) -> str:
     def arr(xs: list[str]) -> str:
         return "[" + ", ".join(json.dumps(x) for x in xs) + "]"
 
+    sources = '["scarcelab/"]' if nested else '["scarcelab/", "tracking/"]'
+    also = '["bench/", "conftest.py"]' if nested else '["entrypoints/", "bench/", "conftest.py"]'
     return ("\n[tool.mutmut]\n"
-            'source_paths = ["scarcelab/", "tracking/"]\n'
+            f"source_paths = {sources}\n"
             f"only_mutate = {arr(only_mutate)}\n"
             f"pytest_add_cli_args_test_selection = {arr(tests)}\n"
             'pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider"]\n'
-            'also_copy = ["entrypoints/", "bench/", "conftest.py"]\n')
+            f"also_copy = {also}\n")
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -123,8 +140,11 @@ def _prepare(name: str, workdir: Path, jobs: int) -> tuple[Path, str, dict[str, 
     shared = REPO.parent / "shared"
     if shared.exists():
         (wd / "shared").symlink_to(shared.resolve())
+    nested = any(p.startswith("scarcelab/tracking/") for p in only)
+    if nested:
+        _nest(wd)
     with (wd / "pyproject.toml").open("a") as f:
-        f.write(_config(only, tests, jobs))
+        f.write(_config(only, tests, jobs, nested))
     mutmut = str(Path(sys.executable).with_name("mutmut"))
     env = {**os.environ, "PYTHONPATH": str(wd),
            "SCARCELAB_SHARED_DATA": str(REPO.parent / "shared" / "data")}
