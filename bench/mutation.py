@@ -61,7 +61,8 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
                 ["tests/test_method_contract.py", "tests/test_semi_losses.py",
                  "tests/test_supervised_methods.py", "tests/test_selfsup_methods.py",
                  "tests/test_semi_steps.py", "tests/test_losses.py", "tests/test_ssl_losses.py",
-                 "tests/test_tune_methods.py", "tests/test_mutation_kills_methods.py"]),
+                 "tests/test_tune_methods.py", "tests/test_perf_levers.py",
+                 "tests/test_mutation_kills_methods.py"]),
     "protocols": (["scarcelab/protocols/*"],
                   ["tests/test_search.py", "tests/test_splits.py", "tests/test_probe.py",
                    "tests/test_contamination.py", "tests/test_search_protocol.py",
@@ -72,6 +73,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
                "scarcelab/tracking/al.py"],
               ["tests/test_query.py", "tests/test_stats.py", "tests/test_fidelity_stats.py",
                "tests/test_table3.py", "tests/test_active_tracking.py",
+               "tests/test_transfer.py", "tests/test_tune_protocol.py",
                "tests/test_mutation_kills_query.py"]),
 }
 
