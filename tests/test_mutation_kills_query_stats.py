@@ -385,3 +385,12 @@ def test_log_report_logs_into_the_run_mlflow_projects_opened(al_store, tmp_path,
     assert [a.path for a in c.list_artifacts(got, "report")] == ["report/report.html"]
     assert [r.info.run_id for r in c.search_runs([exp])] == [run.info.run_id]
     assert c.get_experiment_by_name("ignored-under-projects") is None
+
+
+def test_cd_figure_skips_a_single_block_instead_of_crashing():
+    """One complete problem is one block: no rank test, so no diagram (found while writing
+    these tests: a report over AL runs of one dataset and query size crashed)."""
+    one = pd.DataFrame({"a": [0.8], "b": [0.7]}, index=["p1"])
+    assert render.cd_figure(one, "t") is None
+    two = pd.DataFrame({"a": [0.8, 0.6], "b": [0.7, 0.5]}, index=["p1", "p2"])
+    assert render.cd_figure(two, "t") is not None

@@ -229,7 +229,9 @@ def condense_profile(prof: pd.DataFrame, k: int = 6) -> pd.DataFrame:
 
 
 def cd_figure(scores: pd.DataFrame, title: str) -> Figure | None:
-    """A CD diagram when the scores allow one (two methods, one complete problem)."""
-    if scores.shape[1] < 2 or scores.dropna().empty:
+    """A CD diagram when the scores allow one: two methods and two complete problems (rank
+    tests need at least two blocks; one (dataset, query size) of AL runs averaged over
+    repetitions is one block, and the report must not crash on it)."""
+    if scores.shape[1] < 2 or len(scores.dropna()) < 2:
         return None
     return stats.cd_diagram(scores, title=title)
