@@ -215,9 +215,11 @@ def _direct(name: str, wd: Path, mutmut: str, env: dict[str, str], mutant: str,
     the package was imported, so a mutation in code that runs only at import time (a
     registration decorator, a loader factory called at module level) is never active there
     and reads as 'survived'; a fresh interpreter imports the mutated source."""
-    only, tests = TARGETS[name]
+    _, tests = TARGETS[name]
     tests = [t for t in tests if (REPO / t).exists()]
-    files = sorted({f for pat in only for f in wd.glob(pat) if f.suffix == ".py"})
+    # every source file, not the target's globs: ``scarcelab/methods/*`` does not reach
+    # ``methods/semi/*.py``, and a mutant there read as "not applied"
+    files = sorted((wd / "scarcelab").rglob("*.py"))
     saved = {f: f.read_bytes() for f in files}
     try:
         subprocess.run([mutmut, "apply", mutant], cwd=wd, env=env, check=True,
