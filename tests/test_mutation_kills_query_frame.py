@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
+from scipy import stats as sps
 
 from scarcelab.tracking import query
 from scarcelab.tracking.query import views
@@ -278,3 +279,21 @@ def test_transfer_wide_table(store):
     assert set(only.columns) == {"encoder_method", "n_runs", "pB finetune accuracy",
                                  "pB finetune balanced_accuracy"}
 
+
+
+def test_significance_of_studies_without_a_dataset_tag_is_one_block(tmp_path):
+    """Studies logged without ``scarcelab.dataset`` form one block, as in ``leaderboard``
+    (found while writing these tests: ``significance`` raised KeyError 'dataset')."""
+    uri = f"sqlite:///{tmp_path}/m.db"
+    c = MlflowClient(tracking_uri=uri)
+    e = c.create_experiment("nd", artifact_location=str(tmp_path / "art"))
+    vals = {("a", 0): 0.80, ("a", 1): 0.82, ("b", 0): 0.50, ("b", 1): 0.54}
+    for i, ((m, seed), v) in enumerate(vals.items()):
+        sid = _log_study(c, e, ("dZ", m, "supervised", seed), [[(v, v, v, 10.0)]],
+                         T0 + 1000 * i)
+        c.delete_tag(sid, "scarcelab.dataset")
+    sig = views.significance(query.load("nd", uri))
+    assert len(sig) == 2 and sig["dataset"].isna().all()
+    b = sig.set_index("method").loc["b"]
+    want = sps.ttest_ind([0.50, 0.54], [0.80, 0.82], equal_var=False).pvalue
+    assert b["best_method"] == "a" and b["p_value"] == pytest.approx(want)

@@ -154,6 +154,9 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
             "p_value", "significantly_worse"]
     if s.empty or metric not in s:
         return pd.DataFrame(columns=cols)
+    for k in ("dataset", "n_labeled"):  # untagged studies form one block, as in leaderboard
+        if k not in s:
+            s[k] = np.nan
     rows = []
     for (ds, nl), part in s.groupby(["dataset", "n_labeled"], dropna=False, sort=True):
         vals = {m: g[metric].dropna().to_numpy() for m, g in part.groupby("method")}
