@@ -142,9 +142,13 @@ def _prepare(name: str, workdir: Path, jobs: int) -> tuple[Path, str, dict[str, 
     _copy_tree(wd)
     # real-data tests and loaders look for ../shared/data beside the checkout (from the file's
     # own location, which mutmut moves to <copy>/mutants/...): the copy gets the same link
+    # Two links: mutmut's workers import from <copy>/mutants/ (so ../shared is <copy>/shared),
+    # the --direct check from <copy>/ itself (../shared is beside the copy).
     shared = REPO.parent / "shared"
     if shared.exists():
-        (wd / "shared").symlink_to(shared.resolve())
+        for link in (wd / "shared", wd.parent / "shared"):
+            if not link.exists():
+                link.symlink_to(shared.resolve())
     nested = any(p.startswith("scarcelab/tracking/") for p in only)
     if nested:
         _nest(wd)
@@ -208,6 +212,26 @@ def _population(wd: Path, mutmut: str, env: dict[str, str], jobs: int) -> list[s
     return sorted(_statuses(wd))
 
 
+def _baseline(name: str, wd: Path, env: dict[str, str], timeout: float) -> str:
+    """Run the target's test selection on the unmutated copy: '' when it passes, else why.
+    Why: a selection that fails in the copy for an unrelated reason (data the copy cannot
+    see) would make every direct check read 'killed' (30 Nov 2026: all 8 active survivors,
+    equivalent ones included, because the copy's tests did not find ../shared/data)."""
+    tests = [t for t in TARGETS[name][1] if (REPO / t).exists()]
+    try:
+        p = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                            *tests], cwd=wd, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "baseline timed out"
+    if p.returncode == 0:
+        return ""
+    tail = (p.stdout + p.stderr).strip().splitlines()[-3:]
+    print(f"{name}: the unmutated copy fails its own tests (rc {p.returncode}):\n"
+          + "\n".join(tail), flush=True)
+    return f"baseline failed (rc {p.returncode}): {tail[-1] if tail else ''}"
+
+
 def _direct(name: str, wd: Path, mutmut: str, env: dict[str, str], mutant: str,
             timeout: float) -> str:
     """Apply one mutant to the copy's source itself and run the target's whole test
@@ -261,8 +285,12 @@ def run_target(name: str, workdir: Path, jobs: int, sample: int = 0, seed: int =
         out.update({"mode": "rerun" if only_names else "sample", "population": len(population),
                     "sampled": len(chosen), "seed": seed, "sample_names": chosen})
         if direct:  # second opinion on what still survives (see _direct)
-            d = {k: _direct(name, wd, mutmut, env, k, direct_timeout)
-                 for k in sorted(out["survivors"])}  # type: ignore[arg-type]
+            base = _baseline(name, wd, env, direct_timeout)
+            if base:  # the unmutated copy must pass, or every "killed" below is meaningless
+                d = {k: f"not checked: {base}" for k in sorted(out["survivors"])}  # type: ignore[arg-type]
+            else:
+                d = {k: _direct(name, wd, mutmut, env, k, direct_timeout)
+                     for k in sorted(out["survivors"])}  # type: ignore[arg-type]
             out["direct"] = d
             print(f"{name}: direct check of {len(d)} survivors: {d}", flush=True)
     else:
