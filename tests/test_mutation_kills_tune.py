@@ -53,7 +53,7 @@ def test_trials_and_retrains_train_every_epoch_when_validation_never_improves(tm
 
     monkeypatch.setattr(train_mod, "evaluate", lambda *a, **k: (0.5, {}, None))
     t = InMemoryTracker()
-    run_tune(_cfg(tmp_path, epochs=22, grace_period=22), t)
+    run_tune(_cfg(tmp_path, epochs=22, grace_period=22, storage=None), t)
     trial, retrain = t.trials
     assert trial.tags["scarcelab.role"] == "trial" and trial.status == "FINISHED"
     assert trial.tags["scarcelab.stopped"] == "max_epochs"
