@@ -202,11 +202,9 @@ def _from_dir(data_dir: object = None):  # type: ignore[no-untyped-def]
                                **{k: z[k] for k in z.files})
 
 
-if FROM_DIR not in DATASETS:
-    DATASETS.register(FROM_DIR)(_from_dir)
-
-
-def test_the_data_dir_is_where_the_dataset_is_read(tmp_path):
+def test_the_data_dir_is_where_the_dataset_is_read(tmp_path, monkeypatch):
+    DATASETS._load()  # registered for this test only: other tests list every dataset
+    monkeypatch.setitem(DATASETS._entries, FROM_DIR, _from_dir)
     raw = load_raw("synthetic_tiny_rgb")
     np.savez(tmp_path / "tiny.npz", train_x=raw.train_x[:45], train_y=raw.train_y[:45],
              val_x=raw.val_x, val_y=raw.val_y, test_x=raw.test_x, test_y=raw.test_y)
