@@ -29,7 +29,7 @@ grids:
   - entry: supervised
     method: [sup, mixup]
     dataset: [synthetic_tiny, synthetic_tiny_rgb]
-    seed: [0, 1]
+    seed: [0]
     arch: small_cnn
     device: cpu
     max_epochs: 2
@@ -91,7 +91,7 @@ def test_sweep_grid_kill_resume_and_failing_cell(stack, client_env, tmp_path):  
     for r in runs:
         if "scarcelab.cell" in r.data.tags:
             cells.setdefault(r.data.tags["scarcelab.cell"], []).append(r)
-    assert len(cells) == 9
+    assert len(cells) == 5  # 2 methods x 2 datasets + the failing cell
     bad = [c for c, rs in cells.items()
            if "no_such_hyperparameter" in rs[0].data.tags["scarcelab.cell_label"]]
     assert len(bad) == 1
