@@ -262,15 +262,54 @@ def _direct(name: str, wd: Path, mutmut: str, env: dict[str, str], mutant: str,
             f.write_bytes(b)
 
 
+def _changed_lines(diff: str) -> list[str]:
+    return [ln.strip() for ln in diff.splitlines()
+            if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+
+
+def _remap(wd: Path, mutmut: str, env: dict[str, str], population: list[str],
+           diffs: dict[str, str]) -> dict[str, str]:
+    """Old name -> today's name of the same mutation. Why: mutmut numbers a function's
+    mutants in order, so an edit to a function between a sample and its re-run renumbers
+    them and the old name points at another mutant (30 Nov 2026: ``x_significance__mutmut_115``
+    after a guard was added to ``significance``). A name whose recorded diff no longer matches
+    is looked up among the same function's mutants by its changed lines."""
+    def show(n: str) -> list[str]:
+        out = subprocess.run([mutmut, "show", n], cwd=wd, env=env, capture_output=True,
+                             text=True).stdout
+        return _changed_lines(out)
+
+    out: dict[str, str] = {}
+    for old, diff in diffs.items():
+        want = _changed_lines(diff)
+        if not want or (old in population and show(old) == want):
+            out[old] = old
+            continue
+        prefix = old.rsplit("__mutmut_", 1)[0] + "__mutmut_"
+        match = next((n for n in population if n.startswith(prefix) and show(n) == want), None)
+        if match is None:
+            raise SystemExit(f"{old}: its mutation is no longer in the source (changed lines: "
+                             f"{want}); it cannot be re-tested")
+        print(f"{old} is now {match} (the function changed since the sample)", flush=True)
+        out[old] = match
+    return out
+
+
 def run_target(name: str, workdir: Path, jobs: int, sample: int = 0, seed: int = 0,
                only_names: list[str] | None = None, direct: bool = False,
-               direct_timeout: float = 900) -> dict[str, object]:
+               direct_timeout: float = 900,
+               diffs: dict[str, str] | None = None) -> dict[str, object]:
     """Full run (sample 0), a seeded random sample of ``sample`` mutants, or the mutants
     named in ``only_names`` (the re-run of a sample's survivors)."""
     wd, mutmut, env = _prepare(name, workdir, jobs)
     t0 = time.time()
     if sample or only_names:
         population = _population(wd, mutmut, env, jobs)
+        renamed: dict[str, str] = {}
+        if only_names and diffs:
+            renamed = {o: n for o, n in _remap(wd, mutmut, env, population, diffs).items()
+                       if o != n}
+            only_names = [renamed.get(n, n) for n in only_names]
         if only_names:
             missing = sorted(set(only_names) - set(population))
             if missing:
@@ -283,7 +322,8 @@ def run_target(name: str, workdir: Path, jobs: int, sample: int = 0, seed: int =
         status = {k: v for k, v in _statuses(wd).items() if k in set(chosen)}
         out = _summary(name, status, wd, mutmut, env)
         out.update({"mode": "rerun" if only_names else "sample", "population": len(population),
-                    "sampled": len(chosen), "seed": seed, "sample_names": chosen})
+                    "sampled": len(chosen), "seed": seed, "sample_names": chosen,
+                    "renamed": renamed})
         if direct:  # second opinion on what still survives (see _direct)
             base = _baseline(name, wd, env, direct_timeout)
             if base:  # the unmutated copy must pass, or every "killed" below is meaningless
@@ -331,7 +371,8 @@ def main() -> None:
             if not names:
                 print(f"{t}: no survivors to re-run")
                 continue
-            res = run_target(t, work, a.jobs, only_names=names, direct=a.direct)
+            res = run_target(t, work, a.jobs, only_names=names, direct=a.direct,
+                             diffs={k: v.get("diff", "") for k, v in prev["survivors"].items()})
             res["before"] = {k: prev[k] for k in ("population", "sampled", "seed", "counts",
                                                    "score", "wilson95") if k in prev}
             if prev.get("mode") == "sample":  # the sample's score once these are re-tested
