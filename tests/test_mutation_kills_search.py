@@ -161,6 +161,21 @@ def test_reap_marks_exactly_the_dead_processes_trials_failed(tmp_path):
     assert states[dead.number] == TrialState.FAIL and states[live.number] == TrialState.RUNNING
 
 
+def test_a_dead_processs_trial_does_not_take_the_last_slot(tmp_path):
+    """A trial left RUNNING by a dead process is reaped before the slots are counted: with
+    ``max_trials=1`` the joining worker still runs its trial (found while writing these
+    tests: it ran none and failed with "no trial ... completed an epoch")."""
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name="slot", storage=url, direction="maximize")
+    dead = study.ask()
+    dead.set_user_attr("owner", f"{HOST}:{_dead_pid()}")
+    dead.set_user_attr("heartbeat", time.time())
+    t = _RecordingTracker()
+    res = run_study(_cfg(max_trials=1, storage=url, study_name="slot"), t)
+    assert res.n_trials == 1 and len(t.trials) == 1
+    assert [n for _, n, _ in t.marked_failed] == [[dead.number]]
+
+
 def test_a_slot_taken_by_another_worker_still_ends_with_the_studys_result(tmp_path,
                                                                           monkeypatch):
     """With a study-wide max_trials, a worker whose new trial finds the last slot taken by

@@ -291,6 +291,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
             tracker.log_checkpoint(best["ckpt"])
             state["last_upload"], state["dirty"] = time.time(), False
 
+    _reap(store, tracker, study_key)  # before counting: a dead trial must not hold a slot
     try:
         while not budget.expired() and (cfg.max_trials <= 0
                                         or _started(store) < cfg.max_trials):
