@@ -81,6 +81,17 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
+def _tests(name: str) -> list[str]:
+    """The target's test files that exist (a tests/test_mutation_kills_*.py file exists only
+    once a survivor needed one)."""
+    return [t for t in TARGETS[name][1] if (REPO / t).exists()]
+
+
+def _pytest(name: str) -> list[str]:
+    """The target's whole selection in a fresh interpreter (baseline and --direct)."""
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *_tests(name)]
+
+
 def _copy_tree(dst: Path) -> None:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
                            check=True, capture_output=True).stdout.decode().split("\0")
@@ -132,9 +143,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def _prepare(name: str, workdir: Path, jobs: int) -> tuple[Path, str, dict[str, str]]:
-    only, tests = TARGETS[name]
-    # the tests/test_mutation_kills_<target>.py files exist only once a survivor needed one
-    tests = [t for t in tests if (REPO / t).exists()]
+    only, tests = TARGETS[name][0], _tests(name)
     wd = workdir / name
     if wd.exists():
         shutil.rmtree(wd)
@@ -217,10 +226,8 @@ def _baseline(name: str, wd: Path, env: dict[str, str], timeout: float) -> str:
     Why: a selection that fails in the copy for an unrelated reason (data the copy cannot
     see) would make every direct check read 'killed' (30 Nov 2026: all 8 active survivors,
     equivalent ones included, because the copy's tests did not find ../shared/data)."""
-    tests = [t for t in TARGETS[name][1] if (REPO / t).exists()]
     try:
-        p = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                            *tests], cwd=wd, env=env, capture_output=True, text=True,
+        p = subprocess.run(_pytest(name), cwd=wd, env=env, capture_output=True, text=True,
                            timeout=timeout)
     except subprocess.TimeoutExpired:
         return "baseline timed out"
@@ -239,8 +246,6 @@ def _direct(name: str, wd: Path, mutmut: str, env: dict[str, str], mutant: str,
     the package was imported, so a mutation in code that runs only at import time (a
     registration decorator, a loader factory called at module level) is never active there
     and reads as 'survived'; a fresh interpreter imports the mutated source."""
-    _, tests = TARGETS[name]
-    tests = [t for t in tests if (REPO / t).exists()]
     # every source file, not the target's globs: ``scarcelab/methods/*`` does not reach
     # ``methods/semi/*.py``, and a mutant there read as "not applied"
     files = sorted((wd / "scarcelab").rglob("*.py"))
@@ -251,9 +256,8 @@ def _direct(name: str, wd: Path, mutmut: str, env: dict[str, str], mutant: str,
         if all(f.read_bytes() == b for f, b in saved.items()):
             return "not applied"
         try:
-            rc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
-                                 "no:cacheprovider", *tests], cwd=wd, env=env,
-                                capture_output=True, timeout=timeout).returncode
+            rc = subprocess.run(_pytest(name), cwd=wd, env=env, capture_output=True,
+                                timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             return "timeout"
         return {0: "survived", 1: "killed"}.get(rc, f"pytest rc {rc}")

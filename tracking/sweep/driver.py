@@ -451,7 +451,6 @@ class Driver:
         return logged
 
     def _report_views(self, sweep_run: str, t: Any) -> None:
-
         from scarcelab.tracking.query import sections
         from scarcelab.tracking.query.render import report_meta, write_report
 
