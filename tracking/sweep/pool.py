@@ -35,8 +35,11 @@ class RayPool:
                 # own daemons responsive on a cluster node but, on a user's machine, makes
                 # every cell yield to any other job: a sweep then runs slower than the same
                 # commands typed by hand. Embedded cells run at the caller's priority
-                # (`RAY_worker_niceness` in the environment still wins).
-                os.environ.setdefault("RAY_worker_niceness", str(os.nice(0)))
+                # (`RAY_worker_niceness` in the environment still wins). The raylet is this
+                # process's child and already inherits its niceness; Ray applies the setting
+                # as an increment on top of that (measured: a driver at nice 3 with the
+                # setting "3" gave cells nice 6), so the increment is 0.
+                os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(**kw)
         res = ray.cluster_resources()
         gpus = (1.0 if res.get("GPU", 0) > 0 else 0.0) if gpus_per_task == "auto" \
