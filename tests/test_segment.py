@@ -445,20 +445,29 @@ def test_segment_cli_rejects_bad_options(tmp_path):
     assert "encoder=" in r.output or "aggregation" in r.output
 
 
-def test_protocol_early_stops_on_validation_pq_and_tests_the_selected_checkpoint():
+@pytest.mark.parametrize(("aggregation", "tune"), [("image", False), ("pooled", True)])
+def test_protocol_early_stops_on_validation_pq_and_tests_the_selected_checkpoint(aggregation,
+                                                                                 tune):
     """lr = 0: the network never changes, so validation PQ never improves after epoch 0 and
-    patience 1 stops the run after epoch 1; the test values belong to epoch 0."""
-    from scarcelab.protocols.segment import SegmentConfig, run_segment
+    patience 1 stops the run after epoch 1; the test values belong to epoch 0. The marker
+    threshold is HoVer-Net's 0.4 unless ``tune_threshold`` picks one on validation."""
+    from scarcelab.protocols.segment import EDGE_GRID, SegmentConfig, run_segment
     from scarcelab.tracker import InMemoryTracker
 
     _need("consep_patches")
     cfg = SegmentConfig(max_epochs=5, patience=1, lr=0.0, steps_per_epoch=1, batch_size=2,
                         crop=32, window=64, scale=0.25, max_train_tiles=3, max_val_tiles=2,
                         max_test_tiles=2, n_overlays=1, device="cpu", arch="small_cnn",
-                        data_dir=str(SHARED / "consep_patches"))
+                        data_dir=str(SHARED / "consep_patches"), aggregation=aggregation,
+                        tune_threshold=tune)
     tr = InMemoryTracker()
     res = run_segment(cfg, tr)
     assert (res.epochs, res.best_epoch) == (2, 0)
+    assert tr.study.tags["scarcelab.aggregation"] == aggregation
+    sel = "pq" if aggregation == "image" else "pq_pooled"
+    assert tr.study.history("seg/val_pq_selected") == [(0, res.val[sel])]
+    assert (res.edge_threshold in EDGE_GRID) if tune else res.edge_threshold == 0.4
+    assert tr.study.history("seg/edge_threshold") == [(0, res.edge_threshold)]
     assert [s for s, _ in tr.study.history("seg/val_pq")] == [0, 1]
     assert tr.study.history("seg/pq") == [(0, res.test["pq"])]
     assert tr.study.status == "FINISHED" and tr.study.tags["scarcelab.family"] == "segment"

@@ -95,7 +95,7 @@ class SegmentResult:
     val: dict[str, float]
     test: dict[str, float]
     cross: dict[str, dict[str, float]] = field(default_factory=dict)
-    edge_threshold: float = 0.1
+    edge_threshold: float = 0.4
     train_s: float = 0.0
     eval_s: float = 0.0
 
