@@ -55,9 +55,13 @@ BIG = 10**6
 @click.option("--lr", default="0.001", show_default=True, type=Float(0, 10, lo_open=True))
 @click.option("--types", default="true", show_default=True, type=Bool(),
               help="train a nucleus-type head (mPQ) when the dataset has types")
-@click.option("--aggregation", default="pooled", show_default=True,
-              type=Word(("pooled", "image")),
-              help="pooled (sums over tiles, CoNIC) or image (mean over tiles, HoVer-Net)")
+@click.option("--aggregation", default="image", show_default=True,
+              type=Word(("image", "pooled")),
+              help="which validation PQ selects the checkpoint: image (mean over tiles, "
+              "HoVer-Net's, the headline seg/pq) or pooled (seg/pq_pooled); both are logged")
+@click.option("--tune-threshold", default="false", show_default=True, type=Bool(),
+              help="choose the watershed marker threshold on validation instead of "
+              "HoVer-Net's 0.4")
 @click.option("--cross-test", default="", help="comma-separated test-only datasets, "
               "e.g. nuclei_cpm15")
 @click.option("--max-val-tiles", default="32", show_default=True,
@@ -79,7 +83,7 @@ def segment(**kw: Any) -> None:
         max_epochs=kw["max_epochs"], patience=kw["patience"],
         steps_per_epoch=kw["steps_per_epoch"], batch_size=kw["batch_size"], crop=kw["crop"],
         window=kw["window"], scale=kw["scale"], lr=kw["lr"], types=kw["types"],
-        aggregation=kw["aggregation"],
+        aggregation=kw["aggregation"], tune_threshold=kw["tune_threshold"],
         cross_test=tuple(s.strip() for s in kw["cross_test"].split(",") if s.strip()),
         max_val_tiles=kw["max_val_tiles"], max_train_tiles=kw["max_train_tiles"],
         max_test_tiles=kw["max_test_tiles"], device=kw["device"])
@@ -99,7 +103,9 @@ def segment(**kw: Any) -> None:
            f"{res.epochs}); test PQ {t['pq']:.4f} (DQ {t['dq']:.4f}, SQ {t['sq']:.4f})")
     if "mpq" in t:
         msg += f", mPQ {t['mpq']:.4f}"
-    msg += f", AJI {t['aji']:.4f}, Dice {t['dice']:.4f} [{cfg.aggregation}]"
+    msg += (f", AJI {t['aji']:.4f}, Dice {t['dice']:.4f} (per image; pooled PQ "
+            f"{t['pq_pooled']:.4f}")
+    msg += f", CoNIC mPQ {t['mpq_conic']:.4f})" if "mpq_conic" in t else ")"
     for name, r in res.cross.items():
         msg += f"; {name} PQ {r['pq']:.4f}"
     click.echo(msg)

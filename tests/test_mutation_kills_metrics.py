@@ -37,34 +37,36 @@ def _tiles() -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 def test_evaluator_reports_dice_pooled_and_per_image():
     trues, preds = _tiles()
-    pooled = evaluate(trues, preds, "pooled")
-    image = evaluate(trues, preds, "image")
+    r = evaluate(trues, preds)
     # pooled: (2 * (12 + 4)) / ((16 + 16) + (4 + 6)) = 32 / 42; tile C has |A|+|B| = 0
-    assert pooled["dice"] == pytest.approx(32 / 42)
-    # per image: mean(24/32, 8/10) over the two tiles where Dice is defined
-    assert image["dice"] == pytest.approx((24 / 32 + 8 / 10) / 2)
-    assert set(pooled) == set(image) == {"pq", "dq", "sq", "aji", "dice"}
+    assert r["dice_pooled"] == pytest.approx(32 / 42)
+    # per image: mean(24/32, 8/10) over the two tiles whose truth holds a nucleus
+    assert r["dice"] == pytest.approx((24 / 32 + 8 / 10) / 2)
+    assert set(r) == {"pq", "dq", "sq", "aji", "dice", "pq_pooled", "dq_pooled",
+                      "sq_pooled", "aji_pooled", "dice_pooled", "f1_d"}
 
 
 def test_empty_tiles_give_nan_not_a_number_or_a_crash():
     e = np.zeros((6, 6), np.int32)
     assert math.isnan(dice(e, e)) and math.isnan(aji(e, e))
-    for agg in ("pooled", "image"):
-        r = evaluate([e, e], [e, e], agg)
-        assert all(math.isnan(v) for v in r.values()), (agg, r)
-        r = SegmentationEvaluator().result(agg)  # no tile at all
-        assert all(math.isnan(v) for v in r.values()), (agg, r)
+    r = evaluate([e, e], [e, e])
+    assert all(math.isnan(v) for v in r.values()), r
+    r = SegmentationEvaluator().result()  # no tile at all
+    assert all(math.isnan(v) for v in r.values()), r
 
 
 def test_evaluate_passes_the_predicted_types_through():
     true = np.zeros((12, 12), np.int32)
     _square(true, 0, 0, 4, 4, 1)
     _square(true, 6, 6, 4, 4, 2)
-    r = evaluate([true], [true.copy()], "pooled", type_ids={1: "a", 2: "b"},
+    r = evaluate([true], [true.copy()], type_ids={1: "a", 2: "b"},
                  true_types=[{1: 1, 2: 2}], pred_types=[{1: 1, 2: 1}])
     # nucleus 2 predicted as type a: a has TP 1 + FP 1 -> 1 / 1.5; b has FN 1 -> 0
     assert r["pq_type/a"] == pytest.approx(2 / 3) and r["pq_type/b"] == 0.0
-    assert r["mpq"] == pytest.approx(1 / 3)
+    assert r["pq_type_conic/a"] == pytest.approx(2 / 3) and r["pq_type_conic/b"] == 0.0
+    assert r["mpq"] == pytest.approx(1 / 3) and r["mpq_conic"] == pytest.approx(1 / 3)
+    with pytest.raises(TypeError, match="drop the aggregation argument"):
+        evaluate([true], [true.copy()], "pooled")  # type: ignore[arg-type]
 
 
 def test_gradient_alignment_is_nan_when_a_loss_has_no_path_to_the_weight():

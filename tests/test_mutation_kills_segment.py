@@ -15,15 +15,16 @@ from scarcelab.protocols import segment as seg
 
 
 def test_hv_gradients_follow_the_input_dtype():
-    """The Sobel kernel is cast to the maps' dtype/device, so float64 maps work and give
-    the hand value: a ramp of slope 0.1 has gradient 0.1 (Sobel / 8) away from the edge."""
-    h, w = 6, 7
+    """The gradient kernel is cast to the maps' dtype/device, so float64 maps work and give
+    the hand value: a ramp of slope 0.1 has gradient 12 x 0.1 (HoVer-Net's 5 x 5 kernel)
+    away from the zero-padded edge."""
+    h, w = 8, 9
     ramp = torch.arange(w, dtype=torch.float64).mul(0.1).expand(1, 1, h, w)
     hv = torch.cat([ramp, torch.arange(h, dtype=torch.float64).mul(0.1)
                     .view(1, 1, h, 1).expand(1, 1, h, w)], 1)
     g = seg.hv_gradients(hv)
     assert g.dtype == torch.float64 and g.shape == (1, 2, h, w)
-    assert torch.allclose(g[:, :, 1:-1, 1:-1], torch.tensor(0.1, dtype=torch.float64))
+    assert torch.allclose(g[:, :, 2:-2, 2:-2], torch.tensor(1.2, dtype=torch.float64))
 
 
 def _touching_pair() -> np.ndarray:
@@ -35,9 +36,10 @@ def _touching_pair() -> np.ndarray:
 
 def test_score_maps_reads_the_np_channel_and_returns_instances_at_tile_size():
     """Maps are (NP background, NP foreground, H, V, types...): the watershed takes the
-    foreground probability m[1] and the HV maps m[2:4]; the instances are resized back to
-    the tile's own shape. Perfect maps made at half resolution (every pixel of the tile
-    doubled) must therefore give PQ 1 and instances equal to the true map."""
+    foreground probability m[1] and the HV maps m[2:4]; the maps are resized to the
+    tile's own shape before post-processing. Perfect maps made at half resolution (every
+    pixel of the tile doubled) must therefore give PQ 1 and instances equal to the true
+    map."""
     small = _touching_pair()
     big = np.kron(small, np.ones((2, 2), np.int32))  # the tile at full resolution
     fg = (small > 0).astype(np.float64)
@@ -45,7 +47,7 @@ def test_score_maps_reads_the_np_channel_and_returns_instances_at_tile_size():
     tile = NucleiTile("t", np.zeros((*big.shape, 3), np.uint8), big, None, "g")
     ev, preds = seg.score_maps([m], [tile], PostProcess(), None)
     assert preds[0].shape == big.shape
-    assert ev.result("pooled")["pq"] == pytest.approx(1.0)
+    assert ev.result()["pq"] == pytest.approx(1.0)
     # the same instances as the truth, up to relabelling
     pairs = set(zip(big.ravel().tolist(), preds[0].ravel().tolist(), strict=True))
     assert len(pairs) == 3 and len({p for _, p in pairs}) == 3
@@ -73,8 +75,8 @@ def _synthetic_nuclei(name: str | None = None, data_dir: str | None = None) -> N
 
 def test_segment_result_fields_match_what_the_run_logged(monkeypatch):
     """SegmentResult's fields are, in order, best_epoch, epochs, val, test, cross,
-    edge_threshold, train_s, eval_s: the edge threshold is one of EDGE_GRID (chosen on
-    validation, also tagged on the run) and the two times are the ones logged."""
+    edge_threshold, train_s, eval_s: the marker threshold is HoVer-Net's 0.4 (no
+    tuning asked; also tagged on the run) and the two times are the ones logged."""
     from scarcelab.tracker import InMemoryTracker
 
     monkeypatch.setattr(seg, "load_nuclei", _synthetic_nuclei)
@@ -84,7 +86,7 @@ def test_segment_result_fields_match_what_the_run_logged(monkeypatch):
     tr = InMemoryTracker()
     res = seg.run_segment(cfg, tr)
     assert (res.best_epoch, res.epochs, res.cross) == (0, 1, {})
-    assert res.edge_threshold in seg.EDGE_GRID
+    assert res.edge_threshold == 0.4
     assert str(res.edge_threshold) == tr.study.tags["scarcelab.edge_threshold"]
     assert tr.study.history("seg/edge_threshold") == [(0, res.edge_threshold)]
     assert tr.study.history("time/train_s") == [(0, res.train_s)]

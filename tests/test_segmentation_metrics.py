@@ -4,6 +4,7 @@ hand-built masks with hand-computed values and on perturbed real CoNSeP masks.""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -12,10 +13,10 @@ import pytest
 from scipy import ndimage
 
 from scarcelab.metrics.segmentation import (
-    SegmentationEvaluator,
     aji,
     dice,
     evaluate,
+    pair_centroids,
     panoptic_quality,
     pq_counts,
 )
@@ -141,51 +142,182 @@ def test_perfect_and_empty_predictions():
     assert np.isnan(panoptic_quality(np.zeros_like(true), np.zeros_like(true))["pq"])
 
 
-def test_pooled_and_per_image_aggregation_differ_as_defined():
-    # tile A: one perfect match; tile B: one missed nucleus
+def test_issue_example_per_image_pq_is_the_headline_and_pooled_is_kept_apart():
+    """Issue 23 item 1: tile 1 has two nuclei predicted exactly, tile 2 one nucleus and an
+    empty prediction. Per image (HoVer-Net): mean(1, 0) = 0.5; pooled: TP 2, FN 1 ->
+    2 / (2 + 0.5) = 0.8."""
+    t1 = np.zeros((10, 10), np.int32)
+    _square(t1, 0, 0, 3, 3, 1)
+    _square(t1, 5, 5, 3, 3, 2)
+    t2 = np.zeros_like(t1)
+    _square(t2, 2, 2, 3, 3, 1)
+    r = evaluate([t1, t2], [t1.copy(), np.zeros_like(t2)])
+    assert r["pq"] == pytest.approx(0.5)
+    assert r["pq_pooled"] == pytest.approx(0.8)
+    assert r["dq"] == pytest.approx(0.5) and r["dq_pooled"] == pytest.approx(0.8)
+    assert r["sq"] == pytest.approx(0.5) and r["sq_pooled"] == 1.0
+    # AJI: tile 1 = 1, tile 2 = 0 / 9; pooled 18 / 27. Dice: 1 and 0; pooled 36 / 45
+    assert r["aji"] == pytest.approx(0.5) and r["aji_pooled"] == pytest.approx(18 / 27)
+    assert r["dice"] == pytest.approx(0.5) and r["dice_pooled"] == pytest.approx(36 / 45)
+
+
+def test_empty_truth_tiles_are_skipped_per_image_but_counted_pooled():
+    """PanNuke run.py: a tile whose truth is empty is NaN for binary PQ (skipped by
+    nanmean), false positives and all; the pooled sums still see them."""
     a = np.zeros((6, 6), np.int32)
     _square(a, 0, 0, 3, 3, 1)
-    b = a.copy()
-    pooled = evaluate([a, b], [a, np.zeros_like(b)], "pooled")
-    image = evaluate([a, b], [a, np.zeros_like(b)], "image")
-    assert pooled["pq"] == pytest.approx(1 / 1.5)  # TP 1, FN 1 summed over tiles
-    assert image["pq"] == pytest.approx(0.5)  # mean of 1 and 0
-    assert pooled["aji"] == pytest.approx(9 / 18) and image["aji"] == pytest.approx(0.5)
-    # a tile with nothing true and nothing predicted does not count per image
     empty = np.zeros_like(a)
-    assert evaluate([a, empty], [a, empty], "image")["pq"] == 1.0
+    fp = np.zeros_like(a)
+    _square(fp, 3, 3, 2, 2, 4)
+    r = evaluate([a, empty, empty], [a.copy(), fp, empty.copy()])
+    assert r["pq"] == 1.0 and r["aji"] == 1.0 and r["dice"] == 1.0
+    assert r["pq_pooled"] == pytest.approx(1 / 1.5)  # TP 1, FP 1
+    assert r["aji_pooled"] == pytest.approx(9 / 13) and r["dice_pooled"] == pytest.approx(
+        18 / 22)
 
 
-def test_mpq_per_type_hand_case():
-    true = np.zeros((12, 12), np.int32)
-    _square(true, 0, 0, 4, 4, 1)  # type 1
-    _square(true, 6, 6, 4, 4, 2)  # type 2
-    pred = true.copy()
-    ev = SegmentationEvaluator({1: "a", 2: "b"})
-    ev.add(true, pred, {1: 1, 2: 2}, {1: 1, 2: 1})  # nucleus 2 predicted as type 1
-    r = ev.result("pooled")
-    # type a: TP 1 (IoU 1) + FP 1 -> PQ 1 / 1.5; type b: FN 1 -> 0; binary PQ is 1
-    assert r["pq_type/a"] == pytest.approx(2 / 3)
-    assert r["pq_type/b"] == 0.0
-    assert r["mpq"] == pytest.approx(1 / 3)
-    assert r["pq"] == 1.0
-
-
-def test_mpq_pannuke_rule_skips_tiles_without_the_type():
-    t1 = np.zeros((8, 8), np.int32)
+def _typed_issue_example() -> tuple[list, list, list, list]:
+    """Issue 23 item 2: tile 1 holds one type-a and one type-b nucleus, both segmented
+    exactly but both typed a; tile 2 holds one type-a nucleus, exact."""
+    t1 = np.zeros((12, 12), np.int32)
     _square(t1, 0, 0, 4, 4, 1)
-    ev = SegmentationEvaluator({1: "a", 2: "b"})
-    ev.add(t1, t1, {1: 1}, {1: 1})  # type a perfect, no b anywhere
-    ev.add(t1, t1, {1: 1}, {1: 2})  # type a missed, a false b
-    img = ev.result("image")
-    # a: tiles 1 and 2 hold a true "a" -> mean(1, 0); b: no tile holds a true "b" -> NaN,
-    # so its false positive is ignored (PanNuke's convention) and mPQ averages a only
-    assert img["pq_type/a"] == pytest.approx(0.5)
-    assert np.isnan(img["pq_type/b"]) and img["mpq"] == pytest.approx(0.5)
-    pooled = ev.result("pooled")
-    assert pooled["pq_type/a"] == pytest.approx(1 / 1.5)
-    assert pooled["pq_type/b"] == 0.0  # pooled counts the false "b"
-    assert pooled["mpq"] == pytest.approx(1 / 3)
+    _square(t1, 6, 6, 4, 4, 2)
+    t2 = np.zeros_like(t1)
+    _square(t2, 3, 3, 4, 4, 1)
+    return [t1, t2], [t1.copy(), t2.copy()], [{1: 1, 2: 2}, {1: 1}], [{1: 1, 2: 1}, {1: 1}]
+
+
+def test_issue_example_mpq_pannuke_and_conic():
+    trues, preds, tt, pt = _typed_issue_example()
+    r = evaluate(trues, preds, {1: "a", 2: "b"}, tt, pt)
+    # PanNuke: tile 1 -> mean(PQ_a = 1 / 1.5, PQ_b = 0) = 1/3; tile 2 -> PQ_a = 1 (b is
+    # absent from its truth: not averaged); mean over images (1/3 + 1) / 2 = 2/3
+    assert r["mpq"] == pytest.approx(2 / 3)
+    # the old rule (each type over the tiles holding it, then over types) gave
+    # mean(mean(2/3, 1), 0) = 5/12 = 0.417
+    assert r["mpq"] != pytest.approx(5 / 12)
+    assert r["pq_type/a"] == pytest.approx(5 / 6) and r["pq_type/b"] == 0.0
+    # CoNIC, pooled per type: a has TP 2, FP 1 -> 2 / 2.5 = 0.8; b has FN 1 -> 0
+    assert r["pq_type_conic/a"] == pytest.approx(0.8) and r["pq_type_conic/b"] == 0.0
+    assert r["mpq_conic"] == pytest.approx(0.4)
+    assert r["pq"] == 1.0 and r["pq_pooled"] == 1.0  # binary: all three nuclei exact
+
+
+def test_conic_counts_a_type_absent_everywhere_as_zero_pannuke_ignores_it():
+    t = np.zeros((8, 8), np.int32)
+    _square(t, 0, 0, 4, 4, 1)
+    r = evaluate([t], [t.copy()], {1: "a", 2: "b", 3: "c"}, [{1: 1}], [{1: 1}])
+    assert r["mpq"] == 1.0  # only a is in the truth
+    assert np.isnan(r["pq_type/b"]) and r["pq_type_conic/b"] == 0.0
+    assert r["mpq_conic"] == pytest.approx(1 / 3)  # CoNIC's epsilon: 0/(0 + 1e-6) = 0
+
+
+# -- independent references for the typed summaries -------------------------------------------
+def _ref_pq_value(true: np.ndarray, pred: np.ndarray) -> float:
+    tp, fp, fn, s = ref_pq(true, pred)
+    return s / (tp + 0.5 * fp + 0.5 * fn)
+
+
+def _only(inst: np.ndarray, types: dict[int, int], t: int) -> np.ndarray:
+    out = np.zeros_like(inst)
+    for i, ty in types.items():
+        if ty == t:
+            out[inst == i] = i
+    return out
+
+
+def ref_pannuke_mpq(trues, preds, tts, pts, n_types):  # type: ignore[no-untyped-def]
+    """PanNuke-metrics run.py written out: per image a list over classes, NaN where the
+    class is absent from the image's truth, nanmean per image, then over images."""
+    per_image = []
+    for true, pred, tt, pt in zip(trues, preds, tts, pts, strict=True):
+        pq = []
+        for t in range(1, n_types + 1):
+            tr, pr = _only(true, tt, t), _only(pred, pt, t)
+            pq.append(np.nan if not tr.any() else _ref_pq_value(tr, pr))
+        if not all(np.isnan(pq)):
+            per_image.append(np.nanmean(pq))
+    return float(np.mean(per_image))
+
+
+def ref_conic_mpq(trues, preds, tts, pts, n_types):  # type: ignore[no-untyped-def]
+    """CoNIC compute_stats.py multi_pq+: per class, sums over images, then dq * sq with
+    their epsilons, then the mean over classes."""
+    stats = np.zeros((n_types, 4))
+    for true, pred, tt, pt in zip(trues, preds, tts, pts, strict=True):
+        for t in range(1, n_types + 1):
+            stats[t - 1] += ref_pq(_only(true, tt, t), _only(pred, pt, t))
+    dq = stats[:, 0] / (stats[:, 0] + 0.5 * stats[:, 1] + 0.5 * stats[:, 2] + 1e-6)
+    sq = stats[:, 3] / (stats[:, 0] + 1e-6)
+    return float(np.mean(dq * sq))
+
+
+def test_mpq_pannuke_and_conic_match_references_on_perturbed_real_masks():
+    rng = np.random.default_rng(3)
+    trues, preds, tts, pts = [], [], [], []
+    for m in _real_masks():
+        for pert in (_erode(m), _merge(m), _miss(m, rng), _dilate(m)):
+            ids = np.unique(m)[1:]
+            tts.append({int(i): int(rng.integers(1, 4)) for i in ids})
+            pids = np.unique(pert)[1:]
+            pts.append({int(j): int(rng.integers(1, 4)) for j in pids})
+            trues.append(m)
+            preds.append(pert)
+    names = {1: "a", 2: "b", 3: "c"}
+    r = evaluate(trues, preds, names, tts, pts)
+    assert r["mpq"] == pytest.approx(ref_pannuke_mpq(trues, preds, tts, pts, 3), abs=1e-9)
+    assert r["mpq_conic"] == pytest.approx(ref_conic_mpq(trues, preds, tts, pts, 3), abs=1e-5)
+    assert 0.05 < r["mpq_conic"] < 0.95 and r["mpq"] != pytest.approx(r["mpq_conic"])
+
+
+# -- HoVer-Net's detection / classification F1 ------------------------------------------------
+def test_hovernet_type_f1_hand_case():
+    true = np.zeros((30, 30), np.int32)
+    _square(true, 1, 1, 3, 3, 1)  # A, type 1, centre (2, 2)
+    _square(true, 1, 19, 3, 3, 2)  # B, type 2, centre (2, 20)
+    _square(true, 19, 19, 3, 3, 3)  # C, type 1, centre (20, 20): missed
+    pred = np.zeros_like(true)
+    _square(pred, 1, 1, 3, 3, 7)  # on A, typed 1
+    _square(pred, 2, 19, 3, 3, 8)  # on B (1 px off), typed 1: wrong type
+    _square(pred, 19, 1, 3, 3, 9)  # centre (20, 2): 18 px from C, unpaired, typed 2
+    r = evaluate([true], [pred], {1: "x", 2: "y"}, [{1: 1, 2: 2, 3: 1}],
+                 [{7: 1, 8: 1, 9: 2}])
+    assert r["f1_d"] == pytest.approx(4 / 6)  # TP 2, FP 1, FN 1
+    assert r["type_acc"] == pytest.approx(0.5)
+    # type 1: TP 1 (A), FP_t 1 (B typed 1), FN_d 1 (C) -> 2 / (2 + 2 + 1)
+    assert r["f1_type/x"] == pytest.approx(0.4)
+    # type 2: FN_t 1 (B), FP_d 1 (the far prediction) -> 0 / (2 + 1)
+    assert r["f1_type/y"] == 0.0
+
+
+def test_centroid_pairing_is_the_global_assignment_then_the_radius():
+    """HoVer-Net pair_coordinates: a1-b1 and a2-b2 (12.5 px each) beat a2-b1 (11.5 px) plus
+    a1-b2 in total distance, and then both exceed 12 px: no pair at all."""
+    a = np.array([[0.0, 0.0], [0.0, 24.0]])
+    b = np.array([[0.0, 12.5], [0.0, 36.5]])
+    pairs, ua, ub = pair_centroids(a, b, 12.0)
+    assert len(pairs) == 0 and ua.tolist() == [0, 1] and ub.tolist() == [0, 1]
+    pairs, _, _ = pair_centroids(a, b, 13.0)
+    assert pairs.tolist() == [[0, 0], [1, 1]]
+
+
+def test_type_f1_matches_a_brute_force_pairing_on_small_random_sets():
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        a = rng.uniform(0, 30, (int(rng.integers(0, 5)), 2))
+        b = rng.uniform(0, 30, (int(rng.integers(0, 5)), 2))
+        pairs, ua, ub = pair_centroids(a, b, 12.0)
+        # brute force: every injective map of the smaller set, least total distance
+        small, big, flip = (a, b, False) if len(a) <= len(b) else (b, a, True)
+        best, best_cost = (), np.inf
+        for perm in itertools.permutations(range(len(big)), len(small)):
+            cost = sum(np.hypot(*(small[i] - big[j])) for i, j in enumerate(perm))
+            if cost < best_cost - 1e-12:
+                best, best_cost = perm, cost
+        ref = sorted((j, i) if flip else (i, j) for i, j in enumerate(best)
+                     if np.hypot(*(small[i] - big[j])) <= 12.0)
+        assert sorted(map(tuple, pairs.tolist())) == ref
+        assert len(ua) == len(a) - len(ref) and len(ub) == len(b) - len(ref)
 
 
 def test_rejects_mismatched_shapes():

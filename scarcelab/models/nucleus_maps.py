@@ -1,17 +1,26 @@
 """Between instance maps and network maps: HoVer-Net training targets, sliding-window
-inference on whole tiles, and marker-controlled watershed back to instances.
+inference on whole tiles, and HoVer-Net's marker-controlled watershed back to instances.
 
-Targets (Graham et al. 2019, §3.2): NP = nucleus pixel; HV = each nucleus pixel's
-horizontal and vertical offset from its nucleus' centre of mass, scaled to [-1, 1]
-separately on each side of the centre (so a nucleus spans -1 .. 1 whatever its size).
-Between two touching nuclei the maps jump from +1 to -1: that jump, a large *negative*
-derivative, is what separates them after prediction.
+Targets (Graham et al. 2019, §3.2; ``vqdang/hover_net`` ``models/hovernet/targets.py``
+``gen_instance_hv_map``): NP = nucleus pixel; HV = each nucleus pixel's horizontal and
+vertical offset from its nucleus' centre of mass, scaled to [-1, 1] separately on each side
+of the centre (so a nucleus spans -1 .. 1 whatever its size). Between two touching nuclei
+the maps jump from +1 to -1: that jump, a large *negative* derivative, is what separates
+them after prediction. For a training crop the HV maps of a nucleus cut by the crop border
+come from the *whole* nucleus (their targets are computed on the uncropped input, "based on
+the original shape"), and a nucleus with fewer than ``MIN_AREA`` pixels inside the crop gets
+no HV target (their ``remove_small_objects(crop_ann, min_size=30)``) while staying
+foreground for NP and TP, as there.
 
-Post-processing (the idea of HoVer-Net §3.3, written here from the paper): foreground
-= NP probability > 0.5; boundary energy = the larger of the negative parts of ∂h/∂x and
-∂v/∂y (Sobel on smoothed maps), scaled to [0, 1]; markers = foreground pixels of low
-energy, opened and stripped of specks; instances = watershed of the smoothed energy from
-those markers within the foreground (scikit-image's ``segmentation.watershed``).
+Post-processing (``models/hovernet/post_proc.py::__proc_np_hv``, written here with scipy):
+foreground = NP probability >= 0.5 minus components under 10 px; each HV map min-max
+normalised to [0, 1] over the tile, differentiated by a 21 x 21 Sobel filter (h along x, v
+along y), each derivative min-max normalised and inverted (1 - d), so the +1 -> -1 jump
+between nuclei is near 1 and a nucleus' interior near 0; the larger of the two, zero
+outside the foreground, is the boundary energy; markers = foreground where the energy is
+< 0.4, holes filled, opened with a 5 x 5 ellipse, components under 10 px dropped;
+instances = watershed of the (3 x 3 Gaussian-blurred) inverted energy from those markers
+inside the foreground. A foreground blob that received no marker is left out, as there.
 """
 
 from __future__ import annotations
@@ -22,11 +31,17 @@ import numpy as np
 import torch
 from scipy import ndimage
 
+MIN_AREA = 30  # px in the crop (HoVer-Net targets.py: remove_small_objects(..., min_size=30))
 
-def hv_targets(inst: np.ndarray) -> np.ndarray:
-    """(2, H, W) float32: h then v offsets to each nucleus' centre, in [-1, 1]."""
+
+def hv_targets(inst: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+    """(2, H, W) float32: h then v offsets to each nucleus' centre, in [-1, 1], for the
+    instances ``ids`` (default: all) measured on the whole map given."""
     hv = np.zeros((2, *inst.shape), np.float32)
-    for i, sl in enumerate(ndimage.find_objects(inst), start=1):
+    objs = ndimage.find_objects(inst)
+    wanted = range(1, len(objs) + 1) if ids is None else (int(i) for i in ids)
+    for i in wanted:
+        sl = objs[i - 1] if 0 < i <= len(objs) else None
         if sl is None:
             continue
         m = inst[sl] == i
@@ -37,6 +52,16 @@ def hv_targets(inst: np.ndarray) -> np.ndarray:
             scaled = np.where(d < 0, d / max(neg, 1e-6), d / max(pos, 1e-6))
             hv[ch][sl][rr, cc] = scaled
     return hv
+
+
+def crop_targets(inst: np.ndarray, r: int, c: int, size: int, min_area: int = MIN_AREA
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(instance crop, HV crop)`` of the window ``inst[r:r+size, c:c+size]``: HV from
+    each whole nucleus, none for a nucleus with under ``min_area`` pixels in the window."""
+    win = inst[r:r + size, c:c + size]
+    ids, n = np.unique(win, return_counts=True)
+    keep = ids[(ids != 0) & (n >= min_area)]
+    return win, hv_targets(inst, keep)[:, r:r + size, c:c + size]
 
 
 def type_map(inst: np.ndarray, types: dict[int, int] | None) -> np.ndarray:
@@ -50,65 +75,115 @@ def type_map(inst: np.ndarray, types: dict[int, int] | None) -> np.ndarray:
     return lut[inst]
 
 
+# -- HoVer-Net's post-processing ----------------------------------------------------------------
+def _minmax(x: np.ndarray) -> np.ndarray:
+    """To [0, 1] over the whole array (OpenCV NORM_MINMAX; a constant array gives 0)."""
+    lo, hi = float(x.min()), float(x.max())
+    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+
+def _binomial(n: int) -> np.ndarray:
+    k = np.array([1.0])
+    for _ in range(n):
+        k = np.convolve(k, [1.0, 1.0])
+    return k
+
+
+def sobel(x: np.ndarray, axis: int, size: int = 21) -> np.ndarray:
+    """OpenCV's ``Sobel`` of odd aperture ``size`` (first derivative along ``axis``): the
+    separable pair of a differenced binomial of order ``size - 2`` along ``axis`` and a
+    binomial smoother of order ``size - 1`` across it, mirrored borders (BORDER_REFLECT_101
+    = scipy's ``mirror``). Positive where ``x`` increases with the index."""
+    if size < 3 or size % 2 == 0:
+        raise ValueError(f"sobel size must be odd and >= 3, got {size}")
+    deriv = -np.diff(np.r_[0.0, _binomial(size - 2), 0.0])  # -1, -18, ..., 18, 1 for 21
+    out = ndimage.correlate1d(x.astype(np.float64), deriv, axis=axis, mode="mirror")
+    return ndimage.correlate1d(out, _binomial(size - 1), axis=1 - axis, mode="mirror")
+
+
+def ellipse(size: int) -> np.ndarray:
+    """OpenCV's ``getStructuringElement(MORPH_ELLIPSE, (size, size))``."""
+    r = size // 2
+    out = np.zeros((size, size), bool)
+    for i in range(size):
+        dy = i - r
+        dx = int(np.rint(r * np.sqrt(max(r * r - dy * dy, 0) / (r * r)))) if r else 0
+        out[i, max(r - dx, 0):min(r + dx + 1, size)] = True
+    return out
+
+
+def _drop_small(lab: np.ndarray, min_size: int) -> np.ndarray:
+    """Labels with fewer than ``min_size`` pixels set to 0 (HoVer-Net misc/utils.py)."""
+    if min_size <= 1 or not lab.any():
+        return lab
+    small = np.bincount(lab.ravel()) < min_size
+    small[0] = False
+    return np.where(small[lab], 0, lab)
+
+
 @dataclass
 class PostProcess:
-    """Thresholds of the watershed step (defaults tuned on ground-truth-derived maps of
-    CoNSeP training patches, never on test data)."""
+    """HoVer-Net's ``__proc_np_hv`` (defaults are theirs; ``edge_threshold`` is their
+    marker threshold ``overall >= 0.4``, tunable on validation by ``segment``)."""
 
     fg_threshold: float = 0.5
-    edge_threshold: float = 0.1
-    smooth_sigma: float = 1.0
+    edge_threshold: float = 0.4
     min_size: int = 10
-    min_marker: int = 4
+    sobel_size: int = 21
+    open_size: int = 5
+    min_marker: int = 10
 
     def __call__(self, fg_prob: np.ndarray, hv: np.ndarray) -> np.ndarray:
-        from skimage.morphology import remove_small_objects
         from skimage.segmentation import watershed
 
-        fg = fg_prob > self.fg_threshold
-        if self.min_size > 1:
-            fg = remove_small_objects(fg, max_size=self.min_size - 1)
-        if not fg.any():
-            return np.zeros(fg.shape, np.int32)
-        h = ndimage.gaussian_filter(hv[0].astype(np.float64), self.smooth_sigma)
-        v = ndimage.gaussian_filter(hv[1].astype(np.float64), self.smooth_sigma)
-        edge = np.maximum(np.clip(-ndimage.sobel(h, axis=1), 0, None),
-                          np.clip(-ndimage.sobel(v, axis=0), 0, None))
-        top = edge[fg].max()
-        edge = edge / top if top > 0 else edge
-        edge[~fg] = 0
-        markers = fg & (edge < self.edge_threshold)
-        markers = ndimage.binary_opening(markers, iterations=1)
-        if self.min_marker > 1:
-            markers = remove_small_objects(markers, max_size=self.min_marker - 1)
-        mlab, _ = ndimage.label(markers)
-        energy = ndimage.gaussian_filter(edge, 1.0)
-        out = watershed(energy, mlab, mask=fg)
-        # foreground components without any marker become one instance each
-        rest, n_rest = ndimage.label(fg & (out == 0))
-        if n_rest:
-            out = np.where(rest > 0, rest + out.max(), out)
-        return out.astype(np.int32)
+        blb = _drop_small(ndimage.label(fg_prob >= self.fg_threshold)[0], self.min_size) > 0
+        if not blb.any():
+            return np.zeros(blb.shape, np.int32)
+        dh = 1.0 - _minmax(sobel(_minmax(hv[0].astype(np.float64)), 1, self.sobel_size))
+        dv = 1.0 - _minmax(sobel(_minmax(hv[1].astype(np.float64)), 0, self.sobel_size))
+        energy = np.where(blb, np.maximum(dh, dv), 0.0)
+        blur = np.array([0.25, 0.5, 0.25])  # OpenCV's 3-tap Gaussian for sigma 0
+        dist = (1.0 - energy) * blb
+        dist = -ndimage.correlate1d(ndimage.correlate1d(dist, blur, 0, mode="mirror"),
+                                    blur, 1, mode="mirror")
+        marker = ndimage.binary_fill_holes(blb & (energy < self.edge_threshold))
+        if self.open_size > 1:  # OpenCV's MORPH_OPEN: the border never erodes
+            se = ellipse(self.open_size)
+            marker = ndimage.binary_dilation(
+                ndimage.binary_erosion(marker, se, border_value=1), se, border_value=0)
+        mlab = _drop_small(ndimage.label(marker)[0], self.min_marker)
+        return watershed(dist, mlab, mask=blb).astype(np.int32)
 
 
 def instance_types(inst: np.ndarray, type_prob: np.ndarray) -> dict[int, int]:
-    """Type of each predicted instance: majority vote of the per-pixel argmax over the
-    nucleus types (background excluded), ties to the larger summed probability."""
+    """Type of each predicted instance as HoVer-Net's ``post_proc.process``: the most
+    common per-pixel argmax over *all* channels, background included; when that is the
+    background and another value occurs, the second most common (ties to the smaller id,
+    their ``np.unique`` order under a stable sort). 0 = no type."""
     if type_prob.shape[0] < 2:
         return {int(i): 1 for i in np.unique(inst) if i}
-    arg = type_prob[1:].argmax(0) + 1
+    arg = type_prob.argmax(0)
     out = {}
     for i, sl in enumerate(ndimage.find_objects(inst), start=1):
         if sl is None:
             continue
-        m = inst[sl] == i
-        votes = np.bincount(arg[sl][m], minlength=type_prob.shape[0])[1:]
-        best = np.flatnonzero(votes == votes.max())
-        if len(best) > 1:
-            sums = type_prob[1:, sl[0], sl[1]][:, m].sum(1)
-            best = [best[np.argmax(sums[best])]]
-        out[i] = int(best[0]) + 1
+        votes = np.bincount(arg[sl][inst[sl] == i], minlength=type_prob.shape[0])
+        ranked = sorted(np.flatnonzero(votes).tolist(), key=lambda t: -votes[t])
+        best = ranked[0]
+        if best == 0 and len(ranked) > 1:
+            best = ranked[1]
+        out[i] = int(best)
     return out
+
+
+def resize_maps(maps: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(C, h, w) network maps bilinearly resized to ``shape``: post-processing runs at the
+    tile's own resolution, where HoVer-Net's pixel sizes (Sobel 21, 10 px, 5 px) belong."""
+    if maps.shape[1:] == tuple(shape):
+        return maps
+    t = torch.from_numpy(np.ascontiguousarray(maps))[None].float()
+    return torch.nn.functional.interpolate(t, size=tuple(shape), mode="bilinear",
+                                           align_corners=False)[0].numpy()
 
 
 @torch.no_grad()

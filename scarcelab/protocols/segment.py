@@ -4,19 +4,23 @@ One training run of a HoVer-Net-style U-Net (:mod:`scarcelab.models.unet`) under
 wall-clock budget: random crops of the training tiles, validation on held-out *source
 images* after every epoch (sliding window + watershed + PQ), early stopping on validation
 PQ (``patience`` epochs without improvement), and the test set scored once with the
-checkpoint that was best on validation. The watershed's marker threshold is then chosen
-on validation too (a short grid, for that checkpoint only) before the test set is seen.
+checkpoint that was best on validation. Post-processing is HoVer-Net's with its marker
+threshold (0.4); ``tune_threshold`` instead picks it on validation (a short grid, for the
+selected checkpoint only) before the test set is seen.
 
-Loss (HoVer-Net, Graham et al. 2019, eq. 1-4, λ_b = 2 and the rest 1): NP cross-entropy
-+ soft Dice, HV mean squared error + 2 x the mean squared error of the HV gradients
-(∂h/∂x, ∂v/∂y by Sobel, on nucleus pixels only), and, with types, TP cross-entropy + Dice.
+Loss (HoVer-Net; ``vqdang/hover_net`` ``models/hovernet/opt.py``: every weight 1): NP
+cross-entropy + soft Dice, HV mean squared error + the mean squared error of the HV
+gradients (MSGE: ∂h/∂x, ∂v/∂y by their 5 x 5 Sobel-like kernel ``h / (h² + v²)``, zero
+padded, on nucleus pixels only; ``models/hovernet/utils.py::msge_loss``), and, with types,
+TP cross-entropy + Dice.
 
 Tracking: per epoch on the study record ``train/loss``, ``seg/val_<m>`` and
-``time/elapsed_s``; at the end ``seg/<m>`` = the *test* value of the selected checkpoint
-(DESIGN §4.3's ``seg/pq`` / ``seg/mpq``), in the configured aggregation, plus
-``seg/per_image/<m>`` or ``seg/pooled/<m>`` for the other one, and
-``seg/cross/<dataset>/<m>`` for cross-dataset test sets; overlays of predicted vs true
-instances as ``overlays/*.png``.
+``time/elapsed_s``; at the end ``seg/<m>`` = the *test* values of the selected checkpoint
+(DESIGN §4.3): ``seg/pq``, ``seg/dq``, ``seg/sq``, ``seg/aji``, ``seg/dice`` per image,
+``seg/<m>_pooled`` pooled, ``seg/mpq`` (PanNuke), ``seg/mpq_conic`` (CoNIC), HoVer-Net's
+``seg/f1_d``, ``seg/type_acc``, ``seg/f1_type/<type>`` (see
+:mod:`scarcelab.metrics.segmentation`), and ``seg/cross/<dataset>/<m>`` for
+cross-dataset test sets; overlays of predicted vs true instances as ``overlays/*.png``.
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ from scarcelab.data.nuclei import NucleiDataset, NucleiTile, load_nuclei, split_
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.metrics.segmentation import AGGREGATIONS, SegmentationEvaluator
 from scarcelab.models.nucleus_maps import (
+    MIN_AREA,
     PostProcess,
-    hv_targets,
+    crop_targets,
     instance_types,
     predict_tile,
+    resize_maps,
     type_map,
 )
 from scarcelab.models.unet import NucleusUNet, load_segment_backbone
@@ -49,7 +55,7 @@ from scarcelab.protocols.search import AutoDevice
 from scarcelab.tracker import DatasetInfo, Tracker
 
 METRICS = ("pq", "dq", "sq", "mpq", "aji", "dice")
-EDGE_GRID = (0.05, 0.1, 0.2, 0.3, 0.4)
+EDGE_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)  # marker thresholds tried with tune_threshold
 
 
 @dataclass
@@ -71,7 +77,8 @@ class SegmentConfig(AutoDevice):
     weight_decay: float = 1e-5
     val_fraction: float = 0.15  # of the training source images
     types: bool = True  # train a type head when the data has types (mPQ)
-    aggregation: str = "pooled"
+    aggregation: str = "image"  # the PQ that selects the checkpoint: per image or pooled
+    tune_threshold: bool = False  # marker threshold from EDGE_GRID on validation, not 0.4
     cross_test: tuple[str, ...] = ()  # further test-only datasets (e.g. nuclei_cpm15)
     max_train_tiles: int | None = None  # caps, for smoke tests
     max_val_tiles: int | None = 32  # validation runs every epoch: keep it cheap
@@ -88,43 +95,50 @@ class SegmentResult:
     val: dict[str, float]
     test: dict[str, float]
     cross: dict[str, dict[str, float]] = field(default_factory=dict)
-    edge_threshold: float = 0.1
+    edge_threshold: float = 0.4
     train_s: float = 0.0
     eval_s: float = 0.0
 
 
 # -- training samples -------------------------------------------------------------------------
-def random_crop(tile: NucleiTile, size: int, rng: np.random.Generator
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """A ``size`` crop (reflect-padded if the tile is smaller) with a random flip /
-    quarter turn, and the instance map cropped alike (targets are computed after the
-    crop, so nuclei cut by the border get the HV maps of what is visible)."""
+def random_crop(tile: NucleiTile, size: int, rng: np.random.Generator,
+                min_area: int = MIN_AREA) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(image, instances, HV targets)`` of a ``size`` crop (reflect-padded if the tile
+    is smaller) after a random quarter turn / flip of the whole tile. As in HoVer-Net the
+    augmentation comes first and the targets of the crop are computed from the whole
+    augmented tile (:func:`~scarcelab.models.nucleus_maps.crop_targets`): a nucleus cut by
+    the crop border keeps its own HV values, one with under ``min_area`` visible pixels
+    gets none."""
     img, inst = tile.image, tile.inst
     ph, pw = max(0, size - img.shape[0]), max(0, size - img.shape[1])
     if ph or pw:
         img = np.pad(img, ((0, ph), (0, pw), (0, 0)), mode="reflect")
         inst = np.pad(inst, ((0, ph), (0, pw)))
-    r = int(rng.integers(0, img.shape[0] - size + 1))
-    c = int(rng.integers(0, img.shape[1] - size + 1))
-    img, inst = img[r:r + size, c:c + size], inst[r:r + size, c:c + size]
     k = int(rng.integers(0, 4))
     img, inst = np.rot90(img, k), np.rot90(inst, k)
     if rng.random() < 0.5:
         img, inst = img[:, ::-1], inst[:, ::-1]
-    return np.ascontiguousarray(img), np.ascontiguousarray(inst)
+    r = int(rng.integers(0, img.shape[0] - size + 1))
+    c = int(rng.integers(0, img.shape[1] - size + 1))
+    inst_c, hv = crop_targets(inst, r, c, size, min_area)
+    return (np.ascontiguousarray(img[r:r + size, c:c + size]), np.ascontiguousarray(inst_c),
+            np.ascontiguousarray(hv))
 
 
 def make_batch(tiles: list[NucleiTile], n: int, size: int, rng: np.random.Generator,
-               typed: bool) -> dict[str, torch.Tensor]:
+               typed: bool, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """``scale``: the tiles' resize factor; HoVer-Net's minimum area (30 px at the data's
+    own resolution) shrinks with it."""
+    min_area = max(1, round(MIN_AREA * scale ** 2))
     xs, nps, hvs, tps = [], [], [], []
     for _ in range(n):
         tile = tiles[int(rng.integers(0, len(tiles)))]
-        img, inst = random_crop(tile, size, rng)
+        img, inst, hv = random_crop(tile, size, rng, min_area)
         # mild stain/brightness jitter: one gain per channel
         img = np.clip(img.astype(np.float32) * rng.uniform(0.9, 1.1, 3), 0, 255)
         xs.append(img.transpose(2, 0, 1) / 255.0)
         nps.append(inst > 0)
-        hvs.append(hv_targets(inst))
+        hvs.append(hv)
         if typed:
             tps.append(type_map(inst, tile.types))
     out = {"x": torch.from_numpy(np.stack(xs)).float(),
@@ -145,28 +159,48 @@ def _soft_dice(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (1 - (2 * inter + 1e-3) / (denom + 1e-3)).sum()
 
 
-_SOBEL_X = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
+def gradient_kernel(size: int = 5) -> torch.Tensor:
+    """HoVer-Net's MSGE kernel ``k[i, j] = x / (x² + y²)`` with x = j - size // 2 (the
+    column offset) and y = i - size // 2, 0 at the centre (``utils.py::get_sobel_kernel``).
+    Unnormalised: on a ramp of slope s it returns 12 s for size 5 (3x3 Sobel / 8 gives s),
+    so the gradient term weighs 144x what a unit-gain kernel gives."""
+    r = torch.arange(size, dtype=torch.float64) - size // 2
+    y, x = torch.meshgrid(r, r, indexing="ij")
+    d = x * x + y * y
+    return torch.where(d > 0, x / d.clamp(min=1), torch.zeros_like(d)).float()
+
+
+LOSS_WEIGHTS = {"np_ce": 1.0, "np_dice": 1.0, "hv_mse": 1.0, "hv_msge": 1.0,
+                "tp_ce": 1.0, "tp_dice": 1.0}  # HoVer-Net opt.py "loss": every weight 1
 
 
 def hv_gradients(hv: torch.Tensor) -> torch.Tensor:
-    """(∂h/∂x, ∂v/∂y) of an (N, 2, H, W) map by Sobel (the HV loss' gradient term)."""
-    kx = _SOBEL_X.to(hv)[None, None]
-    gx = F.conv2d(F.pad(hv[:, :1], (1, 1, 1, 1), mode="replicate"), kx)
-    gy = F.conv2d(F.pad(hv[:, 1:], (1, 1, 1, 1), mode="replicate"), kx.transpose(2, 3))
+    """(∂h/∂x, ∂v/∂y) of an (N, 2, H, W) map (the MSGE term), zero padded as in
+    HoVer-Net (``F.conv2d(..., padding=2)``). The derivative of h is taken along x and of v
+    along y, as the paper's loss and the original TensorFlow code (``np.meshgrid``, 'xy')
+    define it; the PyTorch port builds its kernel with ``torch.meshgrid`` ('ij'), which
+    transposes it (see docs/pathology.md)."""
+    kx = gradient_kernel(5).to(hv)[None, None]
+    gx = F.conv2d(hv[:, :1], kx, padding=2)
+    gy = F.conv2d(hv[:, 1:], kx.transpose(2, 3), padding=2)
     return torch.cat([gx, gy], 1)
 
 
 def hovernet_loss(out: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     np_t, hv_t = batch["np"], batch["hv"]
-    terms = {"np": F.cross_entropy(out[:, :2], np_t) + _soft_dice(out[:, :2], np_t)}
+    w = LOSS_WEIGHTS
+    terms = {"np": w["np_ce"] * F.cross_entropy(out[:, :2], np_t)
+             + w["np_dice"] * _soft_dice(out[:, :2], np_t)}
     hv = out[:, 2:4]
     mask = np_t[:, None].float()
+    # HoVer-Net msge_loss: squared gradient error on nucleus pixels, both channels, over
+    # (2 x nucleus pixels + 1e-8)
     msge = ((hv_gradients(hv) - hv_gradients(hv_t)) ** 2 * mask).sum() / (
-        2 * mask.sum()).clamp(min=1)
-    terms["hv"] = F.mse_loss(hv, hv_t) + 2.0 * msge
+        2 * mask.sum() + 1e-8)
+    terms["hv"] = w["hv_mse"] * F.mse_loss(hv, hv_t) + w["hv_msge"] * msge
     if "tp" in batch:
-        terms["tp"] = F.cross_entropy(out[:, 4:], batch["tp"]) + _soft_dice(out[:, 4:],
-                                                                           batch["tp"])
+        terms["tp"] = (w["tp_ce"] * F.cross_entropy(out[:, 4:], batch["tp"])
+                       + w["tp_dice"] * _soft_dice(out[:, 4:], batch["tp"]))
     terms["loss"] = sum(terms.values())
     return terms
 
@@ -182,16 +216,15 @@ def predict_set(model: nn.Module, tiles: list[NucleiTile], window: int, device: 
 def score_maps(maps: list[np.ndarray], tiles: list[NucleiTile], post: PostProcess,
                type_names: dict[int, str] | None) -> tuple[SegmentationEvaluator,
                                                           list[np.ndarray]]:
-    """Instances from the maps, brought back to each tile's own size, scored against
-    the tile's true instances (always at the original resolution)."""
+    """The maps brought back to each tile's own size, then instances and their types
+    from them, scored against the tile's true instances: post-processing and metrics run
+    at the data's own resolution whatever ``scale`` the network saw."""
     ev = SegmentationEvaluator(type_names)
     preds = []
     for m, t in zip(maps, tiles, strict=True):
+        m = resize_maps(m, t.inst.shape)
         inst = post(m[1], m[2:4])
         pt = instance_types(inst, m[4:]) if type_names else None
-        inst = resize_labels(inst, t.inst.shape)
-        if pt is not None:  # an instance may vanish when upsampling a tiny one: keep it simple
-            pt = {i: pt[i] for i in np.unique(inst).tolist() if i}
         ev.add(t.inst, inst, t.types if type_names else None, pt)
         preds.append(inst)
     return ev, preds
@@ -319,6 +352,7 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     deadline = start + cfg.budget_minutes * 60.0
     train_s = [rescale(t, cfg.scale) for t in train]
     post = PostProcess()
+    sel = "pq" if cfg.aggregation == "image" else "pq_pooled"  # what selects the checkpoint
     best: dict[str, Any] = {"pq": -1.0, "epoch": -1, "state": None, "val": {}}
     epoch, last_epoch_s, bad = 0, 0.0, 0
     while epoch < cfg.max_epochs and time.time() + last_epoch_s < deadline:
@@ -327,8 +361,8 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
         losses: dict[str, float] = {}
         for _ in range(cfg.steps_per_epoch):
             batch = {k: v.to(device) for k, v in
-                     make_batch(train_s, cfg.batch_size, cfg.crop, rng, type_names is not None
-                                ).items()}
+                     make_batch(train_s, cfg.batch_size, cfg.crop, rng, type_names is not None,
+                                cfg.scale).items()}
             terms = hovernet_loss(model(batch["x"]), batch)
             if not torch.isfinite(terms["loss"]):
                 raise TrialFailed(f"segment: non-finite loss at epoch {epoch}; lower lr "
@@ -340,10 +374,10 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                 losses[k] = losses.get(k, 0.0) + float(v.detach()) / cfg.steps_per_epoch
         ev, _ = score_maps(predict_set(model, val, cfg.window, device, cfg.scale), val, post,
                            type_names)
-        vres = ev.result(cfg.aggregation)
-        improved = vres["pq"] > best["pq"]
+        vres = ev.result()
+        improved = vres[sel] > best["pq"]
         if improved:
-            best.update(pq=vres["pq"], epoch=epoch, val=vres,
+            best.update(pq=vres[sel], epoch=epoch, val=vres,
                         state={k: v.detach().to("cpu", copy=True)
                                for k, v in model.state_dict().items()})
             bad = 0
@@ -365,18 +399,18 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                           "budget_minutes or lower steps_per_epoch")
     model.load_state_dict(best["state"])
     t_eval = time.time()
-    # marker threshold of the watershed: chosen on validation for the selected checkpoint
-    val_maps = predict_set(model, val, cfg.window, device, cfg.scale)
-    grid = {e: score_maps(val_maps, val, dataclasses.replace(post, edge_threshold=e),
-                          type_names)[0].result(cfg.aggregation)["pq"] for e in EDGE_GRID}
-    edge = max(EDGE_GRID, key=lambda e: (np.nan_to_num(grid[e], nan=-1.0), -e))
-    post = dataclasses.replace(post, edge_threshold=edge)
+    edge = post.edge_threshold  # HoVer-Net's 0.4 unless tuned
+    if cfg.tune_threshold:  # chosen on validation for the selected checkpoint
+        val_maps = predict_set(model, val, cfg.window, device, cfg.scale)
+        grid = {e: score_maps(val_maps, val, dataclasses.replace(post, edge_threshold=e),
+                              type_names)[0].result()[sel] for e in EDGE_GRID}
+        edge = max(EDGE_GRID, key=lambda e: (np.nan_to_num(grid[e], nan=-1.0),
+                                             -abs(e - post.edge_threshold)))
+        post = dataclasses.replace(post, edge_threshold=edge)
     ev, preds = score_maps(predict_set(model, test, cfg.window, device, cfg.scale), test, post,
                            type_names)
-    test_res = ev.result(cfg.aggregation)
-    other = [a for a in AGGREGATIONS if a != cfg.aggregation][0]
-    other_name = "per_image" if other == "image" else "pooled"
-    final = {**_keyed(test_res, "seg/"), **_keyed(ev.result(other), f"seg/{other_name}/"),
+    test_res = ev.result()
+    final = {**_keyed(test_res, "seg/"),
              "seg/val_pq_selected": best["pq"], "seg/selected_epoch": best["epoch"],
              "seg/edge_threshold": edge}
     cross: dict[str, dict[str, float]] = {}
@@ -385,7 +419,7 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
         ctiles = _cap(cdata.test, cfg.max_test_tiles, rng)
         cev, _ = score_maps(predict_set(model, ctiles, cfg.window, device, cfg.scale), ctiles,
                             post, None)
-        cross[name] = cev.result(cfg.aggregation)
+        cross[name] = cev.result()
         final.update(_keyed(cross[name], f"seg/cross/{name}/"))
     eval_s = time.time() - t_eval
     final.update({"time/train_s": train_time, "time/eval_s": eval_s,
