@@ -34,6 +34,13 @@ from scarcelab.errors import ScarcelabError
               help="labeled train size; all = the train split minus validation")
 @click.option("--n-val", default="default", show_default=True,
               help="validation size drawn from train (default 20 %% of it)")
+@click.option("--label-fraction", default="1.0", show_default=True,
+              type=Float(0, 1, lo_open=True),
+              help="share of the labeled set trained on (validation unchanged), e.g. 0.1; "
+              "both protocols")
+@click.option("--encoder-norm", default="auto", show_default=True,
+              help="input normalisation the weights expect: auto (ImageNet's for a "
+              "torchvision/timm file) | imagenet | none | m1,m2,m3/s1,s2,s3")
 @click.option("--probe-trials", default="10", show_default=True, type=Int(1, 10**4),
               help="linear: random draws of the L2 penalty, best on validation")
 @click.option("--method", default="sup", show_default=True, help="finetune: supervised method")
@@ -76,6 +83,7 @@ def _run(kw: dict[str, Any]) -> None:
         data_dir=kw["data_dir"] or None, arch=kw["arch"], seed=opt_int(kw["seed"], "--seed") or 0,
         n_labeled=label_budget(kw["n_labeled"], "--n-labeled") or "all",
         n_val=label_budget(kw["n_val"], "--n-val"),
+        label_fraction=kw["label_fraction"], encoder_norm=kw["encoder_norm"],
         probe_trials=kw["probe_trials"],
         method=kw["method"], budget_minutes=float(kw["budget_minutes"]),
         max_epochs=opt_int(kw["max_epochs"], "--max-epochs") or 200,
@@ -89,7 +97,8 @@ def _run(kw: dict[str, Any]) -> None:
     arch: str | None = None if cfg.arch == "auto" else cfg.arch
     if arch is None and cfg.encoder == "random":
         arch = "resnet18" if cfg.resolved_device().startswith("cuda") else "small_cnn"
-    backbone, info = resolve_encoder(cfg.encoder, arch, raw.channels, seed=cfg.seed)
+    backbone, info = resolve_encoder(cfg.encoder, arch, raw.channels, seed=cfg.seed,
+                                     norm=cfg.encoder_norm)
     tracker = MlflowTracker(experiment=kw["experiment"] or None)
     if cfg.protocol == "linear":
         cache = MlflowEncodingCache(DiskEncodingCache(default_data_dir() / "encoded"),
@@ -100,7 +109,8 @@ def _run(kw: dict[str, Any]) -> None:
     assert tracker.study_run_id is not None
     log_probe_outcome(tracker.study_run_id, res, cfg.encoder)
     click.echo(f"probe {res.protocol} run {tracker.study_run_id}: encoder {cfg.encoder} "
-               f"({info.get('arch')}, {info.get('format')}) on {cfg.dataset}: val balanced "
+               f"({info.get('arch')}, {info.get('format')}) on {cfg.dataset}, label "
+               f"fraction {cfg.label_fraction:g}: val balanced "
                f"accuracy {res.val_balanced_accuracy:.4f}, test accuracy "
                f"{res.test['accuracy']:.4f}, test balanced accuracy "
                f"{res.test['balanced_accuracy']:.4f} ({res.info.get('time_s', 0):.1f} s)")

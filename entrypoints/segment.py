@@ -27,16 +27,29 @@ BIG = 10**6
 
 @main.command(name="segment", short_help="Nuclei instance segmentation with an encoder (PQ, mPQ).",
               help="Train and test a nuclei instance segmenter (PQ, mPQ, "
-              "AJI, Dice) on an encoder: random init, a backbone state-dict file, or a "
-              "scarcelab run (runs:/<id>/model, models:/<name>/<version>).")
+              "AJI, Dice) on an encoder: random init, a weights file (a backbone state dict, "
+              "a scarcelab checkpoint, a torchvision / timm ResNet such as ImageNet "
+              "weights), or a scarcelab run (runs:/<id>/model, models:/<name>/<version>); "
+              "the encoder fine-tuned or frozen, on all or a fraction of the labels.")
 @click.option("--dataset", default="consep_patches", show_default=True,
               help="consep_patches | nuclei_cpm15 | consep (the .mat release; needs --data-dir)")
 @click.option("--data-dir", default="", help="the dataset's folder (default: "
               "$SCARCELAB_DATA/<dataset> or ../shared/data/<dataset>)")
 @click.option("--encoder", default="random", show_default=True,
-              help="'random' or a local file with the backbone's state dict")
+              help="random | a weights file | runs:/<id>/model | models:/<name>/<version>")
 @click.option("--arch", default="auto", show_default=True,
-              help="backbone; auto = resnet18 on GPU, small_cnn on CPU")
+              help="backbone; auto = the encoder's own (random: resnet18 on GPU, small_cnn "
+              "on CPU; a torchvision/timm ResNet file: the arch it loads into whole)")
+@click.option("--protocol", default="finetune", show_default=True,
+              type=Word(("finetune", "frozen")),
+              help="finetune: encoder and decoder trained; frozen: decoder and heads only "
+              "(Kang et al.'s linear-evaluation counterpart)")
+@click.option("--label-fraction", default="1.0", show_default=True,
+              type=Float(0, 1, lo_open=True),
+              help="share of the training tiles used (after validation is set aside), e.g. 0.1")
+@click.option("--encoder-norm", default="auto", show_default=True,
+              help="input normalisation the weights expect: auto (ImageNet's for a "
+              "torchvision/timm file) | imagenet | none | m1,m2,m3/s1,s2,s3")
 @click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
 @click.option("--budget-minutes", default="5", show_default=True, type=Float(0, None, lo_open=True),
               help="wall clock for training + per-epoch validation")
@@ -79,7 +92,8 @@ def segment(**kw: Any) -> None:
     check_device(kw["device"])
     cfg = SegmentConfig(
         dataset=kw["dataset"], data_dir=kw["data_dir"] or None, encoder=kw["encoder"],
-        arch=kw["arch"], seed=kw["seed"], budget_minutes=kw["budget_minutes"],
+        arch=kw["arch"], protocol=kw["protocol"], label_fraction=kw["label_fraction"],
+        encoder_norm=kw["encoder_norm"], seed=kw["seed"], budget_minutes=kw["budget_minutes"],
         max_epochs=kw["max_epochs"], patience=kw["patience"],
         steps_per_epoch=kw["steps_per_epoch"], batch_size=kw["batch_size"], crop=kw["crop"],
         window=kw["window"], scale=kw["scale"], lr=kw["lr"], types=kw["types"],
@@ -92,8 +106,8 @@ def segment(**kw: Any) -> None:
     if cfg.encoder.startswith(("runs:/", "models:/")):
         from scarcelab.tracking.encoders import resolve_encoder
 
-        def factory(arch: str) -> Any:  # the same resolver as `probe`: no unpickling
-            return resolve_encoder(cfg.encoder, arch, 3, seed=cfg.seed)[0]
+        def factory(arch: str | None) -> Any:  # the same resolver as `probe`: no unpickling
+            return resolve_encoder(cfg.encoder, arch, 3, seed=cfg.seed, norm=cfg.encoder_norm)
     try:
         res = run_segment(cfg, tracker, backbone_factory=factory)
     except ScarcelabError as e:
@@ -106,6 +120,7 @@ def segment(**kw: Any) -> None:
     msg += (f", AJI {t['aji']:.4f}, Dice {t['dice']:.4f} (per image; pooled PQ "
             f"{t['pq_pooled']:.4f}")
     msg += f", CoNIC mPQ {t['mpq_conic']:.4f})" if "mpq_conic" in t else ")"
+    msg += f" [{cfg.protocol}, label fraction {cfg.label_fraction:g}]"
     for name, r in res.cross.items():
         msg += f"; {name} PQ {r['pq']:.4f}"
     click.echo(msg)

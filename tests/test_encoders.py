@@ -87,7 +87,7 @@ def test_torchvision_imagenet_weights(tmp_path):
     tv = resnet18(weights=None)
     torch.save(tv.state_dict(), tmp_path / "resnet18-imagenet.pth")
     got, info = build_encoder(str(tmp_path / "resnet18-imagenet.pth"), "resnet18", 3)
-    assert info["format"] == "torchvision-imagenet"
+    assert info["format"] == "torchvision"  # arch=resnet18 asked for the small-image stem
     assert info["skipped"] == ["net.conv1.weight", "net.fc.bias", "net.fc.weight"]
     own = got.state_dict()
     for k, v in tv.state_dict().items():

@@ -111,6 +111,18 @@ def store():
               {"test/accuracy": 0.9, "test/balanced_accuracy": 0.8})
     _finished(c, tr, {ROLE_TAG: "segment", "scarcelab.encoder": "random",
                       "scarcelab.dataset": "seg"}, {"seg/pq": 0.42, "seg/mpq": 0.21})
+    # the same encoder as another arch, protocol or label fraction: never averaged in
+    arch = {"scarcelab.encoder": "random", "scarcelab.encoder_method": "random"}
+    _finished(c, tr, {**probe, **arch, "scarcelab.protocol": "linear", "scarcelab.arch": "r18",
+                      "scarcelab.dataset": "pA"},
+              {"test/accuracy": 0.95, "test/balanced_accuracy": 0.9})
+    _finished(c, tr, {**probe, **arch, "scarcelab.protocol": "linear", "scarcelab.arch": "r18",
+                      "scarcelab.label_fraction": "0.1", "scarcelab.dataset": "pA"},
+              {"test/accuracy": 0.35, "test/balanced_accuracy": 0.3})
+    _finished(c, tr, {ROLE_TAG: "study", "scarcelab.task": "segment", **arch,
+                      "scarcelab.protocol": "frozen", "scarcelab.arch": "r18",
+                      "scarcelab.label_fraction": "1", "scarcelab.dataset": "seg"},
+              {"seg/pq": 0.3, "seg/mpq": 0.1})
     yield {"uri": uri, "ids": ids, "q": q, "foreign": foreign, "like": like}
     shutil.rmtree(root, ignore_errors=True)
 
@@ -257,28 +269,38 @@ def test_profile_and_ranks_have_a_fresh_index(tracked):
 
 
 def test_transfer_wide_table(store):
+    """Rows are (encoder, arch, protocol, label fraction): the probes of the encoder as
+    another arch (r18), at another label fraction, and its frozen segmentation are rows of
+    their own (the view used to average every run of an encoder into one row)."""
     t = query.load("tr", store["uri"])
     view = views.transfer(t)
-    assert list(view.columns[:3]) == ["encoder", "encoder_method", "n_runs"]
-    v = view.set_index("encoder")
-    assert set(v.index) == {"random", "w.pt"}
-    assert set(v.columns[2:]) == {"pA linear accuracy", "pA linear balanced_accuracy",
-                                  "pB finetune accuracy", "pB finetune balanced_accuracy",
-                                  "seg seg/pq", "seg seg/mpq"}
-    # means over the two linear probes; the trial (0.0) is left out
-    assert v.loc["random", "pA linear accuracy"] == pytest.approx(0.6)
-    assert v.loc["random", "pA linear balanced_accuracy"] == pytest.approx(0.5)
-    assert v.loc["random", "seg seg/pq"] == pytest.approx(0.42)
-    assert v.loc["w.pt", "pB finetune accuracy"] == pytest.approx(0.9)
-    assert np.isnan(v.loc["w.pt", "seg seg/pq"])
-    assert v.loc["random", "n_runs"] == 3 and v.loc["w.pt", "n_runs"] == 1
-    assert v.loc["random", "encoder_method"] == "random"
-    assert v.loc["w.pt", "encoder_method"] == "simclr"
-    only = views.transfer(t, dataset="pB").set_index("encoder")
-    assert list(only.index) == ["w.pt"]
-    assert set(only.columns) == {"encoder_method", "n_runs", "pB finetune accuracy",
-                                 "pB finetune balanced_accuracy"}
-
+    assert list(view.columns[:6]) == ["encoder", "arch", "protocol", "label_fraction",
+                                      "encoder_method", "n_runs"]
+    v = view.set_index(["encoder", "arch", "protocol", "label_fraction"])
+    assert set(v.index) == {("random", "", "linear", 1.0), ("random", "", "finetune", 1.0),
+                            ("w.pt", "", "finetune", 1.0), ("random", "r18", "linear", 1.0),
+                            ("random", "r18", "linear", 0.1), ("random", "r18", "frozen", 1.0)}
+    assert set(v.columns[2:]) == {"pA accuracy", "pA balanced_accuracy", "pB accuracy",
+                                  "pB balanced_accuracy", "seg seg/pq", "seg seg/mpq"}
+    # means over the two linear probes without an arch; the trial (0.0) is left out
+    lin = v.loc[("random", "", "linear", 1.0)]
+    assert lin["pA accuracy"] == pytest.approx(0.6) and lin["n_runs"] == 2
+    assert lin["pA balanced_accuracy"] == pytest.approx(0.5)
+    assert v.loc[("random", "r18", "linear", 1.0), "pA accuracy"] == pytest.approx(0.95)
+    assert v.loc[("random", "r18", "linear", 0.1), "pA accuracy"] == pytest.approx(0.35)
+    # a segment run without a protocol tag is the fine-tuning it always was
+    assert v.loc[("random", "", "finetune", 1.0), "seg seg/pq"] == pytest.approx(0.42)
+    assert v.loc[("random", "r18", "frozen", 1.0), "seg seg/pq"] == pytest.approx(0.3)
+    assert np.isnan(v.loc[("random", "r18", "frozen", 1.0), "pA accuracy"])
+    w = v.loc[("w.pt", "", "finetune", 1.0)]
+    assert w["pB accuracy"] == pytest.approx(0.9) and np.isnan(w["seg seg/pq"])
+    assert w["n_runs"] == 1 and w["encoder_method"] == "simclr"
+    assert (v.loc["random", "encoder_method"] == "random").all()
+    only = views.transfer(t, dataset="pB")
+    assert only[["encoder", "protocol"]].values.tolist() == [["w.pt", "finetune"]]
+    assert set(only.columns) == {"encoder", "arch", "protocol", "label_fraction",
+                                 "encoder_method", "n_runs", "pB accuracy",
+                                 "pB balanced_accuracy"}
 
 
 def test_significance_of_studies_without_a_dataset_tag_is_one_block(tmp_path):

@@ -251,6 +251,7 @@ def test_encoder_tags_leave_an_unknown_arch_empty():
     tags = encoder_tags(ProbeConfig(encoder="/models/enc.pt"), {})
     assert tags == {"scarcelab.task": "probe", "scarcelab.protocol": "linear",
                     "scarcelab.encoder": "/models/enc.pt", "scarcelab.encoder_arch": "",
+                    "scarcelab.encoder_format": "", "scarcelab.encoder_norm": "none",
                     "scarcelab.encoder_fingerprint": "", "scarcelab.encoder_method": "unknown"}
 
 

@@ -522,8 +522,8 @@ def test_segment_resolves_mlflow_encoders_through_the_probe_resolver(monkeypatch
 
     seen: dict = {}
 
-    def fake_resolve(spec, arch, in_channels, seed=0):  # type: ignore[no-untyped-def]
-        seen["resolve"] = (spec, arch, in_channels)
+    def fake_resolve(spec, arch, in_channels, seed=0, norm="auto"):  # type: ignore[no-untyped-def]
+        seen["resolve"] = (spec, arch, in_channels, norm)
         return create_model(arch), {"source": spec}
 
     def fake_run(cfg, tracker, backbone_factory=None):  # type: ignore[no-untyped-def]
@@ -536,5 +536,5 @@ def test_segment_resolves_mlflow_encoders_through_the_probe_resolver(monkeypatch
     r = CliRunner().invoke(main, ["segment", "--encoder", "runs:/abc123/model", "--arch",
                                   "small_cnn", "--device", "cpu"])
     assert "stop here" in r.output
-    assert seen["resolve"] == ("runs:/abc123/model", "small_cnn", 3)
+    assert seen["resolve"] == ("runs:/abc123/model", "small_cnn", 3, "auto")
     assert seen["encoder"] == "runs:/abc123/model" and seen["backbone"] is not None

@@ -235,15 +235,18 @@ grids:
     tr = Path(c.download_artifacts(sweep.info.run_id, "report/transfer.csv", str(tmp_path)))
     import pandas as pd
 
-    view = pd.read_csv(tr).set_index("encoder")
+    view = pd.read_csv(tr, keep_default_na=False).set_index(["encoder", "protocol"])
     # the resolved encoders of both seeds are one row, named by the spec's reference
-    assert set(view.index) == {"random", "@pre"}
-    assert view.loc["@pre", "pathology_crops linear accuracy"] == pytest.approx(0.8)
-    assert view.loc["random", "pathology_crops linear accuracy"] == pytest.approx(0.55)
-    assert view.loc["@pre", "n_runs"] == 2
-    assert view.loc["random", "consep_patches seg/pq"] == pytest.approx(0.25)
-    assert view.loc["random", "consep_patches seg/cross/nuclei_cpm15/pq"] == \
-        pytest.approx(0.125)
+    assert set(view.index) == {("random", "linear"), ("@pre", "linear"),
+                               ("random", "finetune")}  # the segment run: its own row
+    assert float(view.loc[("@pre", "linear"), "pathology_crops accuracy"]) == \
+        pytest.approx(0.8)
+    assert float(view.loc[("random", "linear"), "pathology_crops accuracy"]) == \
+        pytest.approx(0.55)
+    assert int(view.loc[("@pre", "linear"), "n_runs"]) == 2
+    seg = view.loc[("random", "finetune")]
+    assert float(seg["consep_patches seg/pq"]) == pytest.approx(0.25)
+    assert float(seg["consep_patches seg/cross/nuclei_cpm15/pq"]) == pytest.approx(0.125)
 
 
 def test_a_tune_only_grid_gets_table3_without_a_broken_leaderboard(store, tmp_path):

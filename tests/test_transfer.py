@@ -199,18 +199,25 @@ def test_probe_command_linear_and_finetune(store, tmp_path):
     c.log_metric(seg.info.run_id, "seg/pq", 0.42)
     c.log_metric(seg.info.run_id, "seg/mpq", 0.21)
     c.set_terminated(seg.info.run_id, "FINISHED")
-    # the leaderboard view: rows = encoder source, columns = tasks (trials left out)
-    view = transfer(load("transfer", store)).set_index("encoder")
-    assert view.loc["random", "consep_patches seg/pq"] == pytest.approx(0.42)
-    assert view.loc["random", "consep_patches seg/mpq"] == pytest.approx(0.21)
-    assert np.isnan(view.loc[weights, "consep_patches seg/pq"])
-    assert set(view.index) == {"random", weights}
-    assert view.loc[weights, f"{SEPARABLE} linear accuracy"] == pytest.approx(
-        by["linear"].data.metrics["test/accuracy"])
-    assert view.loc["random", f"{SEPARABLE} finetune balanced_accuracy"] == pytest.approx(
+    assert {r.data.tags["scarcelab.label_fraction"] for r in runs} == {"1"}
+    assert {r.data.tags["scarcelab.arch"] for r in runs} == {"small_cnn"}
+    # the transfer view: rows = (encoder, arch, protocol, label fraction), columns = tasks
+    # (trials left out); the segment run without arch / protocol tags is a row of its own
+    view = transfer(load("transfer", store)).set_index(["encoder", "arch", "protocol"])
+    assert set(view.index) == {(weights, "small_cnn", "linear"),
+                               ("random", "small_cnn", "finetune"), ("random", "", "finetune")}
+    assert (view["label_fraction"] == 1.0).all()
+    seg_row = view.loc[("random", "", "finetune")]
+    assert seg_row["consep_patches seg/pq"] == pytest.approx(0.42)
+    assert seg_row["consep_patches seg/mpq"] == pytest.approx(0.21)
+    assert seg_row["n_runs"] == 1
+    assert np.isnan(view.loc[(weights, "small_cnn", "linear"), "consep_patches seg/pq"])
+    assert view.loc[(weights, "small_cnn", "linear"), f"{SEPARABLE} accuracy"] == \
+        pytest.approx(by["linear"].data.metrics["test/accuracy"])
+    ft = view.loc[("random", "small_cnn", "finetune")]
+    assert ft[f"{SEPARABLE} balanced_accuracy"] == pytest.approx(
         by["finetune"].data.metrics["test/balanced_accuracy"])
-    assert np.isnan(view.loc["random", f"{SEPARABLE} linear accuracy"])
-    assert view.loc["random", "n_runs"] == 2 and view.loc["random", "encoder_method"] == "random"
+    assert ft["n_runs"] == 1 and ft["encoder_method"] == "random"
 
 
 def test_probe_command_bad_encoder_is_one_line(store):

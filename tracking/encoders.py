@@ -81,15 +81,17 @@ def _download(uri: str, dst: str) -> Path | None:
 
 
 def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
-                    seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
+                    seed: int = 0, norm: str = "auto") -> tuple[nn.Module, dict[str, Any]]:
     """A backbone and where it came from, for any encoder spec a user may pass.
 
     ``info`` carries ``source`` (= ``spec``, the value of the ``scarcelab.encoder`` tag),
-    ``arch``, ``format``, ``fingerprint`` (hash of the weights) and, for MLflow sources,
-    ``run_id`` plus the source study's ``method`` / ``family`` / ``dataset`` tags.
+    ``arch``, ``format``, ``input_norm``, ``fingerprint`` (hash of the weights) and, for
+    MLflow sources, ``run_id`` plus the source study's ``method`` / ``family`` /
+    ``dataset`` tags. ``norm``: the input normalisation the weights expect
+    (``scarcelab.models.encoder.parse_norm``).
     """
     if not spec.startswith(MLFLOW_PREFIXES):
-        return build_encoder(spec, arch, in_channels or 3, seed)
+        return build_encoder(spec, arch, in_channels or 3, seed, norm=norm)
     client = _client()
     run_id, sub = source_run(spec)
     try:
@@ -120,7 +122,7 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
             raise DataError(f"encoder={spec!r}: run {run_id} has neither {CHECKPOINT} nor "
                             f"weights under {sub!r}; {hint}")
         net, info = backbone_from_file(path, arch or tags.get("scarcelab.arch"), in_channels,
-                                       source=spec)
+                                       source=spec, norm=norm)
     info.update(run_id=run_id, artifact=str(path.name))
     for k in ("method", "family", "dataset"):
         if f"scarcelab.{k}" in tags:

@@ -15,6 +15,13 @@ Published benchmarks often validate on sets larger than the labeled training set
 no practitioner with 400 labels has; here validation is capped at the labeled size unless
 the caller explicitly allows more. Splits are deterministic in a seed, stored as JSON of
 indices and identified by a hash that travels with every run.
+
+``label_fraction`` (Kang et al. 2022's label-efficiency setting, docs/pathology.md) keeps
+only that share of the labeled set, drawn per class as the first images of the same
+seeded order the full labeled set was drawn from, while the validation set stays exactly
+the one of ``label_fraction=1``: results at 10 % and 100 % then differ only in the labels
+trained on, never in the images a model is selected on. The dropped images join the
+unlabeled pool (their labels are dropped, as for every other unlabeled image).
 """
 
 from __future__ import annotations
@@ -99,9 +106,14 @@ def make_split(
     seed: int = 0,
     allow_large_val: bool = False,
     val_from: str = "auto",
+    label_fraction: float = 1.0,
 ) -> dict[str, Any]:
     """Draw labeled / unlabeled index sets from ``raw``'s train split and the validation
-    index set from its train or official validation split (``val_from``, see above)."""
+    index set from its train or official validation split (``val_from``, see above);
+    ``label_fraction`` < 1 keeps that share of the labeled set (see above)."""
+    if not 0.0 < label_fraction <= 1.0:
+        raise ConfigError(f"label_fraction must be in (0, 1], got {label_fraction}; e.g. 0.1 "
+                          "keeps 10 % of the labeled images")
     if raw.task != "multi-class":
         raise ConfigError(
             f"dataset {raw.name!r} is {raw.task}; scarcelab's classifiers and splits are "
@@ -128,6 +140,9 @@ def make_split(
     if n_val < 1 or n_labeled < 1:
         raise ConfigError(f"n_labeled={n_labeled}, n_val={n_val}: both must be >= 1 (an empty "
                           "validation set cannot select a model or stop early)")
+    n_pool = n_labeled  # the labeled set of label_fraction = 1
+    if label_fraction < 1.0:
+        n_labeled = round(label_fraction * n_pool)
     if n_val > n_labeled and not allow_large_val:
         raise ConfigError(
             f"n_val={n_val} is larger than n_labeled={n_labeled}; a validation set larger "
@@ -136,9 +151,9 @@ def make_split(
         )
     source = resolve_val_from(raw, val_from, n_val)
     from_train = n_val if source == "train" else 0
-    if n_labeled + from_train > n_train:
+    if n_pool + from_train > n_train:
         raise ConfigError(
-            f"n_labeled + n_val = {n_labeled + from_train} exceeds the {n_train} training "
+            f"n_labeled + n_val = {n_pool + from_train} exceeds the {n_train} training "
             f"samples of {raw.name}"
         )
     counts = np.bincount(y, minlength=raw.num_classes)
@@ -146,17 +161,25 @@ def make_split(
     rng = np.random.default_rng(seed)
     labeled: list[int] = []
     val: list[int] = []
-    n_lab_c = stratified_counts(counts, n_labeled)
+    n_lab_c = stratified_counts(counts, n_pool)
+    keep_c = n_lab_c
+    if label_fraction < 1.0:
+        k = int((n_lab_c > 0).sum())
+        if n_labeled < k:
+            raise ConfigError(f"label_fraction={label_fraction} keeps {n_labeled} of "
+                              f"{n_pool} labeled images, fewer than the {k} classes; raise "
+                              "label_fraction")
+        keep_c = stratified_counts(n_lab_c, n_labeled)
     if source == "train":
         remaining = counts - n_lab_c
         n_val_c = stratified_counts(remaining, n_val) if n_val > 0 else np.zeros_like(counts)
         for c in range(raw.num_classes):
             idx = rng.permutation(np.flatnonzero(y == c))
-            labeled += idx[: n_lab_c[c]].tolist()
+            labeled += idx[: keep_c[c]].tolist()
             val += idx[n_lab_c[c] : n_lab_c[c] + n_val_c[c]].tolist()
     else:
         for c in range(raw.num_classes):
-            labeled += rng.permutation(np.flatnonzero(y == c))[: n_lab_c[c]].tolist()
+            labeled += rng.permutation(np.flatnonzero(y == c))[: keep_c[c]].tolist()
         vy = np.asarray(raw.val_y)
         v_counts = np.bincount(vy, minlength=raw.num_classes)
         n_val_c = stratified_counts(v_counts, n_val) if n_val > 0 else np.zeros_like(counts)
@@ -178,6 +201,9 @@ def make_split(
         "unlabeled": np.flatnonzero(~taken).tolist(),
         "test": "official",
     }
+    if label_fraction < 1.0:  # absent at 1: the splits drawn before it keep their JSON
+        split["label_fraction"] = float(label_fraction)
+        split["n_labeled_pool"] = n_pool
     split["hash"] = split_hash(split)
     return split
 

@@ -58,3 +58,10 @@ class _ImageNetStemBackbone(nn.Module):
 @register_model("resnet50_imagenet")
 def resnet50_imagenet(in_channels: int = 3) -> nn.Module:
     return _ImageNetStemBackbone(tv_resnet50(weights=None), in_channels, 2048)
+
+
+@register_model("resnet18_imagenet")
+def resnet18_imagenet(in_channels: int = 3) -> nn.Module:
+    """ResNet-18 as torchvision builds it for ImageNet: the arch an ImageNet ResNet-18
+    state dict loads into without leaving its 7x7 stem behind (scarcelab.models.encoder)."""
+    return _ImageNetStemBackbone(tv_resnet18(weights=None), in_channels, 512)

@@ -49,6 +49,13 @@ def _torchvision_resnet(b: nn.Module) -> list[nn.Module]:
     return [nn.Sequential(n.conv1, n.bn1, n.relu), n.layer1, n.layer2, n.layer3, n.layer4]
 
 
+@stage_splitter("_ImageNetStemBackbone")
+def _imagenet_resnet(b: nn.Module) -> list[nn.Module]:
+    n = b.net  # ImageNet stem kept (7x7 stride 2, max-pool): strides 2, 4, 8, 16, 32
+    return [nn.Sequential(n.conv1, n.bn1, n.relu), nn.Sequential(n.maxpool, n.layer1),
+            n.layer2, n.layer3, n.layer4]
+
+
 @stage_splitter("WideResNet")
 def _wrn(b: nn.Module) -> list[nn.Module]:
     blocks = list(b.blocks)

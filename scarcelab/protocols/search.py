@@ -110,6 +110,7 @@ class StudyConfig(AutoDevice):
     n_labeled: int | str | None = None
     n_val: int | str | None = None
     allow_large_val: bool = False
+    label_fraction: float = 1.0  # share of the labeled set kept (scarcelab.data.splits)
     search: str = "random"
     batch_size: int | None = None
     unlabeled_batch_size: int | None = None
@@ -192,7 +193,7 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
 def prepare_data(cfg: StudyConfig) -> tuple[DatasetBundle, dict[str, Any]]:
     raw = load_raw(cfg.dataset, cfg.data_dir)
     split = make_split(raw, cfg.n_labeled, cfg.n_val, cfg.seed, cfg.allow_large_val,
-                       cfg.val_from)
+                       cfg.val_from, cfg.label_fraction)
     bundle = apply_split(raw, split)
     if cfg.search == "none":  # transfer: validation joins the training set
         bundle.labeled_x = np.concatenate([bundle.labeled_x, bundle.val_x])
@@ -434,6 +435,8 @@ def _study_key(cfg: StudyConfig, split_hash: str) -> str:
     """Identifies "the same command": every setting that changes what the search does."""
     d = {k: v for k, v in dataclasses.asdict(cfg).items()
          if k not in ("storage", "study_name", "device")}
+    if d.get("label_fraction") == 1.0:  # the default: studies keyed before it keep their key
+        d.pop("label_fraction")
     blob = json.dumps({**d, "split_hash": split_hash}, sort_keys=True, default=str)
     return "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -14,6 +14,20 @@ gradients (MSGE: ∂h/∂x, ∂v/∂y by their 5 x 5 Sobel-like kernel ``h / (h�
 padded, on nucleus pixels only; ``models/hovernet/utils.py::msge_loss``), and, with types,
 TP cross-entropy + Dice.
 
+Encoder protocols (Kang et al. 2022, Fig. 1: the CoNSeP column of their *linear
+evaluation*, and their label-efficiency panel, which fine-tunes on fractions of CoNSeP's
+labels): ``protocol=finetune`` trains encoder and decoder end to end; ``protocol=frozen``
+trains the decoder and heads only — the encoder's parameters get no gradient and are not
+in the optimiser, and its BatchNorm layers stay in eval mode, so the encoder is exactly
+the function it was pre-trained as (HoVer-Net's own first phase, ``freeze=True`` in
+``models/hovernet/net_desc.py``, also stops the gradient but lets the encoder's BatchNorm
+statistics move and trains its stem; docs/pathology.md says why this differs).
+``label_fraction`` keeps a seeded share of the training tiles (after the validation source
+images are set aside, so every fraction is selected on the same validation tiles).
+The encoder is resolved by ``scarcelab.models.encoder`` (random, any accepted weights
+file: a scarcelab checkpoint, a backbone state dict, a torchvision / timm ResNet such as
+ImageNet-supervised weights) — the same resolver as ``probe``.
+
 Tracking: per epoch on the study record ``train/loss``, ``seg/val_<m>`` and
 ``time/elapsed_s``; at the end ``seg/<m>`` = the *test* values of the selected checkpoint
 (DESIGN §4.3): ``seg/pq``, ``seg/dq``, ``seg/sq``, ``seg/aji``, ``seg/dice`` per image,
@@ -41,6 +55,7 @@ import scarcelab
 from scarcelab.data.nuclei import NucleiDataset, NucleiTile, load_nuclei, split_validation
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.metrics.segmentation import AGGREGATIONS, SegmentationEvaluator
+from scarcelab.models.encoder import build_encoder, check_norm
 from scarcelab.models.nucleus_maps import (
     MIN_AREA,
     PostProcess,
@@ -50,11 +65,13 @@ from scarcelab.models.nucleus_maps import (
     resize_maps,
     type_map,
 )
-from scarcelab.models.unet import NucleusUNet, load_segment_backbone
+from scarcelab.models.unet import NucleusUNet
 from scarcelab.protocols.search import AutoDevice
+from scarcelab.protocols.transfer import check_label_fraction, encoder_tags
 from scarcelab.tracker import DatasetInfo, Tracker
 
 METRICS = ("pq", "dq", "sq", "mpq", "aji", "dice")
+PROTOCOLS = ("finetune", "frozen")
 EDGE_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)  # marker thresholds tried with tune_threshold
 
 
@@ -64,6 +81,9 @@ class SegmentConfig(AutoDevice):
     data_dir: str | None = None
     encoder: str = "random"
     arch: str = "auto"
+    protocol: str = "finetune"  # finetune: encoder trained too; frozen: decoder + heads only
+    label_fraction: float = 1.0  # share of the training tiles (after validation) trained on
+    encoder_norm: str = "auto"  # input normalisation of the weights (models.encoder.parse_norm)
     seed: int = 0
     budget_minutes: float = 5.0
     max_epochs: int = 100
@@ -276,9 +296,25 @@ def _cap(tiles: list[NucleiTile], n: int | None, rng: np.random.Generator
     return [tiles[i] for i in idx]
 
 
+def label_subset(tiles: list[NucleiTile], fraction: float, seed: int) -> list[NucleiTile]:
+    """The first ``max(1, round(fraction * n))`` tiles of one seeded order (its own stream,
+    so the crops drawn later do not depend on the fraction), kept in their original order:
+    under one seed a smaller fraction's tiles are a subset of a larger one's."""
+    if fraction >= 1.0:
+        return tiles
+    order = np.random.default_rng([seed, 0x1AB]).permutation(len(tiles))
+    keep = np.sort(order[:max(1, round(fraction * len(tiles)))])
+    return [tiles[i] for i in keep]
+
+
 def _validate(cfg: SegmentConfig) -> None:
     if cfg.aggregation not in AGGREGATIONS:
         raise ConfigError(f"aggregation={cfg.aggregation!r}; use one of {AGGREGATIONS}")
+    if cfg.protocol not in PROTOCOLS:
+        raise ConfigError(f"protocol={cfg.protocol!r}: valid values are {', '.join(PROTOCOLS)} "
+                          "(frozen trains the decoder on a fixed encoder)")
+    check_label_fraction(cfg.label_fraction)
+    check_norm(cfg.encoder_norm)
     for name, v in (("crop", cfg.crop), ("batch_size", cfg.batch_size),
                     ("steps_per_epoch", cfg.steps_per_epoch), ("max_epochs", cfg.max_epochs),
                     ("patience", cfg.patience)):
@@ -291,19 +327,52 @@ def _validate(cfg: SegmentConfig) -> None:
 
 
 # -- the protocol -----------------------------------------------------------------------------
+def freeze_encoder(model: NucleusUNet) -> None:
+    """``protocol=frozen``: no gradient into the encoder (see the module docstring)."""
+    for p in model.encoder.parameters():
+        p.requires_grad_(False)
+
+
+def train_mode(model: NucleusUNet, protocol: str) -> None:
+    """``model.train()``, except that a frozen encoder's BatchNorm keeps its statistics."""
+    model.train()
+    if protocol == "frozen":
+        model.encoder.eval()
+
+
+EncoderFactory = Callable[[str | None], "nn.Module | tuple[nn.Module, dict[str, Any]]"]
+
+
+def resolve_backbone(cfg: SegmentConfig, factory: EncoderFactory | None
+                     ) -> tuple[nn.Module, dict[str, Any]]:
+    """(encoder, what it is). ``arch=auto`` with a weights file: the file's own arch (a
+    torchvision / timm ResNet: the one it loads into whole), as ``probe`` resolves it."""
+    arch = None if cfg.arch == "auto" and cfg.encoder != "random" else cfg.resolved_arch()
+    if factory is not None:
+        got = factory(arch)
+        backbone, info = got if isinstance(got, tuple) else (got, {})
+    else:
+        backbone, info = build_encoder(cfg.encoder, arch, 3, cfg.seed, norm=cfg.encoder_norm)
+    info.setdefault("arch", arch or cfg.resolved_arch())
+    return backbone, info
+
+
 def run_segment(cfg: SegmentConfig, tracker: Tracker,
-                backbone_factory: Callable[[str], nn.Module] | None = None) -> SegmentResult:
-    """``backbone_factory(arch)``: the encoder when the caller resolves it (the entry point
-    resolves ``runs:/``/``models:/`` URIs through the tracking side, as ``probe`` does);
-    ``cfg.encoder`` stays the name the runs are tagged with."""
+                backbone_factory: EncoderFactory | None = None) -> SegmentResult:
+    """``backbone_factory(arch)``: the encoder (or ``(encoder, info)``) when the caller
+    resolves it (the entry point resolves ``runs:/``/``models:/`` URIs through the tracking
+    side, as ``probe`` does; ``arch`` None = the source's own); ``cfg.encoder`` stays the
+    name the runs are tagged with."""
     _validate(cfg)
-    device, arch = cfg.resolved_device(), cfg.resolved_arch()
+    device = cfg.resolved_device()
     torch.manual_seed(cfg.seed)  # before the backbone: a random encoder's init is seeded too
-    backbone = (backbone_factory(arch) if backbone_factory is not None  # fails fast
-                else load_segment_backbone(cfg.encoder, arch))
+    backbone, enc_info = resolve_backbone(cfg, backbone_factory)  # fails fast
+    arch = str(enc_info["arch"])
     data: NucleiDataset = load_nuclei(cfg.dataset, cfg.data_dir)
     rng = np.random.default_rng(cfg.seed)
     train, val = split_validation(data.train, cfg.val_fraction, cfg.seed)
+    n_train_pool = len(train)
+    train = label_subset(train, cfg.label_fraction, cfg.seed)
     train, val = _cap(train, cfg.max_train_tiles, rng), _cap(val, cfg.max_val_tiles, rng)
     test = _cap(data.test, cfg.max_test_tiles, rng)
     type_names = data.type_names if (cfg.types and data.type_names) else None
@@ -315,28 +384,36 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
         if v % model.stride:
             raise ConfigError(f"{name}={v} must be a multiple of the {arch} encoder's "
                               f"stride {model.stride}")
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.protocol == "frozen":
+        freeze_encoder(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     tags = {"scarcelab.role": "study", "scarcelab.family": "segment",
             "scarcelab.method": "hovernet_unet", "scarcelab.dataset": cfg.dataset,
             "scarcelab.seed": str(cfg.seed), "scarcelab.version": scarcelab.__version__,
+            **encoder_tags(cfg, enc_info, task="segment"),
             "scarcelab.arch": arch, "scarcelab.encoder": cfg.encoder,
+            "scarcelab.label_fraction": f"{cfg.label_fraction:g}",
             "scarcelab.aggregation": cfg.aggregation}
     split = {"train": [t.name for t in train], "val": [t.name for t in val],
              "test": [t.name for t in test],
              "val_source_images": sorted({t.group for t in val})}
     resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": device,
                 "n_types": n_types, "n_train_tiles": len(train), "n_val_tiles": len(val),
-                "n_test_tiles": len(test)}
+                "n_test_tiles": len(test), "n_train_tiles_pool": n_train_pool,
+                "n_trainable_params": sum(p.numel() for p in trainable),
+                "encoder_info": enc_info}
     tracker.start_study(name=f"segment-{cfg.dataset}-{arch}-s{cfg.seed}", tags=tags,
-                        params={k: v for k, v in resolved.items() if k != "cross_test"} | {
+                        params={k: v for k, v in resolved.items()
+                                if k not in ("cross_test", "encoder_info")} | {
                             "cross_test": ",".join(cfg.cross_test)},
                         artifacts={"split.json": split, "config.json": resolved},
                         dataset=DatasetInfo(cfg.dataset, data.source, data.digest()))
     status = "FAILED"
     try:
         res = _train_and_test(cfg, tracker, model, opt, train, val, test, type_names,
-                              device, rng)
+                              device, rng, arch)
         status = "FINISHED"
         return res
     finally:
@@ -347,7 +424,7 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                     opt: torch.optim.Optimizer, train: list[NucleiTile],
                     val: list[NucleiTile], test: list[NucleiTile],
                     type_names: dict[int, str] | None, device: str,
-                    rng: np.random.Generator) -> SegmentResult:
+                    rng: np.random.Generator, arch: str) -> SegmentResult:
     start = time.time()
     deadline = start + cfg.budget_minutes * 60.0
     train_s = [rescale(t, cfg.scale) for t in train]
@@ -357,7 +434,7 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     epoch, last_epoch_s, bad = 0, 0.0, 0
     while epoch < cfg.max_epochs and time.time() + last_epoch_s < deadline:
         t0 = time.time()
-        model.train()
+        train_mode(model, cfg.protocol)
         losses: dict[str, float] = {}
         for _ in range(cfg.steps_per_epoch):
             batch = {k: v.to(device) for k, v in
@@ -430,7 +507,7 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     for tile, pred in list(zip(test, preds, strict=True))[:cfg.n_overlays]:
         tracker.log_image(overlay(tile, pred), f"overlays/{tile.name.replace('/', '_')}.png")
     tracker.log_checkpoint({"state_dict": best["state"], "epoch": best["epoch"],
-                            "arch": cfg.resolved_arch(), "n_types": model.n_types,
+                            "arch": arch, "n_types": model.n_types,
                             "edge_threshold": edge}, name="best.pt")
     cpu_model = copy.deepcopy(model).to("cpu").eval()
     tracker.log_model(cpu_model, torch.zeros(1, 3, cfg.crop, cfg.crop))

@@ -16,8 +16,10 @@ Learning on Diverse Pathology Datasets", CVPR 2023, §4): linear probing and fin
 Splits: the labeled set is the train split minus a validation part drawn from it with the
 natural class frequencies (seeded, ``scarcelab.data.splits``); by default all of train is
 used (``n_labeled=all``) with 20 % held out for validation, the "full-label" setting of
-Kang et al. A smaller ``n_labeled`` gives the label-scarce variant. The test split is the
-dataset's official one and is never used for any choice.
+Kang et al. ``label_fraction`` (e.g. 0.1) keeps that share of it — their label-efficiency
+setting (Fig. 1, right) — with the *same* validation set as at 1.0, for both protocols; a
+smaller ``n_labeled`` is the other way to the label-scarce variant (one or the other). The
+test split is the dataset's official one and is never used for any choice.
 
 The ``random`` encoder (same arch, seeded initialisation) is the from-scratch control.
 """
@@ -43,6 +45,7 @@ from scarcelab.data.splits import make_split
 from scarcelab.errors import ConfigError
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier
+from scarcelab.models.encoder import check_norm
 from scarcelab.protocols.probe import LinearProbe
 from scarcelab.protocols.search import AutoDevice
 from scarcelab.tracker import DatasetInfo, Tracker
@@ -61,6 +64,8 @@ class ProbeConfig(AutoDevice):
     seed: int = 0
     n_labeled: int | str | None = "all"
     n_val: int | str | None = None  # None: VAL_FRACTION of the train split
+    label_fraction: float = 1.0  # share of the labeled set kept (Kang et al.'s 10 % / 100 %)
+    encoder_norm: str = "auto"  # input normalisation of the weights (models.encoder.parse_norm)
     device: str = "auto"
     # linear
     probe_trials: int = 10
@@ -81,6 +86,19 @@ class ProbeConfig(AutoDevice):
                               f"{', '.join(PROTOCOLS)}")
         if self.probe_trials < 1 or self.probe_max_iter < 1:
             raise ConfigError("probe_trials and probe_max_iter must be >= 1")
+        check_label_fraction(self.label_fraction)
+        check_norm(self.encoder_norm)
+        if self.label_fraction < 1 and self.n_labeled not in ("all", None, "default", ""):
+            raise ConfigError(f"label_fraction={self.label_fraction} with n_labeled="
+                              f"{self.n_labeled}: set the label budget one way (n_labeled=all "
+                              "with a fraction, or a count with label_fraction=1)")
+
+
+def check_label_fraction(f: float) -> None:
+    """One rule for ``probe`` and ``segment``: a share of the labeled set, 0 excluded."""
+    if not 0.0 < f <= 1.0:
+        raise ConfigError(f"label_fraction must be in (0, 1], got {f}; e.g. 0.1 trains on 10 % "
+                          "of the labeled images, 1.0 on all of them")
 
 
 @dataclass
@@ -99,7 +117,18 @@ def probe_split(cfg: ProbeConfig, raw: RawDataset) -> dict[str, Any]:
     n_val = cfg.n_val
     if n_val in (None, "default", ""):
         n_val = max(raw.num_classes, round(VAL_FRACTION * len(raw.train_y)))
-    return make_split(raw, cfg.n_labeled, n_val, cfg.seed, allow_large_val=True)
+    return make_split(raw, cfg.n_labeled, n_val, cfg.seed, allow_large_val=True,
+                      label_fraction=cfg.label_fraction)
+
+
+def label_fraction_tag(split: dict[str, Any]) -> str:
+    """``scarcelab.label_fraction``: the share of the labeled pool (train minus validation)
+    the run trained on — the configured fraction, or for an explicit ``n_labeled`` that
+    count over the pool — so that the transfer view never pools different label budgets."""
+    if "label_fraction" in split:
+        return f"{split['label_fraction']:g}"
+    pool = split["n_labeled"] + len(split["unlabeled"])
+    return "1" if split["n_labeled"] == pool else f"{split['n_labeled'] / pool:.4g}"
 
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarray:
@@ -113,12 +142,17 @@ def _dataset_info(raw: RawDataset, split: dict[str, Any]) -> DatasetInfo:
     return DatasetInfo(name=raw.name, source=raw.source or raw.name, digest=digest)
 
 
-def encoder_tags(cfg: ProbeConfig, enc_info: dict[str, Any]) -> dict[str, str]:
-    """The tags that let the leaderboard put runs of one encoder on one row."""
-    tags = {"scarcelab.task": "probe", "scarcelab.protocol": cfg.protocol,
+def encoder_tags(cfg: Any, enc_info: dict[str, Any], task: str = "probe") -> dict[str, str]:
+    """The tags that let the transfer view put runs of one encoder on one row (``cfg``: a
+    probe or segment config, which both have ``encoder`` and ``protocol``)."""
+    tags = {"scarcelab.task": task, "scarcelab.protocol": cfg.protocol,
             "scarcelab.encoder": cfg.encoder,
             "scarcelab.encoder_arch": str(enc_info.get("arch", "")),
+            "scarcelab.encoder_format": str(enc_info.get("format", "")),
+            "scarcelab.encoder_norm": str(enc_info.get("input_norm", "none")),
             "scarcelab.encoder_fingerprint": str(enc_info.get("fingerprint", ""))}
+    if enc_info.get("skipped"):  # tensors of the file that did not fit the arch
+        tags["scarcelab.encoder_skipped"] = ",".join(enc_info["skipped"])[:500]
     tags["scarcelab.encoder_method"] = str(
         enc_info.get("source_method") or enc_info.get("method")
         or ("random" if cfg.encoder == "random" else "unknown"))
@@ -147,6 +181,7 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
             "scarcelab.method": "linear_probe", "scarcelab.dataset": raw.name,
             "scarcelab.seed": str(cfg.seed), "scarcelab.split_hash": split["hash"],
             "scarcelab.version": scarcelab.__version__, "scarcelab.arch": arch,
+            "scarcelab.label_fraction": label_fraction_tag(split),
             **encoder_tags(cfg, enc_info)}
     resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": str(device),
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
@@ -231,8 +266,10 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
     scfg = StudyConfig(method=cfg.method, dataset=cfg.dataset, family="supervised",
                        data_dir=cfg.data_dir, arch=arch, seed=cfg.seed,
                        budget_minutes=cfg.budget_minutes, max_epochs=cfg.max_epochs,
-                       patience=cfg.patience, n_labeled=split["n_labeled"],
-                       n_val=split["n_val"], allow_large_val=True, search="random",
+                       patience=cfg.patience,
+                       n_labeled=split.get("n_labeled_pool", split["n_labeled"]),
+                       n_val=split["n_val"], allow_large_val=True,
+                       label_fraction=cfg.label_fraction, search="random",
                        batch_size=cfg.batch_size, max_steps_per_epoch=cfg.max_steps_per_epoch,
                        max_trials=cfg.max_trials, device=cfg.device, overrides=cfg.overrides,
                        diag_samples=0)
@@ -244,7 +281,9 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
         return copy.deepcopy(initial).train()
 
     res = run_study(scfg, tracker, backbone_factory=factory,
-                    extra_tags={"scarcelab.family": "transfer", **encoder_tags(cfg, enc_info)})
+                    extra_tags={"scarcelab.family": "transfer",
+                                "scarcelab.label_fraction": label_fraction_tag(split),
+                                **encoder_tags(cfg, enc_info)})
     if res.split_hash != split["hash"]:  # same builder, same seed: a mismatch is a bug
         raise RuntimeError("fine-tuning split differs from the probe split")
     ckpt = res.best_checkpoint
@@ -265,5 +304,5 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
                         "study_test": res.best_test})
 
 
-__all__ = ["PROTOCOLS", "ProbeConfig", "ProbeResult", "confusion_matrix", "encoder_tags",
-           "probe_split", "run_finetune", "run_linear"]
+__all__ = ["PROTOCOLS", "ProbeConfig", "ProbeResult", "check_label_fraction", "confusion_matrix",
+           "encoder_tags", "label_fraction_tag", "probe_split", "run_finetune", "run_linear"]

@@ -325,18 +325,29 @@ VIEWS = {"leaderboard": leaderboard, "gains": gains, "profile": profile,
          "significance": significance, "ranks": ranks}
 
 
+TRANSFER_KEYS = ("encoder", "arch", "protocol", "label_fraction")
+
+
 def transfer(t: Tracked, seg_metrics: Sequence[str] = ("seg/pq", "seg/mpq"),
              **filters: Any) -> pd.DataFrame:
-    """Kang et al. (2022)'s comparison of encoders: rows = encoder source (the
-    ``scarcelab.encoder`` tag: ``random``, a weights file, ``runs:/<id>/model``…), columns =
-    tasks — ``<dataset> <protocol> accuracy`` / ``balanced_accuracy`` of ``probe`` runs
-    (linear, finetune: their ``test/*``) and ``<dataset> <metric>`` for every
-    ``seg_metrics`` key a run carrying the same tag logged (``segment`` runs). Values are
-    means over the runs (seeds) of a cell; ``n_runs`` counts the runs of a row. Trial runs
-    are left out (a fine-tuning study's trials carry its tags); only the ``dataset`` filter
-    applies."""
+    """Kang et al. (2022)'s comparison of encoders. A row is one (encoder source — the
+    ``scarcelab.encoder`` tag: ``random``, a weights file, ``runs:/<id>/model``… —,
+    architecture, protocol, label fraction), :data:`TRANSFER_KEYS`: runs that differ in
+    any of them are never averaged together (an encoder probed as small_cnn and as
+    resnet18 is two rows, as are 10 % and 100 % of the labels). Columns are tasks:
+    ``<dataset> accuracy`` / ``balanced_accuracy`` of ``probe`` runs (their ``test/*``)
+    and ``<dataset> <metric>`` for every ``seg_metrics`` key a ``segment`` run logged. The
+    protocol is the run's own: ``linear`` / ``finetune`` for ``probe``, ``frozen`` /
+    ``finetune`` for ``segment`` (``frozen`` is segmentation's counterpart of a linear
+    probe, Kang et al. Fig. 1, but a trained decoder is not a logistic regression, so
+    the two stay apart). Values are means over the runs (seeds) of a cell; ``n_runs``
+    counts the runs of a row. Runs from before these tags existed have an empty ``arch``
+    / ``protocol`` (segment: ``finetune``, the only protocol it had) and label fraction 1
+    unless they say otherwise. Trial runs are left out (a fine-tuning study's trials carry
+    its tags); only the ``dataset`` filter applies."""
     runs = t.runs
-    cols = ["encoder", "encoder_method", "n_runs"]
+    keys = list(TRANSFER_KEYS)
+    cols = [*keys, "encoder_method", "n_runs"]
     if "encoder" not in runs or runs.empty:
         return pd.DataFrame(columns=cols)
     runs = runs[runs["encoder"].notna() & (runs.get("role") != "trial")]
@@ -347,25 +358,34 @@ def transfer(t: Tracked, seg_metrics: Sequence[str] = ("seg/pq", "seg/mpq"),
     cells = []
     for _, r in runs.iterrows():
         ds = r.get("dataset", "")
+        arch = r.get("arch")
+        frac = pd.to_numeric(r.get("label_fraction"), errors="coerce")
+        key = [r["encoder"], "" if pd.isna(arch) else str(arch), "",
+               1.0 if pd.isna(frac) else float(frac)]
+        protocol = r.get("protocol")
         if r.get("task") == "probe":
+            key[2] = "" if pd.isna(protocol) else str(protocol)
             for m in ("accuracy", "balanced_accuracy"):
                 v = r.get(f"metrics.test/{m}")
                 if pd.notna(v):
-                    cells.append((r["encoder"], f"{ds} {r.get('protocol')} {m}", v,
-                                  r["run_id"]))
-        for key in seg_metrics:
-            v = r.get(f"metrics.{key}")
+                    cells.append((*key, f"{ds} {m}", v, r["run_id"]))
+        key[2] = "finetune" if pd.isna(protocol) else str(protocol)
+        for mkey in seg_metrics:
+            v = r.get(f"metrics.{mkey}")
             if pd.notna(v):
-                cells.append((r["encoder"], f"{ds} {key}", v, r["run_id"]))
+                cells.append((*key, f"{ds} {mkey}", v, r["run_id"]))
     if not cells:
         return pd.DataFrame(columns=cols)
-    long = pd.DataFrame(cells, columns=["encoder", "column", "value", "run_id"])
-    wide = long.pivot_table(index="encoder", columns="column", values="value", aggfunc="mean")
+    long = pd.DataFrame(cells, columns=[*keys, "column", "value", "run_id"])
+    wide = long.pivot_table(index=keys, columns="column", values="value", aggfunc="mean")
     wide.columns.name = None
     meth = runs.get("encoder_method", pd.Series(np.nan, index=runs.index))
     first = pd.Series(meth.to_numpy(), index=runs["encoder"].to_numpy()).dropna()
-    wide.insert(0, "encoder_method", first[~first.index.duplicated()].reindex(wide.index))
-    wide.insert(1, "n_runs", long.groupby("encoder")["run_id"].nunique().reindex(wide.index))
+    first = first[~first.index.duplicated()]
+    wide.insert(0, "encoder_method",
+                first.reindex(wide.index.get_level_values("encoder")).to_numpy())
+    wide.insert(1, "n_runs", long.groupby(keys)["run_id"].nunique().reindex(wide.index)
+                .to_numpy())
     return wide.reset_index()
 
 
