@@ -112,25 +112,32 @@ def _variants(t: Tracked, sel: pd.DataFrame) -> pd.DataFrame:
     config = [f"{int(h):016x}"[:12] for h in digest.to_numpy()]
     keys = pd.DataFrame({"family": sel.get("family"), "method": sel.get("method"),
                          "dataset": sel["dataset"], "n_labeled": sel["n_labeled"]})
-    # per method: the settings that differ between its studies within some block
+    # per method: the settings that differ between its studies within some block (only
+    # methods with two configurations in a block can have any: the common case is cheap)
     varies: dict[tuple, list[str]] = {}
-    both = pd.concat([keys.reset_index(drop=True), filled.reset_index(drop=True)], axis=1)
-    for m, part in both.groupby(["family", "method"], dropna=False, sort=False):
-        if not len(filled.columns):
-            varies[m] = []
-            continue
+    keyed = keys.reset_index(drop=True).assign(config=config)
+    n_cfg = keyed.groupby(["family", "method", *BLOCK], dropna=False)["config"].nunique()
+    several = {k[:2] for k, v in n_cfg.items() if v > 1}
+    for m in several:
+        rows = ((keyed["family"] == m[0]) | (keyed["family"].isna() & pd.isna(m[0]))) & (
+            (keyed["method"] == m[1]) | (keyed["method"].isna() & pd.isna(m[1])))
+        part = pd.concat([keyed.loc[rows, list(BLOCK)],
+                          filled.reset_index(drop=True).loc[rows]], axis=1)
         n = part.groupby(list(BLOCK), dropna=False)[list(filled.columns)].nunique(
             dropna=False).max()
         varies[m] = sorted(n.index[n.to_numpy() > 1])
     setting, variant = [], []
+    values = cfg.to_numpy(dtype=object)
+    col = {c: j for j, c in enumerate(cfg.columns)}
     for i, (fam, meth) in enumerate(zip(keys["family"], keys["method"], strict=True)):
         # the settings that vary for this method, with this study's values; unset ones
         # are left out (two variants that differ in a setting cannot both have it unset,
         # so the names stay unique, and the same variant has the same name in every block)
-        row = cfg.iloc[i]
-        names = [k for k in varies.get((fam, meth), []) if pd.notna(row[k])]
-        setting.append(", ".join(f"{k}={row[k]}" for k in names if k not in SHOWN))
-        pairs = ", ".join(f"{k}={row[k]}" for k in names)
+        row = values[i]
+        names = [(k, row[col[k]]) for k in varies.get((fam, meth), [])
+                 if pd.notna(row[col[k]])]
+        setting.append(", ".join(f"{k}={v}" for k, v in names if k not in SHOWN))
+        pairs = ", ".join(f"{k}={v}" for k, v in names)
         variant.append(f"{meth} ({pairs})" if pairs else str(meth))
     out = sel.assign(config=config, setting=setting, variant=variant)
     if "search" not in out and "search" in cfg:
@@ -155,14 +162,18 @@ def samples(t: Tracked, source: str = "auto", **filters: Any) -> pd.DataFrame:
     return s[s["kept"].astype(bool)].reset_index(drop=True) if len(s) else s
 
 
-def _repeats(part: pd.DataFrame) -> str:
-    """Which study stands for each repeated seed of a leaderboard row."""
-    out = []
-    for seed, g in part.groupby("seed", dropna=True, sort=True) if "seed" in part else []:
-        if len(g) > 1:
-            kept = g.loc[g["kept"].astype(bool), "study_id"].iloc[0]
-            out.append(f"seed {seed}: kept {str(kept)[:8]} (latest of {len(g)})")
-    return "; ".join(out)
+def _repeats(s: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Per leaderboard row (``keys`` + config): which study stands for each seed that was
+    run more than once (``"seed 0: kept 1a2b3c4d (latest of 2)"``), else ``""``."""
+    dup = s[s["duplicate_of"].notna()] if "duplicate_of" in s else s.iloc[0:0]
+    if dup.empty or "seed" not in s:
+        return pd.Series(dtype=object)
+    kept = s[s["study_id"].isin(set(dup["duplicate_of"]))]
+    n = dup.groupby("duplicate_of").size()
+    texts = kept.assign(_t=[f"seed {sd}: kept {str(k)[:8]} (latest of {int(n[k]) + 1})"
+                            for sd, k in zip(kept["seed"], kept["study_id"], strict=True)])
+    texts = texts.sort_values("seed", kind="stable")
+    return texts.groupby([*keys, "config"], dropna=False)["_t"].agg("; ".join)
 
 
 def leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = False,
@@ -203,8 +214,8 @@ def _leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = Fa
     out.insert(len(first.columns), "n", g.size())
     every = s.groupby([*keys, "config"], dropna=False, sort=True)
     out.insert(len(first.columns) + 1, "n_runs", every.size())
-    out.insert(len(first.columns) + 2, "repeats", every.apply(_repeats, include_groups=False)
-               if len(s) else "")
+    out.insert(len(first.columns) + 2, "repeats",
+               _repeats(s, keys).reindex(out.index).fillna("").astype(object))
     out = out.reset_index()[cols]
     out["budget_minutes"] = pd.to_numeric(out["budget_minutes"], errors="coerce").astype(float)
     if sort_by not in out:
