@@ -23,9 +23,12 @@ import os
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from scarcelab.tracker import Tracker
+from scarcelab.tracker import DatasetInfo, DelegatingTracker, Tracker
+
+if TYPE_CHECKING:
+    from torch import nn
 
 QUIET, NORMAL, VERBOSE = 0, 1, 2
 
@@ -146,13 +149,14 @@ class Clock:
         return time.time() - self.t0 + self.offset
 
 
-class ProgressTracker(Tracker):
-    """Delegates every call to ``inner`` and reports progress on ``display``."""
+class ProgressTracker(DelegatingTracker):
+    """Delegates every call to ``inner`` and reports progress on ``display``; what it
+    does not watch goes through :class:`~scarcelab.tracker.DelegatingTracker` unchanged."""
 
     def __init__(self, inner: Tracker, display: Display, budget_s: float | None = None,
                  label: str = "", entry: dict[str, str] | None = None,
                  kind: str = "study") -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.kind = kind  # "study" (trials with epochs) or "al" (repetitions)
         self.display = display
         self.clock = Clock(budget_s or 0.0)
@@ -166,13 +170,9 @@ class ProgressTracker(Tracker):
         self.finishing = False
         self.own_bar = budget_s is not None
 
-    def __getattr__(self, name: str) -> Any:  # study_run_id, spool_left, ...
-        if "inner" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["inner"], name)
-
     # -- study --------------------------------------------------------------------------
-    def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
+    def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
+                    artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
         from scarcelab.data import provenance
         from scarcelab.entrypoints.options import merge_params
 
@@ -200,18 +200,18 @@ class ProgressTracker(Tracker):
         return frac, (f"{fmt_time(el)} elapsed, {fmt_time(self.clock.budget_s - el)} left"
                       f"{now}{best}{' · ' + self.label if self.label else ''}")
 
-    def end_study(self, status):  # type: ignore[no-untyped-def]
+    def end_study(self, status: str) -> None:
         if self.own_bar:
             self.display.stop_bar()
         self.inner.end_study(status)
 
     # -- trials -------------------------------------------------------------------------
-    def start_trial(self, number, tags, params):  # type: ignore[no-untyped-def]
+    def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None:
         self._trial = {"number": number, "params": dict(params), "t0": time.time(),
                        "epochs": 0, "val": None}
         self.inner.start_trial(number, tags, params)
 
-    def log_metrics(self, metrics, step, scope="trial"):  # type: ignore[no-untyped-def]
+    def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial") -> None:
         metrics = self._finite(metrics)
         if scope == "study":
             if "time/elapsed_s" in metrics:
@@ -229,14 +229,15 @@ class ProgressTracker(Tracker):
                 + (f", train loss {loss:.4f}" if loss is not None else ""), verbose_only=True)
         self.inner.log_metrics(metrics, step, scope)
 
-    def log_metrics_batch(self, rows, scope="trial"):  # type: ignore[no-untyped-def]
+    def log_metrics_batch(self, rows: list[tuple[dict[str, float], int]],
+                          scope: str = "trial") -> None:
         rows = [(self._finite(m), s) for m, s in rows]
         if self._trial is not None:
             for m, _ in rows:
                 self._trial.setdefault("last", {}).update(m)
         self.inner.log_metrics_batch(rows, scope)
 
-    def end_trial(self, status, error=None):  # type: ignore[no-untyped-def]
+    def end_trial(self, status: str, error: str | None = None) -> None:
         self.inner.end_trial(status, error)
         t, self._trial = self._trial, None
         if t is None:
@@ -282,31 +283,9 @@ class ProgressTracker(Tracker):
             out[k] = v
         return out
 
-    # -- the rest: straight through -----------------------------------------------------
-    def log_checkpoint(self, checkpoint, name="best.pt"):  # type: ignore[no-untyped-def]
-        self.inner.log_checkpoint(checkpoint, name)
-
-    def log_model(self, model, example):  # type: ignore[no-untyped-def]
+    def log_model(self, model: nn.Module, example: Any) -> None:
         self.finishing = True
         self.inner.log_model(model, example)
-
-    def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]
-        self.inner.set_tags(tags, scope)
-
-    def log_evaluation(self, y_true, proba, class_names, split="test"):  # type: ignore[no-untyped-def]
-        self.inner.log_evaluation(y_true, proba, class_names, split)
-
-    def log_search(self, trials):  # type: ignore[no-untyped-def]
-        self.inner.log_search(trials)
-
-    def resume_state(self, study_key):  # type: ignore[no-untyped-def]
-        return self.inner.resume_state(study_key)
-
-    def mark_trials_failed(self, study_key, numbers, reason):  # type: ignore[no-untyped-def]
-        self.inner.mark_trials_failed(study_key, numbers, reason)
-
-    def close_orphan_trials(self, completed):  # type: ignore[no-untyped-def]
-        self.inner.close_orphan_trials(completed)
 
 
 class CountBar:

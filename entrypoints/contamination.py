@@ -10,15 +10,25 @@ below them) tagged ``scarcelab.ood`` / ``scarcelab.ratio`` and linked to the par
 study tracker can open each child as a top-level fluent run. When the sweep ends, the
 parent gets the Table A1 view (``contamination_table.{csv,md}``) and the diagnostics-vs-r
 plot.
+
+A killed sweep continues when the same command runs again with shared Optuna storage
+(``OPTUNA_STORAGE``), as a killed study does: the parent run of that command (tag
+``scarcelab.sweep_key``, a hash of every setting of the sweep) whose owner process is dead
+is reattached — under ``mlflow run`` the new run takes its children over and the old one is
+closed FAILED with ``scarcelab.resumed_by`` — its finished children are kept, not run
+again, and the child that was running resumes its own study record.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -34,23 +44,40 @@ from scarcelab.entrypoints.options import (
 )
 from scarcelab.entrypoints.study import STUDY_ENTRY, study_config, study_options
 from scarcelab.errors import ScarcelabError
+from scarcelab.tracker import DatasetInfo, DelegatingTracker, Tracker
+
+if TYPE_CHECKING:
+    from scarcelab.protocols.search import StudyConfig
 
 
-def _child_tracker_class() -> type:
-    from scarcelab.tracking.mlflow_tracker import MlflowTracker
+class ChildStudyTracker(DelegatingTracker):
+    """A study tracker whose run is linked to the sweep's parent run (``inner``: an
+    :class:`~scarcelab.tracking.mlflow_tracker.MlflowTracker` unless given); everything
+    else goes through unchanged."""
 
-    class ChildStudyTracker(MlflowTracker):
-        """A study tracker whose run is linked to the sweep's parent run."""
+    def __init__(self, parent_run_id: str, inner: Tracker | None = None) -> None:
+        if inner is None:
+            from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
-        def __init__(self, parent_run_id: str) -> None:
-            super().__init__()
-            self.parent_run_id = parent_run_id
+            inner = MlflowTracker()
+        super().__init__(inner)
+        self.parent_run_id = parent_run_id
 
-        def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
-            super().start_study(name, {**tags, "mlflow.parentRunId": self.parent_run_id},
-                                params, artifacts, dataset)
+    def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
+                    artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
+        self.inner.start_study(name, {**tags, "mlflow.parentRunId": self.parent_run_id},
+                               params, artifacts, dataset)
 
-    return ChildStudyTracker
+
+def sweep_key(cfg: StudyConfig, sources: list[str], ratios: list[float], tuning: str,
+              ood_dir: str | None) -> str:
+    """Identifies "the same sweep command": every setting that changes what it runs (the
+    rule of a study's key, ``protocols.search._study_key``)."""
+    d = {k: v for k, v in dataclasses.asdict(cfg).items()
+         if k not in ("storage", "study_name", "device")}
+    blob = json.dumps({**d, "ood": sources, "ratios": ratios, "tuning": tuning,
+                       "ood_dir": ood_dir}, sort_keys=True, default=str)
+    return "sweep-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 #: MLproject parameter name -> click parameter name (tests/test_cli.py checks MLproject).
@@ -69,22 +96,46 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     from mlflow.tracking import MlflowClient
 
     from scarcelab.entrypoints._progress import Display, ProgressTracker, summary_lines
-    from scarcelab.protocols.contamination import run_contamination
-    from scarcelab.tracking.contamination import contamination_table, plot_vs_ratio, to_markdown
+    from scarcelab.protocols.contamination import FinishedChild, run_contamination
+    from scarcelab.tracking.contamination import (
+        contamination_table,
+        finished_children,
+        killed_sweep,
+        plot_vs_ratio,
+        to_markdown,
+    )
+    from scarcelab.tracking.mlflow_tracker import OWNER
 
     client = MlflowClient()
+    key = sweep_key(cfg, sources, ratios, kw["tuning"], kw["ood_dir"])
     parent_id = os.environ.pop("MLFLOW_RUN_ID", None)
     if parent_id:
         exp_id = client.get_run(parent_id).info.experiment_id
+    elif kw["experiment"]:
+        exp_id = mlflow.set_experiment(kw["experiment"]).experiment_id
     else:
-        if kw["experiment"]:
-            exp_id = mlflow.set_experiment(kw["experiment"]).experiment_id
-        else:
-            from mlflow.tracking.fluent import _get_experiment_id
+        from mlflow.tracking.fluent import _get_experiment_id
 
-            exp_id = _get_experiment_id() or "0"
+        exp_id = _get_experiment_id() or "0"
+    # a killed run of this very sweep is continued (with shared storage, as a study is)
+    killed = killed_sweep(client, exp_id, key) if cfg.storage else None
+    if killed and not parent_id:
+        parent_id = killed
+    elif not parent_id:
         parent_id = client.create_run(
             exp_id, run_name=f"contamination-{cfg.method}-{cfg.dataset}").info.run_id
+    done: dict[str, FinishedChild] = {}
+    if killed:
+        done = finished_children(client, killed)
+        click.echo(f"[scarcelab] resuming contamination sweep run {killed} (its process "
+                   f"died): {len(done)} finished child studies kept", err=True)
+        if killed != parent_id:  # under mlflow run: the new run takes the sweep over
+            for c in client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{killed}'",
+                                        max_results=5000):
+                client.set_tag(c.info.run_id, "mlflow.parentRunId", parent_id)
+            client.set_tag(killed, "scarcelab.resumed_by", parent_id)
+            client.set_tag(parent_id, "scarcelab.resumed_from", killed)
+            client.set_terminated(killed, "FAILED")
     mlflow.set_experiment(experiment_id=exp_id)
     existing = client.get_run(parent_id).data.params
     params = {"method": cfg.method, "dataset": cfg.dataset, "ood": ",".join(sources),
@@ -100,8 +151,8 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
                          "scarcelab.role": "contamination", "scarcelab.family": "semi",
                          "scarcelab.method": cfg.method, "scarcelab.dataset": cfg.dataset,
                          "scarcelab.ood": ",".join(sources), "scarcelab.seed": str(cfg.seed),
-                         "scarcelab.ratios": params["ratios"]}.items()])
-    tracker_cls = _child_tracker_class()
+                         "scarcelab.ratios": params["ratios"], "scarcelab.sweep_key": key,
+                         "scarcelab.owner": OWNER}.items()])
     display = Display(level)
     # tuning=once with a search: a tuning study at r=0 runs first (its tracker comes from
     # the same factory), then one child per point
@@ -114,13 +165,21 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
         what = "tuning study (r=0)" if tuned and count[0] == 1 else f"{s} r={r:g}"
         label = f"child {count[0]}/{n_children}: {what}"
         display.line(label)
-        return ProgressTracker(tracker_cls(parent_id), display,
+        return ProgressTracker(ChildStudyTracker(parent_id), display,
                                budget_s=cfg.budget_minutes * 60.0, label=label)
+
+    def finished(point: str) -> FinishedChild | None:
+        kept = done.get(point)
+        if kept is not None:
+            count[0] += 1
+            display.line(f"child {count[0]}/{n_children}: {point}: finished before the "
+                         f"sweep was killed (run {kept.run_id}), kept")
+        return kept
 
     status = "FAILED"
     try:
         points = run_contamination(cfg, sources, ratios, child, ood_dir=kw["ood_dir"],
-                                   tuning=kw["tuning"])
+                                   tuning=kw["tuning"], finished=finished if done else None)
         table = contamination_table(parent_run_id=parent_id)
         with tempfile.TemporaryDirectory() as tmp:
             table.to_csv(Path(tmp) / "contamination_table.csv", index=False)

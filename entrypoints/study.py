@@ -40,7 +40,7 @@ STUDY_ENTRY = {n: n for n in (
     "method", "dataset", "data_dir", "arch", "seed", "budget_minutes", "max_epochs",
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
-    "hparams_from", "transfer_epochs")} | {"set": "overrides"}
+    "hparams_from", "transfer_epochs", "positive_class")} | {"set": "overrides"}
 #: the supervised / semi / self entry points add the model registry option
 FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model"}
 
@@ -86,6 +86,11 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
         click.option("--transfer-epochs", default="default", show_default=True,
                      type=Int(1, 10**6, default_ok=True),
                      help="epochs of search=none (SSL-vs-SSL App. D.2: 100; 80 for TMED-2)"),
+        click.option("--positive-class", default="default", show_default=True, type=Word(),
+                     help="binary tasks: the class that sensitivity at 95%% specificity, the "
+                     "partial AUROC and the ROC figure are about (0, 1 or a class name); "
+                     "default = the dataset's disease class (BreastMNIST malignant, "
+                     "PneumoniaMNIST pneumonia), else 1"),
         click.option("--val-from", default="auto", show_default=True,
                      type=Word(("auto", "official", "train")),
                      help="validation set from the dataset's official validation split "
@@ -152,6 +157,8 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         device=kw["device"], overrides=overrides, diag_samples=kw["diag_samples"],
         val_from=kw.get("val_from") or "auto", hparams=hparams, hparams_source=hparams_source,
         transfer_epochs=kw.get("transfer_epochs"),
+        positive_class=None if kw.get("positive_class") in (None, "", "default")
+        else kw["positive_class"],
     )
 
 

@@ -3,15 +3,24 @@
 The core never imports mlflow; its unit tests use :class:`InMemoryTracker`. A study is a
 parent record holding trials; metrics go to the trial (per-epoch curves) or to the study
 (best-so-far across all trials, which is what a budgeted search is judged on).
+
+Wrappers (a tracker that adds tags, shows progress, links runs to a parent) derive from
+:class:`DelegatingTracker`, which forwards *every* method of the interface, so a wrapper
+overrides only what it changes. A wrapper written against :class:`Tracker` directly
+inherits the base class's no-op optional methods and silently drops them — how the
+contamination sweep's child studies once lost their figures and their resume
+(issue 23 item 21); ``tests/test_tracker_contract.py`` runs one contract over every Tracker
+class of the product code and fails on a new one it does not cover.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # the interface only names nn.Module; importing torch costs seconds
+    from torch import nn
 
 
 @dataclass
@@ -76,9 +85,11 @@ class Tracker(ABC):
         """Optional: add tags after the fact (e.g. the resolved number of trials)."""
 
     def log_evaluation(self, y_true: Any, proba: Any, class_names: list[str],  # noqa: B027
-                       split: str = "test") -> None:
+                       split: str = "test", positive_class: int | None = None) -> None:
         """Optional: the selected checkpoint's predicted probabilities on ``split``, for
-        figures (confusion matrix, ROC curve) on the study record."""
+        figures (confusion matrix, ROC curve) on the study record. ``positive_class``: the
+        class a binary task detects (the disease; ``scarcelab.data.bundle``), whose ROC
+        curve the figure draws; None = class 1."""
 
     def log_search(self, trials: list[Any]) -> None:  # noqa: B027
         """Optional: the search's finished trials (Optuna ``FrozenTrial``s), for figures of
@@ -111,6 +122,76 @@ class Tracker(ABC):
             self.log_metrics(metrics, step, scope)
 
 
+class DelegatingTracker(Tracker):
+    """A tracker that passes every call on to ``inner``: the base of every wrapper.
+
+    Each method of :class:`Tracker` — the optional ones included — is forwarded
+    explicitly, with its full signature, so a wrapper overrides only what it changes and
+    nothing reaches the base class's no-op defaults by accident. Attributes outside the
+    interface (``study_run_id``, ``spool_left``, ``attach_study``, …) are looked up on
+    ``inner`` too, so code that asks a wrapped tracker for them keeps working however
+    many wrappers there are. ``tests/test_tracker_contract.py`` checks that this class
+    defines every public method of :class:`Tracker`."""
+
+    def __init__(self, inner: Tracker) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names the wrapper itself does not have
+        inner = self.__dict__.get("inner")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
+                    artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
+        self.inner.start_study(name, tags, params, artifacts, dataset)
+
+    def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None:
+        self.inner.start_trial(number, tags, params)
+
+    def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial") -> None:
+        self.inner.log_metrics(metrics, step, scope)
+
+    def log_metrics_batch(self, rows: list[tuple[dict[str, float], int]],
+                          scope: str = "trial") -> None:
+        self.inner.log_metrics_batch(rows, scope)
+
+    def log_checkpoint(self, checkpoint: dict[str, Any], name: str = "best.pt") -> None:
+        self.inner.log_checkpoint(checkpoint, name)
+
+    def end_trial(self, status: str, error: str | None = None) -> None:
+        self.inner.end_trial(status, error)
+
+    def log_model(self, model: nn.Module, example: Any) -> None:
+        self.inner.log_model(model, example)
+
+    def end_study(self, status: str) -> None:
+        self.inner.end_study(status)
+
+    def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
+        self.inner.set_tags(tags, scope)
+
+    def log_evaluation(self, y_true: Any, proba: Any, class_names: list[str],
+                       split: str = "test", positive_class: int | None = None) -> None:
+        self.inner.log_evaluation(y_true, proba, class_names, split, positive_class)
+
+    def log_search(self, trials: list[Any]) -> None:
+        self.inner.log_search(trials)
+
+    def resume_state(self, study_key: str) -> ResumeState | None:
+        return self.inner.resume_state(study_key)
+
+    def mark_trials_failed(self, study_key: str, numbers: list[int], reason: str) -> None:
+        self.inner.mark_trials_failed(study_key, numbers, reason)
+
+    def close_orphan_trials(self, completed: set[int]) -> None:
+        self.inner.close_orphan_trials(completed)
+
+    def log_image(self, image: Any, name: str) -> None:
+        self.inner.log_image(image, name)
+
+
 @dataclass
 class _Record:
     name: str
@@ -129,7 +210,10 @@ class _Record:
 
 
 class InMemoryTracker(Tracker):
-    """Keeps everything in lists: the reference implementation for tests."""
+    """Keeps everything in lists: the reference implementation for tests. It records the
+    optional calls too (evaluations, searches, images), so that a test can see that a
+    protocol — or a wrapper in between — did not drop them; it cannot persist a study
+    across processes, so :meth:`resume_state` stays None."""
 
     def __init__(self) -> None:
         self.study: _Record | None = None
@@ -139,44 +223,55 @@ class InMemoryTracker(Tracker):
         self.model: nn.Module | None = None
         self.dataset: DatasetInfo | None = None
         self.images: dict[str, Any] = {}
+        # (split, class names, positive class, number of samples) per log_evaluation
+        self.evaluations: list[tuple[str, list[str], int | None, int]] = []
+        self.searches: list[list[Any]] = []
         self._open_trial: _Record | None = None
 
-    def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
+    def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
+                    artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
         self.study = _Record(name, dict(tags), dict(params))
         self.artifacts.update(artifacts)
         self.dataset = dataset
 
-    def start_trial(self, number, tags, params):  # type: ignore[no-untyped-def]
+    def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None:
         if self._open_trial is not None:
             raise RuntimeError("start_trial while a trial is open")
         self._open_trial = _Record(f"trial-{number}", dict(tags), dict(params))
         self.trials.append(self._open_trial)
 
-    def log_metrics(self, metrics, step, scope="trial"):  # type: ignore[no-untyped-def]
+    def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial") -> None:
         rec = self._open_trial if scope == "trial" else self.study
         if rec is None:
             raise RuntimeError(f"log_metrics({scope}) with no open {scope}")
         rec.metrics += [(k, float(v), int(step)) for k, v in metrics.items()]
 
-    def log_checkpoint(self, checkpoint, name="best.pt"):  # type: ignore[no-untyped-def]
+    def log_checkpoint(self, checkpoint: dict[str, Any], name: str = "best.pt") -> None:
         self.checkpoints.append(checkpoint)
 
-    def end_trial(self, status, error=None):  # type: ignore[no-untyped-def]
+    def end_trial(self, status: str, error: str | None = None) -> None:
         assert self._open_trial is not None
         self._open_trial.status, self._open_trial.error = status, error
         self._open_trial = None
 
-    def log_model(self, model, example):  # type: ignore[no-untyped-def]
+    def log_model(self, model: nn.Module, example: Any) -> None:
         self.model = model
 
-    def log_image(self, image, name):  # type: ignore[no-untyped-def]
+    def log_image(self, image: Any, name: str) -> None:
         self.images[name] = image
 
-    def end_study(self, status):  # type: ignore[no-untyped-def]
+    def log_evaluation(self, y_true: Any, proba: Any, class_names: list[str],
+                       split: str = "test", positive_class: int | None = None) -> None:
+        self.evaluations.append((split, list(class_names), positive_class, len(y_true)))
+
+    def log_search(self, trials: list[Any]) -> None:
+        self.searches.append(list(trials))
+
+    def end_study(self, status: str) -> None:
         assert self.study is not None
         self.study.status = status
 
-    def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]
+    def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
         rec = self.study if scope == "study" else self._open_trial
         if rec is not None:
             rec.tags.update(tags)

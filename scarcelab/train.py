@@ -209,7 +209,9 @@ def evaluate(
     finally:
         method.train()
     val_bacc = classification_metrics(bundle.val_y, pv)["balanced_accuracy"]
-    return val_bacc, classification_metrics(bundle.test_y, pt), probe
+    # binary tasks: sensitivity / pAUROC of the dataset's positive class (the disease)
+    test = classification_metrics(bundle.test_y, pt, bundle.meta.get("positive_class"))
+    return val_bacc, test, probe
 
 
 def data_info(bundle: DatasetBundle) -> DataInfo:

@@ -251,6 +251,11 @@ def test_sweep_tunes_once_at_r0_then_runs_every_ratio_with_that_configuration():
         src = t.study.tags["scarcelab.hparams_source"]
         assert src.startswith("the sweep's tuning study at r=0, trial ")
         assert t.trials[0].tags["scarcelab.ratio"] == f"{p.ratio:g}"
+    # the figures' inputs reach every child's tracker through TaggingTracker (issue 23
+    # item 21: it once forwarded none of the optional calls)
+    for t in made:
+        assert [e[0] for e in t.evaluations] == ["test"], t.study.name
+        assert len(t.searches) == 1 and len(t.searches[0]) == len(t.trials)
 
 
 def test_sweep_per_ratio_tuning_and_transfer_keep_their_configurations():
@@ -316,7 +321,7 @@ def test_view_reads_a_real_mlflow_sweep(tmp_path, monkeypatch):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from scarcelab.entrypoints.contamination import _child_tracker_class
+    from scarcelab.entrypoints.contamination import ChildStudyTracker
     from scarcelab.tracking.contamination import contamination_table, plot_vs_ratio
 
     monkeypatch.chdir(tmp_path)
@@ -326,8 +331,8 @@ def test_view_reads_a_real_mlflow_sweep(tmp_path, monkeypatch):
     mlflow.set_experiment(experiment_id=exp)
     parent = client.create_run(exp, run_name="parent").info.run_id
 
-    class NoModel(_child_tracker_class()):  # log_model (~10 s per study) is not under test
-        def log_model(self, model, example):
+    class NoModel(ChildStudyTracker):  # log_model (~10 s per study) is not under test
+        def log_model(self, model, example):  # type: ignore[no-untyped-def]
             pass
 
     pts = run_contamination(_sweep_cfg(), ["gaussian"], [0.0, 0.5],
@@ -347,3 +352,104 @@ def test_view_reads_a_real_mlflow_sweep(tmp_path, monkeypatch):
         assert tuning[0].info.run_id in r.data.tags["scarcelab.hparams_source"]
     assert plot_vs_ratio(table, tmp_path / "p.png").stat().st_size > 1000
     mlflow.set_tracking_uri("")
+
+
+# -- a killed sweep resumes ------------------------------------------------------------------
+
+SWEEP_ARGS = ["contamination", "--method", "fixmatch", "--dataset", "synthetic_tiny",
+              "--ood", "gaussian", "--ratios", "0,0.5", "--budget-minutes", "1",
+              "--max-epochs", "2", "--patience", "5", "--max-trials", "2",
+              "--batch-size", "8", "--unlabeled-batch-size", "16",
+              "--max-steps-per-epoch", "2", "--arch", "small_cnn", "--device", "cpu",
+              "--diag-samples", "64", "--experiment", "sweep", "-q"]
+
+# the sweep in a process that kill -9s itself once the last child (gaussian r=0.5) has
+# logged its first epoch; log_model (~10 s per study) is not under test
+KILLED_SWEEP = """
+import os, signal, sys
+from scarcelab.tracking import mlflow_tracker as mt
+mt.MlflowTracker.log_model = lambda self, model, example: None
+orig = mt.MlflowTracker.log_metrics
+def log_metrics(self, metrics, step, scope="trial"):
+    orig(self, metrics, step, scope)
+    if scope == "study" and self._rv()["name"].endswith("-gaussian-r0.5"):
+        os.kill(os.getpid(), signal.SIGKILL)
+mt.MlflowTracker.log_metrics = log_metrics
+from scarcelab.entrypoints.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_killed_sweep_resumes_its_child_studies(tmp_path, monkeypatch):
+    """Issue 23 item 21: the children's trackers forwarded no resume_state, so a killed
+    sweep re-ran everything, tuning included (a new search, another configuration). Now
+    the same command continues it: the parent run and the finished children (tuning study,
+    r = 0) are kept, the child that was killed continues its own study record (its dead
+    trial closed FAILED, its checkpoint and spent time restored), and every child has its
+    figures."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import mlflow
+    from click.testing import CliRunner
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab.entrypoints.cli import main
+    from scarcelab.tracking import mlflow_tracker as mt
+    from tests.conftest import REPO
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+           "OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db",
+           "SCARCELAB_SYSTEM_METRICS": "0", "SCARCELAB_SPOOL_DIR": str(tmp_path / "spool"),
+           "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_RUN_ID", None)
+    proc = subprocess.run([sys.executable, "-c", KILLED_SWEEP, *SWEEP_ARGS], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+
+    for k in ("MLFLOW_TRACKING_URI", "OPTUNA_STORAGE", "SCARCELAB_SYSTEM_METRICS",
+              "SCARCELAB_SPOOL_DIR"):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    c = MlflowClient()
+    exp = c.get_experiment_by_name("sweep").experiment_id
+
+    def runs(role: str) -> dict:
+        return {r.info.run_id: r for r in c.search_runs(
+            [exp], f"tags.`scarcelab.role` = '{role}'")}
+
+    def point(r) -> str:
+        return r.data.params["sweep_point"]
+
+    parents, before = runs("contamination"), runs("study")
+    assert [p.info.status for p in parents.values()] == ["RUNNING"]
+    assert sorted((point(r), r.info.status) for r in before.values()) == [
+        ("clean r=0", "FINISHED"), ("gaussian r=0.5", "RUNNING"), ("tuning r=0", "FINISHED")]
+    killed = next(r for r in before.values() if r.info.status == "RUNNING")
+    spent = c.get_run(killed.info.run_id).data.metrics["time/elapsed_s"]
+
+    monkeypatch.setattr(mt.MlflowTracker, "log_model", lambda self, model, example: None)
+    res = CliRunner().invoke(main, SWEEP_ARGS)
+    assert res.exit_code == 0, res.output
+    parents2, after = runs("contamination"), runs("study")
+    assert parents2.keys() == parents.keys()  # the same parent run, continued
+    assert c.get_run(next(iter(parents))).info.status == "FINISHED"
+    assert after.keys() == before.keys()  # nothing re-run, no duplicate of the killed child
+    assert {r.info.status for r in after.values()} == {"FINISHED"}
+    assert {r.data.tags["mlflow.parentRunId"] for r in after.values()} == set(parents)
+    k = after[killed.info.run_id]
+    assert k.data.metrics["time/elapsed_s"] > spent  # the spent time carried over
+    trials = c.search_runs([exp], f"tags.`mlflow.parentRunId` = '{k.info.run_id}'")
+    assert sorted((t.data.tags["scarcelab.trial"], t.info.status) for t in trials) == [
+        ("0", "FAILED"), ("1", "FINISHED")]
+    dead = next(t for t in trials if t.data.tags["scarcelab.trial"] == "0")
+    assert dead.data.tags["scarcelab.error"] == "the process running this trial died"
+    for r in after.values():  # every child has its figures (log_evaluation forwarded)
+        plots = {a.path for a in c.list_artifacts(r.info.run_id, "plots")}
+        assert {"plots/test_roc.png", "plots/test_confusion_matrix.png"} <= plots, point(r)
+    table = {a.path for a in c.list_artifacts(next(iter(parents)))}
+    assert "contamination_table.csv" in table

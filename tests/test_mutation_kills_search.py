@@ -45,7 +45,8 @@ class _RecordingTracker(InMemoryTracker):
         self.searches: list[list[Any]] = []
         self.marked_failed: list[tuple[str, list[int], str]] = []
 
-    def log_evaluation(self, y_true, proba, class_names, split="test"):  # type: ignore[no-untyped-def]
+    def log_evaluation(self, y_true, proba, class_names, split="test",  # type: ignore[no-untyped-def]
+                       positive_class=None):
         self.evaluations.append((np.asarray(y_true), np.asarray(proba), list(class_names)))
 
     def log_search(self, trials):  # type: ignore[no-untyped-def]

@@ -10,6 +10,10 @@ one whose checkpoint is the study's answer), read from its per-epoch ``diag/*`` 
 The r = 0 study of a sweep is shared by all its sources (same clean pool), so it is
 repeated as the r = 0 row of each source. This module reads MLflow; the table and plot
 builders are pure functions on DataFrames so they can be tested without a store.
+
+:func:`killed_sweep` and :func:`finished_children` are what resuming a killed sweep reads
+(``entrypoints/contamination.py``): the parent run of the same command whose process
+died, and the child studies that had finished under it.
 """
 
 from __future__ import annotations
@@ -205,3 +209,78 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 __all__ = ["DIAGNOSTICS", "contamination_table", "load_points", "plot_vs_ratio",
            "summarise_history", "table_a1", "to_markdown"]
+
+
+def _param(v: str) -> Any:
+    """A logged param back as the JSON value it was rendered from (a string otherwise)."""
+    import json
+
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        return v
+
+
+def killed_sweep(client: MlflowClient, experiment_id: str, sweep_key: str) -> str | None:
+    """The newest RUNNING contamination parent run of ``sweep_key`` (tag
+    ``scarcelab.sweep_key``) whose owner process is dead on this host, or None — the
+    rule a study's resume uses (``MlflowTracker.resume_state``)."""
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
+
+    runs = client.search_runs(
+        [experiment_id], f"tags.`scarcelab.role` = 'contamination' and "
+        f"tags.`scarcelab.sweep_key` = '{sweep_key}' and attributes.status = 'RUNNING'",
+        max_results=100, order_by=["attributes.start_time DESC"])
+    for r in runs:
+        if MlflowTracker._owner_dead(r.data.tags.get("scarcelab.owner", "")):
+            return str(r.info.run_id)
+    return None
+
+
+def finished_children(client: MlflowClient, parent_run_id: str) -> dict[str, Any]:
+    """Sweep point (the ``sweep_point`` param) -> ``FinishedChild`` for every FINISHED
+    child study of the sweep ``parent_run_id``. The tuning study's best checkpoint (its
+    configuration) is downloaded and loaded only if its digest is the recorded one
+    (``tracking.safe_io.load_checkpoint``, ``weights_only=True``); the other children need
+    only their numbers."""
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+
+    from scarcelab.protocols.contamination import TUNING_POINT, FinishedChild
+    from scarcelab.protocols.search import StudyResult
+    from scarcelab.tracking.safe_io import CHECKSUM_TAG, UnsafeArtifact, load_checkpoint
+
+    exp = client.get_run(parent_run_id).info.experiment_id
+    runs = client.search_runs(
+        [exp], f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
+        "tags.`scarcelab.role` = 'study' and attributes.status = 'FINISHED'",
+        max_results=5000, order_by=["attributes.start_time ASC"])
+    out: dict[str, Any] = {}
+    for r in runs:
+        t, m, p = r.data.tags, r.data.metrics, r.data.params
+        point = p.get("resolved.sweep_point", p.get("sweep_point"))
+        if not point:
+            continue
+        ckpt = None
+        if point == TUNING_POINT:
+            with tempfile.TemporaryDirectory() as tmp:
+                try:
+                    path = mlflow.artifacts.download_artifacts(
+                        run_id=r.info.run_id, artifact_path="checkpoints/best.pt", dst_path=tmp)
+                    ckpt = load_checkpoint(path, t.get(CHECKSUM_TAG))
+                except (UnsafeArtifact, OSError, MlflowException):
+                    ckpt = None  # run_contamination refuses to go on without it
+
+        result = StudyResult(
+            best_val=float(m.get("best/val_balanced_accuracy", math.nan)),
+            best_test={k.removeprefix("best/test_"): float(v) for k, v in m.items()
+                       if k.startswith("best/test_")},
+            best_trial=int(t.get("scarcelab.best_trial", -1)),
+            n_trials=int(t.get("scarcelab.n_trials", 0)),
+            n_failed=int(t.get("scarcelab.n_failed", 0)),
+            split_hash=t.get("scarcelab.split_hash", ""), best_checkpoint=ckpt)
+        counts = {k.removeprefix("contamination."): _param(v) for k, v in p.items()
+                  if k.startswith("contamination.")}
+        out[point] = FinishedChild(result, counts, r.info.run_id)  # the latest one wins
+    return out

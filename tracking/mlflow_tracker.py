@@ -357,7 +357,8 @@ class MlflowTracker(RunViews, Tracker):
         self._attach_run = run_id
 
     # -- runs ---------------------------------------------------------------------------
-    def start_study(self, name, tags, params, artifacts, dataset=None):  # type: ignore[no-untyped-def]
+    def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
+                    artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
         if "scarcelab.data_files" not in tags:  # entry points without the progress wrapper
             from scarcelab.data import provenance
 
@@ -442,7 +443,7 @@ class MlflowTracker(RunViews, Tracker):
         self.spool.submit(op)
         self.spool.flush()  # retries the backlog at most every few seconds
 
-    def start_trial(self, number, tags, params):  # type: ignore[no-untyped-def]
+    def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None:
         from mlflow.tracking.context.registry import resolve_tags
 
         self._n += 1
@@ -470,14 +471,15 @@ class MlflowTracker(RunViews, Tracker):
             raise RuntimeError("log_metrics(study) with no open study run")
         return "study"
 
-    def log_metrics(self, metrics, step, scope="trial"):  # type: ignore[no-untyped-def]
+    def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial") -> None:
         key = self._key(scope)
         self._rv_metrics(metrics, step, scope)
         ts = int(time.time() * 1000)
         self._submit({"op": "log_batch", "key": key,
                       "metrics": [[k, float(v), ts, int(step)] for k, v in metrics.items()]})
 
-    def log_metrics_batch(self, rows, scope="trial"):  # type: ignore[no-untyped-def]
+    def log_metrics_batch(self, rows: list[tuple[dict[str, float], int]],
+                          scope: str = "trial") -> None:
         key = self._key(scope)
         for metrics, step in rows:
             self._rv_metrics(metrics, step, scope)
@@ -487,7 +489,7 @@ class MlflowTracker(RunViews, Tracker):
         for s in range(0, len(batch), 1000):  # MLflow's per-request metric limit
             self._submit({"op": "log_batch", "key": key, "metrics": batch[s:s + 1000]})
 
-    def log_checkpoint(self, checkpoint, name="best.pt"):  # type: ignore[no-untyped-def]
+    def log_checkpoint(self, checkpoint: dict[str, Any], name: str = "best.pt") -> None:
         path = Path(self._tmp.name) / name
         digest = save_checkpoint(checkpoint, path)  # plain tensors/types only
         self._submit({"op": "log_artifact", "key": "study", "path": str(path),
@@ -496,7 +498,7 @@ class MlflowTracker(RunViews, Tracker):
         # resume then refuses the file instead of trusting it
         self._submit({"op": "log_batch", "key": "study", "tags": [[CHECKSUM_TAG, digest]]})
 
-    def log_image(self, image, name):  # type: ignore[no-untyped-def]
+    def log_image(self, image: Any, name: str) -> None:
         from PIL import Image
 
         path = Path(self._tmp.name) / f"img-{uuid.uuid4().hex[:8]}.png"
@@ -506,7 +508,7 @@ class MlflowTracker(RunViews, Tracker):
                       "artifact_path": None if parent == "." else parent,
                       "name": Path(name).name})
 
-    def end_trial(self, status, error=None):  # type: ignore[no-untyped-def]
+    def end_trial(self, status: str, error: str | None = None) -> None:
         if self._trial_key is None:
             return
         if error:
@@ -516,7 +518,7 @@ class MlflowTracker(RunViews, Tracker):
                       "end_time": int(time.time() * 1000)})
         self._trial_key = self.trial_run_id = None
 
-    def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]
+    def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
         key = self._trial_key if scope == "trial" else ("study" if self.study_run_id else None)
         self._rv_tags(tags, scope)
         if key:
@@ -544,7 +546,7 @@ class MlflowTracker(RunViews, Tracker):
                       "example_path": str(d / "example.pt"),
                       "metadata": {"scarcelab.format": "pt2"}})
 
-    def end_study(self, status):  # type: ignore[no-untyped-def]
+    def end_study(self, status: str) -> None:
         if self._trial_key is not None:  # a trial interrupted by an exception
             self.end_trial("FAILED" if status == "FAILED" else "KILLED")
         if self.spool is not None and self.study_run_id is not None:

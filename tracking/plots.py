@@ -83,13 +83,17 @@ def _roc(pos: np.ndarray, score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def roc_figure(y_true: Sequence[int], proba: np.ndarray, class_names: Sequence[str],
-               title: str = "test ROC") -> Figure | None:
-    """Binary: the positive class (1). Multi-class: one-vs-rest per class (as the macro
-    AUROC is computed). The shaded band is the specificity >= 0.9 region of pAUROC."""
+               title: str = "test ROC", positive_class: int | None = None) -> Figure | None:
+    """Binary: the curve of the positive class — the disease a binary medical task detects
+    (``positive_class``, e.g. 0 = malignant for BreastMNIST; None = class 1), scored by its
+    own column, so the legend names what the sensitivity and pAUROC metrics measure.
+    Multi-class: one-vs-rest per class (as the macro AUROC is computed). The shaded band
+    is the specificity >= 0.9 region of pAUROC."""
     y = np.asarray(y_true, dtype=np.int64)
     proba = np.asarray(proba, dtype=np.float64)
     n = proba.shape[1]
-    classes = [1] if n == 2 else list(range(n))
+    classes = [1 if positive_class is None else int(positive_class)] if n == 2 \
+        else list(range(n))
     fig, ax = plt.subplots(figsize=(4.8, 4.4))
     drawn = 0
     for c in classes:

@@ -94,8 +94,8 @@ class RunViews:
             self._rv()["tags"].update(tags)
 
     def log_evaluation(self, y_true: Any, proba: Any, class_names: list[str],
-                       split: str = "test") -> None:
-        self._rv()["eval"] = (y_true, proba, list(class_names), split)
+                       split: str = "test", positive_class: int | None = None) -> None:
+        self._rv()["eval"] = (y_true, proba, list(class_names), split, positive_class)
 
     def log_search(self, trials: list[Any]) -> None:
         self._rv()["trials"] = list(trials)
@@ -146,12 +146,12 @@ class RunViews:
 
         title = st["name"]
         if st["eval"] is not None:
-            y, proba, names, split = st["eval"]
+            y, proba, names, split, positive = st["eval"]
             self._rv_png(plots.confusion_figure(y, proba, names, f"{title}: {split} confusion "
                                                 "matrix (selected checkpoint)"),
                          f"{split}_confusion_matrix")
-            self._rv_png(plots.roc_figure(y, proba, names, f"{title}: {split} ROC"),
-                         f"{split}_roc")
+            self._rv_png(plots.roc_figure(y, proba, names, f"{title}: {split} ROC",
+                                          positive_class=positive), f"{split}_roc")
         if st["history"]:
             self._rv_png(plots.trials_profile_figure(
                 st["history"], f"{title}: balanced accuracy over time"), "accuracy_over_time")

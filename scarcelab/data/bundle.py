@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from scarcelab.errors import ConfigError
+
 
 @dataclass
 class RawDataset:
@@ -30,6 +32,11 @@ class RawDataset:
     task: str = "multi-class"
     source: str = ""
     md5: str | None = None
+    # binary tasks: the class the task detects — in a medical task the disease, whatever
+    # its label (BreastMNIST: malignant is label 0). Sensitivity at a specificity, the
+    # partial AUROC and the ROC figure are about this class. None: not stated by the
+    # source (class 1 is used). See :func:`resolve_positive_class`.
+    positive_class: int | None = None
 
     @property
     def channels(self) -> int:
@@ -83,3 +90,29 @@ class DatasetBundle:
             "val": len(self.val_y),
             "test": len(self.test_y),
         }
+
+
+def resolve_positive_class(raw: RawDataset, given: int | str | None = None) -> int | None:
+    """The positive class index of ``raw``'s task: ``given`` (an index, or a class name,
+    case-insensitive; None / ``default``: the dataset's own, else 1), or None for a task
+    that is not binary (multi-class scores are one-vs-rest over every class). Why a
+    per-dataset default: label order says nothing about meaning — MedMNIST's BreastMNIST
+    stores malignant as 0 and calls "normal, benign" its positive class, so a silent
+    "class 1" reports how well benign tissue is found (issue 23 item 20)."""
+    default_words = (None, "", "default")
+    if raw.num_classes != 2 or raw.task != "multi-class":
+        if given not in default_words:
+            raise ConfigError(f"positive_class={given!r}: {raw.name} is not a binary task "
+                              f"({raw.num_classes} classes, {raw.task}); omit positive_class")
+        return None
+    if given in default_words:
+        return 1 if raw.positive_class is None else int(raw.positive_class)
+    names = [str(c).lower() for c in raw.class_names]
+    text = str(given).strip()
+    if text.isdigit() and int(text) in (0, 1):
+        return int(text)
+    if text.lower() in names:
+        return names.index(text.lower())
+    raise ConfigError(f"positive_class={given!r}: {raw.name}'s classes are 0 "
+                      f"{raw.class_names[0]!r} and 1 {raw.class_names[1]!r}; give 0, 1 or "
+                      "one of those names")

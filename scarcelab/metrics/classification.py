@@ -15,6 +15,13 @@ Multi-class scores are one-vs-rest macro averages over the classes present in ``
 so every class weighs the same however rare it is. A class with no positives (or no
 negatives) has no ROC curve and is skipped; if no class has one the metric is NaN.
 
+Binary scores are about one class, the *positive* one: the class the task detects — in a
+medical task the disease (BreastMNIST: malignant, label 0; PneumoniaMNIST: pneumonia,
+label 1; the dataset says which, ``RawDataset.positive_class``). AUROC is the same for
+either choice (swapping the classes reverses the ranking and the roles), but sensitivity at
+95 % specificity and the partial AUROC are not: they read the high-specificity end of the
+*positive* class's curve, so ``positive_class`` decides what they measure. Default: 1.
+
 Implementation notes. Everything is vectorised numpy (these are computed every epoch on
 test sets of up to ~50k samples): one sort per scored column, after which the ROC curve is
 read off cumulative counts at the *distinct* score values, so tied scores are handled
@@ -187,14 +194,32 @@ def _roc_counts(positive: NDArray[np.bool_], score: NDArray[np.float64]) -> _Cur
     )
 
 
-def _ovr_curves(y: NDArray[np.int64], p: NDArray[np.float64]) -> list[_Curve]:
-    """One ROC curve per scored class: column 1 if binary, else every column (one-vs-rest).
+def _positive(positive_class: int | None, n_classes: int) -> int:
+    """The scored class of a binary task (1 unless told), validated."""
+    if positive_class is None:
+        return 1
+    if n_classes != 2:
+        raise ValueError(f"positive_class={positive_class} applies to binary tasks; proba has "
+                         f"{n_classes} columns (multi-class scores are one-vs-rest over "
+                         "every class)")
+    k = int(positive_class)
+    if k not in (0, 1):
+        raise ValueError(f"positive_class must be 0 or 1 for a binary task, got "
+                         f"{positive_class}")
+    return k
+
+
+def _ovr_curves(y: NDArray[np.int64], p: NDArray[np.float64],
+                positive_class: int | None = None) -> list[_Curve]:
+    """One ROC curve per scored class: the positive class's column if binary (class
+    ``positive_class``, default 1, against the other), else every column (one-vs-rest).
 
     Classes without positives or without negatives are skipped (their ROC is undefined).
     """
     n_classes = p.shape[1]
     counts = np.bincount(y, minlength=n_classes)
-    classes = range(1, 2) if n_classes == 2 else range(n_classes)
+    pos = _positive(positive_class, n_classes)
+    classes = range(pos, pos + 1) if n_classes == 2 else range(n_classes)
     curves = []
     for k in classes:
         if counts[k] == 0 or counts[k] == y.size:
@@ -249,22 +274,25 @@ def _sensitivity_at(c: _Curve, specificity: float) -> float:
     return float(c.tps[ok].max()) / c.n_pos
 
 
-def auroc(y_true: ArrayLike, proba: ArrayLike) -> float:
+def auroc(y_true: ArrayLike, proba: ArrayLike, positive_class: int | None = None) -> float:
     """Area under the ROC curve; threshold-free, so insensitive to poor calibration.
 
     ``proba`` is (N, C); only the order of the scores within a column matters, so logits
     work as well as probabilities. With ``C == 2`` this is the binary AUROC of
-    ``proba[:, 1]`` (class 1 positive). With ``C > 2`` it is the one-vs-rest macro average
+    ``proba[:, k]``, class ``k = positive_class`` (default 1) positive — the same value for
+    either k when the two columns are complementary probabilities. With ``C > 2`` it is the
+    one-vs-rest macro average
     over the classes present in ``y_true`` (column k scores class k against all others),
     skipping classes with no positives or no negatives; NaN when undefined (a single class
     in ``y_true``). Ties are exact: a tied positive-negative pair counts 1/2 (midranks).
     Matches ``sklearn.metrics.roc_auc_score`` (``multi_class="ovr", average="macro"``).
     """
     y, p = _labels_and_scores(y_true, proba)
-    return _macro(_ovr_curves(y, p), _auc)
+    return _macro(_ovr_curves(y, p, positive_class), _auc)
 
 
-def partial_auroc(y_true: ArrayLike, proba: ArrayLike, min_specificity: float = 0.90) -> float:
+def partial_auroc(y_true: ArrayLike, proba: ArrayLike, min_specificity: float = 0.90,
+                  positive_class: int | None = None) -> float:
     """Normalised area under the ROC curve over the high-specificity region.
 
     The raw partial area ``pa`` is the area under the ROC for FPR in ``[0, m]`` with
@@ -282,17 +310,19 @@ def partial_auroc(y_true: ArrayLike, proba: ArrayLike, min_specificity: float = 
     ``a_max = m``, where ``pa = m * partial_auroc(...)`` is the raw area; both are increasing
     affine maps of ``pa``, so they rank models identically.
 
-    Binary (``C == 2``): on ``proba[:, 1]``; multi-class: one-vs-rest macro average over the
-    classes present, as in :func:`auroc` (NaN if undefined). ``min_specificity`` is in
-    [0, 1); 0 gives the full AUROC.
+    Binary (``C == 2``): the curve of class ``positive_class`` (default 1) on its column —
+    specificity is then that of the *other* class, so the choice changes the value;
+    multi-class: one-vs-rest macro average over the classes present, as in :func:`auroc`
+    (NaN if undefined). ``min_specificity`` is in [0, 1); 0 gives the full AUROC.
     """
     m = 1.0 - _check_fraction(min_specificity, "min_specificity", allow_one=False)
     y, p = _labels_and_scores(y_true, proba)
-    return _macro(_ovr_curves(y, p), lambda c: _partial_auc(c, m))
+    return _macro(_ovr_curves(y, p, positive_class), lambda c: _partial_auc(c, m))
 
 
 def sensitivity_at_specificity(
-    y_true: ArrayLike, proba: ArrayLike, specificity: float = 0.95
+    y_true: ArrayLike, proba: ArrayLike, specificity: float = 0.95,
+    positive_class: int | None = None,
 ) -> float:
     """Highest sensitivity (TPR) over all score thresholds with specificity >= ``specificity``.
 
@@ -300,16 +330,21 @@ def sensitivity_at_specificity(
     ``1 - specificity`` of the negatives may be flagged. Thresholds are the observed
     distinct scores (predict positive when ``score >= t``) plus one above every score
     (sensitivity 0, specificity 1), so the value always exists; there is no interpolation
-    between ROC points, since only real thresholds can be deployed. Binary on
-    ``proba[:, 1]``, multi-class one-vs-rest macro as in :func:`auroc` (NaN if undefined).
+    between ROC points, since only real thresholds can be deployed. Binary: the
+    sensitivity for class ``positive_class`` (default 1; the disease of a medical task) at
+    the specificity of the other; multi-class one-vs-rest macro as in :func:`auroc` (NaN if
+    undefined).
     """
     spec = _check_fraction(specificity, "specificity", allow_one=True)
     y, p = _labels_and_scores(y_true, proba)
-    return _macro(_ovr_curves(y, p), lambda c: _sensitivity_at(c, spec))
+    return _macro(_ovr_curves(y, p, positive_class), lambda c: _sensitivity_at(c, spec))
 
 
-def classification_metrics(y_true: ArrayLike, proba: ArrayLike) -> dict[str, float]:
+def classification_metrics(y_true: ArrayLike, proba: ArrayLike,
+                           positive_class: int | None = None) -> dict[str, float]:
     """All metrics of the benchmark from labels and (N, C) class scores, in one pass.
+    ``positive_class``: the class a binary task detects (default 1), whose curve the
+    ranking metrics read; must be None for more than two classes.
 
     Predicted labels are ``proba.argmax(axis=1)`` (first column wins ties). The ROC curves
     are built once and shared by the three ranking metrics. Keys: ``balanced_accuracy``
@@ -322,7 +357,7 @@ def classification_metrics(y_true: ArrayLike, proba: ArrayLike) -> dict[str, flo
     """
     y, p = _labels_and_scores(y_true, proba)
     y_pred = p.argmax(axis=1)
-    curves = _ovr_curves(y, p)
+    curves = _ovr_curves(y, p, positive_class)
     max_fpr = 1.0 - 0.90
     return {
         "balanced_accuracy": _balanced_accuracy(y, y_pred),

@@ -29,7 +29,16 @@ Table A1 view does not take it for a sweep point.
 
 The core stays free of MLflow: :func:`run_contamination` takes a factory of
 :class:`~scarcelab.tracker.Tracker` objects (one per child study) and tags each child
-through :class:`TaggingTracker`.
+through :class:`TaggingTracker`, a :class:`~scarcelab.tracker.DelegatingTracker`: every
+call it does not change — the figures' ``log_evaluation`` / ``log_search``, a killed
+child's ``resume_state``, images, batches — reaches the child's tracker.
+
+Resuming a killed sweep (the same command again, with shared Optuna storage): the caller
+passes ``finished(point)``, the result of each child that already finished under the
+killed sweep; those are not run again (the tuning study included, so the configuration
+and the children's study keys stay the same), and the child that was running when the
+process died continues its own study record through its tracker's ``resume_state``, as a
+killed study does (docs/tracking.md §4).
 """
 
 from __future__ import annotations
@@ -40,13 +49,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from torch import nn
 
 from scarcelab.data.bundle import DatasetBundle
 from scarcelab.data.ood import ImageFormat, SourceContext, draw_ood, get_source
 from scarcelab.errors import ConfigError
 from scarcelab.protocols.search import StudyConfig, StudyResult, run_study
-from scarcelab.tracker import DatasetInfo, Tracker
+from scarcelab.tracker import DatasetInfo, DelegatingTracker, Tracker
 
 TUNINGS = ("once", "per_ratio")
 
@@ -95,13 +103,16 @@ def contaminate(bundle: DatasetBundle, source: str, ratio: float, seed: int = 0,
                                unlabeled_ood=flags[perm], unlabeled_origin=perm, meta=meta)
 
 
-class TaggingTracker(Tracker):
+class TaggingTracker(DelegatingTracker):
     """Delegates to ``inner``, adding fixed tags to the study and its trials and fixed
-    params to the study: how a child study of a sweep says which (source, ratio) it is."""
+    params to the study: how a child study of a sweep says which (source, ratio) it is.
+    Everything else — figures, resume, images, batches — goes through unchanged
+    (:class:`~scarcelab.tracker.DelegatingTracker`)."""
 
     def __init__(self, inner: Tracker, tags: dict[str, str],
                  params: dict[str, Any] | None = None) -> None:
-        self.inner, self.tags, self.params = inner, dict(tags), dict(params or {})
+        super().__init__(inner)
+        self.tags, self.params = dict(tags), dict(params or {})
 
     def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
                     artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
@@ -115,24 +126,6 @@ class TaggingTracker(Tracker):
     def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None:
         self.inner.start_trial(number, {**tags, **self.tags}, params)
 
-    def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial") -> None:
-        self.inner.log_metrics(metrics, step, scope)
-
-    def log_checkpoint(self, checkpoint: dict[str, Any], name: str = "best.pt") -> None:
-        self.inner.log_checkpoint(checkpoint, name)
-
-    def end_trial(self, status: str, error: str | None = None) -> None:
-        self.inner.end_trial(status, error)
-
-    def log_model(self, model: nn.Module, example: Any) -> None:
-        self.inner.log_model(model, example)
-
-    def end_study(self, status: str) -> None:
-        self.inner.end_study(status)
-
-    def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
-        self.inner.set_tags(tags, scope)
-
 
 @dataclass
 class SweepPoint:
@@ -141,6 +134,26 @@ class SweepPoint:
     ratio: float
     result: StudyResult
     contamination: dict[str, Any]
+    reused: bool = False  # finished under an earlier (killed) run of this sweep
+
+
+@dataclass
+class FinishedChild:
+    """A child study that finished under an earlier, killed run of the same sweep."""
+
+    result: StudyResult
+    contamination: dict[str, Any]  # its ``contamination.*`` counts
+    run_id: str | None = None  # its study record, named in the children's hparams_source
+
+
+#: the sweep point of the tuning study (``StudyConfig.sweep_point``, logged as a param)
+TUNING_POINT = "tuning r=0"
+
+
+def point_label(source: str, ratio: float) -> str:
+    """The sweep point of a child: ``mnist r=0.3``; r = 0 is ``clean r=0`` for every
+    source (it runs once)."""
+    return f"{source if ratio > 0 else 'clean'} r={ratio:g}"
 
 
 def run_contamination(
@@ -150,6 +163,7 @@ def run_contamination(
     tracker_for: Callable[[str, float], Tracker],
     ood_dir: str | None = None,
     tuning: str = "once",
+    finished: Callable[[str], FinishedChild | None] | None = None,
 ) -> list[SweepPoint]:
     """One child study per (source, ratio), sources in order, ratios in order.
 
@@ -159,6 +173,10 @@ def run_contamination(
     and the same diagnostic subsample of the ID part; with ``tuning="once"`` (see the module
     docstring) also the same configuration and training seeds. The tuning study, when one
     runs, gets its tracker from ``tracker_for(first source, 0.0)`` as well.
+
+    ``finished(point)`` (a killed sweep run again): the child of that sweep point
+    (:func:`point_label`, :data:`TUNING_POINT`) that already finished, or None; a finished
+    child is not run again, and ``tracker_for`` is not called for it.
     """
     from scarcelab.methods import get_method
 
@@ -172,13 +190,21 @@ def run_contamination(
     for s in sources:
         get_source(s)  # fail fast on a typo, before any training
     ctx = SourceContext(data_dir=cfg.data_dir, ood_dir=ood_dir, id_dataset=cfg.dataset)
-    child_cfg, hp_source = _configuration(cfg, tuning, sources[0], tracker_for, ctx)
+    child_cfg, hp_source = _configuration(cfg, tuning, sources[0], tracker_for, ctx,
+                                          finished)
     points: list[SweepPoint] = []
     done_clean = False
     for source in sources:
         kind = get_source(source).kind
         for r in ratios:
             if r == 0.0 and done_clean:
+                continue
+            point = point_label(source, r)
+            done = finished(point) if finished is not None else None
+            if done is not None:
+                points.append(SweepPoint(source, kind if r > 0 else "none", r, done.result,
+                                         dict(done.contamination), reused=True))
+                done_clean = done_clean or r == 0.0
                 continue
             seen: dict[str, Any] = {}
 
@@ -195,7 +221,6 @@ def run_contamination(
             # the contamination counts are known only after the transform ran; they are
             # logged as params of the child study through a lazily-filled dict
             child = _ParamsAfterTransform(tracker, tags, seen)
-            point = f"{source if r > 0 else 'clean'} r={r:g}"
             res = run_study(_child(child_cfg, point), child, bundle_transform=transform)
             points.append(SweepPoint(source, kind if r > 0 else "none", r, res, dict(seen)))
             done_clean = done_clean or r == 0.0
@@ -209,25 +234,37 @@ def _child(cfg: StudyConfig, point: str) -> StudyConfig:
 
 
 def _configuration(cfg: StudyConfig, tuning: str, first_source: str,
-                   tracker_for: Callable[[str, float], Tracker], ctx: SourceContext
+                   tracker_for: Callable[[str, float], Tracker], ctx: SourceContext,
+                   finished: Callable[[str], FinishedChild | None] | None = None
                    ) -> tuple[StudyConfig, str]:
     """The config every child runs and where its hyperparameters come from.
 
     ``once`` with a random search: run the tuning study on the clean pool (the very
-    bundle the r = 0 child gets) and fix its best configuration."""
+    bundle the r = 0 child gets) and fix its best configuration — or, when it finished
+    under a killed run of this sweep, take that study's configuration."""
     if tuning == "per_ratio":
         return cfg, ("a search at each ratio" if cfg.search == "random"
                      else cfg.hparams_source)
     if cfg.search != "random":  # transfer or a given configuration: already fixed
         return cfg, cfg.hparams_source
-    inner = tracker_for(first_source, 0.0)
-    tuner = TaggingTracker(inner, {"scarcelab.sweep_role": "tuning",
-                                   "scarcelab.ood": first_source, "scarcelab.tuning": tuning})
-    res = run_study(_child(cfg, "tuning r=0"), tuner, bundle_transform=lambda b: contaminate(
-        b, first_source, 0.0, cfg.seed, ctx))
+    done = finished(TUNING_POINT) if finished is not None else None
+    if done is not None:
+        res, run_id = done.result, done.run_id
+        if res.best_checkpoint is None:
+            raise ConfigError(f"the finished tuning study {run_id} of this sweep has no "
+                              "readable best checkpoint (its configuration); run the sweep "
+                              "afresh (another seed or experiment)")
+    else:
+        inner = tracker_for(first_source, 0.0)
+        tuner = TaggingTracker(inner, {"scarcelab.sweep_role": "tuning",
+                                       "scarcelab.ood": first_source,
+                                       "scarcelab.tuning": tuning})
+        res = run_study(_child(cfg, TUNING_POINT), tuner,
+                        bundle_transform=lambda b: contaminate(b, first_source, 0.0,
+                                                               cfg.seed, ctx))
+        run_id = getattr(inner, "study_run_id", None)
     assert res.best_checkpoint is not None  # run_study raises when no trial completed
     hp = dict(res.best_checkpoint["hp"])
-    run_id = getattr(inner, "study_run_id", None)
     where = f"tuning study {run_id}" if run_id else "the sweep's tuning study"
     label = f"{where} at r=0, trial {res.best_trial}"
     fixed = dataclasses.replace(cfg, search="fixed", hparams=hp, hparams_source=label,
@@ -249,5 +286,5 @@ class _ParamsAfterTransform(TaggingTracker):
         super().start_study(name, tags, params, artifacts, dataset)
 
 
-__all__ = ["SweepPoint", "TaggingTracker", "contaminate", "n_ood_for", "parse_ratios",
-           "run_contamination"]
+__all__ = ["TUNING_POINT", "FinishedChild", "SweepPoint", "TaggingTracker", "contaminate",
+           "n_ood_for", "parse_ratios", "point_label", "run_contamination"]

@@ -48,7 +48,7 @@ from torch import nn
 
 import scarcelab
 from scarcelab.data import load_raw
-from scarcelab.data.bundle import DatasetBundle
+from scarcelab.data.bundle import DatasetBundle, resolve_positive_class
 from scarcelab.data.splits import apply_split, make_split
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.methods import get_method
@@ -136,6 +136,9 @@ class StudyConfig(AutoDevice):
     # which point of a sweep this study is (e.g. "mnist r=0.3"): part of the study key, so
     # that the children of a contamination sweep are never taken for one another on resume
     sweep_point: str = ""
+    # binary tasks: the class the test metrics detect (index or class name); None = the
+    # dataset's own (the disease: scarcelab.data.bundle.resolve_positive_class)
+    positive_class: int | str | None = None
 
     def resolved_transfer_epochs(self) -> int:
         if self.transfer_epochs is not None:
@@ -195,6 +198,9 @@ def prepare_data(cfg: StudyConfig) -> tuple[DatasetBundle, dict[str, Any]]:
     split = make_split(raw, cfg.n_labeled, cfg.n_val, cfg.seed, cfg.allow_large_val,
                        cfg.val_from, cfg.label_fraction)
     bundle = apply_split(raw, split)
+    pos = resolve_positive_class(raw, cfg.positive_class)
+    bundle.meta["positive_class"] = pos  # train.evaluate's test metrics read it
+    bundle.meta["positive_class_name"] = None if pos is None else raw.class_names[pos]
     if cfg.search == "none":  # transfer: validation joins the training set
         bundle.labeled_x = np.concatenate([bundle.labeled_x, bundle.val_x])
         bundle.labeled_y = np.concatenate([bundle.labeled_y, bundle.val_y])
@@ -252,6 +258,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
         tags["scarcelab.hparams_source"] = cfg.hparams_source
     if transfer:
         tags["scarcelab.val_in_train"] = "true"
+    if bundle.meta.get("positive_class") is not None:
+        tags["scarcelab.positive_class"] = str(bundle.meta["positive_class_name"])
     tags.update(extra_tags or {})
     resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": device,
                 "batch_size": bl, "unlabeled_batch_size": bu,
@@ -259,6 +267,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                 "n_unlabeled": len(split["unlabeled"]), "n_test": len(bundle.test_y),
                 "val_from": split["val_from"],
                 "transfer_epochs": train_cfg.max_epochs if transfer else cfg.transfer_epochs,
+                "positive_class": bundle.meta.get("positive_class"),
                 "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
     resolved["storage"] = redact(cfg.storage)  # the URI holds the DB password
     study_key = cfg.study_name or _study_key(cfg, split["hash"])
@@ -425,7 +434,8 @@ def _log_figures(tracker: Tracker, model: torch.nn.Module, bundle: DatasetBundle
             proba = torch.cat([torch.softmax(model(x[i:i + 512].float() / 255.0), 1)
                                for i in range(0, len(x), 512)]).numpy()
         tracker.log_evaluation(np.asarray(bundle.test_y), proba,
-                               list(bundle.meta["class_names"]))
+                               list(bundle.meta["class_names"]),
+                               positive_class=bundle.meta.get("positive_class"))
         tracker.log_search(store.study.get_trials())
     except Exception as e:  # noqa: BLE001 - figures are a convenience
         log.warning("study figures skipped: %s: %s", type(e).__name__, e)

@@ -28,6 +28,7 @@ use. A leaderboard over 250 studies with 100,000 trials then reads 250 runs' row
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -375,4 +376,93 @@ def load(experiments: str | Iterable[str], tracking_uri: str | None = None, *,
                    include_failed=include_failed, experiments=exps)
 
 
-__all__: Sequence[str] = ["Tracked", "load", "tidy_runs"]
+# -- what a study was run with -----------------------------------------------------------
+
+#: params that do not change what a study computes: the sample (``seed``), where things
+#: live or are named, how the command was spelled (``set`` / ``hparams_from`` are logged
+#: resolved, as ``override.*`` / ``hparams.*`` / ``hparams_source``), what to resume
+NOT_SETTINGS = frozenset({"seed", "storage", "study_name", "data_dir", "register_model",
+                          "experiment", "set", "hparams_from", "resume", "quiet", "verbose"})
+#: ``scarcelab.*`` tags that say how a study was run (every other tag is bookkeeping that
+#: differs between seeds or attempts: owner, split hash, trial counts, digests, ...)
+SETTING_TAGS = ("family", "method", "dataset", "arch", "search", "val_from", "protocol",
+                "tune_phase", "ood", "ratio", "ood_kind", "tuning", "sweep_role",
+                "val_in_train", "positive_class", "encoder", "aggregation")
+_MISSING = object()
+
+
+def _canonical(v: object) -> object:
+    """A param or tag value as one canonical string (NaN for unset): ``"3"``, ``"3.0"`` and
+    ``3.0`` are the same budget, ``"null"`` is unset, JSON objects compare by content."""
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return np.nan
+    text = str(v)
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text
+    if parsed is None:
+        return np.nan
+    if isinstance(parsed, float) and parsed.is_integer():
+        parsed = int(parsed)
+    return json.dumps(parsed, sort_keys=True)
+
+
+def study_settings(studies: pd.DataFrame) -> pd.DataFrame:
+    """Everything a study was run with, one column per setting (index ``run_id``), values
+    canonical strings (NaN: not set) — the key that keeps a leaderboard from pooling runs
+    that differ (issue 23 item 19).
+
+    Settings are every param except :data:`NOT_SETTINGS` — so a new parameter separates
+    rows without anyone listing it — with ``resolved.<name>`` (what ``mlflow run`` logs
+    beside its raw entry-point string) taking precedence, plus the :data:`SETTING_TAGS`.
+    ``device`` counts by kind (``cuda:1`` is ``cuda``: a budget in minutes buys different
+    training on a GPU and a CPU). A contamination child's configuration (``hparams.*``,
+    ``hparams_source``) is the output of its sweep's tuning study — the tag ``tuning`` and
+    ``search`` say how it was chosen — so it is not a setting there."""
+    studies = studies.reset_index(drop=True)
+    out: dict[str, pd.Series] = {}
+    raw = {c[len("params."):]: c for c in studies.columns
+           if c.startswith("params.") and not c.startswith("params.resolved.")}
+    resolved = {c[len("params.resolved."):]: c for c in studies.columns
+                if c.startswith("params.resolved.")}
+    cache: dict[object, object] = {}
+
+    def canon(col: pd.Series) -> pd.Series:
+        vals = col.to_numpy(dtype=object)
+        res = np.empty(len(vals), dtype=object)
+        for i, v in enumerate(vals):
+            key = v if isinstance(v, str) or v is None else repr(v)
+            got = cache.get(key, _MISSING)
+            if got is _MISSING:
+                got = cache[key] = _canonical(v)
+            res[i] = got
+        return pd.Series(res, index=col.index, dtype=object)
+
+    for name in sorted(set(raw) | set(resolved)):
+        if name in NOT_SETTINGS:
+            continue
+        if name in raw and name in resolved:  # the resolved value, where it was logged
+            col = canon(studies[resolved[name]]).where(studies[resolved[name]].notna(),
+                                                       canon(studies[raw[name]]))
+        else:
+            col = canon(studies[resolved.get(name) or raw[name]])
+        out[name] = col
+    for name in SETTING_TAGS:
+        if name in studies:
+            tag = canon(studies[name])
+            out[name] = tag if name not in out else out[name].where(out[name].notna(), tag)
+    if "device" in out:
+        out["device"] = out["device"].map(
+            lambda d: d.split(":", 1)[0] if isinstance(d, str) else d)
+    df = pd.DataFrame(out) if out else pd.DataFrame(index=studies.index)
+    df.index = pd.Index(studies["run_id"].to_numpy(), name="run_id")
+    if "tuning" in df:  # a sweep child: its configuration came from the sweep's tuning
+        derived = [c for c in df.columns if c.startswith("hparams.") or c == "hparams_source"]
+        if derived:
+            df.loc[df["tuning"].notna().to_numpy(), derived] = np.nan
+    return df
+
+
+__all__: Sequence[str] = ["NOT_SETTINGS", "SETTING_TAGS", "Tracked", "load", "study_settings",
+                          "tidy_runs"]

@@ -58,15 +58,35 @@ def _block_title(ds: object, nl: object) -> str:
     return f"{ds}" + (f" (n={int(nl)})" if nl is not None and pd.notna(nl) else "")  # type: ignore[call-overload]
 
 
+def row_labels(part: pd.DataFrame) -> pd.Series:
+    """One label per leaderboard row of a block: the method, and — where the block holds
+    several rows of it (variants run with other settings) — what sets each apart: the
+    shown settings that differ (``budget_minutes=1``) and the ``setting`` column."""
+    shown = ("n_val", "arch", "budget_minutes", "search")
+    out = part["method"].astype(str).copy()
+    for _, g in part.groupby("method", sort=False):
+        if len(g) < 2:
+            continue
+        differ = [c for c in shown if c in g and g[c].astype(str).nunique() > 1]
+        for i, r in g.iterrows():
+            bits = [f"{c}={r[c]:g}" if isinstance(r[c], float) else f"{c}={r[c]}"
+                    for c in differ]
+            if str(r.get("setting", "") or "") not in ("", "nan"):
+                bits.append(str(r["setting"]))
+            out[i] = f"{r['method']} ({', '.join(bits)})"
+    return out
+
+
 def plot_leaderboard(lb: pd.DataFrame, metric: str = "test_balanced_accuracy") -> Figure | None:
-    """Per dataset block: mean ± std of ``metric`` per method, best at the top."""
+    """Per dataset block: mean ± std of ``metric`` per method (per variant, see
+    :func:`row_labels`), best at the top."""
     if lb.empty or f"{metric}_mean" not in lb:
         return None
     blocks = list(lb.groupby(["dataset", "n_labeled"], dropna=False, sort=True))
     fig, axes = _grid(len(blocks))
     for ax, ((ds, nl), part) in zip(axes[0], blocks, strict=False):
         part = part.sort_values(f"{metric}_mean", kind="stable")
-        ax.barh(part["method"].astype(str), part[f"{metric}_mean"],
+        ax.barh(row_labels(part), part[f"{metric}_mean"],
                 xerr=part[f"{metric}_std"].fillna(0), color="tab:blue", alpha=0.8)
         ax.set_title(_block_title(ds, nl), fontsize=10)
         ax.set_xlabel(metric.replace("_", " "))

@@ -19,7 +19,10 @@ from scarcelab.tracking.query.frame import Tracked
 ALL_VIEWS = ("leaderboard", "gains", "profile", "significance", "ranks")
 NOTES = {
     "leaderboard": "Per study, the checkpoint best on validation balanced accuracy; its "
-                   "metrics averaged over seeds (std: sample std; n: studies).",
+                   "metrics averaged over seeds (std: sample std; n: distinct seeds). "
+                   "Studies run with different settings are different rows (setting: "
+                   "what else differs); a repeated seed counts once, the latest study "
+                   "(repeats: which was kept; n_runs: studies found).",
     "gains": "Mean test balanced accuracy minus that of the best labeled-only method "
              "(sup, mixup, supcon) on each dataset; median and worst across datasets.",
     "profile": "Score of the checkpoint best on validation by time t since the study "

@@ -12,7 +12,11 @@
   strategies over (dataset, query size, repetition) blocks, as ``tracking.al``.
 
 Label budgets never mix: a "dataset" block is (dataset, n_labeled) whenever the studies
-carry ``n_labeled``.
+carry ``n_labeled``. Nor does anything else (issue 23 item 19): studies of one method that
+were run with different settings — any param but the seed and a few names of places
+(``frame.study_settings``) — are different *variants* of it, each with its own leaderboard
+row, gains row, Welch test and profile; and a seed repeated with the same settings is one
+sample (the latest study is kept, and the leaderboard says which).
 """
 
 from __future__ import annotations
@@ -26,10 +30,15 @@ import pandas as pd
 from scipy import stats as sps
 
 from scarcelab.tracking import stats
-from scarcelab.tracking.query.frame import VAL, Tracked
+from scarcelab.tracking.query.frame import VAL, Tracked, study_settings
 
 TEST = "test_balanced_accuracy"
 LABELED_ONLY = ("sup", "mixup", "supcon")
+BLOCK = ("dataset", "n_labeled")
+#: settings the leaderboard shows as columns of their own (the rest go to ``setting``)
+SHOWN = ("n_val", "arch", "budget_minutes", "search")
+#: per-study columns that say which variant a study is and whether it is a sample
+VARIANT_COLUMNS = ["config", "setting", "variant", "kept", "duplicate_of"]
 
 
 def _as_set(x: Any) -> set[Any] | None:
@@ -67,34 +76,148 @@ def _block_keys(df: pd.DataFrame) -> list[str]:
 
 
 def per_study(t: Tracked, source: str = "auto", **filters: Any) -> pd.DataFrame:
-    """One row per counted study: its reported checkpoint's validation and test metrics."""
+    """One row per counted study: its reported checkpoint's validation and test metrics,
+    and which variant of its method it is (:data:`VARIANT_COLUMNS`):
+
+    * ``config`` — a digest of every setting it was run with (``frame.study_settings``);
+    * ``setting`` — the settings that differ between studies of its method within some
+      block, with this study's values, other than the :data:`SHOWN` ones (``"max_epochs=50,
+      patience=5"``; empty when nothing differs; settings it does not have are left out),
+      ``variant`` — the method's name with every such setting (``"fixmatch
+      (budget_minutes=1)"``; the bare name when nothing differs): unique within a block
+      and the same in every block, it is the name the cross-block views (gains, ranks,
+      significance, profile) give the variant;
+    * ``kept`` — whether it is the sample of its seed: of studies with the same block,
+      variant and seed only the latest (start time) is kept, ``duplicate_of`` names it on
+      the others. A study without a seed tag is a sample of its own."""
     sel = t.selected(source)
-    if "n_labeled" not in sel:
-        sel["n_labeled"] = np.nan
-    return filter_frame(sel, **filters).reset_index(drop=True)
+    for k in BLOCK:
+        if k not in sel:
+            sel[k] = np.nan
+    sel = filter_frame(sel, **filters).reset_index(drop=True)
+    return _variants(t, sel)
+
+
+def _variants(t: Tracked, sel: pd.DataFrame) -> pd.DataFrame:
+    """Add :data:`VARIANT_COLUMNS` (see :func:`per_study`) to the selected studies."""
+    if sel.empty:
+        return sel.assign(**{c: pd.Series(dtype=object) for c in VARIANT_COLUMNS})
+    studies = t.studies().set_index("run_id")
+    cfg = study_settings(studies.reset_index()).reindex(sel["study_id"].to_numpy())
+    cfg = cfg.drop(columns=[c for c in cfg.columns if c in ("family", "method", "dataset",
+                                                            "n_labeled")])
+    filled = cfg.astype(object).where(cfg.notna(), "\x00unset")
+    digest = pd.util.hash_pandas_object(filled[sorted(filled.columns)], index=False) \
+        if len(filled.columns) else pd.Series(0, index=filled.index, dtype="uint64")
+    config = [f"{int(h):016x}"[:12] for h in digest.to_numpy()]
+    keys = pd.DataFrame({"family": sel.get("family"), "method": sel.get("method"),
+                         "dataset": sel["dataset"], "n_labeled": sel["n_labeled"]})
+    # per method: the settings that differ between its studies within some block (only
+    # methods with two configurations in a block can have any: the common case is cheap)
+    varies: dict[tuple, list[str]] = {}
+    keyed = keys.reset_index(drop=True).assign(config=config)
+    n_cfg = keyed.groupby(["family", "method", *BLOCK], dropna=False)["config"].nunique()
+    several = {k[:2] for k, v in n_cfg.items() if v > 1}
+    for m in several:
+        rows = ((keyed["family"] == m[0]) | (keyed["family"].isna() & pd.isna(m[0]))) & (
+            (keyed["method"] == m[1]) | (keyed["method"].isna() & pd.isna(m[1])))
+        part = pd.concat([keyed.loc[rows, list(BLOCK)],
+                          filled.reset_index(drop=True).loc[rows]], axis=1)
+        n = part.groupby(list(BLOCK), dropna=False)[list(filled.columns)].nunique(
+            dropna=False).max()
+        varies[m] = sorted(n.index[n.to_numpy() > 1])
+    setting, variant = [], []
+    values = cfg.to_numpy(dtype=object)
+    col = {c: j for j, c in enumerate(cfg.columns)}
+    for i, (fam, meth) in enumerate(zip(keys["family"], keys["method"], strict=True)):
+        # the settings that vary for this method, with this study's values; unset ones
+        # are left out (two variants that differ in a setting cannot both have it unset,
+        # so the names stay unique, and the same variant has the same name in every block)
+        row = values[i]
+        names = [(k, row[col[k]]) for k in varies.get((fam, meth), [])
+                 if pd.notna(row[col[k]])]
+        setting.append(", ".join(f"{k}={v}" for k, v in names if k not in SHOWN))
+        pairs = ", ".join(f"{k}={v}" for k, v in names)
+        variant.append(f"{meth} ({pairs})" if pairs else str(meth))
+    out = sel.assign(config=config, setting=setting, variant=variant)
+    if "search" not in out and "search" in cfg:
+        out["search"] = cfg["search"].to_numpy()
+    # one sample per seed: the latest study of a (block, variant, seed)
+    start = out["study_id"].map(studies["start_time"]) if "start_time" in studies else 0
+    seed = out["seed"].astype(object).where(out["seed"].notna(), out["study_id"]) \
+        if "seed" in out else out["study_id"]
+    order = out.assign(_start=start, _seed=seed.astype(str)).sort_values(
+        "_start", kind="stable")
+    grp = order.groupby([*BLOCK, "family", "method", "config", "_seed"], dropna=False,
+                        sort=False)
+    latest = grp["study_id"].transform("last")
+    out["kept"] = (latest == order["study_id"]).reindex(out.index)
+    out["duplicate_of"] = latest.where(latest != order["study_id"]).reindex(out.index)
+    return out
+
+
+def samples(t: Tracked, source: str = "auto", **filters: Any) -> pd.DataFrame:
+    """:func:`per_study` without the repeated seeds: one row per (variant, seed)."""
+    s = per_study(t, source, **filters)
+    return s[s["kept"].astype(bool)].reset_index(drop=True) if len(s) else s
+
+
+def _repeats(s: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Per leaderboard row (``keys`` + config): which study stands for each seed that was
+    run more than once (``"seed 0: kept 1a2b3c4d (latest of 2)"``), else ``""``."""
+    dup = s[s["duplicate_of"].notna()] if "duplicate_of" in s else s.iloc[0:0]
+    if dup.empty or "seed" not in s:
+        return pd.Series(dtype=object)
+    kept = s[s["study_id"].isin(set(dup["duplicate_of"]))]
+    n = dup.groupby("duplicate_of").size()
+    texts = kept.assign(_t=[f"seed {sd}: kept {str(k)[:8]} (latest of {int(n[k]) + 1})"
+                            for sd, k in zip(kept["seed"], kept["study_id"], strict=True)])
+    texts = texts.sort_values("seed", kind="stable")
+    return texts.groupby([*keys, "config"], dropna=False)["_t"].agg("; ".join)
 
 
 def leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = False,
                 source: str = "auto", **filters: Any) -> pd.DataFrame:
     """Mean, std (sample, ddof=1) and n over seeds of the selected checkpoint's metrics per
-    (dataset, n_labeled, family, method); sorted by ``sort_by`` within each dataset block.
+    (dataset, n_labeled, family, method, settings); sorted by ``sort_by`` within each
+    dataset block.
+
+    A row is one variant of a method (:func:`per_study`): the label budget, validation
+    size, architecture, budget and search are columns; any other setting that differs is
+    in ``setting``. ``n`` counts distinct seeds; ``n_runs`` the studies found; a seed run
+    more than once counts once — the latest study — and ``repeats`` says which was kept.
 
     ``filters``: ``family``, ``dataset``, ``n_labeled``, ``budget_minutes``, ``method``.
     """
+    return _leaderboard(t, sort_by, ascending, source, **filters).drop(columns="variant")
+
+
+def _leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = False,
+                 source: str = "auto", **filters: Any) -> pd.DataFrame:
+    """:func:`leaderboard` with the ``variant`` column."""
     s = per_study(t, source, **filters)
     metrics = [VAL] + sorted(c for c in s.columns if c.startswith("test_"))
     keys = ["dataset", "n_labeled", "family", "method"]
-    for k in keys:
+    for k in [*keys, *SHOWN]:
         if k not in s:
             s[k] = np.nan
-    cols = [*keys, "n"] + [f"{m}_{a}" for m in metrics for a in ("mean", "std")]
+    cols = [*keys, *SHOWN, "setting", "n", "n_runs", "repeats", "variant"] + [
+        f"{m}_{a}" for m in metrics for a in ("mean", "std")]
     if s.empty:
         return pd.DataFrame(columns=cols)
-    g = s.groupby(keys, dropna=False, sort=True)
+    kept = s[s["kept"].astype(bool)]
+    g = kept.groupby([*keys, "config"], dropna=False, sort=True)
     out = g[metrics].agg(["mean", "std"])
     out.columns = [f"{m}_{a}" for m, a in out.columns]
-    out.insert(0, "n", g.size())
+    first = g[[*SHOWN, "setting", "variant"]].first()
+    out = first.join(out)
+    out.insert(len(first.columns), "n", g.size())
+    every = s.groupby([*keys, "config"], dropna=False, sort=True)
+    out.insert(len(first.columns) + 1, "n_runs", every.size())
+    out.insert(len(first.columns) + 2, "repeats",
+               _repeats(s, keys).reindex(out.index).fillna("").astype(object))
     out = out.reset_index()[cols]
+    out["budget_minutes"] = pd.to_numeric(out["budget_minutes"], errors="coerce").astype(float)
     if sort_by not in out:
         raise ValueError(f"cannot sort by {sort_by!r}; columns: {', '.join(out.columns)}")
     out = out.sort_values(["dataset", "n_labeled", sort_by],
@@ -110,11 +233,12 @@ def _block_label(row: pd.Series, multi_budget: set[str]) -> str:
 
 def gains(t: Tracked, labeled_only: Sequence[str] = LABELED_ONLY, metric: str = TEST,
           source: str = "auto", **filters: Any) -> pd.DataFrame:
-    """Rows: methods; columns: per dataset, mean ``metric`` minus the best labeled-only
-    method's mean on that dataset; then ``median_gain`` and ``worst_gain`` across datasets.
-    The reference (method, score) per dataset is in ``.attrs["reference"]``. Datasets with
-    no labeled-only method are left out, with a warning."""
-    lb = leaderboard(t, source=source, **filters)
+    """Rows: methods (a method run with several settings: one row per variant, named as in
+    :func:`per_study`); columns: per dataset, mean ``metric`` minus the best labeled-only
+    variant's mean on that dataset; then ``median_gain`` and ``worst_gain`` across
+    datasets. The reference (variant, score) per dataset is in ``.attrs["reference"]``.
+    Datasets with no labeled-only method are left out, with a warning."""
+    lb = _leaderboard(t, source=source, **filters)
     col = f"{metric}_mean"
     if lb.empty:
         return pd.DataFrame(columns=["method", "median_gain", "worst_gain"])
@@ -129,8 +253,8 @@ def gains(t: Tracked, labeled_only: Sequence[str] = LABELED_ONLY, metric: str = 
                           f"{block}; left out", stacklevel=2)
             continue
         best = base.loc[base[col].idxmax()]
-        reference[block] = (best["method"], float(best[col]))
-        table[block] = part.set_index("method")[col] - float(best[col])
+        reference[block] = (best["variant"], float(best[col]))
+        table[block] = part.set_index("variant")[col] - float(best[col])
     out = pd.DataFrame(table)
     if out.empty:
         return pd.DataFrame(columns=["method", "median_gain", "worst_gain"])
@@ -148,8 +272,9 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
     (highest mean): two-sided Welch's t-test (unequal variances). ``p_value`` is NaN for the
     best itself and where either side has fewer than two seeds; ``significantly_worse``
     is ``p_value < alpha`` (the paper sets the others in italics: not distinguishable from
-    the best)."""
-    s = per_study(t, source, **filters)
+    the best). A method run with several settings is one row per variant (``method`` is
+    the variant's name, :func:`per_study`); a repeated seed is one sample."""
+    s = samples(t, source, **filters)
     cols = ["dataset", "n_labeled", "method", "mean", "std", "n", "best_method", "t_statistic",
             "p_value", "significantly_worse"]
     if s.empty or metric not in s:
@@ -159,7 +284,7 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
             s[k] = np.nan
     rows = []
     for (ds, nl), part in s.groupby(["dataset", "n_labeled"], dropna=False, sort=True):
-        vals = {m: g[metric].dropna().to_numpy() for m, g in part.groupby("method")}
+        vals = {m: g[metric].dropna().to_numpy() for m, g in part.groupby("variant")}
         means = {m: v.mean() for m, v in vals.items() if len(v)}
         if not means:
             continue
@@ -184,9 +309,10 @@ def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
     checkpoint was evaluated), the ``metric`` of the checkpoint best on validation by then
     and that validation score (``val_*``, monotone in t), mean/min/max over the seeds. A
     value is NaN until every seed has evaluated a checkpoint, so the mean is over a fixed set
-    of seeds and the validation mean stays monotone."""
+    of seeds and the validation mean stays monotone. ``method`` is the variant's name
+    (:func:`per_study`); a repeated seed is one sample."""
     rec = t.record(source, tests=[metric])
-    studies = per_study(t, source, **filters)
+    studies = samples(t, source, **filters)
     cols = ["dataset", "n_labeled", "method", "t_s", "n", f"{metric}_mean", f"{metric}_min",
             f"{metric}_max", f"{VAL}_mean", f"{VAL}_min", f"{VAL}_max"]
     if studies.empty or rec.empty:
@@ -203,7 +329,7 @@ def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
             continue
         ts = np.asarray(grid, dtype=float) if grid is not None else np.linspace(
             0.0, float(max(ends)), n_points)
-        for m, grp in block.groupby("method", sort=True):
+        for m, grp in block.groupby("variant", sort=True):
             test = np.full((len(grp), len(ts)), np.nan)
             val = np.full_like(test, np.nan)
             for i, sid in enumerate(grp["study_id"]):
@@ -234,14 +360,17 @@ def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
 
 def study_scores(t: Tracked, metric: str = TEST, source: str = "auto",
                  **filters: Any) -> pd.DataFrame:
-    """Rows: dataset blocks; columns: methods; values: the leaderboard mean of ``metric``."""
-    lb = leaderboard(t, source=source, **filters)
+    """Rows: dataset blocks; columns: methods (their variants, :func:`per_study`); values:
+    the leaderboard mean of ``metric``."""
+    lb = _leaderboard(t, source=source, **filters)
     if lb.empty:
         return pd.DataFrame()
     lb = lb.assign(problem=lb["dataset"].astype(str) + np.where(
         lb["n_labeled"].notna(), " n=" + lb["n_labeled"].astype("Int64").astype(str), ""))
-    return lb.pivot_table(index="problem", columns="method", values=f"{metric}_mean",
-                          aggfunc="mean")
+    scores = lb.pivot_table(index="problem", columns="variant", values=f"{metric}_mean",
+                            aggfunc="mean")  # one leaderboard row per cell: nothing pooled
+    scores.columns.name = "method"
+    return scores
 
 
 def al_scores(t: Tracked, metric: str = "al/auc", blocks: Sequence[str] = ("dataset",

@@ -14,6 +14,13 @@ would silently produce meaningless numbers.
 
 Facts in the table (md5 values, class names, split sizes, tasks) are copied from the
 ``medmnist`` package's ``INFO`` (v3.0.2), https://github.com/MedMNIST/MedMNIST.
+
+The positive class of the two binary sets is the disease: PneumoniaMNIST's ``pneumonia``
+(label 1; INFO: "binary-class classification of pneumonia against normal") and
+BreastMNIST's ``malignant`` (label 0; INFO's labels are ``{"0": "malignant", "1":
+"normal, benign"}``, and its description calls the merged "normal and benign" class the
+*positive* one — the opposite of what a screening metric needs). ChestMNIST is
+multi-label and has none.
 """
 
 from __future__ import annotations
@@ -57,6 +64,9 @@ class MedMNISTInfo:
     md5: str
     n_samples: tuple[int, int, int]
     license: str = "CC BY 4.0"
+    # binary sets: the class the task detects (the disease), by name — not MedMNIST's own
+    # "positive", which for BreastMNIST is "normal, benign" (see its INFO description)
+    positive: str | None = None
 
     @property
     def task(self) -> str:
@@ -150,6 +160,7 @@ MEDMNIST_INFO: dict[str, MedMNISTInfo] = {
         ("normal", "pneumonia"),
         "28209eda62fecd6e6a2d98b1501bb15f",
         (4708, 524, 624),
+        positive="pneumonia",
     ),
     "retinamnist": MedMNISTInfo(
         "ordinal-regression",
@@ -164,6 +175,7 @@ MEDMNIST_INFO: dict[str, MedMNISTInfo] = {
         ("malignant", "normal, benign"),
         "750601b1f35ba3300ea97c75c52ff8f6",
         (546, 78, 156),
+        positive="malignant",
     ),
     "bloodmnist": MedMNISTInfo(
         "multi-class",
@@ -387,6 +399,7 @@ def load_medmnist(
         task=info.task,
         source=f"medmnist:{path}",
         md5=got_md5,
+        positive_class=info.class_names.index(info.positive) if info.positive else None,
     )
 
 

@@ -68,7 +68,8 @@ def load_mhist(data_dir: str | Path | None = None, size: int = DEFAULT_SIZE,
     return RawDataset(name="mhist", train_x=read_images(ftr, size),
                       train_y=np.asarray(ytr, dtype=np.int64), test_x=read_images(fte, size),
                       test_y=np.asarray(yte, dtype=np.int64), num_classes=2,
-                      class_names=list(CLASSES), source=str(root))
+                      class_names=list(CLASSES), source=str(root),
+                      positive_class=CLASSES.index("SSA"))  # precancerous; HP is benign
 
 
 @DATASETS.register("mhist")

@@ -91,7 +91,7 @@ def load_pcam(data_dir: str | Path | None = None, download: bool = True,
     xte, yte = _split(root, "test", download, md5, None, seed)
     return RawDataset(name="pcam", train_x=xtr, train_y=ytr, test_x=xte, test_y=yte,
                       num_classes=2, class_names=list(CLASSES), val_x=xva, val_y=yva,
-                      source=str(root))
+                      source=str(root), positive_class=1)  # metastatic tumour
 
 
 @DATASETS.register("pcam")
