@@ -17,7 +17,35 @@ def _version() -> str:
     return __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """Loads the command modules when the commands are first read, not at import.
+
+    Every command module imports ``main`` from here; loading them when this module was
+    imported made ``import scarcelab.entrypoints.study`` on its own a circular import
+    (study -> cli -> contamination -> study, partially initialised). Registering a command
+    (``add_command``, what ``@main.command`` does) never triggers the load; reading
+    ``commands``, ``get_command`` or ``list_commands`` does.
+    """
+
+    @property  # type: ignore[override]
+    def commands(self) -> dict[str, click.Command]:
+        if not getattr(self, "_loading", False):
+            _load_commands()
+        return self._commands
+
+    @commands.setter
+    def commands(self, value: dict[str, click.Command]) -> None:
+        self._commands = value
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        saved, self._loading = getattr(self, "_loading", False), True
+        try:
+            super().add_command(cmd, name)  # its self.commands[...] write must not load
+        finally:
+            self._loading = saved
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "-V", "--version", prog_name="scarcelab")
 @click.option("-v", "--verbose", is_flag=True, help="progress lines also when not on a "
               "terminal, per-epoch lines, INFO logs (also accepted after the command)")
@@ -41,6 +69,10 @@ def _load_commands() -> None:
     A new entry point is one new file here (plus its MLproject entry); this file is not
     edited.
     """
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
     import importlib
     import pkgutil
 
@@ -51,7 +83,7 @@ def _load_commands() -> None:
             importlib.import_module(f"scarcelab.entrypoints.{info.name}")
 
 
-_load_commands()
+_loaded = False
 
 if __name__ == "__main__":
     # Run through the imported module so that commands registered on ``entrypoints.cli.main``

@@ -199,3 +199,30 @@ def test_roc_legend_names_the_positive_class():
     assert labels[0] == f"malignant (AUC {skm.auc(fpr, tpr):.3f})"
     fig1 = roc_figure(y, p, ["malignant", "normal, benign"])
     assert fig1.axes[0].get_legend().get_texts()[0].get_text().startswith("normal, benign")
+
+
+def test_a_breastmnist_linear_probe_reports_malignant_detection(medmnist_dir):
+    """probe (linear) scores the dataset's positive class too, tags and logs it; before, it
+    always read class 1's curve ("normal, benign" on BreastMNIST)."""
+    from scarcelab.data import load_raw
+    from scarcelab.models.encoder import build_encoder
+    from scarcelab.protocols.transfer import ProbeConfig, run_linear
+    from scarcelab.tracker import InMemoryTracker
+
+    enc, info = build_encoder("random", "small_cnn", 1, seed=0)
+    t = InMemoryTracker()
+    res = run_linear(ProbeConfig(dataset="breastmnist", data_dir=str(medmnist_dir),
+                                 encoder="random", device="cpu", probe_trials=3), enc, info, t)
+    raw = load_raw("breastmnist", str(medmnist_dir))
+    with torch.no_grad():
+        proba = torch.softmax(t.model(torch.as_tensor(raw.test_x).float() / 255.0), 1).numpy()
+    y = raw.test_y
+    mal = _brute_partial_area(y == 0, proba[:, 0], 0.1) / 0.1
+    benign = _brute_partial_area(y == 1, proba[:, 1], 0.1) / 0.1
+    assert res.test["pauroc_spec90"] == pytest.approx(mal, abs=1e-4)
+    assert res.test["sensitivity_at_spec95"] == pytest.approx(
+        _brute_sensitivity(y == 0, proba[:, 0], 0.95), abs=1e-4)
+    assert abs(mal - benign) > 1e-3  # the two differ here: the test can fail
+    assert t.study is not None
+    assert t.study.tags["scarcelab.positive_class"] == "malignant"
+    assert t.study.params["positive_class"] == 0

@@ -40,7 +40,7 @@ from torch import nn
 import scarcelab
 from scarcelab.data import load_raw
 from scarcelab.data.augment import to_float
-from scarcelab.data.bundle import RawDataset
+from scarcelab.data.bundle import RawDataset, resolve_positive_class
 from scarcelab.data.splits import make_split
 from scarcelab.errors import ConfigError
 from scarcelab.metrics import classification_metrics
@@ -177,13 +177,17 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
     split = probe_split(cfg, raw)
     device = torch.device(cfg.resolved_device())
     arch = str(enc_info.get("arch", cfg.arch))
+    pos = resolve_positive_class(raw)  # a binary task's disease class, as the studies
     tags = {"scarcelab.role": "probe", "scarcelab.family": "transfer",
             "scarcelab.method": "linear_probe", "scarcelab.dataset": raw.name,
             "scarcelab.seed": str(cfg.seed), "scarcelab.split_hash": split["hash"],
             "scarcelab.version": scarcelab.__version__, "scarcelab.arch": arch,
             "scarcelab.label_fraction": label_fraction_tag(split),
             **encoder_tags(cfg, enc_info)}
+    if pos is not None:
+        tags["scarcelab.positive_class"] = raw.class_names[pos]
     resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": str(device),
+                "positive_class": pos,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
                 "n_test": len(raw.test_y), "encoder_info": enc_info}
     params = {k: v for k, v in resolved.items() if k not in ("overrides", "encoder_info",
@@ -211,7 +215,7 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
             np.random.default_rng(cfg.seed))
         t_fit = time.time() - tp
         proba = probe.predict_proba(enc.x_test)
-        test = classification_metrics(raw.test_y, proba)
+        test = classification_metrics(raw.test_y, proba, positive_class=pos)
         elapsed = time.time() - t0
         tracker.log_metrics({"val/balanced_accuracy": probe.val_balanced_accuracy,
                              **{f"test/{k}": v for k, v in test.items()},
@@ -294,7 +298,8 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
     model = export_classifier(_method_from_checkpoint(method_cls, ckpt, bundle), ckpt,
                               raw.class_names)
     proba = _predict(model, raw.test_x, torch.device(scfg.resolved_device()))
-    test = classification_metrics(raw.test_y, proba)
+    # the study's own test metrics used the dataset's positive class: the same here
+    test = classification_metrics(raw.test_y, proba, positive_class=resolve_positive_class(raw))
     return ProbeResult(
         "finetune", test, res.best_val,
         confusion_matrix(raw.test_y, proba.argmax(1), raw.num_classes), list(raw.class_names),
