@@ -70,9 +70,12 @@ def test_asha_prunes_and_retrains_visible_in_optuna_and_mlflow(tmp_path, store):
     assert m["final/test_balanced_accuracy_std"] == pytest.approx(np.std(scores, ddof=1))
     hist = c.get_metric_history(tracker.study_run_id, "final/test_balanced_accuracy")
     assert sorted(h.step for h in hist) == [0, 1, 2]
-    # the best configuration is the best finished trial of the study, and was retrained
-    best = max((t for t in study.get_trials() if t.state == TrialState.COMPLETE),
-               key=lambda t: t.value)
+    # the best configuration: the highest last report over finished and stopped trials
+    # (gem get_best_trial(..., "last")), and it was retrained
+    done = [t for t in study.get_trials()
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    best = max(done, key=lambda t: (t.intermediate_values[max(t.intermediate_values)],
+                                    -t.number))
     assert res.best_params == best.params
     assert retrains[0].data.params["batch_size"] == str(best.params["batch_size"])
     # the Table-3 view renders from this store
@@ -111,8 +114,18 @@ def test_paper_settings_and_clear_errors(tmp_path):
         ("wrn16_8", 500, 50, 250, (10, 25, 50))
     assert SETTINGS["cub"].grace_period == 10 and SETTINGS["cub"].epochs == 200
     assert SETTINGS["clamm"].augmentation == "deic_rrc20"  # no flips for handwriting
-    with pytest.raises(ConfigError, match="--epochs"):
-        TuneConfig(method="ce", dataset="imagenet50").settings()
+    # ImageNet: the paper's Table 2 (not in gem's scripts): 200 epochs in the search, 500
+    # in the final training, 100 trials, grace period 10
+    im = TuneConfig(method="ce", dataset="imagenet50").settings()
+    assert (im.epochs, im.final_epochs, im.n_trials, im.grace_period, im.augmentation) == \
+        (200, 500, 100, 10, "deic_rrc10_hflip")
+    assert SETTINGS["cub"].final_epochs == 200  # gem: --epochs-f defaults to --epochs
+    # a user's --epochs scales the final training with it unless --epochs-final is given
+    assert TuneConfig(method="ce", dataset="imagenet50", epochs=12).settings().final_epochs == 12
+    assert TuneConfig(method="ce", dataset="cub", epochs=12,
+                      epochs_final=30).settings().final_epochs == 30
+    with pytest.raises(ConfigError, match="--epochs-final"):
+        TuneConfig(method="ce", dataset="cub", epochs_final=-1).settings()
     with pytest.raises(ConfigError, match="grace_period"):
         TuneConfig(method="ce", dataset="cifair10", epochs=10).settings()
     with pytest.raises(ConfigError, match="supervised"):

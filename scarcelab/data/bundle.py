@@ -16,6 +16,8 @@ class RawDataset:
     (multi-label sets keep (N, K) and set ``task="multi-label"``). ``val`` is the
     official validation split when the source has one (scarcelab's own validation set
     is drawn from ``train`` by the split builder; see ``scarcelab.data.splits``).
+    ``notes`` are facts about the copy that every run on it must carry as tags
+    (``scarcelab.<key>``), e.g. that a stand-in test set replaced the official one.
     """
 
     name: str
@@ -30,6 +32,7 @@ class RawDataset:
     task: str = "multi-class"
     source: str = ""
     md5: str | None = None
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def channels(self) -> int:
