@@ -203,3 +203,45 @@ def test_tune_command_line(tmp_path, store):
     assert bad.exit_code != 0 and "--batch-sizes" in bad.output
     unknown = CliRunner().invoke(main, [*args, "--set", "lambda_ole=0.3"])
     assert unknown.exit_code != 0 and "unknown hyperparameter" in unknown.output
+
+
+def test_final_training_has_its_own_epoch_count():
+    """gem ``full_train.py --epochs-f``: the search trains ``epochs``, every retrain
+    ``epochs_final`` (recorded as the retrain's ``epochs`` param, one train/loss per epoch)."""
+    t = InMemoryTracker()
+    res = run_tune(TuneConfig(method="ce", dataset="synthetic_tiny_rgb", arch="small_cnn",
+                              epochs=1, epochs_final=3, grace_period=1, n_trials=2,
+                              batch_sizes=(8,), max_steps_per_epoch=1, n_final=2), t)
+    assert len(res.final_test) == 2
+    trials = [r for r in t.trials if r.tags["scarcelab.role"] == "trial"]
+    retrains = [r for r in t.trials if r.tags["scarcelab.role"] == "retrain"]
+    assert all(len(r.history("train/loss")) == 1 for r in trials)
+    assert all(len(r.history("train/loss")) == 3 and r.params["epochs"] == 3
+               for r in retrains)
+    assert t.study.params["epochs"] == 1 and t.study.params["epochs_final"] == 3
+
+
+def test_tune_mlproject_parameters_match_the_cli():
+    """Every MLproject ``tune`` parameter is a CLI option with the same default and is
+    passed as ``--<name> {<name>}``; every CLI option but --experiment is a parameter
+    (--device: ``auto`` in both since issue 23, it was ``cpu`` on the CLI)."""
+    from pathlib import Path
+
+    from mlflow.projects import _project_spec
+
+    from scarcelab.entrypoints.cli import main
+
+    ep = _project_spec.load_project(str(Path(__file__).resolve().parents[1])) \
+        .get_entry_point("tune")
+    opts = {o: p for p in main.commands["tune"].params for o in p.opts}
+    names = {p.name for p in main.commands["tune"].params} - {"experiment"}
+    renamed = {"set": "overrides"}
+    assert {renamed.get(k, k) for k in ep.parameters} == names
+    for key, p in ep.parameters.items():
+        flag = "--" + key.replace("_", "-")
+        assert flag in opts, key
+        assert f"{flag} {{{key}}}" in ep.command, key
+        if key == "method":  # `mlflow run . -e tune` runs the CE baseline; the CLI asks
+            assert (p.default, opts[flag].default) == ("ce", "")  # for --method (or --resume)
+            continue
+        assert str(p.default) == str(opts[flag].default), key
