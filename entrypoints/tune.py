@@ -8,7 +8,14 @@ from typing import Any
 import click
 
 from scarcelab.entrypoints.cli import main
-from scarcelab.entrypoints.options import SEED_MAX, Device, Float, Int, RunId
+from scarcelab.entrypoints.options import (
+    SEED_MAX,
+    Device,
+    Float,
+    Int,
+    RunId,
+    check_device,
+)
 from scarcelab.errors import ScarcelabError
 
 
@@ -74,6 +81,7 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
 def tune_cmd(**kw: Any) -> None:
     if not kw["method"] and not kw["resume"]:
         raise click.UsageError("give --method (or --resume <study run id>)")
+    check_device(kw["device"])
     import os
 
     from scarcelab.protocols.search import parse_overrides

@@ -245,3 +245,17 @@ def test_tune_mlproject_parameters_match_the_cli():
             assert (p.default, opts[flag].default) == ("ce", "")  # for --method (or --resume)
             continue
         assert str(p.default) == str(opts[flag].default), key
+
+
+def test_tune_device_option_is_checked_like_the_other_entry_points():
+    from click.testing import CliRunner
+
+    from scarcelab.entrypoints.cli import main
+
+    bad = CliRunner().invoke(main, ["tune", "--method", "ce", "--device", "nosuch"])
+    assert bad.exit_code != 0 and "expected auto, cpu, cuda, cuda:N or mps" in bad.output
+    import torch
+
+    if not torch.cuda.is_available():
+        r = CliRunner().invoke(main, ["tune", "--method", "ce", "--device", "cuda"])
+        assert r.exit_code != 0 and "CUDA is not available" in r.output
