@@ -8,7 +8,14 @@ from typing import Any
 import click
 
 from scarcelab.entrypoints.cli import main
-from scarcelab.entrypoints.options import SEED_MAX, Float, Int, RunId
+from scarcelab.entrypoints.options import (
+    SEED_MAX,
+    Device,
+    Float,
+    Int,
+    RunId,
+    check_device,
+)
 from scarcelab.errors import ScarcelabError
 
 
@@ -40,6 +47,11 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
 @click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
 @click.option("--epochs", default="default", show_default=True,
               type=Int(1, None, default_ok=True))
+@click.option("--epochs-final", default="default", show_default=True,
+              type=Int(1, None, default_ok=True),
+              help="epochs of each final retraining (gem --epochs-f); default: the "
+              "dataset's published count (ImageNet: 500) while --epochs is the published "
+              "one, else --epochs")
 @click.option("--grace-period", default="default", show_default=True,
               type=Int(1, None, default_ok=True))
 @click.option("--n-trials", default="default", show_default=True,
@@ -55,7 +67,7 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
               type=Int(1, None, default_ok=True))
 @click.option("--budget-minutes", default="0", show_default=True, type=Float(0, None),
               help="wall-clock cap on the search (0 = none)")
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--set", "overrides", default="", help="fixed hyperparameters, e.g. "
               "'lambda_ole=0.25'")
 @click.option("--study-name", default="", help="workers given the same name (and "
@@ -69,6 +81,7 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
 def tune_cmd(**kw: Any) -> None:
     if not kw["method"] and not kw["resume"]:
         raise click.UsageError("give --method (or --resume <study run id>)")
+    check_device(kw["device"])
     import os
 
     from scarcelab.protocols.search import parse_overrides
@@ -86,7 +99,8 @@ def tune_cmd(**kw: Any) -> None:
             cfg = TuneConfig(
                 method=kw["method"], dataset=kw["dataset"], data_dir=kw["data_dir"] or None,
                 arch=None if kw["arch"] in ("", "default", "auto") else kw["arch"],
-                seed=kw["seed"], epochs=kw["epochs"], grace_period=kw["grace_period"],
+                seed=kw["seed"], epochs=kw["epochs"], epochs_final=kw["epochs_final"],
+                grace_period=kw["grace_period"],
                 n_trials=kw["n_trials"], batch_sizes=_batch_sizes(kw["batch_sizes"]),
                 n_final=kw["n_final"], phase=kw["phase"],
                 max_steps_per_epoch=kw["max_steps_per_epoch"],

@@ -134,6 +134,21 @@ class BatchSource:
         self.labeled_views = [AUGMENTATIONS.get(v) for v in (
             method.labeled_views if labeled_views is None else labeled_views)]
         self.views = [AUGMENTATIONS.get(v) for v in method.views]
+        # labeled images stored whole for a crop of the original (the tune protocol's
+        # RandomResizedCrop sets): every labeled view must take their original sizes
+        geo = bundle.meta.get("labeled_geometry")
+        self.sizes = self.out_size = None
+        if geo is not None:
+            bad = [v for v, f in zip(method.labeled_views if labeled_views is None
+                                     else labeled_views, self.labeled_views, strict=True)
+                   if not getattr(f, "takes_geometry", False)]
+            if bad:
+                raise ConfigError(f"the labeled images are stored whole at "
+                                  f"{bundle.labeled_x.shape[-1]} px for a crop of the "
+                                  f"original; view(s) {bad} cannot make "
+                                  f"{geo['out_size']}-px crops of them")
+            self.sizes = torch.as_tensor(geo["sizes"]).to(device)
+            self.out_size = int(geo["out_size"])
         self.bl = batch_labeled if self.labeled_views else 0
         self.bu = batch_unlabeled if self.views else 0
         if self.views and len(self.xu) == 0:
@@ -158,7 +173,11 @@ class BatchSource:
         if self.bl:
             idx = self._take("l", self.bl, len(self.xl))
             x = to_float(self.xl[idx])
-            xs = [normalize(aug(x, self.g)) for aug in self.labeled_views]
+            if self.sizes is None:
+                xs = [normalize(aug(x, self.g)) for aug in self.labeled_views]
+            else:
+                xs = [normalize(aug(x, self.g, sizes=self.sizes[idx], out_size=self.out_size))
+                      for aug in self.labeled_views]
             y = self.yl[idx]
         us: list[torch.Tensor] = []
         u_idx = None

@@ -210,6 +210,7 @@ def test_cifair10_split_from_shared_cifar10():
     from scarcelab.data import load_raw
 
     raw = load_raw("cifair10")
+    assert raw.notes["test_set"] == "CIFAR-10"  # not ciFAIR-10's test set: said so
     assert np.bincount(raw.train_y).tolist() == [30] * 10
     assert np.bincount(raw.val_y).tolist() == [20] * 10
     assert len(raw.test_y) == 10_000 and raw.channels == 3

@@ -241,7 +241,8 @@ def test_history_prefixes_are_literal(store, reader):
 def test_retrain_scores_without_scores_keeps_its_columns(tracked):
     # the only retrain run logged no test/balanced_accuracy
     out = retrain_scores(tracked)
-    assert out.empty and list(out.columns) == ["dataset", "method", "study_id", "score"]
+    assert out.empty and list(out.columns) == ["dataset", "method", "study_id", "test_set",
+                                               "start_time", "score"]
 
 
 def test_al_scores_average_repetitions_by_default(tracked):

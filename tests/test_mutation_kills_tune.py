@@ -138,7 +138,8 @@ STUDY_TAGS = {"scarcelab.role": "study", "scarcelab.protocol": "tune",
               "scarcelab.dataset": "synthetic_tiny_rgb", "scarcelab.seed": "0",
               "scarcelab.version": scarcelab.__version__, "scarcelab.arch": "small_cnn",
               "scarcelab.search": "asha", "scarcelab.study_key": "study-a",
-              "scarcelab.optuna_study": "study-a", "scarcelab.tune_phase": "all"}
+              "scarcelab.optuna_study": "study-a", "scarcelab.tune_phase": "all",
+              "scarcelab.test_set": "official"}
 
 
 def test_resume_runs_the_missing_retrain_under_the_recorded_study():

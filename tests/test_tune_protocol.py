@@ -70,9 +70,12 @@ def test_asha_prunes_and_retrains_visible_in_optuna_and_mlflow(tmp_path, store):
     assert m["final/test_balanced_accuracy_std"] == pytest.approx(np.std(scores, ddof=1))
     hist = c.get_metric_history(tracker.study_run_id, "final/test_balanced_accuracy")
     assert sorted(h.step for h in hist) == [0, 1, 2]
-    # the best configuration is the best finished trial of the study, and was retrained
-    best = max((t for t in study.get_trials() if t.state == TrialState.COMPLETE),
-               key=lambda t: t.value)
+    # the best configuration: the highest last report over finished and stopped trials
+    # (gem get_best_trial(..., "last")), and it was retrained
+    done = [t for t in study.get_trials()
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    best = max(done, key=lambda t: (t.intermediate_values[max(t.intermediate_values)],
+                                    -t.number))
     assert res.best_params == best.params
     assert retrains[0].data.params["batch_size"] == str(best.params["batch_size"])
     # the Table-3 view renders from this store
@@ -111,8 +114,18 @@ def test_paper_settings_and_clear_errors(tmp_path):
         ("wrn16_8", 500, 50, 250, (10, 25, 50))
     assert SETTINGS["cub"].grace_period == 10 and SETTINGS["cub"].epochs == 200
     assert SETTINGS["clamm"].augmentation == "deic_rrc20"  # no flips for handwriting
-    with pytest.raises(ConfigError, match="--epochs"):
-        TuneConfig(method="ce", dataset="imagenet50").settings()
+    # ImageNet: the paper's Table 2 (not in gem's scripts): 200 epochs in the search, 500
+    # in the final training, 100 trials, grace period 10
+    im = TuneConfig(method="ce", dataset="imagenet50").settings()
+    assert (im.epochs, im.final_epochs, im.n_trials, im.grace_period, im.augmentation) == \
+        (200, 500, 100, 10, "deic_rrc10_hflip")
+    assert SETTINGS["cub"].final_epochs == 200  # gem: --epochs-f defaults to --epochs
+    # a user's --epochs scales the final training with it unless --epochs-final is given
+    assert TuneConfig(method="ce", dataset="imagenet50", epochs=12).settings().final_epochs == 12
+    assert TuneConfig(method="ce", dataset="cub", epochs=12,
+                      epochs_final=30).settings().final_epochs == 30
+    with pytest.raises(ConfigError, match="--epochs-final"):
+        TuneConfig(method="ce", dataset="cub", epochs_final=-1).settings()
     with pytest.raises(ConfigError, match="grace_period"):
         TuneConfig(method="ce", dataset="cifair10", epochs=10).settings()
     with pytest.raises(ConfigError, match="supervised"):
@@ -190,3 +203,59 @@ def test_tune_command_line(tmp_path, store):
     assert bad.exit_code != 0 and "--batch-sizes" in bad.output
     unknown = CliRunner().invoke(main, [*args, "--set", "lambda_ole=0.3"])
     assert unknown.exit_code != 0 and "unknown hyperparameter" in unknown.output
+
+
+def test_final_training_has_its_own_epoch_count():
+    """gem ``full_train.py --epochs-f``: the search trains ``epochs``, every retrain
+    ``epochs_final`` (recorded as the retrain's ``epochs`` param, one train/loss per epoch)."""
+    t = InMemoryTracker()
+    res = run_tune(TuneConfig(method="ce", dataset="synthetic_tiny_rgb", arch="small_cnn",
+                              epochs=1, epochs_final=3, grace_period=1, n_trials=2,
+                              batch_sizes=(8,), max_steps_per_epoch=1, n_final=2), t)
+    assert len(res.final_test) == 2
+    trials = [r for r in t.trials if r.tags["scarcelab.role"] == "trial"]
+    retrains = [r for r in t.trials if r.tags["scarcelab.role"] == "retrain"]
+    assert all(len(r.history("train/loss")) == 1 for r in trials)
+    assert all(len(r.history("train/loss")) == 3 and r.params["epochs"] == 3
+               for r in retrains)
+    assert t.study.params["epochs"] == 1 and t.study.params["epochs_final"] == 3
+
+
+def test_tune_mlproject_parameters_match_the_cli():
+    """Every MLproject ``tune`` parameter is a CLI option with the same default and is
+    passed as ``--<name> {<name>}``; every CLI option but --experiment is a parameter
+    (--device: ``auto`` in both since issue 23, it was ``cpu`` on the CLI)."""
+    from pathlib import Path
+
+    from mlflow.projects import _project_spec
+
+    from scarcelab.entrypoints.cli import main
+
+    ep = _project_spec.load_project(str(Path(__file__).resolve().parents[1])) \
+        .get_entry_point("tune")
+    opts = {o: p for p in main.commands["tune"].params for o in p.opts}
+    names = {p.name for p in main.commands["tune"].params} - {"experiment"}
+    renamed = {"set": "overrides"}
+    assert {renamed.get(k, k) for k in ep.parameters} == names
+    for key, p in ep.parameters.items():
+        flag = "--" + key.replace("_", "-")
+        assert flag in opts, key
+        assert f"{flag} {{{key}}}" in ep.command, key
+        if key == "method":  # `mlflow run . -e tune` runs the CE baseline; the CLI asks
+            assert (p.default, opts[flag].default) == ("ce", "")  # for --method (or --resume)
+            continue
+        assert str(p.default) == str(opts[flag].default), key
+
+
+def test_tune_device_option_is_checked_like_the_other_entry_points():
+    from click.testing import CliRunner
+
+    from scarcelab.entrypoints.cli import main
+
+    bad = CliRunner().invoke(main, ["tune", "--method", "ce", "--device", "nosuch"])
+    assert bad.exit_code != 0 and "expected auto, cpu, cuda, cuda:N or mps" in bad.output
+    import torch
+
+    if not torch.cuda.is_available():
+        r = CliRunner().invoke(main, ["tune", "--method", "ce", "--device", "cuda"])
+        assert r.exit_code != 0 and "CUDA is not available" in r.output

@@ -201,3 +201,21 @@ def test_tune_range_errors_name_the_option(option, value, tmp_path, monkeypatch)
     assert r.exit_code == 2 and len(err) == 1, r.output
     assert f"'{option}'" in err[0] and "must be >= 1" in err[0]
     assert "not published" not in r.output and not db.exists()
+
+
+def test_resume_reads_the_final_epoch_count_and_old_studies_keep_theirs():
+    """A study records ``epochs_final``; one recorded before it existed retrained for
+    ``epochs`` (gem's default), and resuming it must not switch to a dataset default."""
+    from types import SimpleNamespace
+
+    from scarcelab.tracking.tune_resume import _fields
+
+    params = {"resolved.method": "ce", "resolved.dataset": "imagenet50", "arch": "small_cnn",
+              "seed": "0", "epochs": "12", "grace_period": "2", "n_trials": "4",
+              "batch_sizes": "[8]", "n_final": "3", "phase": "all",
+              "max_steps_per_epoch": "null", "data_dir": "null"}
+    run = SimpleNamespace(data=SimpleNamespace(params=params, tags={}),
+                          info=SimpleNamespace(run_id="r"))
+    assert _fields(run)["epochs_final"] == 12
+    params["resolved.epochs_final"] = "30"
+    assert _fields(run)["epochs_final"] == 30

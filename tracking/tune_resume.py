@@ -110,9 +110,14 @@ def _fields(run: Any) -> dict[str, Any]:
             except json.JSONDecodeError:
                 overrides[k[len("override."):]] = v
     data_dir = as_json("data_dir")
+    # studies recorded before the final phase had its own epoch count retrained for
+    # ``epochs`` (gem's default when --epochs-f is not given)
+    has_final = "resolved.epochs_final" in params or "epochs_final" in params
+    epochs_final = as_int("epochs_final", none_ok=True) if has_final else None
     return {"method": tags.get("scarcelab.method") or raw("method"),
             "dataset": tags.get("scarcelab.dataset") or raw("dataset"),
             "arch": raw("arch"), "seed": as_int("seed"), "epochs": as_int("epochs"),
+            "epochs_final": epochs_final if has_final else as_int("epochs"),
             "grace_period": as_int("grace_period"), "n_trials": as_int("n_trials"),
             "batch_sizes": tuple(as_json("batch_sizes")), "n_final": as_int("n_final"),
             "phase": raw("phase"),

@@ -501,7 +501,11 @@ def simclr(x: Tensor, g: torch.Generator) -> Tensor:
 # as the benchmark's reference code (gem ``BasicAugmentation.get_data_transforms`` with the
 # flags of ``bash_scripts/bench_*.sh``): a random shift of 12.5 % of the side with reflect
 # padding plus flips for the small fixed-resolution sets, RandomResizedCrop with a minimum
-# area fraction A_min (aspect ratio 3/4..4/3) back to the stored resolution for the others.
+# area fraction A_min (aspect ratio 3/4..4/3) to 224 px for the others — in gem on the
+# decoded *original* image, here on the whole image stored uncropped at a fixed side with
+# its original size beside it (``scarcelab.data.sources._deic.load_deic_whole``).
+
+RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)  # torchvision's default, which gem keeps
 
 
 def _vflip(x: Tensor, g: torch.Generator) -> Tensor:
@@ -509,40 +513,113 @@ def _vflip(x: Tensor, g: torch.Generator) -> Tensor:
     return _select(flip, x.flip(2), x)
 
 
+def rrc_boxes(g: torch.Generator, hw: Tensor, min_area: float, tries: int = 10
+              ) -> Tensor:
+    """torchvision's ``RandomResizedCrop.get_params(scale=(min_area, 1), ratio=(3/4, 4/3))``
+    for a batch of images of sizes ``hw`` (N, 2: height, width, in the original's pixels),
+    vectorised over samples and tries: per try a target area ``U(min_area, 1)·H·W`` and a
+    log-uniform aspect ratio give an integer box (Python's round, as torchvision); the
+    first try that fits wins, placed uniformly at an integer offset; with none, the centre
+    crop of the aspect ratio clamped to the range. Returns (N, 4) float: top, left, h, w."""
+    n = hw.shape[0]
+    dev = hw.device
+    hgt, wid = hw[:, 0].double(), hw[:, 1].double()
+    area = (hgt * wid).view(1, n)
+    target = area * _uniform(g, min_area, 1.0, n * tries, dev).double().view(tries, n)
+    log_r = _uniform(g, math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1]), n * tries, dev)
+    ratio = log_r.double().view(tries, n).exp()
+    w = (target * ratio).sqrt().round()
+    h = (target / ratio).sqrt().round()
+    ok = (w > 0) & (w <= wid) & (h > 0) & (h <= hgt)
+    first = ok.long().argmax(0)
+    pick = torch.arange(n, device=dev)
+    w, h = w[first, pick], h[first, pick]
+    top = (_rand(g, n, device=dev).double() * (hgt - h + 1)).floor()
+    left = (_rand(g, n, device=dev).double() * (wid - w + 1)).floor()
+    # fallback (torchvision): the whole image, or its centre at the nearest allowed ratio
+    in_ratio = wid / hgt
+    fw = torch.where(in_ratio > RRC_RATIO[1], (hgt * RRC_RATIO[1]).round(), wid)
+    fh = torch.where(in_ratio < RRC_RATIO[0], (wid / RRC_RATIO[0]).round(), hgt)
+    found = ok.any(0)
+    w, h = torch.where(found, w, fw), torch.where(found, h, fh)
+    top = torch.where(found, top, ((hgt - h) / 2).floor())
+    left = torch.where(found, left, ((wid - w) / 2).floor())
+    return torch.stack([top, left, h, w], 1)
+
+
+def crop_resize(x: Tensor, boxes: Tensor, hw: Tensor, out: int, hflip: Tensor | None = None,
+                vflip: Tensor | None = None, supersample: int | None = None) -> Tensor:
+    """Deterministic core of the RandomResizedCrop views: the ``boxes`` (N, 4: top, left,
+    h, w in the original's pixels of size ``hw``) of the stored images ``x`` (the whole
+    original resized to x's H×W, aspect not kept) resized to ``out``², optionally flipped.
+
+    One bilinear ``grid_sample`` whose output pixel centres sit where torchvision / PIL put
+    them (``left + (u + ½)·w/out`` in the original). Crops that shrink are first sampled
+    ``k``× finer and averaged over k×k blocks, a stand-in for the antialiasing of PIL's
+    bilinear resize when it shrinks an image (``k`` = ``supersample``; default: the
+    batch's median stored-pixels-per-output-pixel ratio, rounded, within 1..4 — of the
+    batch-wide choices the closest to PIL on real tiles, docs/tune.md)."""
+    n, _, sh, sw = x.shape
+    dev = x.device
+    hw = hw.to(dev, torch.float64)
+    b = boxes.to(dev, torch.float64)
+    top, left, h, w = b.unbind(1)
+    if supersample is None:
+        factor = torch.maximum(h * sh / hw[:, 0], w * sw / hw[:, 1]).median() / out
+        supersample = int(min(4, max(1, round(float(factor)))))
+    k = supersample
+    fx = torch.ones(n, dtype=torch.float64, device=dev)
+    fy = fx.clone()
+    if hflip is not None:
+        fx = torch.where(hflip.to(dev), -fx, fx)
+    if vflip is not None:
+        fy = torch.where(vflip.to(dev), -fy, fy)
+    theta = torch.zeros(n, 2, 3, dtype=torch.float64, device=dev)
+    theta[:, 0, 0] = w / hw[:, 1] * fx
+    theta[:, 0, 2] = (2 * left + w) / hw[:, 1] - 1
+    theta[:, 1, 1] = h / hw[:, 0] * fy
+    theta[:, 1, 2] = (2 * top + h) / hw[:, 0] - 1
+    grid = _affine_grid(theta, out * k, out * k).to(x.dtype)
+    y = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return F.avg_pool2d(y, k) if k > 1 else y
+
+
 def random_resized_crop(x: Tensor, g: torch.Generator, min_area: float, hflip: bool,
-                        vflip: bool = False) -> Tensor:
-    """torchvision's RandomResizedCrop(scale=(min_area, 1), ratio=(3/4, 4/3)) to the input
-    size, batched as one bilinear ``grid_sample``; optional horizontal / vertical flips
-    are folded into the same affine map."""
+                        vflip: bool = False, *, sizes: Tensor | None = None,
+                        out_size: int | None = None) -> Tensor:
+    """torchvision's RandomResizedCrop(out, scale=(min_area, 1), ratio=(3/4, 4/3)) and the
+    optional flips, batched (:func:`rrc_boxes` + :func:`crop_resize`).
+
+    ``sizes`` (N, 2) are the originals' (height, width) when ``x`` holds whole images
+    resized to a common side (the training store of the RandomResizedCrop datasets);
+    without it each image is its own original. ``out_size`` defaults to x's side."""
     _check(x)
     work = _as_work(x)
     n, _, h, w = work.shape
     dev = work.device
-    tries = 10
-    area = _uniform(g, min_area, 1.0, n * tries, dev).view(tries, n)
-    log_ratio = _uniform(g, math.log(3 / 4), math.log(4 / 3), n * tries, dev).view(tries, n)
-    ratio = log_ratio.exp() * (h / w)
-    rel_w, rel_h = (area * ratio).sqrt(), (area / ratio).sqrt()
-    ok = (rel_w <= 1.0) & (rel_h <= 1.0)
-    first = ok.long().argmax(0)
-    pick = torch.arange(n, device=dev)
-    # no valid try: torchvision's fallback, the whole image (for aspect ratios within
-    # 3/4..4/3, which every stored image has), centred
-    found = ok.any(0)
-    one_n = torch.ones(n, device=dev, dtype=rel_w.dtype)
-    rel_w = torch.where(found, rel_w[first, pick], one_n)
-    rel_h = torch.where(found, rel_h[first, pick], one_n)
-    cx = (2.0 * _rand(g, n, device=dev) - 1.0) * (1.0 - rel_w)
-    cy = (2.0 * _rand(g, n, device=dev) - 1.0) * (1.0 - rel_h)
-    one = torch.ones(n, device=dev)
-    fx = torch.where(_rand(g, n, device=dev) < 0.5, -one, one) if hflip else one
-    fy = torch.where(_rand(g, n, device=dev) < 0.5, -one, one) if vflip else one
-    theta = torch.zeros(n, 2, 3, device=dev, dtype=work.dtype)
-    theta[:, 0, 0], theta[:, 0, 2] = rel_w * fx, cx
-    theta[:, 1, 1], theta[:, 1, 2] = rel_h * fy, cy
-    out = F.grid_sample(work, _affine_grid(theta, h, w), mode="bilinear",
-                        padding_mode="border", align_corners=False)
+    hw = (torch.as_tensor(sizes).to(dev) if sizes is not None
+          else torch.tensor([[h, w]], device=dev).expand(n, 2))
+    if hw.shape != (n, 2):
+        raise ValueError(f"sizes must be (N, 2) = ({n}, 2) original (height, width), got "
+                         f"{tuple(hw.shape)}")
+    boxes = rrc_boxes(g, hw, min_area)
+    fh = _rand(g, n, device=dev) < 0.5 if hflip else None
+    fv = _rand(g, n, device=dev) < 0.5 if vflip else None
+    out = crop_resize(work, boxes, hw, out_size or h, hflip=fh, vflip=fv)
     return out.clamp_(0.0, 1.0).to(x.dtype)
+
+
+def _rrc_view(min_area: float, hflip: bool, vflip: bool = False) -> Augmentation:
+    """A registered RandomResizedCrop view. ``takes_geometry``: the loop passes the
+    originals' sizes and the output side when the labeled images are stored whole."""
+
+    def view(x: Tensor, g: torch.Generator, sizes: Tensor | None = None,
+             out_size: int | None = None) -> Tensor:
+        return random_resized_crop(x, g, min_area, hflip, vflip, sizes=sizes,
+                                   out_size=out_size)
+
+    view.takes_geometry = True  # type: ignore[attr-defined]
+    return view
 
 
 @AUGMENTATIONS.register("deic_shift_hflip")
@@ -557,38 +634,29 @@ def deic_shift_hvflip(x: Tensor, g: torch.Generator) -> Tensor:
     return _vflip(weak(x, g), g)
 
 
-@AUGMENTATIONS.register("deic_rrc10_hflip")
-def deic_rrc10_hflip(x: Tensor, g: torch.Generator) -> Tensor:
-    """ImageNet: RandomResizedCrop with A_min = 10 % + horizontal flip."""
-    return random_resized_crop(x, g, 0.1, hflip=True)
-
-
-@AUGMENTATIONS.register("deic_rrc40_hflip")
-def deic_rrc40_hflip(x: Tensor, g: torch.Generator) -> Tensor:
-    """CUB: RandomResizedCrop with A_min = 40 % + horizontal flip."""
-    return random_resized_crop(x, g, 0.4, hflip=True)
-
-
-@AUGMENTATIONS.register("deic_rrc40_hvflip")
-def deic_rrc40_hvflip(x: Tensor, g: torch.Generator) -> Tensor:
-    """ISIC 2018: RandomResizedCrop with A_min = 40 % + horizontal and vertical flips."""
-    return random_resized_crop(x, g, 0.4, hflip=True, vflip=True)
-
-
-@AUGMENTATIONS.register("deic_rrc20")
-def deic_rrc20(x: Tensor, g: torch.Generator) -> Tensor:
-    """CLaMM: RandomResizedCrop with A_min = 20 %, no flips (script orientation matters)."""
-    return random_resized_crop(x, g, 0.2, hflip=False)
+deic_rrc10_hflip = AUGMENTATIONS.register("deic_rrc10_hflip")(_rrc_view(0.1, hflip=True))
+deic_rrc10_hflip.__doc__ = "ImageNet: RandomResizedCrop with A_min = 10 % + horizontal flip."
+deic_rrc40_hflip = AUGMENTATIONS.register("deic_rrc40_hflip")(_rrc_view(0.4, hflip=True))
+deic_rrc40_hflip.__doc__ = "CUB: RandomResizedCrop with A_min = 40 % + horizontal flip."
+deic_rrc40_hvflip = AUGMENTATIONS.register("deic_rrc40_hvflip")(
+    _rrc_view(0.4, hflip=True, vflip=True))
+deic_rrc40_hvflip.__doc__ = ("ISIC 2018: RandomResizedCrop with A_min = 40 % + horizontal "
+                             "and vertical flips.")
+deic_rrc20 = AUGMENTATIONS.register("deic_rrc20")(_rrc_view(0.2, hflip=False))
+deic_rrc20.__doc__ = ("CLaMM: RandomResizedCrop with A_min = 20 %, no flips (script "
+                      "orientation matters).")
 
 
 __all__ = [
     "AUGMENTATIONS",
     "Augmentation",
+    "crop_resize",
     "cutout",
     "flip_crop",
     "identity",
     "randaugment_ops",
     "random_resized_crop",
+    "rrc_boxes",
     "simclr",
     "strong",
     "to_float",

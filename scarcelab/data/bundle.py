@@ -18,6 +18,8 @@ class RawDataset:
     (multi-label sets keep (N, K) and set ``task="multi-label"``). ``val`` is the
     official validation split when the source has one (scarcelab's own validation set
     is drawn from ``train`` by the split builder; see ``scarcelab.data.splits``).
+    ``notes`` are facts about the copy that every run on it must carry as tags
+    (``scarcelab.<key>``), e.g. that a stand-in test set replaced the official one.
     """
 
     name: str
@@ -37,6 +39,7 @@ class RawDataset:
     # partial AUROC and the ROC figure are about this class. None: not stated by the
     # source (class 1 is used). See :func:`resolve_positive_class`.
     positive_class: int | None = None
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def channels(self) -> int:

@@ -6,21 +6,24 @@ Search (gem ``scripts/hpo.py`` + ``bash_scripts/bench_*.sh``, the authors' code)
 * ``lr ~ logU(1e-4, 0.1)``, ``weight_decay ~ logU(1e-5, 0.1)``, batch size from the
   dataset's set (Table 2: {10, 25, 50} for ciFAIR-10 and EuroSAT, {8, 16, 32} for the
   224-px sets), plus the method's own hyperparameters (its ``search_space``).
-* Asynchronous successive halving (reduction factor 2) on validation balanced accuracy:
-  a trial reports, after every epoch, the mean validation balanced accuracy of its last
-  five epochs (gem's default metric ``accuracy_avg5``, with balanced accuracy), and Optuna's
-  ``SuccessiveHalvingPruner(min_resource=grace_period, reduction_factor=2)`` decides at
-  epochs grace·2^k whether it continues. The pruner runs on the trials of the shared
-  :class:`StudyStore`, so several workers (processes or machines, one RDB storage and one
-  ``study_name``) make up one asynchronous study. A finished trial's value is its last
-  five-epoch mean; the best configuration is the finished trial with the highest value
-  (gem ``get_best_trial(metric, "max", "last")``).
+* Asynchronous successive halving (reduction factor η = 2) on validation balanced
+  accuracy: a trial reports, after every epoch, the mean validation balanced accuracy of
+  its last five epochs (gem's default metric ``accuracy_avg5``, with balanced accuracy),
+  and :class:`RayASHAPruner` decides at the rungs grace·η^k whether it continues — Ray
+  Tune's ``ASHAScheduler`` rule, which gem ``scripts/hpo.py`` runs: a trial stops only if
+  its value is below the (1 − 1/η) quantile of the values the other trials recorded at
+  that rung (Ray ``async_hyperband._Bracket.cutoff`` / ``on_result``). The pruner reads
+  the trials of the shared :class:`StudyStore`, so several workers (processes or
+  machines, one RDB storage and one ``study_name``) make up one asynchronous study. The
+  best configuration is the trial with the highest *last* reported value over all
+  trials, stopped ones included (gem ``get_best_trial(metric, "max", "last")``).
 * Every trial is a tracker run; a pruned one ends ``KILLED`` with the tags
   ``scarcelab.pruned=true`` and ``scarcelab.asha_rung`` and the metric ``asha/pruned_epoch``.
 
 Final training: the best configuration trained on train+val (``trainval``) ``n_final``
-(10) times with different seeds, each for the full number of epochs with no model
-selection, the last epoch evaluated on the test set; one tracker run per retrain
+(10) times with different seeds, each for ``epochs_final`` epochs (gem ``full_train.py
+--epochs-f``; the search's ``epochs`` unless the dataset or the user sets it) with no
+model selection, the last epoch evaluated on the test set; one tracker run per retrain
 (``scarcelab.role=retrain``) under the study, the study logging every retrain's test
 balanced accuracy (``final/test_balanced_accuracy``, step = retrain index) and their mean
 and sample standard deviation. Retrain ``i`` uses the seed :func:`retrain_seed` ``(seed, i)``,
@@ -30,7 +33,11 @@ the mean and std are recomputed over all ``n_final``.
 
 Preprocessing: channel normalisation with the statistics of the ``trainval`` split
 (:class:`scarcelab.models.standardize.Standardized`), per-dataset augmentation (names in
-``scarcelab.data.augment``), evaluation on the stored (resized) image.
+``scarcelab.data.augment``). The RandomResizedCrop sets train on the *whole* image (gem
+``BasicAugmentation.get_data_transforms``: ``RandomResizedCrop`` on the decoded original):
+the dataset's ``whole_images`` loader stores every training image uncropped, and the
+crop box is drawn in the original's pixels; evaluation uses the stored short-side resize +
+centre crop (gem's test transform ``Resize`` + ``CenterCrop``).
 """
 
 from __future__ import annotations
@@ -51,9 +58,10 @@ import torch
 from optuna.trial import TrialState
 
 import scarcelab
-from scarcelab.data import load_raw
-from scarcelab.data.bundle import DatasetBundle, RawDataset
-from scarcelab.errors import ConfigError, TrialFailed
+from scarcelab.data import DATASETS, load_raw
+from scarcelab.data.augment import AUGMENTATIONS
+from scarcelab.data.bundle import DatasetBundle, RawDataset, resolve_positive_class
+from scarcelab.errors import ConfigError, DataError, TrialFailed
 from scarcelab.methods import get_method
 from scarcelab.methods.base import Method
 from scarcelab.methods.space import sample
@@ -78,7 +86,10 @@ AVG_WINDOW = 5  # gem's "accuracy_avg5": mean of the last five validation evalua
 
 @dataclass(frozen=True)
 class TuneSettings:
-    """One dataset's protocol settings (paper Table 2 / gem ``bench_<dataset>.sh``)."""
+    """One dataset's protocol settings (paper Table 2 / gem ``bench_<dataset>.sh``).
+
+    ``epochs_final`` is the final retraining's epoch count (gem ``full_train.py
+    --epochs-f``); None = ``epochs``, gem's default for every dataset of its scripts."""
 
     arch: str
     epochs: int
@@ -87,6 +98,11 @@ class TuneSettings:
     batch_sizes: tuple[int, ...]
     augmentation: str
     source: str = "gem bash_scripts"
+    epochs_final: int | None = None
+
+    @property
+    def final_epochs(self) -> int:
+        return self.epochs_final or self.epochs
 
 
 SETTINGS: dict[str, TuneSettings] = {
@@ -95,12 +111,12 @@ SETTINGS: dict[str, TuneSettings] = {
     "cub": TuneSettings("resnet50_imagenet", 200, 10, 100, (8, 16, 32), "deic_rrc40_hflip"),
     "isic2018": TuneSettings("resnet50_imagenet", 500, 25, 100, (8, 16, 32), "deic_rrc40_hvflip"),
     "clamm": TuneSettings("resnet50_imagenet", 500, 25, 100, (8, 16, 32), "deic_rrc20"),
-}
-# ImageNet (50/class) is in the ICCV paper but not in the public code (gem dropped it);
-# its epochs / grace period / trial count must be given explicitly.
-SETTINGS_PARTIAL: dict[str, TuneSettings] = {
-    "imagenet50": TuneSettings("resnet50_imagenet", 0, 0, 0, (8, 16, 32), "deic_rrc10_hflip",
-                               source="paper (augmentation, batch sizes); rest not public"),
+    # ImageNet (50/class) is in the ICCV paper but not in gem's scripts (gem dropped it):
+    # the paper's Table 2 trains 200 epochs in the search, 500 in the final training,
+    # with 100 trials and a grace period of 10 (as issue 23 quotes it)
+    "imagenet50": TuneSettings("resnet50_imagenet", 200, 10, 100, (8, 16, 32),
+                               "deic_rrc10_hflip", source="paper Table 2",
+                               epochs_final=500),
 }
 # Datasets outside the benchmark that carry a fixed validation split (tests, smoke runs).
 GENERIC = TuneSettings("small_cnn", 20, 2, 20, (16, 32, 64), "weak", source="scarcelab")
@@ -114,6 +130,7 @@ class TuneConfig:
     arch: str | None = None  # None = the dataset's (WRN-16-8 / ResNet-50)
     seed: int = 0
     epochs: int | None = None
+    epochs_final: int | None = None  # None = the dataset's (gem --epochs-f), else epochs
     grace_period: int | None = None
     n_trials: int | None = None
     batch_sizes: tuple[int, ...] | None = None
@@ -127,16 +144,23 @@ class TuneConfig:
     study_name: str | None = None
 
     def settings(self) -> TuneSettings:
-        base = SETTINGS.get(self.dataset) or SETTINGS_PARTIAL.get(self.dataset) or GENERIC
+        """The resolved settings. The final epoch count follows gem's ``full_train.py``:
+        ``--epochs-f`` when given, else the search's epochs; a dataset's published final
+        count (ImageNet: 500) applies only while the search's epochs are the published
+        ones too, so ``--epochs 12`` gives a 12-epoch final training, not a 500-epoch one."""
+        base = SETTINGS.get(self.dataset) or GENERIC
+        epochs = self.epochs or base.epochs
+        final = self.epochs_final or (base.epochs_final if self.epochs is None else None)
         s = dataclasses.replace(
-            base, arch=self.arch or base.arch, epochs=self.epochs or base.epochs,
+            base, arch=self.arch or base.arch, epochs=epochs,
+            epochs_final=final or epochs,
             grace_period=self.grace_period or base.grace_period,
             n_trials=self.n_trials or base.n_trials,
             batch_sizes=tuple(self.batch_sizes or base.batch_sizes))
-        for name in ("epochs", "grace_period", "n_trials"):
+        for name in ("epochs", "epochs_final", "grace_period", "n_trials"):
             if getattr(s, name) < 1:
-                raise ConfigError(f"{name} for dataset {self.dataset!r} is not published "
-                                  f"({base.source}); pass --{name.replace('_', '-')}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(s, name)}; pass "
+                                  f"--{name.replace('_', '-')}")
         if s.grace_period > s.epochs:
             raise ConfigError(f"grace_period ({s.grace_period}) exceeds epochs ({s.epochs}): "
                               "no trial could ever be pruned; lower --grace-period")
@@ -151,8 +175,9 @@ def retrain_seed(seed: int, index: int) -> int:
 
 # what a resume compares between the study's recorded params and the ones it resolves now:
 # a difference means different data or code defaults, and mixing the retrains would be wrong
-RESUME_CHECKED = ("method", "dataset", "arch", "seed", "epochs", "n_final",
-                  "max_steps_per_epoch", "augmentation", "n_train", "n_val", "n_test")
+RESUME_CHECKED = ("method", "dataset", "arch", "seed", "epochs", "epochs_final", "n_final",
+                  "max_steps_per_epoch", "augmentation", "train_images", "test_set",
+                  "n_train", "n_val", "n_test")
 
 
 @dataclass(frozen=True)
@@ -221,31 +246,158 @@ def asha_rung(epoch: int, grace: int, factor: int = REDUCTION_FACTOR) -> int:
     return int(math.floor(math.log(epoch / grace, factor) + 1e-9))
 
 
+def asha_milestones(grace: int, max_t: int, factor: int = REDUCTION_FACTOR) -> list[int]:
+    """The rungs of Ray Tune's ASHA with one bracket (``_Bracket(min_t=grace, max_t,
+    reduction_factor, s=0)``): grace·factor^k for k < ⌊log(max_t/grace)/log(factor)⌋ + 1."""
+    n = int(np.log(max_t / grace) / np.log(factor) + 1)
+    return [grace * factor**k for k in range(n)]
+
+
+def _recorded(steps: list[tuple[int, float]], milestones_desc: list[int]) -> dict[int, float]:
+    """The values a trial with these (step, value) reports has left at each rung in Ray's
+    bookkeeping: on every report, the highest rung at or below the step that holds no value
+    of this trial yet receives the reported value (``_Bracket.on_result``)."""
+    rec: dict[int, float] = {}
+    for step, value in steps:
+        for m in milestones_desc:
+            if step >= m and m not in rec:
+                rec[m] = value
+                break
+    return rec
+
+
+class RayASHAPruner(optuna.pruners.BasePruner):
+    """Ray Tune's asynchronous successive halving (``ASHAScheduler``, one bracket, mode
+    max) as an Optuna pruner, so that it runs on the shared :class:`StudyStore`.
+
+    On a trial's report at step t (< ``max_t``; at ``max_t`` a Ray trial ends instead of
+    being judged) that reaches a rung m it holds no value at yet, the trial is stopped iff
+    its value is below ``nanpercentile(v, (1 - 1/η)·100)`` of the values ``v`` the *other*
+    trials recorded at m so far (any state: Ray keeps a stopped or failed trial's value);
+    with no value recorded there, it continues. Optuna's ``SuccessiveHalvingPruner``
+    instead keeps only the top ``⌊n/η⌋`` (at least one) of all n values, its own included —
+    with three trials at a rung only the best continues, where Ray keeps every trial at or
+    above the median of the two before it."""
+
+    def __init__(self, grace_period: int, max_t: int,
+                 reduction_factor: int = REDUCTION_FACTOR) -> None:
+        if grace_period < 1 or max_t < grace_period or reduction_factor < 2:
+            raise ConfigError(f"ASHA needs 1 <= grace_period <= max_t and reduction_factor "
+                              f">= 2, got {grace_period}, {max_t}, {reduction_factor}")
+        self.grace_period, self.max_t, self.reduction_factor = (
+            grace_period, max_t, reduction_factor)
+        self.milestones = asha_milestones(grace_period, max_t, reduction_factor)
+        self._desc = sorted(self.milestones, reverse=True)
+
+    def rung_to_judge(self, steps: list[tuple[int, float]]) -> int | None:
+        """The rung the last of these reports is judged at, or None (no new rung)."""
+        if not steps or steps[-1][0] >= self.max_t:
+            return None
+        before = _recorded(steps[:-1], self._desc)
+        step = steps[-1][0]
+        return next((m for m in self._desc if step >= m and m not in before), None)
+
+    def cutoff(self, values: list[float]) -> float | None:
+        """Ray's ``_Bracket.cutoff``: the (1 − 1/η) quantile (linear interpolation)."""
+        if not values:
+            return None
+        return float(np.nanpercentile(values, (1 - 1 / self.reduction_factor) * 100))
+
+    def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        steps = sorted(trial.intermediate_values.items())
+        rung = self.rung_to_judge(steps)
+        if rung is None:
+            return False
+        others = []
+        for t in study.get_trials(deepcopy=False):
+            if t.number == trial.number or not t.intermediate_values:
+                continue
+            rec = _recorded(sorted(t.intermediate_values.items()), self._desc)
+            if rung in rec:
+                others.append(rec[rung])
+        cut = self.cutoff(others)
+        return cut is not None and bool(steps[-1][1] < cut)
+
+
+def last_value(t: optuna.trial.FrozenTrial) -> float:
+    """A trial's last reported value (its value when it finished)."""
+    if t.state == TrialState.COMPLETE and t.value is not None:
+        return float(t.value)
+    if not t.intermediate_values:
+        return math.nan
+    return float(t.intermediate_values[max(t.intermediate_values)])
+
+
+def best_trial(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
+    """gem's choice, ``get_best_trial(metric, "max", "last")`` over Ray's trials: the
+    highest *last* reported value over every trial that was not lost — finished ones and
+    ones ASHA stopped alike; NaN / infinite values skipped; among equal values the first
+    trial. Failed trials (an exception, a non-finite loss, a wall-clock cut) are left out
+    (Ray would still rank an errored trial by its last report): a configuration that
+    crashed or diverged is not retrained."""
+    cand = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and math.isfinite(last_value(t))]
+    return max(cand, key=lambda t: (last_value(t), -t.number)) if cand else None
+
+
 # -- data ---------------------------------------------------------------------------------
 
 
 def _bundle(x: np.ndarray, y: np.ndarray, vx: np.ndarray, vy: np.ndarray, tx: np.ndarray,
-            ty: np.ndarray, raw: RawDataset) -> DatasetBundle:
-    return DatasetBundle(
-        labeled_x=x, labeled_y=y, unlabeled_x=x[:0], val_x=vx, val_y=vy, test_x=tx, test_y=ty,
-        meta={"name": raw.name, "num_classes": raw.num_classes, "class_names": raw.class_names,
-              "resolution": list(raw.resolution), "source": raw.source, "md5": raw.md5})
+            ty: np.ndarray, raw: RawDataset, sizes: np.ndarray | None = None
+            ) -> DatasetBundle:
+    meta: dict[str, Any] = {
+        "name": raw.name, "num_classes": raw.num_classes, "class_names": raw.class_names,
+        "resolution": list(raw.resolution), "source": raw.source, "md5": raw.md5}
+    if sizes is not None:  # x holds whole images: the crops are cut from the originals
+        meta["labeled_geometry"] = {"sizes": sizes, "out_size": raw.resolution[0]}
+    return DatasetBundle(labeled_x=x, labeled_y=y, unlabeled_x=x[:0], val_x=vx, val_y=vy,
+                         test_x=tx, test_y=ty, meta=meta)
 
 
-def prepare(raw: RawDataset) -> tuple[DatasetBundle, DatasetBundle, np.ndarray, np.ndarray]:
+def whole_images(dataset: str, data_dir: str | None, raw: RawDataset
+                 ) -> dict[str, np.ndarray] | None:
+    """The dataset's whole-image training store (its loader's ``whole_images``), checked
+    against ``raw`` row by row; None when the dataset has none."""
+    fn = getattr(DATASETS.get(dataset), "whole_images", None)
+    if fn is None:
+        return None
+    whole = fn(data_dir)
+    for split, y in (("train", raw.train_y), ("val", raw.val_y)):
+        if y is None or not np.array_equal(whole[f"{split}_y"], y):
+            raise DataError(f"the whole-image {split} store of {dataset} does not list the "
+                            "same images as its evaluation copy; delete its whole_*.npz "
+                            "cache next to the images to rebuild it")
+    return whole
+
+
+def prepare(raw: RawDataset, whole: dict[str, np.ndarray] | None = None
+            ) -> tuple[DatasetBundle, DatasetBundle, np.ndarray, np.ndarray]:
     """(search bundle: train / val, final bundle: trainval, normalisation mean, std).
 
     The search bundle's test slot holds the validation set (test data is never looked at
     while searching); the final bundle evaluates on ``trainval`` per epoch (cheap training
-    accuracy) and the test set once, after the last epoch."""
+    accuracy) and the test set once, after the last epoch. With ``whole`` (the
+    :func:`whole_images` store) the images trained on are the whole originals, and only
+    evaluation uses the stored centre crops; the normalisation statistics come from the
+    centre crops either way (gem ``compute_normalization_statistics``: ``Resize`` +
+    ``CenterCrop``)."""
     if raw.val_x is None or raw.val_y is None:
         raise ConfigError(f"dataset {raw.name!r} has no fixed validation split; the tune "
                           "protocol needs published train/val/test splits (e.g. cifair10)")
     tv_x = np.concatenate([raw.train_x, raw.val_x])
     tv_y = np.concatenate([raw.train_y, raw.val_y])
     mean, std = channel_stats(tv_x)
-    search = _bundle(raw.train_x, raw.train_y, raw.val_x, raw.val_y, raw.val_x, raw.val_y, raw)
-    final = _bundle(tv_x, tv_y, tv_x, tv_y, tv_x, tv_y, raw)
+    if whole is None:
+        search = _bundle(raw.train_x, raw.train_y, raw.val_x, raw.val_y, raw.val_x,
+                         raw.val_y, raw)
+        final = _bundle(tv_x, tv_y, tv_x, tv_y, tv_x, tv_y, raw)
+        return search, final, mean, std
+    search = _bundle(whole["train_x"], raw.train_y, raw.val_x, raw.val_y, raw.val_x,
+                     raw.val_y, raw, sizes=whole["train_hw"])
+    final = _bundle(np.concatenate([whole["train_x"], whole["val_x"]]), tv_y, tv_x, tv_y,
+                    tv_x, tv_y, raw, sizes=np.concatenate([whole["train_hw"],
+                                                           whole["val_hw"]]))
     return search, final, mean, std
 
 
@@ -301,17 +453,18 @@ def run_tune(cfg: TuneConfig, tracker: Tracker, resume: FinalResume | None = Non
     s = cfg.settings()
     create_model(s.arch, in_channels=1)  # fail fast on an unknown arch
     raw = load_raw(cfg.dataset, cfg.data_dir)
-    search_b, final_b, mean, std = prepare(raw)
+    crops_whole = getattr(AUGMENTATIONS.get(s.augmentation), "takes_geometry", False)
+    whole = whole_images(cfg.dataset, cfg.data_dir, raw) if crops_whole else None
+    search_b, final_b, mean, std = prepare(raw, whole)
     name = cfg.study_name or (f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
                               f"-{time.strftime('%Y%m%dT%H%M%S')}")
     if resume is not None:
         return _resume_final(cfg, s, method_cls, raw, final_b, mean, std, name, tracker,
-                             resume)
+                             resume, train_images(search_b))
     store = StudyStore(name, cfg.seed, cfg.storage)
-    store.study.pruner = optuna.pruners.SuccessiveHalvingPruner(
-        min_resource=s.grace_period, reduction_factor=REDUCTION_FACTOR,
-        min_early_stopping_rate=0)
-    tags, resolved, params = _study_record(cfg, s, method_cls, raw, mean, std, name)
+    store.study.pruner = RayASHAPruner(s.grace_period, s.epochs)
+    tags, resolved, params = _study_record(cfg, s, method_cls, raw, mean, std, name,
+                                           train_images(search_b))
     digest = f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:{len(raw.test_y)}"
     tracker.start_study(
         name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
@@ -331,13 +484,15 @@ def run_tune(cfg: TuneConfig, tracker: Tracker, resume: FinalResume | None = Non
         best = _best(store)
         if best is not None:
             tracker.set_tags({"scarcelab.best_trial": str(best.number),
+                              "scarcelab.best_trial_state": best.state.name.lower(),
                               "scarcelab.best_params": json.dumps(best.params, sort_keys=True)})
-            tracker.log_metrics({"best/val_balanced_accuracy_avg5": float(best.value)}, 0,
+            tracker.log_metrics({"best/val_balanced_accuracy_avg5": last_value(best)}, 0,
                                 scope="study")
         if cfg.phase in ("all", "final"):
             if best is None:
-                raise TrialFailed(f"study {name} has no finished trial to retrain; run the "
-                                  "search first (phase=search) or raise n_trials")
+                raise TrialFailed(f"study {name} has no finished or stopped trial to "
+                                  "retrain; run the search first (phase=search) or raise "
+                                  "n_trials")
             final = _final(cfg, s, method_cls, raw, final_b, mean, std, best.params, tracker,
                            tags)
     except BaseException:
@@ -350,20 +505,32 @@ def run_tune(cfg: TuneConfig, tracker: Tracker, resume: FinalResume | None = Non
     counts = _state_counts(store)
     return TuneResult(study_name=name, n_complete=counts["complete"], n_pruned=counts["pruned"],
                       n_failed=counts["failed"], best_params=dict(best.params) if best else {},
-                      best_value=float(best.value) if best else math.nan, final_test=final)
+                      best_value=last_value(best) if best else math.nan, final_test=final)
+
+
+def train_images(search: DatasetBundle) -> str:
+    """What the training crops are cut from, for the record: ``whole <side>px`` (the
+    originals, stored whole) or ``stored <side>px`` (the stored evaluation image)."""
+    kind = "whole" if "labeled_geometry" in search.meta else "stored"
+    return f"{kind} {search.labeled_x.shape[-1]}px"
 
 
 def _study_record(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
-                  mean: np.ndarray, std: np.ndarray, name: str
+                  mean: np.ndarray, std: np.ndarray, name: str, images: str
                   ) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
-    """The study's tags, its resolved configuration (``config.json``) and its params."""
+    """The study's tags, its resolved configuration (``config.json``) and its params. The
+    data's ``notes`` (e.g. ``test_set``: a stand-in for the official test set) become tags
+    of the study and of every trial and retrain, so a table built from them says so."""
+    notes = {"test_set": "official", **raw.notes}
     tags = {"scarcelab.role": "study", "scarcelab.protocol": "tune",
             "scarcelab.family": "supervised", "scarcelab.method": method_cls.registered_name,
             "scarcelab.dataset": cfg.dataset, "scarcelab.seed": str(cfg.seed),
             "scarcelab.version": scarcelab.__version__, "scarcelab.arch": s.arch,
             "scarcelab.search": "asha", "scarcelab.study_key": name,
-            "scarcelab.optuna_study": name, "scarcelab.tune_phase": cfg.phase}
+            "scarcelab.optuna_study": name, "scarcelab.tune_phase": cfg.phase,
+            **{f"scarcelab.{k}": v for k, v in notes.items()}}
     resolved = {**dataclasses.asdict(cfg), **dataclasses.asdict(s),
+                "train_images": images, "test_set": notes["test_set"],
                 "storage": redact(cfg.storage), "norm_mean": mean.round(5).tolist(),
                 "norm_std": std.round(5).tolist(), "n_train": len(raw.train_y),
                 "n_val": len(raw.val_y), "n_test": len(raw.test_y),
@@ -376,10 +543,10 @@ def _study_record(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], ra
 
 def _resume_final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
                   bundle: DatasetBundle, mean: np.ndarray, std: np.ndarray, name: str,
-                  tracker: Tracker, resume: FinalResume) -> TuneResult:
+                  tracker: Tracker, resume: FinalResume, images: str) -> TuneResult:
     """Continue an interrupted final phase on its own study record: nothing but the
     missing retrains runs; the record's params and ``config.json`` stay as they were."""
-    tags, _, params = _study_record(cfg, s, method_cls, raw, mean, std, name)
+    tags, _, params = _study_record(cfg, s, method_cls, raw, mean, std, name, images)
     _check_recorded(resume, params)
     missing = [i for i in range(cfg.n_final) if i not in resume.done]
     tracker.start_study(name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}",
@@ -413,8 +580,7 @@ def _state_counts(store: StudyStore) -> dict[str, int]:
 
 
 def _best(store: StudyStore) -> optuna.trial.FrozenTrial | None:
-    done = store.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return max(done, key=lambda t: (t.value, -t.number)) if done else None
+    return best_trial(store.study.get_trials(deepcopy=False))
 
 
 def _hp(method_cls: type[Method], params: dict[str, Any], overrides: dict[str, Any]
@@ -533,7 +699,7 @@ def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawD
         tracker.start_trial(i, {**tags, "scarcelab.role": "retrain",
                                 "scarcelab.retrain": str(i), **extra_tags},
                             {**hp, "batch_size": batch, "arch": s.arch, "retrain_seed": seed,
-                             "epochs": s.epochs, "train_split": "trainval"})
+                             "epochs": s.final_epochs, "train_split": "trainval"})
         method = build_method(method_cls, s.arch, raw, mean, std, hp)
 
         def on_epoch(rep: EpochReport, improved: bool, snap: Any) -> None:
@@ -542,7 +708,7 @@ def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawD
                                  "trainval/balanced_accuracy": rep.val_balanced_accuracy},
                                 rep.epoch)
 
-        train_cfg = TrainConfig(max_epochs=s.epochs, patience=10**9,
+        train_cfg = TrainConfig(max_epochs=s.final_epochs, patience=10**9,
                                 max_steps_per_epoch=cfg.max_steps_per_epoch,
                                 batch_labeled=batch, device=cfg.device,
                                 labeled_views=(s.augmentation,))
@@ -554,7 +720,8 @@ def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawD
             if not np.isfinite(logits).all():
                 raise TrialFailed("non-finite test predictions")
             probs = torch.softmax(torch.as_tensor(logits), 1).numpy()
-            test = classification_metrics(raw.test_y, probs)
+            test = classification_metrics(raw.test_y, probs,  # binary: the disease class
+                                          positive_class=resolve_positive_class(raw))
         except BaseException:
             tracker.end_trial("FAILED", traceback.format_exc(limit=5))
             raise

@@ -10,11 +10,21 @@ benchmark. Images come from the datasets' own archives (URLs from DEIC's
 content instead: every image a split names must be found in it.
 
 Images are stored as uint8 (C, S, S): RGB / grayscale ones resized so the short side is
-``S`` and centre-cropped (gem's test transform ``Resize(S) + CenterCrop(S)``; training
-augmentation then crops inside the stored image), multispectral 16-bit TIFFs (EuroSAT,
-13 bands) scaled by 1/16 (12-bit reflectance to 8 bits, clipped) — a quantisation the
-reference code does not have, stated in docs/tune.md. A decoded split is cached as
-``cache_<S>.npz`` next to the images.
+``S`` and centre-cropped (gem's test transform ``Resize(S) + CenterCrop(S)``: what the
+model is evaluated on), multispectral 16-bit TIFFs (EuroSAT, 13 bands) scaled by 1/16
+(12-bit reflectance to 8 bits, clipped) — a quantisation the reference code does not have,
+stated in docs/tune.md. A decoded split is cached as ``cache_<S>_<key>.npz`` next to the
+images.
+
+Training images of the RandomResizedCrop sets (gem crops the decoded *original*, so the
+crop reaches the image edges and is not upsampled from a 224-px copy) come from
+:func:`load_deic_whole`: every train / val image whole, resized to ``train_side`` ×
+``train_side`` without keeping its aspect ratio, with its original (height, width) beside
+it — the crop box is drawn in the original's pixels and mapped into the stored image
+(``scarcelab.data.augment.crop_resize``), so nothing but resolution is lost, and the
+memory is fixed per image whatever the originals' sizes (CUB, ISIC and CLaMM vary). The
+side is about 224/√A_min, so a minimum-area crop still spans ~224 stored pixels; cached as
+``whole_<side>_<key>.npz``.
 """
 
 from __future__ import annotations
@@ -23,7 +33,9 @@ import hashlib
 import os
 import tarfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +89,7 @@ class DEICSource:
     manual: str = ""  # how to get the images when there is no archive URL
     split_base_url: str = DEIC_RAW
     split_md5: dict[tuple[str, str], str] = field(default_factory=lambda: dict(SPLIT_MD5))
+    train_side: int | None = None  # whole-image training store (RandomResizedCrop sets)
 
 
 def read_split(path: Path) -> list[tuple[str, int]]:
@@ -196,12 +209,84 @@ def load_image(path: Path, channels: int, size: int) -> np.ndarray:
     return np.round(scaled).astype(np.uint8)
 
 
+def load_whole_image(path: Path, channels: int, side: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """(uint8 (channels, side, side): the whole image resized to side × side, aspect not
+    kept; its original (height, width)). PIL's bilinear resize, antialiased when it shrinks,
+    as gem's ``RandomResizedCrop`` resizes its crops."""
+    if channels not in (1, 3):
+        raise DataError(f"{path}: whole-image storage is for RGB / grayscale sets, not "
+                        f"{channels}-band images")
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im = im.convert("L" if channels == 1 else "RGB")
+        w, h = im.size
+        arr = np.asarray(im.resize((side, side), Image.Resampling.BILINEAR))
+    return (arr[None] if channels == 1 else arr.transpose(2, 0, 1)), (h, w)
+
+
+def _split_key(split_paths: dict[str, Path]) -> str:
+    return hashlib.md5("".join(md5sum(p) for p in split_paths.values()).encode(),
+                       usedforsecurity=False).hexdigest()[:12]
+
+
+def load_deic_whole(src: DEICSource, data_dir: str | os.PathLike[str] | None
+                    ) -> dict[str, np.ndarray]:
+    """The train and val images whole, for RandomResizedCrop on the original (see the
+    module docstring): ``{train,val}_x`` uint8 (N, C, side, side), ``{train,val}_hw`` int64
+    (N, 2) original (height, width), ``{train,val}_y``; in the split files' order, so row
+    i is row i of :func:`load_deic`'s arrays."""
+    if src.train_side is None:
+        raise DataError(f"{src.name} has no whole-image training store (train_side); its "
+                        "augmentation does not crop the original")
+    root = data_root(data_dir)
+    split_paths = fetch_splits(src, root)
+    lists = {s: read_split(split_paths[s]) for s in ("train", "val")}
+    cache = root / "deic" / src.name / f"whole_{src.train_side}_{_split_key(split_paths)}.npz"
+    if cache.exists():
+        with np.load(cache, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    images = fetch_images(src, root)
+    idx = _index(images)
+    arrays: dict[str, np.ndarray] = {}
+    for s, items in lists.items():
+        missing = [n for n, _ in items if n not in idx]
+        if missing:
+            raise DataError(f"{len(missing)} image(s) of the {s} split of {src.name} are not "
+                            f"under {images} (first: {missing[0]!r}); the archive is "
+                            "incomplete or a different version — delete the folder to "
+                            "download it again")
+        xs, hws = [], []
+        for n, _ in items:
+            x, hw = load_whole_image(idx[n], src.channels, src.train_side)
+            xs.append(x)
+            hws.append(hw)
+        arrays[f"{s}_x"] = np.stack(xs)
+        arrays[f"{s}_hw"] = np.asarray(hws, dtype=np.int64)
+        arrays[f"{s}_y"] = np.asarray([lab for _, lab in items], dtype=np.int64)
+    np.savez(cache, **arrays)
+    return arrays
+
+
+def deic_loader(src: DEICSource) -> Callable[..., RawDataset]:
+    """The dataset loader of ``src`` (``(data_dir=None) -> RawDataset``), with the
+    whole-image training store as its ``whole_images`` attribute when ``src`` has one —
+    how the tune protocol finds it without a dataset-specific branch."""
+
+    def load(data_dir: str | os.PathLike[str] | None = None) -> RawDataset:
+        return load_deic(src, data_dir)
+
+    load.__doc__ = f"The DEIC {src.name} dataset (see scarcelab.data.sources._deic)."
+    if src.train_side is not None:
+        load.whole_images = partial(load_deic_whole, src)  # type: ignore[attr-defined]
+    return load
+
+
 def load_deic(src: DEICSource, data_dir: str | os.PathLike[str] | None) -> RawDataset:
     root = data_root(data_dir)
     split_paths = fetch_splits(src, root)
     lists = {s: read_split(p) for s, p in split_paths.items()}
-    key = hashlib.md5("".join(md5sum(p) for p in split_paths.values()).encode(),
-                      usedforsecurity=False).hexdigest()[:12]
+    key = _split_key(split_paths)
     cache = root / "deic" / src.name / f"cache_{src.size}_{key}.npz"
     if cache.exists():
         with np.load(cache, allow_pickle=False) as z:

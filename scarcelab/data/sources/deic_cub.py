@@ -1,20 +1,18 @@
 """``cub``: CUB-200-2011 in the DEIC split (200 classes, 30 trainval images per class =
-the official training set, 5,794 test images), stored at 224 px."""
+the official training set, 5,794 test images), stored at 224 px for evaluation;
+training crops come from the whole image stored at 352² (≈ 224/√0.4, the minimum crop area
+of its RandomResizedCrop)."""
 
 from __future__ import annotations
 
-import os
-
 from scarcelab.data import DATASETS
-from scarcelab.data.bundle import RawDataset
-from scarcelab.data.sources._deic import Archive, DEICSource, load_deic
+from scarcelab.data.sources._deic import Archive, DEICSource, deic_loader
 
 SOURCE = DEICSource(
     name="cub", folder="cub", num_classes=200, channels=3, size=224,
     archives=(Archive("https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz",
-                      "CUB_200_2011.tgz"),))
+                      "CUB_200_2011.tgz"),),
+    train_side=352)
 
 
-@DATASETS.register("cub")
-def load_cub(data_dir: str | os.PathLike[str] | None = None) -> RawDataset:
-    return load_deic(SOURCE, data_dir)
+load_cub = DATASETS.register("cub")(deic_loader(SOURCE))
