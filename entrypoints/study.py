@@ -37,7 +37,8 @@ from scarcelab.errors import ScarcelabError
 #: MLproject parameter name -> click parameter name, for the three study entry points
 #: (tests/test_cli.py checks them against MLproject, defaults included).
 STUDY_ENTRY = {n: n for n in (
-    "method", "dataset", "data_dir", "arch", "seed", "budget_minutes", "max_epochs",
+    "method", "dataset", "data_dir", "arch", "seed", "budget_minutes", "budget_clock",
+    "max_epochs",
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
     "hparams_from", "transfer_epochs", "positive_class")} | {"set": "overrides"}
@@ -62,7 +63,11 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
         click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX)),
         click.option("--budget-minutes", default="3", show_default=True,
                      type=Float(0.0, 7 * 24 * 60, lo_open=True),
-                     help="wall-clock budget of the search"),
+                     help="budget of the search, in minutes of --budget-clock"),
+        click.option("--budget-clock", default="wall", show_default=True,
+                     type=Word(("wall", "cpu")),
+                     help="what the budget counts: wall time, or this process's CPU time "
+                     "(reproducible on a shared CPU machine; not for GPU runs)"),
         click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6)),
         click.option("--patience", default="20", show_default=True, type=Int(1, 10**6),
                      help="epochs without a better validation score before a trial stops"),
@@ -149,7 +154,8 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
     return StudyConfig(
         method=kw["method"], dataset=kw["dataset"], family=family,
         data_dir=kw["data_dir"], arch=kw["arch"], seed=kw["seed"],
-        budget_minutes=kw["budget_minutes"], max_epochs=kw["max_epochs"],
+        budget_minutes=kw["budget_minutes"], budget_clock=kw.get("budget_clock") or "wall",
+        max_epochs=kw["max_epochs"],
         patience=kw["patience"], n_labeled=kw["n_labeled"], n_val=kw["n_val"],
         allow_large_val=kw["allow_large_val"], search=kw["search"],
         batch_size=kw["batch_size"], unlabeled_batch_size=kw["unlabeled_batch_size"],

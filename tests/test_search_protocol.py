@@ -248,3 +248,44 @@ def test_budget_pause_excludes_time():
     assert b.excluded_s >= 0.05 and b.elapsed() < 4.0 and not b.expired()
     assert train_mod.Budget(1.0, spent_s=1.0).expired()
     _ = np, torch  # imported for the fixtures' monkeypatching targets
+
+
+# -- the budget's clock: wall seconds or this process's CPU seconds ---------------------------
+
+
+def test_cpu_budget_counts_cpu_seconds_not_waiting():
+    """A CPU budget is what a study on a shared machine needs: time the process waits
+    (another job holds the core, here a sleep) is not spent; its own work is."""
+    wall, cpu = train_mod.Budget(10.0), train_mod.Budget(10.0, spent_s=2.0, clock="cpu")
+    time.sleep(0.3)
+    assert wall.elapsed() >= 0.3
+    assert 2.0 <= cpu.elapsed() < 2.1
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.2:  # busy: 0.2 CPU seconds
+        pass
+    assert cpu.elapsed() >= 2.19
+    with cpu.paused():  # diagnostics stay out of it on this clock too
+        t0 = time.process_time()
+        while time.process_time() - t0 < 0.1:
+            pass
+    assert cpu.excluded_s >= 0.1 and cpu.elapsed() < 2.2 + 0.1
+    with pytest.raises(ValueError, match="budget clock 'gpu'"):
+        train_mod.Budget(1.0, clock="gpu")
+
+
+def test_study_budget_clock_is_validated_logged_and_keys_the_study():
+    with pytest.raises(ConfigError, match="budget_clock='cycles'"):
+        run_study(_cfg(budget_clock="cycles"), InMemoryTracker())
+    t = InMemoryTracker()
+    run_study(_cfg(budget_clock="cpu", max_trials=1, max_epochs=1), t)
+    assert t.study.params["budget_clock"] == "cpu"
+    key = search_mod._study_key
+    assert key(_cfg(), "h") != key(_cfg(budget_clock="cpu"), "h")
+    # the default leaves keys of studies recorded before the option unchanged
+    legacy = {k: v for k, v in __import__("dataclasses").asdict(_cfg()).items()
+              if k not in ("storage", "study_name", "device", "label_fraction",
+                           "budget_clock")}
+    import hashlib
+    import json
+    blob = json.dumps({**legacy, "split_hash": "h"}, sort_keys=True, default=str)
+    assert key(_cfg(), "h") == "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -59,6 +59,7 @@ from scarcelab.models import create_model
 from scarcelab.protocols.study_store import StudyStore, redact
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
 from scarcelab.train import (
+    BUDGET_CLOCKS,
     Budget,
     EpochReport,
     TrainConfig,
@@ -105,6 +106,9 @@ class StudyConfig(AutoDevice):
     arch: str = "auto"
     seed: int = 0
     budget_minutes: float = 3.0
+    # what the budget counts: "wall" seconds, or this process's "cpu" seconds (reproducible
+    # on a shared CPU machine; scarcelab.train.Budget)
+    budget_clock: str = "wall"
     max_epochs: int = 200
     patience: int = 20
     n_labeled: int | str | None = None
@@ -178,6 +182,8 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
         raise ConfigError(f"transfer_patience must be >= 1, got {cfg.transfer_patience}")
     if cfg.budget_minutes <= 0:
         raise ConfigError(f"budget_minutes must be > 0, got {cfg.budget_minutes}")
+    if cfg.budget_clock not in BUDGET_CLOCKS:
+        raise ConfigError(f"budget_clock={cfg.budget_clock!r}; use one of {BUDGET_CLOCKS}")
     for name in ("max_epochs", "patience"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
@@ -286,7 +292,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
     spent = resume.elapsed_s if resume else 0.0
     if resume is not None:  # a killed trial's time, recorded between its logged epochs
         spent = max(spent, store.spent_by_dead_processes())
-    budget = Budget(cfg.budget_minutes * 60.0, spent_s=spent)  # time already spent counts
+    # time already spent counts
+    budget = Budget(cfg.budget_minutes * 60.0, spent_s=spent, clock=cfg.budget_clock)
     best: dict[str, Any] = {"val": -1.0, "test": {}, "trial": -1, "ckpt": None, "method": None}
     state = {"global_epoch": 0, "last_upload": 0.0, "dirty": False}
     if resume is not None:
@@ -445,8 +452,11 @@ def _study_key(cfg: StudyConfig, split_hash: str) -> str:
     """Identifies "the same command": every setting that changes what the search does."""
     d = {k: v for k, v in dataclasses.asdict(cfg).items()
          if k not in ("storage", "study_name", "device")}
-    if d.get("label_fraction") == 1.0:  # the default: studies keyed before it keep their key
+    # defaults of settings added later: studies keyed before them keep their key
+    if d.get("label_fraction") == 1.0:
         d.pop("label_fraction")
+    if d.get("budget_clock") == "wall":
+        d.pop("budget_clock")
     blob = json.dumps({**d, "split_hash": split_hash}, sort_keys=True, default=str)
     return "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
