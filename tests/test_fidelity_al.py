@@ -221,17 +221,21 @@ def test_cdalbench_sets_fit_once_per_new_label(monkeypatch: pytest.MonkeyPatch) 
     sample: a query of q = 3 is three fits on 1, 2, 3 more labels. The old loop fitted once
     per query (seed fit, then sizes 5 and 8 here)."""
     sizes = _fit_sizes(monkeypatch)
-    r = _rep("random", q=3, budget=6)
+    r = _rep("random", q=3, budget=6, fit_per_label=True)
     assert sizes == [2, 3, 4, 5, 6, 7, 8]
     assert r.sizes == [2, 5, 8]  # the curve still records one accuracy per query
     sizes.clear()
     _rep("random", q=3, budget=6, fit_per_label=False)
     assert sizes == [2, 5, 8]
-    for name in ("splice", "dna", "usps", "honeypot", "diverging_sine"):
+    # their finetuning sets (configs/splice.yaml: classifier_fitting_mode: finetuning) fit
+    # per label; the synthetic sets are `from_scratch` there, one fit after the q samples
+    for name in ("splice", "dna", "usps"):
         assert dataset_config(name).fit_per_label is True, name
-    # a set fitted from scratch keeps one fit per query (CDALBench fits it after the loop)
+    for name in ("honeypot", "diverging_sine"):
+        assert dataset_config(name).fit_per_label is False, name
+    # a set fitted from scratch here keeps one fit per query whatever the switch says
     sizes.clear()
-    _rep("random", q=3, budget=6, fitting="scratch")
+    _rep("random", q=3, budget=6, fitting="scratch", fit_per_label=True)
     assert sizes == [2, 5, 8]
 
 

@@ -379,11 +379,13 @@ SYNTH_TEST_FRACTION = 0.2
 #: 51 epochs without improvement; the last weights are kept), the incomplete last batch
 #: dropped. Their config says ``from_scratch``, but ``initial_weights = state_dict()``
 #: aliases the live parameters, so every fit in fact continues from the current weights —
-#: ``finetune`` here.
+#: ``finetune`` here. ``from_scratch`` also means one fit per query (``ALGame.step`` fits
+#: after adding all q samples; ``configs/threeclust.yaml``, ``configs/divergingsin.yaml``:
+#: ``classifier_fitting_mode: from_scratch``), hence ``fit_per_label=False``.
 _SYNTH = ALConfig(budget=60, hidden=(24, 12), fitting="finetune", optimizer="nadam", lr=1e-3,
                   batch_size=32, val_fraction=0.2, max_epochs=100, patience=51,
                   restore_best=False, drop_last=True, keep_optimizer=True,
-                  first_fit_epochs=50, fit_per_label=True)
+                  first_fit_epochs=50, fit_per_label=False)
 
 
 def _synthetic(name: str, gen: Callable[[np.random.Generator], tuple[np.ndarray, np.ndarray]]
