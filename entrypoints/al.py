@@ -27,7 +27,8 @@ from scarcelab.entrypoints.options import (
 #: MLproject parameter name -> click parameter name (tests/test_cli.py checks MLproject).
 AL_ENTRY = {n: n for n in (
     "strategy", "dataset", "data_dir", "query_size", "budget", "seed_set", "repetitions",
-    "seed_strategy", "seed_data", "seed_model", "max_candidates", "device", "encoder")} | {
+    "seed_strategy", "seed_data", "seed_model", "max_candidates", "device", "encoder",
+    "early_stop_on")} | {
     "set": "overrides"}
 
 
@@ -69,7 +70,8 @@ def _parse_set(over: dict[str, Any], dataset: str
         "val_fraction": lambda v: Float(0.0, 0.9, lo_open=True).parse(str(v)),
         "lr": lambda v: Float(0.0, None, lo_open=True).parse(str(v)),
         "dropout": lambda v: Float(0.0, 0.99).parse(str(v)),
-        "fitting": lambda v: Word(("scratch", "finetune")).parse(str(v))})
+        "fitting": lambda v: Word(("scratch", "finetune")).parse(str(v)),
+        "stop_on": lambda v: Word(("val", "test")).parse(str(v))})
     return cfg, strat, enc
 
 
@@ -106,6 +108,11 @@ def _parse_set(over: dict[str, Any], dataset: str
 @click.option("--encoder", default="simclr", show_default=True, type=Word(),
               help="encoded_* sets: a self-supervised method to train (simclr, byol, …), or "
               "the model of a scarcelab self run (runs:/<run id>/model, models:/…)")
+@click.option("--early-stop-on", default="val", show_default=True, type=Word(("val", "test")),
+              help="what early stopping watches: val (the validation split) or test — "
+              "CDALBench's earlier code stopped on the test loss with no validation split; "
+              "test reproduces that LEAK (whole train split as pool, runs tagged "
+              "scarcelab.leak) and is for comparing with their numbers only")
 @click.option("--set", "overrides", default="none", show_default=True, type=Overrides(),
               help="config overrides, e.g. 'fitting=scratch,lr=0.01,hidden=24x12,"
               "arch=small_cnn,strategy.tau=5,encoder.epochs=50,encoder.arch=resnet18'")
@@ -115,8 +122,8 @@ def _parse_set(over: dict[str, Any], dataset: str
 def al_cmd(ctx: click.Context, strategy: str, dataset: str, data_dir: str | None,
            query_size: int, budget: int | None, seed_set: int | None, repetitions: int,
            seed_strategy: int, seed_data: int, seed_model: int, max_candidates: int | None,
-           device: str, encoder: str, overrides: dict[str, Any], experiment: str,
-           quiet: bool, verbose: bool) -> None:
+           device: str, encoder: str, early_stop_on: str, overrides: dict[str, Any],
+           experiment: str, quiet: bool, verbose: bool) -> None:
     """Run the CDALBench protocol for one strategy; one MLflow run per repetition."""
     level = verbosity(ctx, quiet, verbose)
     t0 = time.time()
@@ -125,7 +132,7 @@ def al_cmd(ctx: click.Context, strategy: str, dataset: str, data_dir: str | None
     try:
         _al(ctx, level, t0, strategy, dataset, data_dir, query_size, budget, seed_set,
             repetitions, seed_strategy, seed_data, seed_model, max_candidates, device,
-            encoder, overrides, experiment)
+            encoder, early_stop_on, overrides, experiment)
     except ScarcelabError as e:  # bad input: a one-line error, not a traceback
         raise click.ClickException(str(e)) from e
 
@@ -133,8 +140,8 @@ def al_cmd(ctx: click.Context, strategy: str, dataset: str, data_dir: str | None
 def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         data_dir: str | None, query_size: int, budget: int | None, seed_set: int | None,
         repetitions: int, seed_strategy: int, seed_data: int, seed_model: int,
-        max_candidates: int | None, device: str, encoder: str, overrides: dict[str, Any],
-        experiment: str) -> None:
+        max_candidates: int | None, device: str, encoder: str, early_stop_on: str,
+        overrides: dict[str, Any], experiment: str) -> None:
     import math
     import os
 
@@ -164,6 +171,13 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         cfg_over["budget"] = budget
     if seed_set is not None:
         cfg_over["seed_per_class"] = seed_set
+    if early_stop_on == "test":  # their earlier protocol: no validation split at all
+        cfg_over.setdefault("stop_on", "test")
+        cfg_over.setdefault("val_fraction", 0.0)
+    elif cfg_over.get("stop_on") == "test":
+        raise click.BadParameter("stop_on=test (the test-set leak) is set with "
+                                 "--early-stop-on test, not through --set",
+                                 param_hint="'--set'")
     rc = ALRunConfig(
         strategy=strategy, dataset=dataset, data_dir=data_dir, query_size=query_size,
         repetitions=repetitions, seed_strategy=seed_strategy, seed_data=seed_data,

@@ -92,6 +92,23 @@ def test_cli_al_command_and_strategy_listing(store: str) -> None:
     assert parent["params.al.hidden"] == "[8, 4]" and parent["params.al.budget"] == "2"
 
 
+def test_cli_early_stop_on_test_reproduces_the_leak_and_tags_it(store: str) -> None:
+    """``--early-stop-on test`` (MLproject ``early_stop_on``): CDALBench's earlier protocol,
+    stopping on the test loss with no validation split, logged as such on every run."""
+    import mlflow
+
+    from scarcelab.entrypoints.cli import main
+
+    r = CliRunner().invoke(main, ["al", "--strategy", "random", "--dataset", "honeypot",
+                                  "--budget", "2", "--set", "max_epochs=2,hidden=8x4",
+                                  "--early-stop-on", "test", "--experiment", "al-leak"])
+    assert r.exit_code == 0, r.output
+    runs = mlflow.search_runs(experiment_names=["al-leak"])
+    parent = runs[runs["tags.scarcelab.role"] == "al_sweep"].iloc[0]
+    assert parent["params.al.stop_on"] == "test" and parent["params.al.val_fraction"] == "0.0"
+    assert runs["tags.scarcelab.leak"].str.contains("test-set early stopping").all()
+
+
 def test_partial_strategy_is_ranked_where_run_and_left_out_of_the_cd_diagram() -> None:
     import pandas as pd
 

@@ -127,6 +127,9 @@ AL_BAD = [
     (["--set", "fitting=sideways"], "--set"),
     (["--set", "val_fraction=0"], "--set"),
     (["--set", "nosuch=1"], "--set"),
+    (["--early-stop-on", "train"], "--early-stop-on"),
+    (["--set", "stop_on=test"], "--set"),  # the leak only through its named flag
+    (["--set", "stop_on=train"], "--set"),
 ]
 
 

@@ -191,3 +191,85 @@ def test_fitting_switches_must_be_booleans() -> None:
     with pytest.raises(ConfigError, match="restore_best must be true or false"):
         dataset_config("splice").replace(restore_best="no")
     assert dataset_config("splice").replace(drop_last=1).drop_last == 1
+
+
+# -- issue 23: CDALBench's USPS budget, one fit per new label, the test-set stopping flag -----
+
+def test_usps_budget_is_cdalbench_configs_900() -> None:
+    """Their configs/usps.yaml: ``budget: 900``; scarcelab's 400 put USPS ~0.06 under Table 8
+    (docs/active.md, issue 23)."""
+    assert dataset_config("usps").budget == 900
+
+
+def _fit_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the labeled-set size of every classifier fit the loop makes."""
+    import scarcelab.active.loop as loop_mod
+
+    sizes: list[int] = []
+    real = loop_mod.fit
+
+    def counting(net, x, *a, **k):  # type: ignore[no-untyped-def]
+        sizes.append(int(x.shape[0]))
+        return real(net, x, *a, **k)
+
+    monkeypatch.setattr(loop_mod, "fit", counting)
+    return sizes
+
+
+def test_cdalbench_sets_fit_once_per_new_label(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CDALBench's ``ALGame.step`` (finetuning) calls ``fit_classifier`` once per added
+    sample: a query of q = 3 is three fits on 1, 2, 3 more labels. The old loop fitted once
+    per query (seed fit, then sizes 5 and 8 here)."""
+    sizes = _fit_sizes(monkeypatch)
+    r = _rep("random", q=3, budget=6, fit_per_label=True)
+    assert sizes == [2, 3, 4, 5, 6, 7, 8]
+    assert r.sizes == [2, 5, 8]  # the curve still records one accuracy per query
+    sizes.clear()
+    _rep("random", q=3, budget=6, fit_per_label=False)
+    assert sizes == [2, 5, 8]
+    # their finetuning sets (configs/splice.yaml: classifier_fitting_mode: finetuning) fit
+    # per label; the synthetic sets are `from_scratch` there, one fit after the q samples
+    for name in ("splice", "dna", "usps"):
+        assert dataset_config(name).fit_per_label is True, name
+    for name in ("honeypot", "diverging_sine"):
+        assert dataset_config(name).fit_per_label is False, name
+    # a set fitted from scratch here keeps one fit per query whatever the switch says
+    sizes.clear()
+    _rep("random", q=3, budget=6, fitting="scratch", fit_per_label=True)
+    assert sizes == [2, 5, 8]
+
+
+def test_test_set_stopping_watches_the_test_loss_and_is_tagged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import scarcelab.active.loop as loop_mod
+    from scarcelab.active.loop import ALRunConfig, run_al
+    from scarcelab.errors import ConfigError
+    from scarcelab.tracker import InMemoryTracker
+
+    stop_sets: list[int] = []
+    real = loop_mod.fit
+
+    def spy(net, x, y, x_val, *a, **k):  # type: ignore[no-untyped-def]
+        stop_sets.append(int(x_val.shape[0]))
+        return real(net, x, y, x_val, *a, **k)
+
+    monkeypatch.setattr(loop_mod, "fit", spy)
+    honest = _rep("random", budget=2)
+    assert set(stop_sets) == {320}  # 20 % of the 1,600 training points
+    stop_sets.clear()
+    leaky = _rep("random", budget=2, stop_on="test", val_fraction=0.0)
+    assert set(stop_sets) == {400}  # the 400 test points
+    # no validation split: the whole training split is the pool, so the draw differs
+    assert honest.split_hash != leaky.split_hash
+    with pytest.raises(ConfigError, match="val_fraction=0"):
+        _rep("random", budget=2, val_fraction=0.0)
+    with pytest.raises(ConfigError, match="stop_on must be"):
+        dataset_config("splice").replace(stop_on="train")
+    tr = InMemoryTracker()
+    run_al(ALRunConfig("random", "honeypot", overrides={**MOVING, "budget": 2,
+                                                         "stop_on": "test"}), tr)
+    assert "test-set early stopping" in tr.study.tags["scarcelab.leak"]  # type: ignore[union-attr]
+    assert all("scarcelab.leak" in t.tags for t in tr.trials)
+    tr = InMemoryTracker()
+    run_al(ALRunConfig("random", "honeypot", overrides={**MOVING, "budget": 2}), tr)
+    assert "scarcelab.leak" not in tr.study.tags  # type: ignore[union-attr]

@@ -115,7 +115,7 @@ def _split(data: ALData, cfg: ALConfig, rng: np.random.Generator
     """Validation indices, pool indices, seed-set indices (into ``x_train``)."""
     n = len(data.y_train)
     perm = rng.permutation(n)
-    n_val = max(1, int(round(cfg.val_fraction * n)))
+    n_val = max(1, int(round(cfg.val_fraction * n))) if cfg.val_fraction > 0 else 0
     val, pool = np.sort(perm[:n_val]), np.sort(perm[n_val:])
     seed_parts = []
     for c in range(data.num_classes):
@@ -157,6 +157,9 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     display only; it must not touch any RNG)."""
     if query_size < 1:
         raise ConfigError(f"query_size must be >= 1, got {query_size}")
+    if cfg.val_fraction <= 0 and cfg.stop_on != "test":
+        raise ConfigError("val_fraction=0 leaves no validation split to stop on; only the "
+                          "test-set stopping of --early-stop-on test runs without one")
     s_d, s_t = seed_data + repetition, seed_model + repetition
     rng_d = data_rng if data_rng is not None else np.random.default_rng(s_d)
     rng_s = np.random.default_rng(seed_strategy)  # s_Ω: fixed across repetitions
@@ -172,6 +175,8 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     x_val, y_val = x_all[t_val], y_all[t_val]
     x_te = torch.from_numpy(np.ascontiguousarray(data.x_test, dtype=np.float32)).to(dev)
     y_te = torch.from_numpy(data.y_test).to(dev)
+    if cfg.stop_on == "test":  # CDALBench's leak, for reproduction only (docs/active.md)
+        x_val, y_val = x_te, y_te
 
     net = build_net(cfg.arch, tuple(data.x_train.shape), data.num_classes, cfg.hidden,
                     cfg.dropout, model_gen).to(dev)
@@ -265,7 +270,13 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
         if picked.size == 0:
             break
         in_labeled[picked] = True
-        labeled = np.concatenate([labeled, picked])
+        if cfg.fit_per_label and cfg.fitting == "finetune":
+            for extra in picked[:-1]:  # one fit per label; the last one below
+                labeled = np.concatenate([labeled, [extra]])
+                train(net, labeled, data_gen, model_gen, fcfg, main_opt)
+            labeled = np.concatenate([labeled, picked[-1:]])
+        else:
+            labeled = np.concatenate([labeled, picked])
         added += picked.size
         acc = train(net, labeled, data_gen, model_gen, fcfg, main_opt)
         if on_iteration is not None:
@@ -325,6 +336,8 @@ def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
     base_tags = {"scarcelab.family": "active", "scarcelab.method": name,
                  "scarcelab.dataset": rc.dataset, "scarcelab.query_size": str(rc.query_size),
                  "scarcelab.seed_strategy": str(rc.seed_strategy)}
+    if cfg.stop_on == "test":
+        base_tags["scarcelab.leak"] = "test-set early stopping (CDALBench's earlier code)"
     params: dict[str, Any] = {"strategy": name, "dataset": rc.dataset,
                               "query_size": rc.query_size, "repetitions": rc.repetitions,
                               "seed_strategy": rc.seed_strategy, "seed_data": rc.seed_data,
