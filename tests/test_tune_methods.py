@@ -16,6 +16,7 @@ from scarcelab.methods.supervised.cosine_ce import CosineCEHead, cosine_ce_loss
 from scarcelab.methods.supervised.gradl2 import grad_l2_penalty
 from scarcelab.methods.supervised.ole import ole_loss
 from scarcelab.methods.supervised.tvmf import TvMFHead, tvmf_similarity
+from scarcelab.models.standardize import Standardized
 from scarcelab.train import make_optimizer
 
 
@@ -82,6 +83,27 @@ def test_grad_l2_penalty_hand_case():
     assert float(pen) == pytest.approx(0.5)
     pen.backward()  # differentiable in the weights (create_graph)
     assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
+def test_grad_l2_differentiates_with_respect_to_the_normalised_input():
+    """gem ``kernelregular.py`` takes the gradient w.r.t. the ``Normalize``-d batch, i.e. after
+    the dataset standardisation (here ``Standardized``, std 1/8 and 1/4), not w.r.t. the
+    loop's ``(x01 - 0.5) / 0.5`` input. Hand case: x01 = mean, so z = 0, logits = W z = 0,
+    p = (1/2, 1/2), y = 0: dCE/dz = W^T (p - e_0) = W^T (-1/2, 1/2) = (1, 1) for
+    W = [[1, 2], [3, 4]] -> penalty 2. (W.r.t. the loop input the gradient is scaled by
+    0.5 / std = (4, 2): penalty 20.)"""
+    mean, std = [0.5, 0.4], [0.125, 0.25]
+    method = get_method("gradl2")(Standardized(_Feat(2), mean, std), 2, {"lambda_grad": 0.1})
+    with torch.no_grad():
+        method.head.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        method.head.bias.zero_()
+    x = ((torch.tensor(mean) - 0.5) / 0.5).view(1, 2, 1, 1)  # what the loop feeds
+    out = method.step(Batch(x=[x], y=torch.tensor([0]), u=[]), Progress(0, 1, 0))
+    assert float(out["grad_l2"]) == pytest.approx(2.0, rel=1e-6)
+    assert float(out["loss_labeled"]) == pytest.approx(math.log(2), rel=1e-6)
+    assert float(out["loss"]) == pytest.approx(math.log(2) + 0.1 * 2.0, rel=1e-6)
+    out["loss"].backward()
+    assert method.head.weight.grad is not None
 
 
 def test_grad_l2_disables_weight_decay_and_keeps_bn():
