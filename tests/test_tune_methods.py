@@ -240,3 +240,82 @@ def test_scattering_reference_properties():
     torch.testing.assert_close(rotated, spatial.roll(4, dims=1), rtol=2e-2, atol=2e-3)
     m = morlet(16, 16, 0.8, 0.0, 3 * math.pi / 4, 0.5)
     assert abs(complex(m.sum())) < 1e-10
+
+
+def _final_pooling_input(net: torch.nn.Module, before_pool: torch.nn.Module,
+                         x: torch.Tensor) -> tuple[int, ...]:
+    """Shape of the map the global pooling averages (``before_pool``'s output); ``net`` a
+    backbone or a method (run through its classifier)."""
+    seen: dict[str, tuple[int, ...]] = {}
+    hook = before_pool.register_forward_hook(lambda m, i, o: seen.update(shape=tuple(o.shape)))
+    net.eval()
+    with torch.no_grad():
+        getattr(net, "logits", net)(x)
+    hook.remove()
+    return seen["shape"]
+
+
+@pytest.mark.parametrize("j,side", [(2, 8), (3, 4)])
+def test_scattering_wrn16_8_as_gem_builds_it(j, side):
+    """gem ``ScatteringModel.make_scat``, WRN branch: the transform replaces conv1, BN (no
+    affine) -> 3x3 conv (no bias) -> BN -> ReLU replaces block1 and projects to block2's
+    input width (128), block2 and block3 lose their stride. On 32x32 at J = 2 the map at
+    the final pooling is 8x8, as in the plain WRN-16-8 (before this layout: 2x2)."""
+    plain = create_model("wrn16_8", in_channels=3)
+    x = torch.randn(2, 3, 32, 32)
+    assert _final_pooling_input(plain, plain.bn, x) == (2, 512, 8, 8)
+    net = create_model("wrn16_8", in_channels=3)
+    method = get_method("scattering")(Standardized(net, [0.5] * 3, [0.25] * 3), 10, {"J": j})
+    assert _final_pooling_input(method, net.bn, x) == (2, 512, side, side)
+    bn0, conv, bn1, _ = net.conv[1]
+    assert bn0.num_features == 3 * (1 + 8 * j + 32 * j * (j - 1)) and not bn0.affine
+    assert (conv.out_channels, conv.bias, bn1.num_features) == (128, None, 128)
+    assert len(net.blocks) == 4  # the first stage (2 blocks) is gone
+    assert [b.conv1.stride for b in net.blocks] == [(1, 1)] * 4
+    assert [b.shortcut.stride for b in net.blocks if b.shortcut is not None] == [(1, 1)] * 2
+    assert not any(p.requires_grad for p in net.conv[0].parameters())  # fixed transform
+    assert method.logits(x).shape == (2, 10)
+
+
+def test_scattering_resnet50_as_gem_builds_it():
+    """gem ``make_scat``, torchvision-ResNet branch (``rn50``): stem removed, the transform
+    replaces layer1, BN(affine=False, momentum 0.9) -> 3x3 conv (with bias) -> BN -> ReLU
+    replaces layer2 and projects to layer3's input width (512), layer3's first block
+    (conv2 and its downsample conv) loses its stride, layer4 keeps it. 64x64 (EuroSAT) at
+    J = 3: 8x8 after the transform, 4x4 at the final pooling (plain ResNet-50: 2x2)."""
+    net = create_model("resnet50_imagenet", in_channels=3)
+    tv = net.net
+    x = torch.randn(1, 3, 64, 64)
+    assert _final_pooling_input(net, tv.layer4, x) == (1, 2048, 2, 2)
+    from scarcelab.methods.supervised.scattering import hybridize
+
+    layout = hybridize(net, 3)
+    assert _final_pooling_input(net, tv.layer4, x) == (1, 2048, 4, 4)
+    assert layout == "resnet"
+    assert all(isinstance(m, torch.nn.Identity) for m in (tv.conv1, tv.bn1, tv.relu, tv.maxpool))
+    bn0, conv, bn1, _ = tv.layer2
+    assert (bn0.num_features, bn0.affine, bn0.momentum) == (3 * 217, False, 0.9)
+    assert conv.out_channels == 512 and conv.bias is not None and bn1.num_features == 512
+    assert tv.layer3[0].conv2.stride == (1, 1) and tv.layer3[0].downsample[0].stride == (1, 1)
+    assert tv.layer4[0].conv2.stride == (2, 2)
+
+
+def test_scattering_resnet18_basic_block_layout_and_other_nets():
+    """gem's ``rn18``/``rn34`` case: layer3's first block gets a stride-1 conv1 at its own
+    width (256) and no downsample; a 32x32 input at J = 2 ends at 4x4 like the plain
+    small-stem ResNet-18. A net without a gem layout (small_cnn) keeps its own
+    down-sampling behind a scattering stem in place of its first convolution."""
+    from scarcelab.methods.supervised.scattering import hybridize
+
+    net = create_model("resnet18", in_channels=3)
+    x = torch.randn(2, 3, 32, 32)
+    assert _final_pooling_input(net, net.net.layer4, x) == (2, 512, 4, 4)
+    layout = hybridize(net, 2)
+    assert _final_pooling_input(net, net.net.layer4, x) == (2, 512, 4, 4)
+    assert layout == "resnet"
+    first = net.net.layer3[0]
+    assert (first.conv1.in_channels, first.conv1.stride, first.downsample) == (256, (1, 1), None)
+    assert net.net.layer2[1].out_channels == 256
+    small = create_model("small_cnn", in_channels=3)
+    assert hybridize(small, 2) == "first_conv"
+    assert small(torch.randn(2, 3, 32, 32)).shape == (2, 128)
