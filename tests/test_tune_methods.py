@@ -16,6 +16,7 @@ from scarcelab.methods.supervised.cosine_ce import CosineCEHead, cosine_ce_loss
 from scarcelab.methods.supervised.gradl2 import grad_l2_penalty
 from scarcelab.methods.supervised.ole import ole_loss
 from scarcelab.methods.supervised.tvmf import TvMFHead, tvmf_similarity
+from scarcelab.models.standardize import Standardized
 from scarcelab.train import make_optimizer
 
 
@@ -84,6 +85,27 @@ def test_grad_l2_penalty_hand_case():
     assert w.grad is not None and torch.isfinite(w.grad).all()
 
 
+def test_grad_l2_differentiates_with_respect_to_the_normalised_input():
+    """gem ``kernelregular.py`` takes the gradient w.r.t. the ``Normalize``-d batch, i.e. after
+    the dataset standardisation (here ``Standardized``, std 1/8 and 1/4), not w.r.t. the
+    loop's ``(x01 - 0.5) / 0.5`` input. Hand case: x01 = mean, so z = 0, logits = W z = 0,
+    p = (1/2, 1/2), y = 0: dCE/dz = W^T (p - e_0) = W^T (-1/2, 1/2) = (1, 1) for
+    W = [[1, 2], [3, 4]] -> penalty 2. (W.r.t. the loop input the gradient is scaled by
+    0.5 / std = (4, 2): penalty 20.)"""
+    mean, std = [0.5, 0.4], [0.125, 0.25]
+    method = get_method("gradl2")(Standardized(_Feat(2), mean, std), 2, {"lambda_grad": 0.1})
+    with torch.no_grad():
+        method.head.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        method.head.bias.zero_()
+    x = ((torch.tensor(mean) - 0.5) / 0.5).view(1, 2, 1, 1)  # what the loop feeds
+    out = method.step(Batch(x=[x], y=torch.tensor([0]), u=[]), Progress(0, 1, 0))
+    assert float(out["grad_l2"]) == pytest.approx(2.0, rel=1e-6)
+    assert float(out["loss_labeled"]) == pytest.approx(math.log(2), rel=1e-6)
+    assert float(out["loss"]) == pytest.approx(math.log(2) + 0.1 * 2.0, rel=1e-6)
+    out["loss"].backward()
+    assert method.head.weight.grad is not None
+
+
 def test_grad_l2_disables_weight_decay_and_keeps_bn():
     cls = get_method("gradl2")
     assert cls.defaults["weight_decay"] == 0.0
@@ -127,7 +149,7 @@ def test_tvmf_similarity_and_head():
 
 # -- architecture-changing methods ---------------------------------------------------------
 
-from scarcelab.methods.supervised.dsk import DualSK, SKConv  # noqa: E402
+from scarcelab.methods.supervised.dsk import DualSK, SKConv, dual_selective_kernels  # noqa: E402
 from scarcelab.methods.supervised.fconv import full_convolution  # noqa: E402
 from scarcelab.methods.supervised.harmonic import Harm2d, dct_filters, harmonize  # noqa: E402
 from scarcelab.methods.supervised.scattering import Scattering2D, morlet  # noqa: E402
@@ -180,6 +202,8 @@ def test_dual_selective_kernel_selection_and_attention():
     d.train()
     torch.manual_seed(3)
     y = d(x)
+    # both units run, as gem's dual blocks (the one not drawn still updates its BN)
+    assert [int(u.branches[0][1].num_batches_tracked) for u in (d.a, d.b)] == [1, 1]
     torch.manual_seed(3)
     pick_a = bool(torch.randint(0, 2, ()).item())
     ref = d.a(x) if pick_a else d.b(x)
@@ -187,6 +211,98 @@ def test_dual_selective_kernel_selection_and_attention():
     sk = SKConv(8, 8, 1, 4)
     att = sk.attention(torch.stack([b(x) for b in sk.branches], 1))
     torch.testing.assert_close(att.sum(1), torch.ones(2, 8, 1, 1))
+
+
+def test_blurpool_hand_case():
+    """Reflect padding + [1, 2, 1]^T [1, 2, 1] / 16 at stride 2 (gem ``BlurPool``, filter
+    size 3). An impulse of 16 at (1, 1) of a 4x4 image is reflected to (0, 0), (0, 2),
+    (2, 0), (2, 2) of the padded 6x6; output (i, j) sums the filter over the impulses in
+    rows/cols 2i..2i+2, 2j..2j+2: [[4, 2], [2, 1]]."""
+    from scarcelab.methods.supervised.dsk import BlurPool
+
+    x = torch.zeros(1, 1, 4, 4)
+    x[0, 0, 1, 1] = 16.0
+    torch.testing.assert_close(BlurPool(1, 2)(x)[0, 0], torch.tensor([[4.0, 2.0], [2.0, 1.0]]))
+    const = torch.full((1, 3, 6, 6), 0.3)
+    torch.testing.assert_close(BlurPool(3, 1)(const), const)  # unit mass, blurs at stride 1
+
+
+def test_dsk_wrn_is_built_from_dual_blocks_as_gem():
+    """gem ``DSKWideBlock``: every WRN block becomes two SK branches (BN-ReLU-SK-BN-ReLU-SK,
+    8 groups) plus a 1x1-conv + BlurPool shortcut; strided SK convolutions convolve at
+    stride 1 and blur-pool. Hand parameter count of DSKWideBlock(16, 32, stride 2):
+    branch = BN(16) 32 + SK(16->32) [2 convs 32*2*9 + 2 BN 64 + squeeze 32*32 + BN 64 +
+    attention 32*64 + 64 = 4480] + BN(32) 64 + SK(32->32) [2*32*4*9 + 128 + 1024 + 64 +
+    2112 = 5632] = 10208; two branches + the 16->32 1x1 shortcut (512) = 20928."""
+    net = create_model("wrn16_2", in_channels=3)
+    assert dual_selective_kernels(net) == ("wrn", 6)
+    from scarcelab.methods.supervised.dsk import BlurPool, DSKWideBlock
+
+    assert all(isinstance(b, DSKWideBlock) for b in net.blocks)
+    strided = net.blocks[2].branch1.sk1
+    assert all(br[0].stride == (1, 1) and br[0].groups == 8 and isinstance(br[1], BlurPool)
+               and br[1].stride == 2 for br in strided.branches)
+    assert [br[0].dilation for br in strided.branches] == [(1, 1), (2, 2)]
+    sc = net.blocks[2].shortcut
+    assert sc[0].stride == (1, 1) and isinstance(sc[1], BlurPool) and sc[1].stride == 2
+    assert net.blocks[1].shortcut is None  # same width, stride 1: identity
+    assert sum(p.numel() for p in DSKWideBlock(16, 32, 2).parameters()) == 20928
+    assert net(torch.randn(2, 3, 16, 16)).shape == (2, 128)
+
+
+def test_dsk_block_draws_one_branch_per_block_and_computes_both():
+    """gem: ``w = randint(0, 2)`` once per block and pass, output w*branch1 + (1-w)*branch2
+    + shortcut, both branches run (their BN statistics move, the one not drawn gets a zero
+    gradient, not none); at inference w = 1/2."""
+    from scarcelab.methods.supervised.dsk import DSKWideBlock
+
+    torch.manual_seed(0)
+    blk = DSKWideBlock(8, 16, 2)
+    x = torch.randn(3, 8, 8, 8)
+    blk.train()
+    torch.manual_seed(5)
+    y = blk(x)
+    assert [int(b.bn1.num_batches_tracked) for b in (blk.branch1, blk.branch2)] == [1, 1]
+    torch.manual_seed(5)
+    w = int(torch.randint(0, 2, ()).item())
+    drawn, other = (blk.branch1, blk.branch2) if w == 1 else (blk.branch2, blk.branch1)
+    torch.testing.assert_close(y, drawn(x) + blk.shortcut(x))
+    blk.zero_grad(set_to_none=True)
+    torch.manual_seed(5)
+    blk(x).sum().backward()
+    assert other.sk1.attend.weight.grad is not None
+    assert float(other.sk1.attend.weight.grad.abs().max()) == 0.0
+    assert float(drawn.sk1.attend.weight.grad.abs().max()) > 0.0
+    blk.eval()
+    torch.testing.assert_close(blk(x), 0.5 * (blk.branch1(x) + blk.branch2(x)) + blk.shortcut(x))
+
+
+def test_dsk_resnet_bottleneck_as_gem():
+    """gem ``DSKBottleneck`` (``rn50``, groups 32): a branch is 1x1 conv to the bottleneck
+    width M*planes -> SK -> 1x1 conv to 4*planes -> BN -> ReLU; the torchvision downsample's
+    strided 1x1 conv runs at stride 1 followed by BlurPool; ReLU after the sum."""
+    from torchvision.models.resnet import BasicBlock, Bottleneck
+
+    from scarcelab.methods.supervised.dsk import BlurPool, DSKResBlock
+
+    down = torch.nn.Sequential(torch.nn.Conv2d(256, 512, 1, 2, bias=False),
+                               torch.nn.BatchNorm2d(512))
+    blk = DSKResBlock(Bottleneck(256, 128, 2, downsample=down))
+    b = blk.branch1
+    assert (b.conv1[0].out_channels, b.conv3[0].in_channels, b.conv3[0].out_channels) == (
+        256, 256, 512)
+    assert all(br[0].groups == 32 and isinstance(br[1], BlurPool) for br in b.sk.branches)
+    assert blk.downsample[0].stride == (1, 1) and isinstance(blk.downsample[1], BlurPool)
+    assert isinstance(blk.downsample[2], torch.nn.BatchNorm2d)
+    with torch.no_grad():
+        out = blk.eval()(torch.randn(2, 256, 8, 8))
+    assert out.shape == (2, 512, 4, 4) and float(out.min()) >= 0.0
+    basic = DSKResBlock(BasicBlock(64, 64))
+    assert basic.downsample is None and basic.branch1.sk1.branches[0][0].groups == 32
+    net = create_model("resnet18", in_channels=3)
+    assert dual_selective_kernels(net) == ("resnet", 8)
+    assert all(isinstance(b, DSKResBlock) for b in net.net.layer3)
+    assert net(torch.randn(2, 3, 16, 16)).shape == (2, 512)
 
 
 def test_scattering_reference_properties():
@@ -218,3 +334,109 @@ def test_scattering_reference_properties():
     torch.testing.assert_close(rotated, spatial.roll(4, dims=1), rtol=2e-2, atol=2e-3)
     m = morlet(16, 16, 0.8, 0.0, 3 * math.pi / 4, 0.5)
     assert abs(complex(m.sum())) < 1e-10
+
+
+def _final_pooling_input(net: torch.nn.Module, before_pool: torch.nn.Module,
+                         x: torch.Tensor) -> tuple[int, ...]:
+    """Shape of the map the global pooling averages (``before_pool``'s output); ``net`` a
+    backbone or a method (run through its classifier)."""
+    seen: dict[str, tuple[int, ...]] = {}
+    hook = before_pool.register_forward_hook(lambda m, i, o: seen.update(shape=tuple(o.shape)))
+    net.eval()
+    with torch.no_grad():
+        getattr(net, "logits", net)(x)
+    hook.remove()
+    return seen["shape"]
+
+
+@pytest.mark.parametrize("j,side", [(2, 8), (3, 4)])
+def test_scattering_wrn16_8_as_gem_builds_it(j, side):
+    """gem ``ScatteringModel.make_scat``, WRN branch: the transform replaces conv1, BN (no
+    affine) -> 3x3 conv (no bias) -> BN -> ReLU replaces block1 and projects to block2's
+    input width (128), block2 and block3 lose their stride. On 32x32 at J = 2 the map at
+    the final pooling is 8x8, as in the plain WRN-16-8 (before this layout: 2x2)."""
+    plain = create_model("wrn16_8", in_channels=3)
+    x = torch.randn(2, 3, 32, 32)
+    assert _final_pooling_input(plain, plain.bn, x) == (2, 512, 8, 8)
+    net = create_model("wrn16_8", in_channels=3)
+    method = get_method("scattering")(Standardized(net, [0.5] * 3, [0.25] * 3), 10, {"J": j})
+    assert _final_pooling_input(method, net.bn, x) == (2, 512, side, side)
+    bn0, conv, bn1, _ = net.conv[1]
+    assert bn0.num_features == 3 * (1 + 8 * j + 32 * j * (j - 1)) and not bn0.affine
+    assert (conv.out_channels, conv.bias, bn1.num_features) == (128, None, 128)
+    assert len(net.blocks) == 4  # the first stage (2 blocks) is gone
+    assert [b.conv1.stride for b in net.blocks] == [(1, 1)] * 4
+    assert [b.shortcut.stride for b in net.blocks if b.shortcut is not None] == [(1, 1)] * 2
+    assert not any(p.requires_grad for p in net.conv[0].parameters())  # fixed transform
+    assert method.logits(x).shape == (2, 10)
+
+
+def test_scattering_resnet50_as_gem_builds_it():
+    """gem ``make_scat``, torchvision-ResNet branch (``rn50``): stem removed, the transform
+    replaces layer1, BN(affine=False, momentum 0.9) -> 3x3 conv (with bias) -> BN -> ReLU
+    replaces layer2 and projects to layer3's input width (512), layer3's first block
+    (conv2 and its downsample conv) loses its stride, layer4 keeps it. 64x64 (EuroSAT) at
+    J = 3: 8x8 after the transform, 4x4 at the final pooling (plain ResNet-50: 2x2)."""
+    net = create_model("resnet50_imagenet", in_channels=3)
+    tv = net.net
+    x = torch.randn(1, 3, 64, 64)
+    assert _final_pooling_input(net, tv.layer4, x) == (1, 2048, 2, 2)
+    from scarcelab.methods.supervised.scattering import hybridize
+
+    layout = hybridize(net, 3)
+    assert _final_pooling_input(net, tv.layer4, x) == (1, 2048, 4, 4)
+    assert layout == "resnet"
+    assert all(isinstance(m, torch.nn.Identity) for m in (tv.conv1, tv.bn1, tv.relu, tv.maxpool))
+    bn0, conv, bn1, _ = tv.layer2
+    assert (bn0.num_features, bn0.affine, bn0.momentum) == (3 * 217, False, 0.9)
+    assert conv.out_channels == 512 and conv.bias is not None and bn1.num_features == 512
+    assert tv.layer3[0].conv2.stride == (1, 1) and tv.layer3[0].downsample[0].stride == (1, 1)
+    assert tv.layer4[0].conv2.stride == (2, 2)
+
+
+def test_scattering_resnet18_basic_block_layout_and_other_nets():
+    """gem's ``rn18``/``rn34`` case: layer3's first block gets a stride-1 conv1 at its own
+    width (256) and no downsample; a 32x32 input at J = 2 ends at 4x4 like the plain
+    small-stem ResNet-18. A net without a gem layout (small_cnn) keeps its own
+    down-sampling behind a scattering stem in place of its first convolution."""
+    from scarcelab.methods.supervised.scattering import hybridize
+
+    net = create_model("resnet18", in_channels=3)
+    x = torch.randn(2, 3, 32, 32)
+    assert _final_pooling_input(net, net.net.layer4, x) == (2, 512, 4, 4)
+    layout = hybridize(net, 2)
+    assert _final_pooling_input(net, net.net.layer4, x) == (2, 512, 4, 4)
+    assert layout == "resnet"
+    first = net.net.layer3[0]
+    assert (first.conv1.in_channels, first.conv1.stride, first.downsample) == (256, (1, 1), None)
+    assert net.net.layer2[1].out_channels == 256
+    small = create_model("small_cnn", in_channels=3)
+    assert hybridize(small, 2) == "first_conv"
+    assert small(torch.randn(2, 3, 32, 32)).shape == (2, 128)
+
+
+@pytest.mark.parametrize("method", ["scattering", "dsk"])
+def test_rebuilt_wrn_checkpoints_and_exports(method):
+    """The gem layouts (not the small_cnn fallbacks) survive what the protocol does with a
+    trained model: a state-dict checkpoint loaded into a copy and exported (the fixed
+    scattering filters are rebuilt, never stored)."""
+    from scarcelab.train import export_classifier
+
+    torch.manual_seed(0)
+    hp = {"J": 2} if method == "scattering" else {}
+    m = get_method(method)(Standardized(create_model("wrn16_2", in_channels=3), [0.5] * 3,
+                                        [0.25] * 3), 3, hp)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(8, 3, 16, 16), torch.arange(8) % 3
+    for _ in range(2):
+        opt.zero_grad()
+        m.train()
+        m.step(Batch(x=[x], y=y, u=[]), Progress(0, 2, 0))["loss"].backward()
+        opt.step()
+    ckpt = {"state_dict": {k: v.clone() for k, v in m.state_dict().items()}}
+    assert not any("scat" in k or "filt" in k for k in ckpt["state_dict"])
+    exported = export_classifier(m, ckpt, ["a", "b", "c"])
+    imgs = torch.rand(4, 3, 16, 16)
+    m.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(imgs), m.logits((imgs - 0.5) / 0.5))

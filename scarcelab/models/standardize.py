@@ -52,6 +52,12 @@ class Standardized(nn.Module):
         self.register_buffer("mean", m)
         self.register_buffer("std", s)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def standardize(self, x: torch.Tensor) -> torch.Tensor:
+        """The loop's ``(x − 0.5) / 0.5`` input as the network sees it, ``(x01 − mean) / std``:
+        exposed for methods that act on the normalised image itself (grad-ℓ2's input
+        gradient, gem ``kernelregular.py``, is taken with respect to this tensor)."""
         x01 = x * NORM_STD + NORM_MEAN
-        return self.net((x01 - self.mean) / self.std)
+        return (x01 - self.mean) / self.std
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(self.standardize(x))

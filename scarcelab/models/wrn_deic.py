@@ -54,6 +54,7 @@ class WideResNetDEIC(nn.Module):
         if (depth - 4) % 6:
             raise ValueError(f"WideResNet depth must be 6n+4, got {depth}")
         n = (depth - 4) // 6
+        self.n_per_stage = n  # blocks per stage: methods that rebuild stages (scattering)
         widths = [16, 16 * widen, 32 * widen, 64 * widen]
         self.conv = nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False)
         layers: list[nn.Module] = []

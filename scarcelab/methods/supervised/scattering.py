@@ -1,8 +1,21 @@
 """``scattering``: deep hybrid networks (Oyallon, Belilovsky & Zagoruyko, ICCV 2017,
 "Scaling the Scattering Transform"; gem ``pipelines/scattering.py``): a fixed 2D Morlet
-scattering transform of order 2 and scale J replaces the first convolution, followed by
-BatchNorm (no affine) and a learned 3×3 convolution to that layer's width; the rest of
-the network is unchanged and sees maps 2^J times smaller.
+scattering transform of order 2 and scale J takes the place of the network's early layers,
+as gem's ``ScatteringModel.make_scat`` builds it per architecture:
+
+* WRN (gem ``wrn_cifar.WideResNet``; ours ``WideResNetDEIC``): the transform replaces
+  ``conv1``; BN (no affine) of the coefficients → 3×3 conv → BN → ReLU replaces the whole
+  first stage and projects to the second stage's input width; the second and third stages
+  lose their stride. WRN-16-8 on 32×32 at J = 2 thus works on 8×8 maps from the transform
+  to the final pooling, as the unmodified network ends (before: 2×2).
+* torchvision ResNet (gem ``rn.ResNet``; ours ``resnet50_imagenet``, ``resnet18``,
+  ``resnet50``): the stem is removed, the transform replaces ``layer1``, the projection
+  (conv with bias, coefficient BN momentum 0.9) replaces ``layer2`` and projects to
+  ``layer3``'s width, ``layer3`` loses its stride, ``layer4`` keeps it. At 224 px and J = 3
+  the maps are 28×28 up to ``layer3`` and 14×14 at the final pooling.
+* any other network (``small_cnn`` …; no gem layout): the transform, BN (no affine) and a
+  3×3 convolution replace the first convolution and the rest is kept, down-sampling
+  included (maps 2^J smaller all the way).
 
 The transform is our own (kymatio 0.3.0, the library gem uses, no longer imports with
 SciPy ≥ 1.15: ``scipy.special.sph_harm`` was removed). It follows kymatio's Scattering2D
@@ -23,15 +36,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from scarcelab.errors import TrialFailed
 from scarcelab.methods import Batch, Losses, Progress, register
 from scarcelab.methods.space import Choice
 from scarcelab.methods.supervised._deic import COMMON_DEFAULTS, COMMON_SPACE, DEICMethod
 from scarcelab.methods.supervised.harmonic import _replace
+from scarcelab.models.wrn_deic import WideResNetDEIC
 
 N_ANGLES = 8
-MIN_SIDE = 4  # smallest scattering map side handed to the base network
+MIN_SIDE = 4  # smallest map side a network without a gem hybrid layout gets (small_cnn)
 
 
 def gabor(h: int, w: int, sigma: float, theta: float, xi: float, slant: float) -> torch.Tensor:
@@ -84,8 +99,7 @@ class Scattering2D(nn.Module):
 
     @property
     def channels_per_input(self) -> int:
-        j, n = self.j, self.n_angles
-        return 1 + j * n + n * n * j * (j - 1) // 2
+        return n_coefficients(self.j, self.n_angles)
 
     def _low(self, x_hat: torch.Tensor) -> torch.Tensor:
         s = 2 ** self.j
@@ -108,42 +122,120 @@ class Scattering2D(nn.Module):
         return s.reshape(n, c * s.shape[2], s.shape[3], s.shape[4])
 
 
-class ScatteringStem(nn.Module):
-    """Scattering → BatchNorm(affine=False) → 3×3 conv to the replaced layer's width.
-    Filters are built for the first input size seen (images of one dataset share it)."""
+def n_coefficients(j: int, n_angles: int = N_ANGLES) -> int:
+    """Scattering channels per input channel: ``1 + J·L + L²·J(J−1)/2``."""
+    return 1 + j * n_angles + n_angles * n_angles * j * (j - 1) // 2
 
-    def __init__(self, conv: nn.Conv2d, j: int) -> None:
+
+class ScatteringFront(nn.Module):
+    """The fixed transform as a layer: (N, C, H, W) -> (N, C·K, H/2^J, W/2^J), no gradient.
+
+    Filters are built for the first input size seen (images of one dataset share it) and
+    never checkpointed. ``min_side``: the smallest map side the rest of the network accepts
+    (1 where, as in gem's hybrids, nothing down-samples the map far enough to empty it)."""
+
+    def __init__(self, j: int, min_side: int) -> None:
         super().__init__()
-        self.j, self.cin = j, conv.in_channels
-        k = 1 + j * N_ANGLES + N_ANGLES * N_ANGLES * j * (j - 1) // 2
-        # momentum 0.9 (gem's ResNet hybrid stem): scattering coefficients have tiny
-        # variances, so running statistics started at var = 1 must forget that quickly or
-        # evaluation sees inputs scaled far off those of training
-        self.bn = nn.BatchNorm2d(self.cin * k, affine=False, momentum=0.9)
-        self.conv = nn.Conv2d(self.cin * k, conv.out_channels, 3, 1, 1, bias=False)
+        self.j, self.min_side = j, min_side
         self.scat: Scattering2D | None = None
         self._size: tuple[int, int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         size = (x.shape[2], x.shape[3])
-        if min(size) // 2 ** self.j < MIN_SIDE:
+        if min(size) // 2 ** self.j < self.min_side:
             raise TrialFailed(f"scattering J={self.j} turns {size[0]}x{size[1]} inputs into "
-                              f"maps smaller than {MIN_SIDE}x{MIN_SIDE}, too small for the "
-                              "base network's down-sampling; use a smaller J")
+                              f"maps smaller than {self.min_side}x{self.min_side}, too small "
+                              "for the base network's down-sampling; use a smaller J")
         if self.scat is None or self._size != size:
             self.scat = Scattering2D(self.j, *size).to(x.device)
             self._size = size
         with torch.no_grad():
-            s = self.scat(x)
-        return self.conv(self.bn(s))
+            return self.scat(x)
 
 
-def hybridize(backbone: nn.Module, j: int) -> None:
+def projection(channels: int, width: int, bias: bool, momentum: float) -> nn.Sequential:
+    """gem's block after the transform: BN (no affine) of the coefficients, a 3×3 convolution
+    to the width of the first stage kept, BN, ReLU."""
+    return nn.Sequential(nn.BatchNorm2d(channels, affine=False, momentum=momentum),
+                         nn.Conv2d(channels, width, 3, 1, 1, bias=bias),
+                         nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+
+
+def _hybrid_wrn(net: WideResNetDEIC, j: int) -> None:
+    """gem ``ScatteringModel.make_scat``, ``wrn_cifar.WideResNet`` branch: the transform
+    replaces ``conv1``, the projection (conv without bias, BN momentum PyTorch's default)
+    replaces ``block1`` and projects to ``block2``'s input width, and the first blocks of
+    ``block2`` and ``block3`` lose their stride (``conv1`` and ``convShortcut``)."""
+    n = net.n_per_stage
+    later = list(net.blocks)[n:]
+    cin = net.conv.in_channels
+    width = later[0].conv1.in_channels
+    for b in (later[0], later[n]):
+        b.conv1.stride = (1, 1)
+        if b.shortcut is not None:
+            b.shortcut.stride = (1, 1)
+        b.stride = 1
+    net.conv = nn.Sequential(ScatteringFront(j, min_side=1),
+                             projection(cin * n_coefficients(j), width, bias=False,
+                                        momentum=0.1))
+    net.blocks = nn.Sequential(*later)
+
+
+def _hybrid_resnet(net: ResNet, j: int) -> None:
+    """gem ``ScatteringModel.make_scat``, ``rn.ResNet`` (torchvision) branch: stem (``conv1``,
+    ``bn1``, ``relu``, ``maxpool``) removed, the transform replaces ``layer1``, the projection
+    (conv with bias, coefficient BN momentum 0.9) replaces ``layer2`` and projects to
+    ``layer3``'s input width, and ``layer3``'s first block loses its stride: a bottleneck's
+    3×3 ``conv2`` and its ``downsample`` convolution; a basic block gets a stride-1 ``conv1``
+    at its output width and no ``downsample``."""
+    cin = net.conv1.in_channels
+    net.conv1, net.bn1, net.relu, net.maxpool = (nn.Identity(), nn.Identity(), nn.Identity(),
+                                                 nn.Identity())
+    first = net.layer3[0]
+    if isinstance(first, Bottleneck):
+        width = first.conv1.in_channels
+        first.conv2.stride = (1, 1)
+        first.downsample[0].stride = (1, 1)
+    elif isinstance(first, BasicBlock):
+        width = first.conv1.out_channels
+        first.conv1 = nn.Conv2d(width, width, 3, 1, 1, bias=False)
+        first.downsample = None
+    else:
+        raise ValueError(f"scattering: unsupported ResNet block {type(first).__name__}")
+    first.stride = 1
+    net.layer1 = ScatteringFront(j, min_side=1)
+    net.layer2 = projection(cin * n_coefficients(j), width, bias=True, momentum=0.9)
+
+
+def _hybrid_first_conv(backbone: nn.Module, j: int) -> None:
+    """Networks gem has no hybrid of (``small_cnn`` and the other CPU-scale nets): the
+    transform, BN (no affine, momentum 0.9) and a 3×3 convolution to the replaced layer's
+    width stand in for the first convolution; the rest of the network, its down-sampling
+    included, is kept, so its maps must not shrink below ``MIN_SIDE``."""
     for name, m in backbone.named_modules():
         if isinstance(m, nn.Conv2d):
-            _replace(backbone, name, ScatteringStem(m, j))
+            k = m.in_channels * n_coefficients(j)
+            _replace(backbone, name, nn.Sequential(
+                ScatteringFront(j, min_side=MIN_SIDE),
+                nn.BatchNorm2d(k, affine=False, momentum=0.9),
+                nn.Conv2d(k, m.out_channels, 3, 1, 1, bias=False)))
             return
     raise ValueError("scattering: the backbone has no convolution to replace")
+
+
+def hybridize(backbone: nn.Module, j: int) -> str:
+    """Make ``backbone`` (possibly wrapped, e.g. in ``Standardized``) a deep hybrid network
+    in place, as gem builds one for its architecture; returns the layout used:
+    ``"wrn"``, ``"resnet"`` or ``"first_conv"``."""
+    for m in backbone.modules():
+        if isinstance(m, WideResNetDEIC):
+            _hybrid_wrn(m, j)
+            return "wrn"
+        if isinstance(m, ResNet):
+            _hybrid_resnet(m, j)
+            return "resnet"
+    _hybrid_first_conv(backbone, j)
+    return "first_conv"
 
 
 @register("scattering")
@@ -161,4 +253,4 @@ class Scattering(DEICMethod):
         return {"loss": loss, "loss_labeled": loss}
 
 
-__all__ = ["Scattering2D", "hybridize", "morlet"]
+__all__ = ["Scattering2D", "ScatteringFront", "hybridize", "morlet", "n_coefficients"]
