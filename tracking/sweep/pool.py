@@ -35,8 +35,10 @@ class RayPool:
                 # own daemons responsive on a cluster node but, on a user's machine, makes
                 # every cell yield to any other job: a sweep then runs slower than the same
                 # commands typed by hand. Embedded cells run at the caller's priority
-                # (`RAY_worker_niceness` in the environment still wins).
-                os.environ.setdefault("RAY_worker_niceness", str(os.nice(0)))
+                # (`RAY_worker_niceness` in the environment still wins). The value is an
+                # *increment* on the raylet's niceness, which is the caller's (it was
+                # os.nice(0) here: a driver started with `nice -n 10` ran its cells at 19).
+                os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(**kw)
         res = ray.cluster_resources()
         gpus = (1.0 if res.get("GPU", 0) > 0 else 0.0) if gpus_per_task == "auto" \
