@@ -27,13 +27,17 @@ def _al_run(client: MlflowClient, exp: str, dataset: str, strategy: str, rep: in
     client.set_terminated(run.info.run_id, "FINISHED")
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """One sqlite store for the module (its creation is most of the cost); each test
+    writes its own experiment."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('alreport') / 'mlflow.db'}"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLFLOW_TRACKING_URI", uri)
+    mp.delenv("MLFLOW_RUN_ID", raising=False)
     mlflow.set_tracking_uri(uri)
-    return MlflowClient()
+    yield MlflowClient()
+    mp.undo()
 
 
 # (dataset, strategy, repetition, auc) per run; what the note must say
@@ -57,16 +61,17 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_al_report_ranks_what_it_can_and_says_why_not_the_rest(store, case):
     runs, words = CASES[case]
-    exp = store.create_experiment("few-al")
+    name = "few-al-" + case.replace(" ", "-").replace(",", "")
+    exp = store.create_experiment(name)
     for ds, strat, rep, auc in runs:
         _al_run(store, exp, ds, strat, rep, auc)
-    r = CliRunner().invoke(main, ["al-report", "--experiment", "few-al", "--no-log"])
+    r = CliRunner().invoke(main, ["al-report", "--experiment", name, "--no-log"])
     assert r.exit_code == 0, r.output
     assert r.exception is None, r.exception
     notes = [ln for ln in r.output.splitlines() if ln.startswith("note: ")]
     assert any(words in n for n in notes), r.output
     # and with --log the report run is written, notes included
-    r = CliRunner().invoke(main, ["al-report", "--experiment", "few-al"])
+    r = CliRunner().invoke(main, ["al-report", "--experiment", name])
     assert r.exit_code == 0, r.output
     rid = r.output.split("report run ")[1].split()[0]
     text = mlflow.artifacts.load_text(f"runs:/{rid}/al_notes.txt")
