@@ -67,7 +67,7 @@ def results_cmd(specs: tuple[str, ...], spec_list: str, experiment: str, out: st
                    "docs/results" + ("" if sc == "reference" else f"/{sc}"))
     from scarcelab.tracking.results import build_page, write_page
     from scarcelab.tracking.results import write_index as write_index_page
-    from scarcelab.tracking.results.page import ResultsError
+    from scarcelab.tracking.results.page import ResultsError, rel
     from scarcelab.tracking.results.papers import PaperError
     from scarcelab.tracking.sweep.spec import SpecError
 
@@ -86,7 +86,10 @@ def results_cmd(specs: tuple[str, ...], spec_list: str, experiment: str, out: st
             if p in paths:
                 click.echo(f"Error: {e}", err=True)
                 failed = True
-            entries.append((Path(p).stem, str(e).split(": ", 1)[-1]))
+            flag = "" if sc == "reference" else f" --{sc}"
+            entries.append((Path(p).stem, f"no {sc}-scale sweep in the store: "
+                            f"`scarcelab sweep {rel(p)}{flag}`" if isinstance(e, ResultsError)
+                            else str(e)))
             continue
         path = write_page(page, out_dir)
         n = {s: sum(v.status == s for v in page.verdicts) for s in

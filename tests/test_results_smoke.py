@@ -4,71 +4,65 @@ report has a row per method of the suite's reference grid and the page renders â
 provenance, its verdict table, its tables and its figures (small PNGs).
 
 This is the test that keeps a suite from breaking silently: a method that no longer runs,
-a view that no longer builds, a page that no longer renders all fail here. It costs a few
-minutes (one process per cell; tests/test_results_smoke.py's numbers are in
-docs/sweeps.md, "The CI smoke"). The data are the project machines' real files
-(../shared/data); without them the module is skipped.
+a view that no longer builds, a page that no longer renders all fail here. Its sweeps cost
+~50 cell processes (docs/sweeps.md, "The CI smoke"): conftest.py starts them in the
+background when the session collects this module (tests/smoke_runner.py) and runs this
+module last, so they use the core the other tests leave idle. The data are the project
+machines' real files (../shared/data); without them the module is skipped.
 """
 
 from __future__ import annotations
 
+import json
 import re
-import time
 from pathlib import Path
 
 import mlflow
 import pytest
+import smoke_runner
 from conftest import SHARED_DATA
 
 REPO = Path(__file__).resolve().parents[1]
-SUITES = sorted((REPO / "suites").glob("*.yaml"))
-NEEDED = ["medmnist/breastmnist.npz", "medmnist/pneumoniamnist.npz", "tabular/splice",
-          "pathology_crops", "consep_patches", "nuclei_cpm15", "cifar10_jpg", "ood"]
+SUITES = smoke_runner.SUITES
 
 pytestmark = pytest.mark.skipif(
-    not all((SHARED_DATA / n).exists() for n in NEEDED),
-    reason=f"the suites' real data ({', '.join(NEEDED)}) are not under {SHARED_DATA} "
-           "(../shared/data is only on the project machines)")
+    not all((SHARED_DATA / n).exists() for n in smoke_runner.NEEDED),
+    reason=f"the suites' real data ({', '.join(smoke_runner.NEEDED)}) are not under "
+           f"{SHARED_DATA} (../shared/data is only on the project machines)")
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """Run the five smokes one after another on one embedded Ray, write their pages and the
-    index; returns what the tests read."""
-    ray = pytest.importorskip("ray")
+def smoke(request, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """Wait for the five smoke sweeps (started by conftest.py at collection, or here), then
+    write their pages and the index from their store; returns what the tests read."""
     from scarcelab.tracking.results import build_page, write_index, write_page
-    from scarcelab.tracking.sweep.driver import run_sweep
-    from scarcelab.tracking.sweep.spec import load_spec
 
-    tmp = tmp_path_factory.mktemp("smoke")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    started = getattr(request.config, "_scarcelab_smoke", None)
+    if started is None:  # collected some other way: start the sweeps now
+        out = tmp_path_factory.mktemp("smoke")
+        started = (smoke_runner.start(out, 2, SHARED_DATA), out)
+    proc, out = started
+    rc = proc.wait(timeout=3600)
+    log = (out / "runner.log").read_text() if (out / "runner.log").exists() else ""
+    assert rc == 0, (out / "runner.out").read_text()[-5000:] + log[-5000:]
+    status = json.loads((out / "status.json").read_text())
     mp = pytest.MonkeyPatch()
+    uri = smoke_runner.environment(out, SHARED_DATA)["MLFLOW_TRACKING_URI"]
     mp.setenv("MLFLOW_TRACKING_URI", uri)
-    mp.setenv("SCARCELAB_DATA", str(SHARED_DATA))
-    mp.setenv("PYTHONPATH", str(REPO))
-    mp.setenv("OMP_NUM_THREADS", "1")
-    mp.delenv("MLFLOW_RUN_ID", raising=False)
-    mp.chdir(tmp)
     mlflow.set_tracking_uri(uri)
-    if ray.is_initialized():
-        ray.shutdown()
-    out = {"results": {}, "pages": {}, "paths": {}, "seconds": {}, "log": []}
+    res = {"status": status, "log": log, "pages": {}, "paths": {}}
     try:
         for path in SUITES:
-            t0 = time.time()
-            spec = load_spec(path, smoke=True)
-            out["results"][path.stem] = run_sweep(spec, jobs=2, echo=out["log"].append)
+            if "error" in status.get(path.stem, {"error": "not run"}):
+                continue
             page = build_page(path, "smoke")
-            out["pages"][path.stem] = page
-            out["paths"][path.stem] = write_page(page, tmp / "pages")
-            out["seconds"][path.stem] = time.time() - t0
-        out["index"] = write_index([(s, p) for s, p in out["pages"].items()], tmp / "pages",
-                                   "smoke")
-        yield out
+            res["pages"][path.stem] = page
+            res["paths"][path.stem] = write_page(page, out / "pages")
+        res["index"] = write_index(list(res["pages"].items()), out / "pages", "smoke")
+        print("smoke seconds per suite:", {k: round(v["seconds"]) for k, v in status.items()})
+        yield res
     finally:
-        ray.shutdown()
         mp.undo()
-        print("smoke seconds per suite:", {k: round(v) for k, v in out["seconds"].items()})
 
 
 def _methods(path: Path) -> set[str]:
@@ -83,9 +77,10 @@ def _methods(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)
 def test_every_smoke_cell_finishes(smoke, path):
-    res = smoke["results"][path.stem]
-    failed = [(o.cell.label, o.error) for o in res.outcomes if o.status == "FAILED"]
-    assert not failed, "\n".join(smoke["log"][-40:])
+    st = smoke["status"].get(path.stem, {"error": "the runner did not get to it"})
+    assert "error" not in st, st["error"]
+    assert not st["failed"], "\n".join([str(f) for f in st["failed"]]
+                                       + smoke["log"].splitlines()[-40:])
     page = smoke["pages"][path.stem]
     assert page.counts["finished"] == page.counts["cells"] > 0
 
