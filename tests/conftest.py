@@ -62,7 +62,9 @@ def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
     if not all((SHARED_DATA / n).exists() for n in smoke_runner.NEEDED):
         return  # the test skips, saying why
     alone = all(i.path.name == SMOKE_FILE for i in items)
-    out = session.config._tmp_path_factory.mktemp("smoke")
+    # SCARCELAB_SMOKE_DIR keeps the smoke's store (and its pages) for a look afterwards
+    keep = os.environ.get("SCARCELAB_SMOKE_DIR")
+    out = Path(keep) if keep else session.config._tmp_path_factory.mktemp("smoke")
     session.config._scarcelab_smoke = (smoke_runner.start(out, 2 if alone else 1, SHARED_DATA),
                                        out)
 

@@ -69,9 +69,11 @@ def _methods(path: Path) -> set[str]:
     from scarcelab.tracking.sweep.spec import load_spec
 
     out = set()
-    for c in load_spec(path).cells:  # the *reference* grid's methods
+    for c in load_spec(path).cells:  # the *reference* grid's methods (pathology: encoders)
         o = dict(c.options)
-        out.add(o.get("method") or o.get("strategy") or o.get("encoder"))
+        if path.stem == "pathology" and "encoder" not in o:
+            continue  # the pre-training cell makes the @pretrain encoder
+        out.add(o.get("encoder") or o.get("method") or o.get("strategy"))
     return out
 
 
@@ -115,7 +117,7 @@ def test_the_report_has_a_row_per_method_of_the_reference_grid(smoke, path):
     else:  # a new suite: add its report's table here
         raise AssertionError(f"no row check for suite {path.stem}")
     assert got == want, (got ^ want)
-    assert page.rows_per_method.keys() == want
+    assert want <= page.rows_per_method.keys()
 
 
 @pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)

@@ -1,6 +1,7 @@
-"""The embedded Ray pool runs cells at the caller's priority, not Ray's worker nice 15, and
-not the caller's niceness added twice (``RAY_worker_niceness`` is an increment on the
-raylet's niceness, which already is the caller's)."""
+"""The embedded Ray pool runs cells without Ray's memory monitor, and at the caller's
+priority: not Ray's worker nice 15, and not the caller's niceness added twice
+(``RAY_worker_niceness`` is an increment on the raylet's niceness, which already is the
+caller's)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ from scarcelab.tracking.sweep.pool import RayPool
 
 def niceness():
     import os
-    return os.nice(0)
+    return os.nice(0), os.environ.get("RAY_memory_monitor_refresh_ms")
 
 pool = RayPool(jobs=1)
 pool.submit("cell", niceness)
 key, value, err = pool.next_done()
 pool.shutdown()
-print("driver", os.nice(0), "cell", value, "error", err)
+print("driver", os.nice(0), "cell", value[0], "monitor", value[1], "error", err)
 """
 
 
@@ -43,3 +44,6 @@ def test_embedded_cells_run_at_the_drivers_niceness() -> None:
     # Ray's own default would be 15 (the cell yields to every other job); os.nice(0) as the
     # increment gave the driver's niceness twice (a `nice -n 10` driver ran cells at 19)
     assert cell == driver, p.stdout
+    # the workers (and the raylet they come from) run without Ray's memory monitor, which
+    # killed cells for other users' memory on a shared machine
+    assert words[words.index("monitor") + 1] == "0", p.stdout

@@ -292,7 +292,8 @@ def _bar_figure(df: pd.DataFrame, index: str, columns: str, values: str, title: 
     return fig
 
 
-def _study_sections(t: Any, data: C.SuiteData) -> list[Section]:
+def _study_sections(t: Any, data: C.SuiteData, encoders_only: bool = False
+                    ) -> list[Section]:
     from scarcelab.tracking.query import render, views
 
     out = []
@@ -309,6 +310,9 @@ def _study_sections(t: Any, data: C.SuiteData) -> list[Section]:
         "`leaderboard.csv`.\n\n" + md_table(lb[keep]),
         {"leaderboard": small_png(fig)} if fig is not None else {},
         {"leaderboard": lb.to_csv(index=False)}))
+    if encoders_only:
+        out[0].title = "Pre-training studies (the encoders)"
+        return out
     g = views.gains(t)
     data.gains = g
     ref = g.attrs.get("reference", {})
@@ -632,8 +636,11 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
     sections: list[Section] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        transfer_suite = "probe" in by_entry or "segment" in by_entry
         if any(e in by_entry for e in STUDY_ENTRIES):
-            sections += _study_sections(t, data)
+            # in a transfer suite the studies pre-train the encoders: their leaderboard
+            # only (gains, profile and ranks compare methods, which they do not)
+            sections += _study_sections(t, data, encoders_only=transfer_suite)
         if "al" in by_entry:
             sections += _al_sections(t, data)
         if "contamination" in by_entry:
@@ -706,7 +713,7 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
     methods = Counter()
     for c in spec.cells:
         o = dict(c.options)
-        key = o.get("method") or o.get("strategy") or o.get("encoder") or c.entry
+        key = o.get("encoder") or o.get("method") or o.get("strategy") or c.entry
         if c.id in finished:
             methods[str(key)] += 1
     page = SuitePage(suite=suite, spec=spec, paper=paper, experiment=exp_name, uri=uri,

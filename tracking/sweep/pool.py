@@ -51,6 +51,11 @@ class RayPool:
                 # *increment* on the raylet's niceness, which is the caller's (it was
                 # os.nice(0) here: a driver started with `nice -n 10` ran its cells at 19).
                 os.environ.setdefault("RAY_worker_niceness", "0")
+                # Ray's memory monitor kills tasks when the *node* passes 95 % of its
+                # memory, whoever uses it: on a shared machine other users' jobs got cells
+                # killed (OutOfMemoryError, twice, then FAILED; issue 24's smoke run at
+                # 21.7 of 23.5 GB). Embedded, the kernel decides what is out of memory.
+                os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
             ray.init(**kw)
             _keep_python_sigterm(term)
         res = ray.cluster_resources()
