@@ -505,9 +505,17 @@ def _pq_curves(runs: Sequence[Any], labels: dict[str, str]) -> tuple[Any, list[s
         enc = r.data.tags.get("scarcelab.encoder", "?")
         name = labels.get(enc, enc)
         sel = r.data.metrics.get("seg/selected_epoch")
+        pat = r.data.params.get("patience", "")
+        verdict = ""
+        if hist and sel is not None and pat.isdigit():
+            since = hist[-1].step - int(sel)
+            verdict = (f"; stopped after {since} epochs without a better validation PQ "
+                       f"(patience {pat}): PQ had stopped moving" if since >= int(pat) else
+                       f"; stopped by the budget {since} epoch(s) after the best, within the "
+                       f"patience of {pat}: PQ may still have been rising")
         lines.append(f"{name}: {len(hist)} epoch(s), validation PQ best at epoch "
                      f"{int(sel) if sel is not None else '?'}"
-                     + (f" ({hist[-1].value:.4f} at the last)" if hist else ""))
+                     + (f" ({hist[-1].value:.4f} at the last)" if hist else "") + verdict)
         if hist:
             ax.plot([m.step for m in hist], [m.value for m in hist], marker=".", label=name)
             drawn += 1
