@@ -237,3 +237,25 @@ def test_results_entry_point_matches_the_cli():
         opt = opts[flags[name]]
         assert str(p.default) == str(opt.default), name
         assert f"{flags[name]} {{{name}}}" in ep.command, name
+
+
+def test_transfer_chart_keeps_rows_that_differ_in_arch_protocol_or_fraction_apart():
+    # the transfer view's key columns are strings (arch, protocol): the chart melts only
+    # the task columns (CI once failed here: "Cannot perform reduction 'mean' with string")
+    view = pd.DataFrame({
+        "encoder": ["random", "random", "runs:/x/model"],
+        "arch": ["small_cnn", "small_cnn", "resnet18"],
+        "protocol": ["linear", "finetune", "linear"],
+        "label_fraction": [1.0, 0.1, 1.0],
+        "encoder_method": [np.nan, np.nan, "simclr"],
+        "n_runs": [2, 2, 1],
+        "breastmnist accuracy": [0.7, 0.8, np.nan],
+        "consep seg/pq": [np.nan, 0.3, 0.4],
+    })
+    long = P.transfer_long(view)
+    assert sorted(long["encoder"].unique()) == [
+        "random · small_cnn · finetune · 0.1", "random · small_cnn · linear · 1.0",
+        "runs:/x/model · resnet18 · linear · 1.0"]
+    assert len(long) == 4 and long["value"].dtype.kind == "f"
+    fig = P._bar_figure(long, "encoder", "task", "value", "t", "score")
+    plt.close(fig)

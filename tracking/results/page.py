@@ -239,6 +239,23 @@ def transfer_view(t: Any, refs: Iterable[str]) -> pd.DataFrame:
     return transfer(t.with_runs(runs), seg_metrics=("seg/pq", "seg/mpq", *cross))
 
 
+def transfer_long(view: pd.DataFrame) -> pd.DataFrame:
+    """The transfer view as (encoder label, task, value) rows for the bar chart. The label
+    joins the encoder with the settings that keep its row apart (architecture, protocol,
+    label fraction: :data:`TRANSFER_KEYS`), so two rows of one encoder are two bars and
+    never one mean over what differs; only the numeric task columns are values."""
+    from scarcelab.tracking.query.views import TRANSFER_KEYS
+
+    keys = [k for k in TRANSFER_KEYS if k in view]
+    parts = view[keys].astype(str).apply(
+        lambda r: " · ".join(v for v in r if v and v != "nan"), axis=1)
+    tasks = [c for c in view.columns if c not in (*keys, "encoder_method", "n_runs")]
+    long = view.assign(row=parts.to_numpy() if len(view) else []).melt(
+        id_vars=["row"], value_vars=tasks, var_name="task", value_name="value")
+    long["value"] = pd.to_numeric(long["value"], errors="coerce")
+    return long.dropna(subset=["value"]).rename(columns={"row": "encoder"})
+
+
 def _al_long(t: Any) -> pd.DataFrame:
     cols = ["dataset", "query_size", "strategy", "repetition", "auc"]
     al = t.role("al")
@@ -452,9 +469,7 @@ def _transfer_sections(t: Any, cells: Sequence[Any], data: C.SuiteData) -> list[
     data.transfer = view
     figs = {}
     if len(view):
-        long = view.melt(id_vars=["encoder"], value_vars=[
-            c for c in view.columns if c not in ("encoder", "encoder_method", "n_runs")],
-            var_name="task", value_name="value").dropna()
+        long = transfer_long(view)
         if len(long):
             figs["transfer"] = small_png(_bar_figure(
                 long, "encoder", "task", "value", "transfer: encoder per task", "score"))
