@@ -159,9 +159,15 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     level = verbosity(ctx, kw.pop("quiet"), kw.pop("verbose"))
     t0 = time.time()
     cfg = study_config(family, kw)
+    import dataclasses
+
     from scarcelab.entrypoints._progress import Display, ProgressTracker, fmt_time, summary_lines
     from scarcelab.protocols.search import run_study
+    from scarcelab.tracking.lifecycle import command_started_at
     from scarcelab.tracking.mlflow_tracker import MlflowTracker, check_tracking_server
+
+    # the budget is the command's wall time: its start-up counts (protocols.search)
+    cfg = dataclasses.replace(cfg, started_at=command_started_at())
 
     check_tracking_server()  # a dead server: one clear line now, not a traceback later
     inner = MlflowTracker(experiment=kw["experiment"] or None)

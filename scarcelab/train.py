@@ -36,12 +36,16 @@ class Budget:
     Diagnostics (``diag/*``) are computed for semi-supervised methods only; counting them
     would give those methods less training time than supervised and self-supervised ones
     under the same ``budget_minutes`` (issue 12 item 9). :meth:`paused` excludes a block
-    from :meth:`elapsed`; ``spent_s`` is time already spent by an earlier process (resume).
-    ``time.time`` is looked up at each call, so a test can drive the clock.
+    from :meth:`elapsed`; ``spent_s`` is time already spent (by an earlier process on
+    resume, by this process's start-up). ``reserve_s`` is kept at the end for what must
+    follow the training (a study's final model logging): the budget counts as
+    :meth:`expired` that much earlier. ``time.time`` is looked up at each call, so a test
+    can drive the clock.
     """
 
-    def __init__(self, seconds: float, spent_s: float = 0.0) -> None:
+    def __init__(self, seconds: float, spent_s: float = 0.0, reserve_s: float = 0.0) -> None:
         self.seconds = float(seconds)
+        self.reserve_s = float(reserve_s)
         self._start = time.time() - float(spent_s)
         self.excluded_s = 0.0
 
@@ -49,8 +53,12 @@ class Budget:
         """Seconds of the budget spent so far (diagnostics excluded)."""
         return time.time() - self._start - self.excluded_s
 
+    def remaining(self) -> float:
+        """Seconds left for training before the reserve."""
+        return self.seconds - self.reserve_s - self.elapsed()
+
     def expired(self) -> bool:
-        return self.elapsed() >= self.seconds
+        return self.remaining() <= 0.0
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -100,6 +108,9 @@ class EpochReport:
     metrics: dict[str, float]
     val_balanced_accuracy: float
     test_metrics: dict[str, float]
+    # the epoch's test-set class probabilities (N, C): kept with the selected checkpoint,
+    # the study's figures need no second pass over the test set
+    test_proba: np.ndarray | None = None
 
 
 @dataclass
@@ -111,6 +122,9 @@ class TrialResult:
     steps: int = 0
     stopped: str = ""  # "patience" | "max_epochs" | "budget"
     best_state: dict[str, Any] | None = None
+    # seconds of the trial's last step and last evaluation: what one more step costs
+    step_s: float = 0.0
+    eval_s: float = 0.0
 
 
 class BatchSource:
@@ -186,6 +200,14 @@ def evaluate(
     method: Method, bundle: DatasetBundle, cfg: TrainConfig, rng: np.random.Generator
 ) -> tuple[float, dict[str, float], LinearProbe | None]:
     """Validation balanced accuracy, test metrics, and the fitted probe if one is used."""
+    val_bacc, test_m, probe, _ = evaluate_with_proba(method, bundle, cfg, rng)
+    return val_bacc, test_m, probe
+
+
+def evaluate_with_proba(
+    method: Method, bundle: DatasetBundle, cfg: TrainConfig, rng: np.random.Generator
+) -> tuple[float, dict[str, float], LinearProbe | None, np.ndarray]:
+    """:func:`evaluate`, plus the test-set class probabilities the metrics came from."""
     device = torch.device(cfg.device)
     method.eval()
     try:
@@ -209,7 +231,7 @@ def evaluate(
     finally:
         method.train()
     val_bacc = classification_metrics(bundle.val_y, pv)["balanced_accuracy"]
-    return val_bacc, classification_metrics(bundle.test_y, pt), probe
+    return val_bacc, classification_metrics(bundle.test_y, pt), probe, pt
 
 
 def data_info(bundle: DatasetBundle) -> DataInfo:
@@ -338,6 +360,10 @@ def train_trial(
     since_best = 0
     best_loss = math.inf
     step = 0
+    # A step is started only if it and the epoch's evaluation fit in what is left of the
+    # budget (at the speed of the last step and evaluation): the budget ends with an
+    # evaluated epoch, not with a step or an evaluation that runs past it.
+    step_s = eval_s = 0.0
     for epoch in range(cfg.max_epochs):
         t0 = time.perf_counter()
         sums: dict[str, torch.Tensor] = {}
@@ -345,10 +371,10 @@ def train_trial(
         n = 0
         out_of_time = False
         for _ in range(spe):
-            if budget.expired():
+            if budget.remaining() <= step_s + eval_s:
                 out_of_time = True
                 break
-            td = time.perf_counter()
+            ts = td = time.perf_counter()
             batch = source.next()
             t_data += time.perf_counter() - td
             progress = Progress(step=step, total_steps=total, epoch=epoch)
@@ -357,6 +383,7 @@ def train_trial(
                 sums[k] = sums.get(k, 0.0) + v.detach()
             n += 1
             step += 1
+            step_s = time.perf_counter() - ts
         if n == 0:
             res.stopped = "budget"
             break
@@ -368,8 +395,9 @@ def train_trial(
                 diag = diagnostics(method, epoch)
             diag["time/diag_s"] = budget.excluded_s - before
         te = time.perf_counter()
-        val_bacc, test_m, probe = evaluate(method, bundle, cfg, probe_rng)
-        t_eval = time.perf_counter() - te
+        val_bacc, test_m, probe, test_proba = evaluate_with_proba(method, bundle, cfg,
+                                                                  probe_rng)
+        t_eval = eval_s = time.perf_counter() - te
         metrics = {f"train/{k}": float(v) / n for k, v in sums.items()}
         metrics.update({
             "val/balanced_accuracy": val_bacc,
@@ -385,6 +413,7 @@ def train_trial(
             metrics["time/probe_s"] = t_eval
             metrics["probe/C"] = float(probe.C or 0.0)
         res.epochs, res.steps = epoch + 1, step
+        res.step_s, res.eval_s = step_s, eval_s
         if cfg.stop_on == "train_loss":
             loss = metrics.get("train/loss", math.inf)
             improved = True  # the last epoch is the answer
@@ -400,7 +429,7 @@ def train_trial(
                 since_best = 0
             else:
                 since_best += 1
-        report = EpochReport(epoch, metrics, val_bacc, test_m)
+        report = EpochReport(epoch, metrics, val_bacc, test_m, test_proba)
         if on_epoch is not None:
             on_epoch(report, improved, lambda p=probe, e=epoch, v=val_bacc: snapshot(
                 method, p, {"epoch": e, "val_balanced_accuracy": v}))
