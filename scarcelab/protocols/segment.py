@@ -535,6 +535,5 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                             "edge_threshold": edge}, name="best.pt")
     cpu_model = copy.deepcopy(model).to("cpu").eval()
     tracker.log_model(cpu_model, torch.zeros(1, 3, cfg.crop, cfg.crop))
-    _phase(tracker, "done")
     return SegmentResult(best["epoch"], epoch, best["val"], test_res, cross, edge,
                          train_time, eval_s)
