@@ -317,3 +317,50 @@ def test_every_phase_after_the_budget_has_a_line(monkeypatch):
                  "logging the selected model (torch.export, signature, upload) …",
                  "figures, run description, closing the run …", "run closed in"):
         assert line in text, line
+
+
+def test_segment_training_and_validation_stay_inside_the_budget(monkeypatch):
+    """An epoch longer than the whole budget (4 steps of 10 s + a 3 s validation vs 30 s):
+    before, epoch 0 ran whole (43 s); now it stops after the step that still leaves room
+    for its validation, which ends inside the budget."""
+    from pathlib import Path
+
+    import scarcelab.protocols.segment as seg
+    from scarcelab.protocols.segment import SegmentConfig, run_segment
+
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "consep_patches"
+    if not data.exists():
+        pytest.skip(f"{data} not found (../shared/data is only on the project machines)")
+    c = FakeClock()
+    monkeypatch.setattr(seg, "time", c)
+    loss, predict = seg.hovernet_loss, seg.predict_set
+
+    def slow_loss(*a: Any, **k: Any) -> Any:
+        c.t += 10.0
+        return loss(*a, **k)
+
+    def slow_predict(*a: Any, **k: Any) -> Any:
+        c.t += 3.0
+        return predict(*a, **k)
+
+    monkeypatch.setattr(seg, "hovernet_loss", slow_loss)
+    monkeypatch.setattr(seg, "predict_set", slow_predict)
+    phases: list[str] = []
+
+    class Rec(InMemoryTracker):
+        def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]
+            phases.extend(v for k, v in tags.items() if k == "scarcelab.phase")
+            super().set_tags(tags, scope)
+
+    t = Rec()
+    res = run_segment(SegmentConfig(
+        budget_minutes=0.5, max_epochs=5, patience=5, steps_per_epoch=4, batch_size=2,
+        crop=32, window=64, scale=0.25, max_train_tiles=3, max_val_tiles=2, max_test_tiles=2,
+        n_overlays=0, device="cpu", arch="small_cnn", data_dir=str(data)), t)
+    elapsed = [v for _, v in t.study.history("time/elapsed_s")]
+    assert res.epochs == 1 and t.study.history("time/steps") == [(0, 2.0)]
+    assert 30.0 - 13.0 <= elapsed[0] <= 30.0
+    # the test phase is announced with its estimate at the validation's speed (3 s for 2
+    # validation tiles of the same size as the 2 test tiles)
+    assert phases[0] == ("testing epoch 0's checkpoint on 2 consep_patches tiles (about 3 s "
+                         "at the validation's speed)")

@@ -442,13 +442,21 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     post = PostProcess()
     sel = "pq" if cfg.aggregation == "image" else "pq_pooled"  # what selects the checkpoint
     best: dict[str, Any] = {"pq": -1.0, "epoch": -1, "state": None, "val": {}}
-    epoch, last_epoch_s, bad = 0, 0.0, 0
+    epoch, bad = 0, 0
     val_s_per_px = 0.0  # validation inference + scoring, per pixel: the final phase's clock
-    while epoch < cfg.max_epochs and time.time() + last_epoch_s < deadline:
-        t0 = time.time()
+    # The budget covers training + per-epoch validation: a step is started only while it
+    # and a validation fit (at the last step's and validation's speed), so the last epoch
+    # may be partial and is validated inside the budget. The first epoch always trains
+    # at least one step (a run needs a checkpoint).
+    step_s = val_s = 0.0
+    while epoch < cfg.max_epochs and (epoch == 0 or time.time() + step_s + val_s < deadline):
         train_mode(model, cfg.protocol)
         losses: dict[str, float] = {}
+        n = 0
         for _ in range(cfg.steps_per_epoch):
+            if n and time.time() + step_s + val_s >= deadline:
+                break
+            ts = time.time()
             batch = {k: v.to(device) for k, v in
                      make_batch(train_s, cfg.batch_size, cfg.crop, rng, type_names is not None,
                                 cfg.scale).items()}
@@ -460,12 +468,16 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
             terms["loss"].backward()
             opt.step()
             for k, v in terms.items():
-                losses[k] = losses.get(k, 0.0) + float(v.detach()) / cfg.steps_per_epoch
+                losses[k] = losses.get(k, 0.0) + float(v.detach())
+            n += 1
+            step_s = time.time() - ts
+        losses = {k: v / n for k, v in losses.items()}
         tv = time.time()
         ev, _ = score_maps(predict_set(model, val, cfg.window, device, cfg.scale), val, post,
                            type_names)
         vres = ev.result()
-        val_s_per_px = (time.time() - tv) / max(1, _pixels(val))
+        val_s = time.time() - tv
+        val_s_per_px = val_s / max(1, _pixels(val))
         improved = vres[sel] > best["pq"]
         if improved:
             best.update(pq=vres[sel], epoch=epoch, val=vres,
@@ -478,11 +490,10 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                                 for k, v in losses.items()},
                              **_keyed({k: v for k, v in vres.items()
                                        if k in METRICS}, "seg/val_"),
-                             "time/elapsed_s": time.time() - start}, step=epoch,
-                            scope="study")
+                             "time/elapsed_s": time.time() - start, "time/steps": float(n)},
+                            step=epoch, scope="study")
         epoch += 1
-        last_epoch_s = time.time() - t0
-        if bad >= cfg.patience:
+        if bad >= cfg.patience or n < cfg.steps_per_epoch:  # patience, or out of budget
             break
     train_time = time.time() - start
     if best["state"] is None:
