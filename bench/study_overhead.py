@@ -84,7 +84,6 @@ HOOKS: list[tuple[str, str, str]] = [
     ("scarcelab.protocols.search", "train_trial", "train_trial"),
     ("scarcelab.protocols.search", "export_classifier", "export_classifier"),
     ("scarcelab.train", "evaluate", "evaluate"),
-    ("scarcelab.train", "evaluate_with_proba", "evaluate"),
     ("scarcelab.train", "snapshot", "snapshot"),
     ("scarcelab.tracking.mlflow_tracker", "check_tracking_server", "check_server"),
     ("scarcelab.tracking.mlflow_tracker", "MlflowTracker.start_study", "start_study"),

@@ -196,25 +196,36 @@ def forward_images(
     return torch.cat(out).numpy() if out else np.zeros((0, 0))
 
 
+class Evaluation(tuple):  # type: ignore[type-arg]
+    """``(val balanced accuracy, test metrics, probe)`` — it unpacks as that triple — and
+    ``test_proba``, the test-set class probabilities the metrics came from (kept with the
+    selected checkpoint, so the study's figures need no second pass over the test set)."""
+
+    test_proba: np.ndarray | None
+
+    def __new__(cls, val: float, test: dict[str, float], probe: LinearProbe | None,
+                test_proba: np.ndarray | None = None) -> Evaluation:
+        out = super().__new__(cls, (val, test, probe))
+        out.test_proba = test_proba
+        return out
+
+
 def evaluate(
     method: Method, bundle: DatasetBundle, cfg: TrainConfig, rng: np.random.Generator
-) -> tuple[float, dict[str, float], LinearProbe | None]:
-    """Validation balanced accuracy, test metrics, and the fitted probe if one is used."""
-    val_bacc, test_m, probe, _ = evaluate_with_proba(method, bundle, cfg, rng)
-    return val_bacc, test_m, probe
-
-
-def evaluate_with_proba(
-    method: Method, bundle: DatasetBundle, cfg: TrainConfig, rng: np.random.Generator
-) -> tuple[float, dict[str, float], LinearProbe | None, np.ndarray]:
-    """:func:`evaluate`, plus the test-set class probabilities the metrics came from."""
+) -> Evaluation:
+    """Validation balanced accuracy, test metrics, and the fitted probe if one is used
+    (plus the test probabilities: :class:`Evaluation`)."""
     device = torch.device(cfg.device)
     method.eval()
     try:
+        # the tune protocol evaluates one set in both slots (its search: validation; its
+        # retrains: train+val): the same images are run through the network once
+        same = bundle.test_x is bundle.val_x
         if method.linear_probe:
             fl = forward_images(method.features, bundle.labeled_x, cfg.eval_batch_size, device)
             fv = forward_images(method.features, bundle.val_x, cfg.eval_batch_size, device)
-            ft = forward_images(method.features, bundle.test_x, cfg.eval_batch_size, device)
+            ft = fv if same else forward_images(method.features, bundle.test_x,
+                                                cfg.eval_batch_size, device)
             if not (np.isfinite(fl).all() and np.isfinite(fv).all() and np.isfinite(ft).all()):
                 raise TrialFailed("non-finite features from the encoder")
             probe = LinearProbe(bundle.num_classes).fit(fl, bundle.labeled_y, fv, bundle.val_y, rng)
@@ -224,14 +235,14 @@ def evaluate_with_proba(
             bs = cfg.eval_batch_size
             pv = torch.softmax(torch.as_tensor(
                 forward_images(method.logits, bundle.val_x, bs, device)), 1).numpy()
-            pt = torch.softmax(torch.as_tensor(
+            pt = pv if same else torch.softmax(torch.as_tensor(
                 forward_images(method.logits, bundle.test_x, bs, device)), 1).numpy()
             if not (np.isfinite(pv).all() and np.isfinite(pt).all()):
                 raise TrialFailed("non-finite predictions")
     finally:
         method.train()
     val_bacc = classification_metrics(bundle.val_y, pv)["balanced_accuracy"]
-    return val_bacc, classification_metrics(bundle.test_y, pt), probe, pt
+    return Evaluation(val_bacc, classification_metrics(bundle.test_y, pt), probe, pt)
 
 
 def data_info(bundle: DatasetBundle) -> DataInfo:
@@ -395,8 +406,9 @@ def train_trial(
                 diag = diagnostics(method, epoch)
             diag["time/diag_s"] = budget.excluded_s - before
         te = time.perf_counter()
-        val_bacc, test_m, probe, test_proba = evaluate_with_proba(method, bundle, cfg,
-                                                                  probe_rng)
+        ev = evaluate(method, bundle, cfg, probe_rng)
+        val_bacc, test_m, probe = ev
+        test_proba = getattr(ev, "test_proba", None)  # a plain triple from a stand-in
         t_eval = eval_s = time.perf_counter() - te
         metrics = {f"train/{k}": float(v) / n for k, v in sums.items()}
         metrics.update({

@@ -47,9 +47,7 @@ def clock(monkeypatch):  # type: ignore[no-untyped-def]
     c = FakeClock()
     monkeypatch.setattr(train_mod, "time", c)
     monkeypatch.setattr(search_mod, "time", c)
-    # (the name the loop calls; ``evaluate`` before the test probabilities were kept)
-    ev_name = "evaluate_with_proba" if hasattr(train_mod, "evaluate_with_proba") else "evaluate"
-    step, ev = train_mod.optimizer_step, getattr(train_mod, ev_name)
+    step, ev = train_mod.optimizer_step, train_mod.evaluate
 
     def slow_step(*a: Any, **k: Any) -> Any:
         c.t += STEP_S
@@ -63,7 +61,7 @@ def clock(monkeypatch):  # type: ignore[no-untyped-def]
         return ev(*a, **k)
 
     monkeypatch.setattr(train_mod, "optimizer_step", slow_step)
-    monkeypatch.setattr(train_mod, ev_name, slow_eval)
+    monkeypatch.setattr(train_mod, "evaluate", slow_eval)
     c.evals = evals  # type: ignore[attr-defined]
     return c
 
@@ -364,3 +362,33 @@ def test_segment_training_and_validation_stay_inside_the_budget(monkeypatch):
     # validation tiles of the same size as the 2 test tiles)
     assert phases[0] == ("testing epoch 0's checkpoint on 2 consep_patches tiles (about 3 s "
                          "at the validation's speed)")
+
+
+def test_one_set_in_both_evaluation_slots_is_run_once(tiny_bundle):
+    """The tune protocol's bundles hold one array in the validation and the test slot
+    (search: validation; retrains: train+val): each epoch ran it through the network
+    twice; once now, with the same metrics as two passes over a copy."""
+    import dataclasses
+
+    from scarcelab.methods import get_method
+    from scarcelab.models import create_model
+
+    torch.manual_seed(0)
+    m = get_method("sup")(create_model("small_cnn", in_channels=1), tiny_bundle.num_classes,
+                          dict(get_method("sup").defaults))
+    calls: list[int] = []
+    logits = m.logits
+
+    def counting(x: torch.Tensor) -> torch.Tensor:
+        calls.append(len(x))
+        return logits(x)
+
+    m.logits = counting  # type: ignore[method-assign]
+    one = dataclasses.replace(tiny_bundle, test_x=tiny_bundle.val_x, test_y=tiny_bundle.val_y)
+    two = dataclasses.replace(one, test_x=one.val_x.copy())
+    cfg = train_mod.TrainConfig()
+    e1 = train_mod.evaluate(m, one, cfg, np.random.default_rng(0))
+    assert calls == [len(one.val_x)]
+    e2 = train_mod.evaluate(m, two, cfg, np.random.default_rng(0))
+    assert len(calls) == 3 and e1[:2] == e2[:2]
+    assert np.array_equal(e1.test_proba, e2.test_proba)
