@@ -69,7 +69,8 @@ FAMILIES: dict[str, tuple[str, list[str]]] = {
     "semi": ("semi", ["--method", "fixmatch", "--dataset", "breastmnist"]),
     "supervised": ("supervised", ["--method", "sup", "--dataset", "breastmnist"]),
     "self": ("self", ["--method", "simclr", "--dataset", "breastmnist"]),
-    "segment": ("segment", ["--dataset", "consep_patches", "--encoder", "random"]),
+    "segment": ("segment", ["--dataset", "consep_patches", "--encoder", "random",
+                            "--cross-test", "nuclei_cpm15"]),
     "tune": ("tune", ["--method", "ce", "--dataset", "cifair10", "--arch", "small_cnn",
                       "--epochs", "12", "--grace-period", "2", "--n-trials", "8"]),
 }

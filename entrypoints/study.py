@@ -62,7 +62,9 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
         click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX)),
         click.option("--budget-minutes", default="3", show_default=True,
                      type=Float(0.0, 7 * 24 * 60, lo_open=True),
-                     help="wall-clock budget of the search"),
+                     help="wall-clock budget of the whole command: start-up (at most half "
+                     "of it) and the final model logging (an 8 s reserve) are inside it; "
+                     "semi's C-Score diagnostics are not charged (time/diag_s)"),
         click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6)),
         click.option("--patience", default="20", show_default=True, type=Int(1, 10**6),
                      help="epochs without a better validation score before a trial stops"),

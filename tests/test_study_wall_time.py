@@ -392,3 +392,20 @@ def test_one_set_in_both_evaluation_slots_is_run_once(tiny_bundle):
     e2 = train_mod.evaluate(m, two, cfg, np.random.default_rng(0))
     assert len(calls) == 3 and e1[:2] == e2[:2]
     assert np.array_equal(e1.test_proba, e2.test_proba)
+
+
+def test_command_start_is_the_process_start_or_its_mlflow_run():
+    """What the budget counts from: a child process reports its own start (to the 1 s of
+    /proc/stat's boot time), not the moment it asks."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", (
+        "import time; time.sleep(1.5); "
+        "from scarcelab.tracking.lifecycle import command_started_at; "
+        "print(time.time() - command_started_at())")], capture_output=True, text=True,
+        check=True, env={**__import__("os").environ, "MLFLOW_RUN_ID": ""})
+    age = float(out.stdout)
+    assert 1.5 - 1.0 <= age <= time.time() - t0 + 1.0
