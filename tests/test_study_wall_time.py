@@ -409,3 +409,18 @@ def test_command_start_is_the_process_start_or_its_mlflow_run():
         check=True, env={**__import__("os").environ, "MLFLOW_RUN_ID": ""})
     age = float(out.stdout)
     assert 1.5 - 1.0 <= age <= time.time() - t0 + 1.0
+
+
+def test_the_command_skips_exit_time_garbage_collection():
+    """The heap is frozen when the interpreter finalises (the CLI group registers it), so
+    the exit-time collections do not traverse it (bench: 2.7 s -> 0.5 s of CPU)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", (
+        "import atexit, gc\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count()))\n"
+        "from scarcelab.entrypoints.cli import main\n"
+        "main.main(args=['list', 'archs'], standalone_mode=False)\n")],
+        capture_output=True, text=True, check=True)
+    assert int(out.stdout.split("frozen")[-1]) > 10_000
