@@ -19,6 +19,8 @@ from scarcelab.entrypoints.options import (
     Int,
     Word,
     check_device,
+    verbosity,
+    verbosity_options,
 )
 from scarcelab.errors import ScarcelabError
 
@@ -52,7 +54,9 @@ BIG = 10**6
               "torchvision/timm file) | imagenet | none | m1,m2,m3/s1,s2,s3")
 @click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
 @click.option("--budget-minutes", default="5", show_default=True, type=Float(0, None, lo_open=True),
-              help="wall clock for training + per-epoch validation")
+              help="wall clock for training + per-epoch validation; the selected "
+              "checkpoint's test (and --cross-test) evaluation and the model logging run "
+              "after it, each shown with a time estimate")
 @click.option("--max-epochs", default="100", show_default=True, type=Int(1, BIG))
 @click.option("--patience", default="5", show_default=True, type=Int(1, BIG),
               help="epochs without a better validation PQ before stopping")
@@ -85,9 +89,13 @@ BIG = 10**6
               type=Int(1, None, default_ok=True))
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@verbosity_options
 def segment(**kw: Any) -> None:
+    from scarcelab.entrypoints._progress import Display, ProgressTracker
     from scarcelab.protocols.segment import SegmentConfig, run_segment
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
+
+    level = verbosity(click.get_current_context(), kw.pop("quiet"), kw.pop("verbose"))
 
     check_device(kw["device"])
     cfg = SegmentConfig(
@@ -101,7 +109,9 @@ def segment(**kw: Any) -> None:
         cross_test=tuple(s.strip() for s in kw["cross_test"].split(",") if s.strip()),
         max_val_tiles=kw["max_val_tiles"], max_train_tiles=kw["max_train_tiles"],
         max_test_tiles=kw["max_test_tiles"], device=kw["device"])
-    tracker = MlflowTracker(experiment=kw["experiment"] or None)
+    tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
+                              Display(level), budget_s=cfg.budget_minutes * 60.0,
+                              label="segment")
     factory = None
     if cfg.encoder.startswith(("runs:/", "models:/")):
         from scarcelab.tracking.encoders import resolve_encoder

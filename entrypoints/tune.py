@@ -15,6 +15,8 @@ from scarcelab.entrypoints.options import (
     Int,
     RunId,
     check_device,
+    verbosity,
+    verbosity_options,
 )
 from scarcelab.errors import ScarcelabError
 
@@ -66,7 +68,8 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
 @click.option("--max-steps-per-epoch", default="default", show_default=True,
               type=Int(1, None, default_ok=True))
 @click.option("--budget-minutes", default="0", show_default=True, type=Float(0, None),
-              help="wall-clock cap on the search (0 = none)")
+              help="wall-clock cap on the search (0 = none); the --n-final retrains of "
+              "the best configuration run after it, each shown as it finishes")
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--set", "overrides", default="", help="fixed hyperparameters, e.g. "
               "'lambda_ole=0.25'")
@@ -78,12 +81,14 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
               "its mean ± std; settings come from the run (only --data-dir and --device "
               "are taken from here)")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@verbosity_options
 def tune_cmd(**kw: Any) -> None:
     if not kw["method"] and not kw["resume"]:
         raise click.UsageError("give --method (or --resume <study run id>)")
     check_device(kw["device"])
     import os
 
+    from scarcelab.entrypoints._progress import Display, ProgressTracker
     from scarcelab.protocols.search import parse_overrides
     from scarcelab.protocols.tune import TuneConfig, run_tune
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
@@ -108,7 +113,11 @@ def tune_cmd(**kw: Any) -> None:
                 overrides=parse_overrides(kw["overrides"]),
                 storage=os.environ.get("OPTUNA_STORAGE") or None,
                 study_name=kw["study_name"] or None)
-            tracker = MlflowTracker(experiment=kw["experiment"] or None)
+            # trial lines (ASHA rung of a pruned one), then one per retrain
+            level = verbosity(click.get_current_context(), kw.pop("quiet"), kw.pop("verbose"))
+            tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
+                                      Display(level), budget_s=cfg.budget_minutes * 60.0
+                                      if cfg.budget_minutes > 0 else None, label="tune")
             res = run_tune(cfg, tracker)
     except ScarcelabError as e:
         raise click.ClickException(str(e)) from e

@@ -416,6 +416,7 @@ def test_segment_cli_tiny_run_into_sqlite_mlflow(tmp_path, monkeypatch):
     run = runs.iloc[0]
     assert run["status"] == "FINISHED" and run["tags.scarcelab.family"] == "segment"
     assert run["tags.scarcelab.encoder"] == "random"
+    assert run["tags.scarcelab.phase"] == "done"  # the phases after the budget are over
     c = mlflow.MlflowClient()
     assert [m.step for m in c.get_metric_history(run.run_id, "seg/val_pq")] == [0, 1]
     for key in ("seg/pq", "seg/dq", "seg/sq", "seg/mpq", "seg/aji", "seg/dice",
