@@ -17,8 +17,10 @@ from scarcelab.entrypoints.options import (
     Device,
     Float,
     Int,
+    Names,
     Word,
     check_device,
+    check_registered,
     verbosity,
     verbosity_options,
 )
@@ -79,8 +81,9 @@ BIG = 10**6
 @click.option("--tune-threshold", default="false", show_default=True, type=Bool(),
               help="choose the watershed marker threshold on validation instead of "
               "HoVer-Net's 0.4")
-@click.option("--cross-test", default="", help="comma-separated test-only datasets, "
-              "e.g. nuclei_cpm15")
+@click.option("--cross-test", default="", type=Names(allow_empty=True, unique=True),
+              help="comma-separated test-only datasets, e.g. nuclei_cpm15 (checked, and "
+              "read, before training)")
 @click.option("--max-val-tiles", default="32", show_default=True,
               type=Int(1, None, default_ok=True))
 @click.option("--max-train-tiles", default="default", show_default=True,
@@ -91,13 +94,19 @@ BIG = 10**6
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 @verbosity_options
 def segment(**kw: Any) -> None:
+    from scarcelab.data.nuclei import SEG_DATASETS
+
+    # every dataset name before any work: a bad --cross-test used to fail after training
+    check_registered(SEG_DATASETS, kw["dataset"], "'--dataset'")
+    for name in kw["cross_test"]:
+        check_registered(SEG_DATASETS, name, "'--cross-test'")
+    check_device(kw["device"])
     from scarcelab.entrypoints._progress import Display, ProgressTracker
     from scarcelab.protocols.segment import SegmentConfig, run_segment
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     level = verbosity(click.get_current_context(), kw.pop("quiet"), kw.pop("verbose"))
 
-    check_device(kw["device"])
     cfg = SegmentConfig(
         dataset=kw["dataset"], data_dir=kw["data_dir"] or None, encoder=kw["encoder"],
         arch=kw["arch"], protocol=kw["protocol"], label_fraction=kw["label_fraction"],
@@ -106,7 +115,7 @@ def segment(**kw: Any) -> None:
         steps_per_epoch=kw["steps_per_epoch"], batch_size=kw["batch_size"], crop=kw["crop"],
         window=kw["window"], scale=kw["scale"], lr=kw["lr"], types=kw["types"],
         aggregation=kw["aggregation"], tune_threshold=kw["tune_threshold"],
-        cross_test=tuple(s.strip() for s in kw["cross_test"].split(",") if s.strip()),
+        cross_test=tuple(kw["cross_test"]),
         max_val_tiles=kw["max_val_tiles"], max_train_tiles=kw["max_train_tiles"],
         max_test_tiles=kw["max_test_tiles"], device=kw["device"])
     tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),

@@ -389,6 +389,33 @@ class MlflowTracker(RunViews, Tracker):
                 _retry(self.client.set_tag, run.info.run_id, "scarcelab.error", reason)
                 _retry(self.client.set_terminated, run.info.run_id, "FAILED")
 
+    def _take_over(self, dead: str, new: str) -> None:
+        """The run ``new`` continues study run ``dead`` (``mlflow run`` made a new run for
+        the re-run): ``new`` gets ``dead``'s study-level series (``best/*``, ``time/*``,
+        every step, with their timestamps; the resumed search logs its next epochs after
+        them), and ``dead``'s trial runs move under ``new`` (tag ``scarcelab.moved_from``).
+        Otherwise a study resumed with nothing left to train had no ``best/*`` of its own
+        and was missing from the leaderboard, and every view that groups trials by their
+        parent saw them under a FAILED run (issue 25 item 8). Per-process system metrics
+        stay where they were measured."""
+        old = _retry(self.client.get_run, dead)
+        batch: list[Metric] = []
+        for key in sorted(old.data.metrics):
+            if key.startswith("system/"):
+                continue
+            for m in _retry(self.client.get_metric_history, dead, key):
+                batch.append(Metric(key, m.value, m.timestamp, m.step))
+        for i in range(0, len(batch), 1000):  # MLflow's per-request metric limit
+            _retry(self.client.log_batch, new, metrics=batch[i:i + 1000])
+        kids = _retry(self.client.search_runs, [old.info.experiment_id],
+                      f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{dead}'", max_results=50_000)
+        for kid in kids:
+            _retry(self.client.log_batch, kid.info.run_id, tags=[
+                RunTag(MLFLOW_PARENT_RUN_ID, new), RunTag("scarcelab.moved_from", dead)])
+        if batch or kids:
+            log.info("study run %s continues %s: %d metric points and %d trial runs moved",
+                     new, dead, len(batch), len(kids))
+
     def attach_study(self, run_id: str) -> None:
         """Make the next ``start_study`` continue the existing study run ``run_id`` (its
         new trial runs become its children), even under ``mlflow run``: the run MLflow
@@ -439,6 +466,7 @@ class MlflowTracker(RunViews, Tracker):
                        f"`{self.study_run_id}`; its retrain runs and results are there.")])
         if project_run and self._resume_run:  # a new run continues the dead one
             all_tags["scarcelab.resumed_from"] = self._resume_run
+            self._take_over(self._resume_run, project_run)
             _retry(self.client.set_tag, self._resume_run, "scarcelab.resumed_by", project_run)
             _retry(self.client.set_terminated, self._resume_run, "FAILED")
         # Under `mlflow run` the entry point's raw strings ("default", "''") are logged

@@ -445,6 +445,15 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
             upload_best(force=True)
             if cfg.search != "random":  # one run of the given configuration
                 break
+        if resume is not None and state["global_epoch"] == resume.global_epoch and \
+                best["ckpt"] is not None:
+            # resumed with nothing left to train (killed after its last trial): the record
+            # that owns the study now ends its best/* series with the answer it reports, the
+            # restored checkpoint, which the leaderboard reads (issue 25 item 8)
+            final = {"best/val_balanced_accuracy": best["val"], "time/elapsed_s":
+                     budget.elapsed(), "time/diag_s": budget.excluded_s,
+                     **{f"best/test_{k}": v for k, v in best["test"].items()}}
+            tracker.log_metrics(final, state["global_epoch"], scope="study")
         counts = store.counts()  # the whole study: earlier (killed) runs and other workers
         n_trials, n_failed = counts["complete"] + counts["failed"], counts["failed"]
         if best["ckpt"] is None:

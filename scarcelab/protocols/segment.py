@@ -52,7 +52,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import scarcelab
-from scarcelab.data.nuclei import NucleiDataset, NucleiTile, load_nuclei, split_validation
+from scarcelab.data.nuclei import (
+    SEG_DATASETS,
+    NucleiDataset,
+    NucleiTile,
+    load_nuclei,
+    split_validation,
+)
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.metrics.segmentation import AGGREGATIONS, SegmentationEvaluator
 from scarcelab.models.encoder import build_encoder, check_norm
@@ -319,6 +325,8 @@ def label_subset(tiles: list[NucleiTile], fraction: float, seed: int) -> list[Nu
 
 
 def _validate(cfg: SegmentConfig) -> None:
+    for name in (cfg.dataset, *cfg.cross_test):  # unknown names fail here, not after training
+        SEG_DATASETS.get(name)
     if cfg.aggregation not in AGGREGATIONS:
         raise ConfigError(f"aggregation={cfg.aggregation!r}; use one of {AGGREGATIONS}")
     if cfg.protocol not in PROTOCOLS:
@@ -380,6 +388,8 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
     backbone, enc_info = resolve_backbone(cfg, backbone_factory)  # fails fast
     arch = str(enc_info["arch"])
     data: NucleiDataset = load_nuclei(cfg.dataset, cfg.data_dir)
+    for name in cfg.cross_test:  # read before training: a missing or bad file fails now
+        load_nuclei(name, None)
     rng = np.random.default_rng(cfg.seed)
     train, val = split_validation(data.train, cfg.val_fraction, cfg.seed)
     n_train_pool = len(train)
