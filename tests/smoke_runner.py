@@ -5,7 +5,16 @@ background half of tests/test_results_smoke.py.
 
 Why a process of its own: the five smokes are ~50 cell processes, ~18 CPU-minutes (most of
 it each cell's start: imports, its MLflow run, its figures), while the rest of the test
-suite runs one test at a time and leaves a core idle most of the time. conftest.py starts
+suite runs one test at a time and leaves a core idle most of the time.
+
+Which cells: by default (``SCARCELAB_SMOKE_PER_GRID=2``) the first two methods (or AL
+strategies) of every grid of each suite's smoke scale, every cell of a grid without a method
+axis, and every cell a kept cell depends on: 20 of the 52 cells, what the pages need to build
+every table (a labeled-only reference and another method, two strategies and the oracle,
+two Tune-It methods for Welch's test). That every method still trains is the method,
+strategy and Tune-It contract tests' job, in seconds each; the smoke checks the path from
+the sweep driver through the store to the pages. ``SCARCELAB_SMOKE_PER_GRID=all`` runs every
+cell, as ``scarcelab sweep suites/<suite>.yaml --smoke`` does. conftest.py starts
 this runner when the session collects the smoke test — at the start of the session, with
 ``JOBS=1`` beside the other tests (``2`` when the smoke test runs alone) — and the smoke
 test waits for it and then checks the pages. ``OUT_DIR/status.json`` says, per suite, how
@@ -26,6 +35,46 @@ SUITES = sorted((REPO / "suites").glob("*.yaml"))
 #: the real files the five smokes read, under ../shared/data
 NEEDED = ["medmnist/breastmnist.npz", "medmnist/pneumoniamnist.npz", "tabular/splice",
           "pathology_crops", "consep_patches", "nuclei_cpm15", "cifar10_jpg", "ood"]
+
+
+#: the option that names what a grid compares (first found)
+METHOD_KEYS = ("method", "strategy")
+
+
+def per_grid() -> int | None:
+    """How many methods of each grid the smoke runs (``None``: all)."""
+    v = os.environ.get("SCARCELAB_SMOKE_PER_GRID", "2").strip().lower()
+    return None if v in ("all", "0", "") else int(v)
+
+
+def smoke_spec(path: Path, k: int | None = None) -> object:
+    """The suite's smoke spec, cut to the first ``k`` methods of each grid (see the module
+    docstring); ``k=None`` reads :func:`per_grid`."""
+    import dataclasses
+
+    from scarcelab.tracking.sweep.spec import load_spec
+
+    spec = load_spec(path, smoke=True)
+    k = per_grid() if k is None else k
+    if k is None:
+        return spec
+    firsts: dict[int, list[str]] = {}
+    keep: dict[str, object] = {}
+    for c in spec.cells:
+        o = dict(c.options)
+        name = next((o[m] for m in METHOD_KEYS if m in o), None)
+        if name is not None:
+            seen = firsts.setdefault(c.grid, [])
+            if name not in seen:
+                if len(seen) >= k:
+                    continue
+                seen.append(name)
+        keep[c.id] = c
+    for c in list(keep.values()):  # what a kept cell depends on runs too
+        for _, dep in c.refs:  # type: ignore[attr-defined]
+            keep.setdefault(dep, spec.cell(dep))
+    cells = [c for c in spec.cells if c.id in keep]
+    return dataclasses.replace(spec, cells=cells)
 
 
 def environment(out: Path, data: Path) -> dict[str, str]:
@@ -63,14 +112,13 @@ def main(out: Path, jobs: int) -> int:
     os.chdir(out)
     sys.path.insert(0, str(REPO))
     from scarcelab.tracking.sweep.driver import run_sweep
-    from scarcelab.tracking.sweep.spec import load_spec
 
     status: dict[str, dict[str, object]] = {}
     with open(out / "runner.log", "a", buffering=1) as log:
         for path in SUITES:
             t0 = time.time()
             try:
-                res = run_sweep(load_spec(path, smoke=True), jobs=jobs,
+                res = run_sweep(smoke_spec(path), jobs=jobs,  # type: ignore[arg-type]
                                 echo=lambda s: print(s, file=log, flush=True))
                 status[path.stem] = {
                     "finished": res.count("FINISHED") + res.count("SKIPPED"),

@@ -610,8 +610,10 @@ def _comparison_sections(paper: PaperFile, data: C.SuiteData) -> list[Section]:
 
 # -- the page ---------------------------------------------------------------------------
 def build_page(spec_path: str | Path, scale: str = "reference", experiment: str | None = None,
-               tracking_uri: str | None = None) -> SuitePage:
+               tracking_uri: str | None = None, spec: SweepSpec | None = None) -> SuitePage:
     """Everything a suite's page says, read from the store (see the module docstring).
+    ``spec``: the spec as run when it is not the file's cells at ``scale`` (the CI smoke
+    runs a subset of them, tests/smoke_runner.py).
 
     Raises :class:`ResultsError` when the store has no sweep of this spec at this scale."""
     import mlflow
@@ -627,7 +629,8 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
         MACHINE_TAG,
     )
 
-    spec = load_spec(spec_path, full=scale == "full", smoke=scale == "smoke")
+    if spec is None:
+        spec = load_spec(spec_path, full=scale == "full", smoke=scale == "smoke")
     suite = Path(spec_path).stem
     paper = load_paper(paper_path(spec_path))
     exp_name = experiment or spec.experiment
