@@ -6,9 +6,8 @@ provenance, its verdict table, its tables and its figures (small PNGs).
 This is the test that keeps a suite from breaking silently: a method that no longer runs,
 a view that no longer builds, a page that no longer renders all fail here. Its sweeps are
 20 cell processes, the first two methods of each grid (tests/smoke_runner.py says why;
-``SCARCELAB_SMOKE_PER_GRID=all`` runs all 52; docs/sweeps.md, "The CI smoke"): conftest.py starts them in the
-background when the session collects this module (tests/smoke_runner.py) and runs this
-module last, so they use the core the other tests leave idle. The data are the project
+``SCARCELAB_SMOKE_PER_GRID=all`` runs all 52): conftest.py starts them in the background
+when the session collects this module (tests/smoke_runner.py) and runs this module last, so they use the core the other tests leave idle. The data are the project
 machines' real files (../shared/data); without them the module is skipped.
 """
 
