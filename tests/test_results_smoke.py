@@ -1,14 +1,15 @@
 """Every suite's smoke scale through the real sweep driver (embedded Ray, a cell process per
 cell, a real sqlite MLflow store), then its results page from that store: the report has a
-row per method run and the page renders — its
-provenance, its verdict table, its tables and its figures (small PNGs).
+row per method run and the page renders — its provenance, its verdict table, its tables and
+its figures (small PNGs).
 
-This is the test that keeps a suite from breaking silently: a method that no longer runs,
-a view that no longer builds, a page that no longer renders all fail here. Its sweeps are
-20 cell processes, the first two methods of each grid (tests/smoke_runner.py says why;
+This is the test that keeps a suite from breaking silently: a view that no longer builds, a
+page that no longer renders, a cell the driver can no longer run all fail here. Its sweeps
+are 20 cell processes, the first two methods of each grid (tests/smoke_runner.py says why;
 ``SCARCELAB_SMOKE_PER_GRID=all`` runs all 52): conftest.py starts them in the background
-when the session collects this module (tests/smoke_runner.py) and runs this module last, so they use the core the other tests leave idle. The data are the project
-machines' real files (../shared/data); without them the module is skipped.
+when the session collects this module and runs this module last, so they use the core the
+other tests leave idle. The data are the project machines' real files (../shared/data);
+without them the module is skipped.
 """
 
 from __future__ import annotations
