@@ -278,14 +278,10 @@ def _children(study_id: str, role: str) -> list:  # type: ignore[type-arg]
                          f"tags.`scarcelab.role` = '{role}'", max_results=1000)
 
 
-def test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume(tmp_path, store,
-                                                                    monkeypatch):
-    """Killed mid-trial 2 of the search (before ASHA judged it), resumed, killed again
-    mid-retrain 1, resumed: every trial and retrain counted once, and the table is the
-    uninterrupted run's to the last bit."""
+def _reference() -> tuple:  # type: ignore[type-arg]
+    """The uninterrupted study, in memory, on one thread (as the killed processes)."""
     import torch
 
-    monkeypatch.delenv("OPTUNA_STORAGE", raising=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -296,21 +292,11 @@ def test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume(tmp_path, s
     ref_trials = {int(t.name.split("-")[1]): t for t in ref_tracker.trials
                   if t.tags["scarcelab.role"] == "trial"}
     assert ref.n_pruned >= 1 and ref_trials[2].status == "KILLED"  # ASHA pruned trial 2
+    return ref, ref_trials
 
-    _killed_at("trial", 2, 0, ASHA_ARGV)
+
+def _same_table(sid: str, ref, ref_trials, n_retrains: int) -> None:  # type: ignore[no-untyped-def]
     c = MlflowClient()
-    exp = c.get_experiment_by_name("tune-resume").experiment_id
-    (study,) = c.search_runs([exp], "tags.`scarcelab.role` = 'study'")
-    sid = study.info.run_id
-    assert study.info.status == "RUNNING" and "scarcelab.best_params" not in study.data.tags
-    assert sorted(r.info.status for r in _children(sid, "trial")) == \
-        ["FINISHED", "KILLED", "RUNNING"]  # trials 0, 1 (pruned), 2 (killed mid-epoch)
-
-    _killed_at("retrain", 1, 0, ["--resume", sid, "--device", "cpu"])  # search resumed
-    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--device", "cpu"])
-    assert r.exit_code == 0, r.output
-    assert "kept retrains [0], ran [1, 2]" in r.output
-
     trials = _children(sid, "trial")
     crashed = [t for t in trials if t.data.tags.get("scarcelab.crashed") == "true"]
     assert [t.data.tags["scarcelab.trial"] for t in crashed] == ["2"]
@@ -324,8 +310,7 @@ def test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume(tmp_path, s
     retrains = _children(sid, "retrain")
     done = {int(x.data.tags["scarcelab.retrain"]): x for x in retrains
             if x.info.status == "FINISHED"}
-    assert sorted(done) == [0, 1, 2] and len(retrains) == 4  # + the killed retrain 1
-
+    assert sorted(done) == [0, 1, 2] and len(retrains) == n_retrains
     s = c.get_run(sid)
     assert s.info.status == "FINISHED"
     t = s.data.tags
@@ -341,3 +326,55 @@ def test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume(tmp_path, s
                                                                                 abs=1e-12)
     assert s.data.metrics["final/test_balanced_accuracy_std"] == pytest.approx(ref.std,
                                                                                abs=1e-12)
+
+
+def _killed_study_run() -> str:
+    c = MlflowClient()
+    exp = c.get_experiment_by_name("tune-resume").experiment_id
+    (study,) = c.search_runs([exp], "tags.`scarcelab.role` = 'study'")
+    assert study.info.status == "RUNNING" and "scarcelab.best_params" not in study.data.tags
+    assert sorted(r.info.status for r in _children(study.info.run_id, "trial")) == \
+        ["FINISHED", "KILLED", "RUNNING"]  # trials 0, 1 (pruned), 2 (killed mid-epoch)
+    return str(study.info.run_id)
+
+
+def test_kill9_in_a_shared_optuna_storage_search_then_resume(tmp_path, store, monkeypatch):
+    """The same with the trials in an Optuna RDB storage (what several workers share):
+    the resume continues that study; the dead trial, failed there as crashed, runs again
+    in its own place (number, seed, configuration), so the table is again the
+    uninterrupted run's."""
+    import optuna
+
+    ref, ref_trials = _reference()
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    monkeypatch.setenv("OPTUNA_STORAGE", storage)
+    _killed_at("trial", 2, 0, [*ASHA_ARGV, "--study-name", "shared-s1"])
+    sid = _killed_study_run()
+    monkeypatch.delenv("OPTUNA_STORAGE")
+    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--device", "cpu"])
+    assert r.exit_code == 1 and "set OPTUNA_STORAGE" in r.output, r.output
+    monkeypatch.setenv("OPTUNA_STORAGE", storage)
+    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    _same_table(sid, ref, ref_trials, n_retrains=3)
+    trials = optuna.load_study(study_name="shared-s1", storage=storage).get_trials()
+    assert [(t.number, t.state.name, t.user_attrs.get("crashed"), t.user_attrs["slot"])
+            for t in trials] == [(0, "COMPLETE", None, 0), (1, "PRUNED", None, 1),
+                                 (2, "FAIL", True, 2), (3, "PRUNED", None, 2),
+                                 (4, "COMPLETE", None, 3)]
+
+
+def test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume(tmp_path, store,
+                                                                    monkeypatch):
+    """Killed mid-trial 2 of the search (before ASHA judged it), resumed, killed again
+    mid-retrain 1, resumed: every trial and retrain counted once, and the table is the
+    uninterrupted run's to the last bit."""
+    monkeypatch.delenv("OPTUNA_STORAGE", raising=False)
+    ref, ref_trials = _reference()
+    _killed_at("trial", 2, 0, ASHA_ARGV)
+    sid = _killed_study_run()
+    _killed_at("retrain", 1, 0, ["--resume", sid, "--device", "cpu"])  # search resumed
+    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    assert "kept retrains [0], ran [1, 2]" in r.output
+    _same_table(sid, ref, ref_trials, n_retrains=4)  # + the killed retrain 1

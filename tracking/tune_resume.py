@@ -16,8 +16,9 @@ A study killed during its search has no ``scarcelab.best_params`` yet. Its trial
 parameters and the values it reported to ASHA (``val/balanced_accuracy_avg5`` per epoch;
 a report at epoch ``e`` is ASHA's step ``e + 1``). :func:`read_study` hands them over as
 :class:`~scarcelab.protocols.tune.SearchResume`; the core rebuilds the study from them and
-continues it. A study that kept its trials in a shared Optuna storage is not rebuilt from
-MLflow (other workers' trials live there too): its workers continue it (docs/tune.md).
+continues it. A study that kept its trials in a shared Optuna storage (``OPTUNA_STORAGE``)
+is not rebuilt from MLflow — other workers' trials live there too — but continued in that
+storage, where the dead trial is failed and run again in its own place (``tune.slot``).
 
 Before anything is read, the spool folders ended processes left for this server are
 delivered (``mlflow_tracker.replay_leftovers``): a record still on its way would otherwise
@@ -43,6 +44,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from scarcelab.errors import ScarcelabError
+from scarcelab.protocols.study_store import redact
 from scarcelab.protocols.tune import FinalResume, PriorTrial, SearchResume, retrain_seed
 
 log = logging.getLogger("scarcelab.tracking")
@@ -157,14 +159,16 @@ def read_study(run_id: str, client: MlflowClient | None = None
         raise ResumeError(f"study run {run_id} ran only the final phase and has no best "
                           "configuration (tag scarcelab.best_params); run its search first")
     storage = run.data.params.get("resolved.storage", run.data.params.get("storage", ""))
-    if storage:
-        raise ResumeError(f"study run {run_id} kept its trials in the Optuna storage "
-                          f"{storage}, shared with any other worker of the study: start its "
-                          "workers again with the same --study-name and OPTUNA_STORAGE, then "
-                          "--resume the final phase (docs/tune.md)")
+    if storage:  # the Optuna study is there (with any other worker's trials): continue it
+        here = os.environ.get("OPTUNA_STORAGE", "")
+        if redact(here) != storage:
+            raise ResumeError(f"study run {run_id} keeps its trials in the Optuna storage "
+                              f"{storage}; set OPTUNA_STORAGE to it (now "
+                              f"{redact(here) or 'unset'}) and run --resume again")
+        fields["storage"] = here
     trials, stale, spent = _search_trials(client, run)
     return fields, SearchResume(trials=tuple(trials), elapsed_s=spent,
-                                recorded=dict(run.data.params)), stale
+                                recorded=dict(run.data.params), shared=bool(storage)), stale
 
 
 def _search_trials(client: MlflowClient, run: Any

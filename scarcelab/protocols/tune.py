@@ -50,6 +50,7 @@ centre crop (gem's test transform ``Resize`` + ``CenterCrop``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -76,7 +77,7 @@ from scarcelab.methods.space import sample
 from scarcelab.metrics import classification_metrics
 from scarcelab.models import create_model
 from scarcelab.models.standardize import Standardized, channel_stats
-from scarcelab.protocols.study_store import StudyStore, redact
+from scarcelab.protocols.study_store import StudyStore, TrialSeededSampler, redact
 from scarcelab.tracker import DatasetInfo, Tracker
 from scarcelab.train import (
     EpochReport,
@@ -225,6 +226,7 @@ class SearchResume:
     trials: tuple[PriorTrial, ...] = ()
     elapsed_s: float = 0.0
     recorded: dict[str, str] = field(default_factory=dict)
+    shared: bool = False  # the trials live in ``TuneConfig.storage``: continue that study
 
 
 # what a resumed search must agree on besides RESUME_CHECKED: the search itself
@@ -348,8 +350,9 @@ class RayASHAPruner(optuna.pruners.BasePruner):
             return False
         others = []
         for t in study.get_trials(deepcopy=False):
-            if t.number == trial.number or not t.intermediate_values:
-                continue
+            if t.number == trial.number or not t.intermediate_values or \
+                    t.user_attrs.get("crashed"):
+                continue  # a crashed trial runs again (its slot): it counts once
             rec = _recorded(sorted(t.intermediate_values.items()), self._desc)
             if rung in rec:
                 others.append(rec[rung])
@@ -460,10 +463,59 @@ def _counted(store: StudyStore) -> int:
     return n
 
 
-def _counted_before(store: StudyStore, number: int) -> int:
-    return sum(1 for t in store.study.get_trials(deepcopy=False)
-               if t.number < number and not t.user_attrs.get("crashed")
-               and not t.user_attrs.get("surplus"))
+def slot(t: optuna.trial.FrozenTrial | optuna.trial.Trial) -> int:
+    """The place of a trial in the search: its number, unless it reruns a crashed trial
+    (then the crashed trial's place, user attribute ``slot``). Configuration, seed and the
+    trial's record number are functions of the slot, so a trial killed with its process
+    runs again as itself and the search is the one an uninterrupted run makes."""
+    attrs = t.user_attrs
+    return int(attrs.get("slot", t.number))
+
+
+class SlotSampler(TrialSeededSampler):
+    """:class:`TrialSeededSampler` keyed on the trial's :func:`slot` instead of its
+    number: a rerun of crashed trial ``k`` draws trial ``k``'s configuration."""
+
+    def sample_independent(self, study: Any, trial: optuna.trial.FrozenTrial,
+                           param_name: str, param_distribution: Any) -> Any:
+        if slot(trial) != trial.number:
+            trial = copy.copy(trial)  # the parent class reads only the number
+            trial.number = slot(trial)
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+
+def _requeue_crashed(store: StudyStore) -> list[int]:
+    """Queue a rerun for every crashed trial whose slot no live trial holds (shared
+    storage only: a crash is a dead worker's trial). Optuna hands a queued trial to the
+    next ``ask`` of any worker, once; two workers queueing the same slot at once are
+    sorted out when the second copy is asked (:func:`_claim`)."""
+    trials = store.study.get_trials(deepcopy=False)
+    crashed = {slot(t) for t in trials if t.user_attrs.get("crashed")}
+    held = {slot(t) for t in trials
+            if not t.user_attrs.get("crashed") and not t.user_attrs.get("surplus")}
+    for k in sorted(crashed - held):
+        store.study.enqueue_trial({}, user_attrs={"slot": k, "rerun_of": k})
+    return sorted(crashed - held)
+
+
+def _claim(store: StudyStore, trial: optuna.trial.Trial, n_trials: int) -> int | None:
+    """The slot ``trial`` takes, or None when it has none left (surplus). A fresh
+    trial's slot is its number less the reruns numbered before it (a rerun takes a number
+    but no new slot); a rerun's is the one it reruns, unless another live trial with a
+    smaller number holds it already."""
+    trials = store.study.get_trials(deepcopy=False)
+    if "rerun_of" in trial.user_attrs:
+        k = slot(trial)
+        taken = any(t.number < trial.number and slot(t) == k and "slot" in t.user_attrs
+                    and not t.user_attrs.get("crashed") and not t.user_attrs.get("surplus")
+                    for t in trials)
+        return None if taken else k
+    k = trial.number - sum(1 for t in trials
+                           if t.number < trial.number and "rerun_of" in t.user_attrs)
+    if k >= n_trials:
+        return None
+    trial.set_user_attr("slot", k)
+    return k
 
 
 def run_tune(cfg: TuneConfig, tracker: Tracker,
@@ -501,8 +553,10 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
     if isinstance(resume, FinalResume):
         return _resume_final(cfg, s, method_cls, raw, final_b, mean, std, name, tracker,
                              resume, train_images(search_b))
-    store = StudyStore(name, cfg.seed, None if resume is not None else cfg.storage)
+    store = StudyStore(name, cfg.seed, None if isinstance(resume, SearchResume)
+                       and not resume.shared else cfg.storage)
     store.study.pruner = RayASHAPruner(s.grace_period, s.epochs)
+    store.study.sampler = SlotSampler(cfg.seed)
     tags, resolved, params = _study_record(cfg, s, method_cls, raw, mean, std, name,
                                            train_images(search_b))
     spent = 0.0
@@ -510,7 +564,8 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
         _check_recorded(resume, params, RESUME_CHECKED + SEARCH_CHECKED)
         tracker.start_study(name=f"tune-{method_cls.registered_name}-{cfg.dataset}"
                             f"-s{cfg.seed}", tags=tags, params={}, artifacts={})
-        kept = _rebuild(store, resume, method_cls, s, cfg.overrides)
+        kept = [t.number for t in resume.trials] if resume.shared else \
+            _rebuild(store, resume, method_cls, s, cfg.overrides)
         tracker.set_tags({"scarcelab.search_kept": ",".join(map(str, kept)),
                           "scarcelab.search_resumed_at": str(len(kept))})
         tags = {**tags, "scarcelab.resumed": "true"}  # on the trials run from here on
@@ -666,6 +721,7 @@ def _rebuild(store: StudyStore, resume: SearchResume, method_cls: type[Method],
     for p in prior:
         trial = store.ask()
         assert trial.number == p.number, (trial.number, p.number)
+        trial.set_user_attr("slot", p.number)
         params = _draw(trial, method_cls, s)
         diff = {k: (p.params[k], _param_text(v)) for k, v in params.items()
                 if k in p.params and k not in overrides and p.params[k] != _param_text(v)}
@@ -694,18 +750,25 @@ def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: Raw
         fails = store.fail_orphans()
         if fails:
             log.warning("trials %s were left running by a dead process: marked failed", fails)
+        if store.shared:
+            again = _requeue_crashed(store)
+            if again:
+                log.warning("crashed trial(s) %s run again, each as itself", again)
         trial = store.ask()
-        if _counted_before(store, trial.number) >= s.n_trials:
+        place = _claim(store, trial, s.n_trials)
+        if place is None:
             trial.set_user_attr("surplus", True)  # another worker took the last slot
             store.tell(trial, state=TrialState.FAIL)
+            if "rerun_of" in trial.user_attrs:
+                continue  # a second copy of a rerun: other slots may still be open
             break
         params = _draw(trial, method_cls, s)
         hp = _hp(method_cls, params, cfg.overrides)
-        trial_seed = cfg.seed * 100_003 + trial.number
+        trial_seed = cfg.seed * 100_003 + place
         torch.manual_seed(trial_seed)
         g = torch.Generator().manual_seed(trial_seed)
-        tracker.start_trial(trial.number, {**tags, "scarcelab.role": "trial",
-                                           "scarcelab.trial": str(trial.number)},
+        tracker.start_trial(place, {**tags, "scarcelab.role": "trial",
+                                    "scarcelab.trial": str(place)},
                             {**hp, "batch_size": params["batch_size"], "arch": s.arch,
                              "trial_seed": trial_seed, "epochs": s.epochs})
         history: list[float] = []
