@@ -96,10 +96,10 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
 @click.option("--study-name", default="", help="workers given the same name (and "
               "$OPTUNA_STORAGE) share one ASHA study")
 @click.option("--resume", default="", type=RunId(),
-              help="continue the final retraining of this tune study run: keep its "
-              "finished retrains, run the missing ones (same seeds) under it, recompute "
-              "its mean ± std; settings come from the run (only --data-dir and --device "
-              "are taken from here)")
+              help="continue this tune study run after a crash: keep its finished trials "
+              "and retrains, run the missing ones (same seeds) under it, recompute its "
+              "mean ± std; settings come from the run (only --data-dir and --device are "
+              "taken from here)")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 @verbosity_options
 def tune_cmd(**kw: Any) -> None:
@@ -140,7 +140,7 @@ def tune_cmd(**kw: Any) -> None:
             res = run_tune(cfg, tracker)
     except ScarcelabError as e:
         raise click.ClickException(str(e)) from e
-    if kw["resume"]:
+    if kw["resume"] and res.n_complete + res.n_pruned + res.n_failed == 0:
         click.echo(f"study {tracker.study_run_id} ({res.study_name}): final retraining "
                    f"resumed; kept retrains {res.kept}, ran {res.ran}")
         click.echo(f"final: test balanced accuracy {100 * res.mean:.2f} ± {100 * res.std:.2f} "
@@ -155,22 +155,29 @@ def tune_cmd(**kw: Any) -> None:
 
 
 def _resume(run_id: str, data_dir: str | None, device: str) -> tuple[Any, Any]:
-    """Continue the final retraining of study run ``run_id`` (tracking.tune_resume)."""
+    """Continue study run ``run_id``: the rest of its search and its final retraining, or
+    the retrains its final phase lacks (tracking.tune_resume)."""
     import sys
 
-    from scarcelab.protocols.tune import TuneConfig, run_tune
+    from scarcelab.protocols.tune import FinalResume, TuneConfig, run_tune
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
-    from scarcelab.tracking.tune_resume import close_stale, read_final_phase
+    from scarcelab.tracking.tune_resume import close_stale, read_study
 
-    fields, prior, stale = read_final_phase(run_id)
+    fields, prior, stale = read_study(run_id)
     if data_dir:
         fields["data_dir"] = data_dir
     cfg = TuneConfig(**fields, device=device)
-    missing = [i for i in range(cfg.n_final) if i not in prior.done]
-    print(f"[scarcelab] resuming the final retraining of study run {run_id} ({cfg.method} on "
-          f"{cfg.dataset}, seed {cfg.seed}, best {prior.best_params}): keeping retrains "
-          f"{sorted(prior.done)}, running {missing}"
-          + (f"; closing {len(stale)} stale retrain run(s) as FAILED" if stale else ""),
+    if isinstance(prior, FinalResume):
+        missing = [i for i in range(cfg.n_final) if i not in prior.done]
+        what = (f"the final retraining of study run {run_id} ({cfg.method} on {cfg.dataset}, "
+                f"seed {cfg.seed}, best {prior.best_params}): keeping retrains "
+                f"{sorted(prior.done)}, running {missing}")
+    else:
+        what = (f"the search of study run {run_id} ({cfg.method} on {cfg.dataset}, seed "
+                f"{cfg.seed}): keeping trials {[t.number for t in prior.trials]}, running "
+                f"trials {len(prior.trials)}.. and then the final retraining")
+    print(f"[scarcelab] resuming {what}"
+          + (f"; closing {len(stale)} stale run(s) as FAILED" if stale else ""),
           file=sys.stderr, flush=True)
     close_stale(stale)
     tracker = MlflowTracker()

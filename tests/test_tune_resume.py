@@ -219,3 +219,162 @@ def test_resume_reads_the_final_epoch_count_and_old_studies_keep_theirs():
     assert _fields(run)["epochs_final"] == 12
     params["resolved.epochs_final"] = "30"
     assert _fields(run)["epochs_final"] == 30
+
+
+# -- issue 25 item 13: kill -9 in the ASHA search and in the final phase, then resume ----
+ASHA = dict(method="ole", dataset="synthetic_tiny_rgb", arch="small_cnn", epochs=2,
+            grace_period=1, n_trials=4, batch_sizes=(8, 16), max_steps_per_epoch=2,
+            n_final=3)
+ASHA_ARGV = ["--method", "ole", "--dataset", "synthetic_tiny_rgb", "--arch", "small_cnn",
+             "--epochs", "2", "--grace-period", "1", "--n-trials", "4", "--batch-sizes",
+             "8,16", "--max-steps-per-epoch", "2", "--n-final", "3", "--device", "cpu",
+             "--experiment", "tune-resume"]
+
+# The CLI in a process that SIGKILLs itself right after run ROLE NUMBER logged the metrics
+# of epoch EPOCH: a deterministic point, no timer. One thread, as the reference run here.
+_KILL_AT = r"""
+import os, signal, sys
+import torch
+torch.set_num_threads(1)
+from scarcelab.tracking import mlflow_tracker as mt
+role, number, epoch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+start, log = mt.MlflowTracker.start_trial, mt.MlflowTracker.log_metrics
+cur = {}
+
+
+def start_trial(self, n, tags, params):
+    start(self, n, tags, params)
+    cur["run"] = (tags.get("scarcelab.role"), n)
+
+
+def log_metrics(self, metrics, step, scope="trial"):
+    log(self, metrics, step, scope)
+    if scope == "trial" and cur.get("run") == (role, number) and step == epoch:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+mt.MlflowTracker.start_trial, mt.MlflowTracker.log_metrics = start_trial, log_metrics
+from scarcelab.entrypoints.cli import main
+main(sys.argv[4:])
+"""
+
+
+def _killed_at(role: str, number: int, epoch: int, argv: list[str]) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _KILL_AT, role, str(number), str(epoch),
+                        "tune", *argv], env={**os.environ, "PYTHONPATH": str(REPO)},
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == -signal.SIGKILL, (p.stdout + p.stderr)[-3000:]
+
+
+def _children(study_id: str, role: str) -> list:  # type: ignore[type-arg]
+    c = MlflowClient()
+    exp = c.get_run(study_id).info.experiment_id
+    return c.search_runs([exp], f"tags.`mlflow.parentRunId` = '{study_id}' and "
+                         f"tags.`scarcelab.role` = '{role}'", max_results=1000)
+
+
+def _reference() -> tuple:  # type: ignore[type-arg]
+    """The uninterrupted study, in memory, on one thread (as the killed processes)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref_tracker = InMemoryTracker()
+        ref = run_tune(TuneConfig(**ASHA), ref_tracker)
+    finally:
+        torch.set_num_threads(threads)
+    ref_trials = {int(t.name.split("-")[1]): t for t in ref_tracker.trials
+                  if t.tags["scarcelab.role"] == "trial"}
+    assert ref.n_pruned >= 1 and ref_trials[2].status == "KILLED"  # ASHA pruned trial 2
+    return ref, ref_trials
+
+
+def _same_table(sid: str, ref, ref_trials, n_retrains: int) -> None:  # type: ignore[no-untyped-def]
+    c = MlflowClient()
+    trials = _children(sid, "trial")
+    crashed = [t for t in trials if t.data.tags.get("scarcelab.crashed") == "true"]
+    assert [t.data.tags["scarcelab.trial"] for t in crashed] == ["2"]
+    assert crashed[0].info.status == "FAILED"
+    counted = {int(t.data.tags["scarcelab.trial"]): t for t in trials if t not in crashed}
+    assert sorted(counted) == [0, 1, 2, 3] and len(trials) == 5  # each once, no duplicate
+    for n, t in counted.items():  # each ended as in the uninterrupted run, same seed
+        assert t.info.status == ref_trials[n].status, n
+        assert t.data.params["trial_seed"] == str(ref_trials[n].params["trial_seed"])
+        assert (t.data.tags.get("scarcelab.resumed") == "true") == (n >= 2)
+    retrains = _children(sid, "retrain")
+    done = {int(x.data.tags["scarcelab.retrain"]): x for x in retrains
+            if x.info.status == "FINISHED"}
+    assert sorted(done) == [0, 1, 2] and len(retrains) == n_retrains
+    s = c.get_run(sid)
+    assert s.info.status == "FINISHED"
+    t = s.data.tags
+    assert (int(t["scarcelab.n_complete"]), int(t["scarcelab.n_pruned"]),
+            int(t["scarcelab.n_failed"])) == (ref.n_complete, ref.n_pruned, ref.n_failed)
+    assert json.loads(t["scarcelab.best_params"]) == ref.best_params
+    assert t["scarcelab.search_kept"] == "0,1"
+    assert s.data.metrics["best/val_balanced_accuracy_avg5"] == ref.best_value
+    hist = c.get_metric_history(sid, "final/test_balanced_accuracy")
+    assert sorted(h.step for h in hist) == [0, 1, 2]
+    assert [v for _, v in sorted((h.step, h.value) for h in hist)] == ref.final_test
+    assert s.data.metrics["final/test_balanced_accuracy_mean"] == pytest.approx(ref.mean,
+                                                                                abs=1e-12)
+    assert s.data.metrics["final/test_balanced_accuracy_std"] == pytest.approx(ref.std,
+                                                                               abs=1e-12)
+
+
+def _killed_study_run() -> str:
+    c = MlflowClient()
+    exp = c.get_experiment_by_name("tune-resume").experiment_id
+    (study,) = c.search_runs([exp], "tags.`scarcelab.role` = 'study'")
+    assert study.info.status == "RUNNING" and "scarcelab.best_params" not in study.data.tags
+    assert sorted(r.info.status for r in _children(study.info.run_id, "trial")) == \
+        ["FINISHED", "KILLED", "RUNNING"]  # trials 0, 1 (pruned), 2 (killed mid-epoch)
+    return str(study.info.run_id)
+
+
+def test_kill9_in_a_shared_optuna_storage_search_then_resume(tmp_path, store, monkeypatch):
+    """The same with the trials in an Optuna RDB storage (what several workers share):
+    the resume continues that study; the dead trial, failed there as crashed, runs again
+    in its own place (number, seed, configuration), so the table is again the
+    uninterrupted run's."""
+    import optuna
+
+    ref, ref_trials = _reference()
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    monkeypatch.setenv("OPTUNA_STORAGE", storage)
+    _killed_at("trial", 2, 0, [*ASHA_ARGV, "--study-name", "shared-s1"])
+    sid = _killed_study_run()
+    monkeypatch.delenv("OPTUNA_STORAGE")
+    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--device", "cpu"])
+    assert r.exit_code == 1 and "set OPTUNA_STORAGE" in r.output, r.output
+    monkeypatch.setenv("OPTUNA_STORAGE", storage)
+    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    _same_table(sid, ref, ref_trials, n_retrains=3)
+    trials = optuna.load_study(study_name="shared-s1", storage=storage).get_trials()
+    assert [(t.number, t.state.name, t.user_attrs.get("crashed"), t.user_attrs["slot"])
+            for t in trials] == [(0, "COMPLETE", None, 0), (1, "PRUNED", None, 1),
+                                 (2, "FAIL", True, 2), (3, "PRUNED", None, 2),
+                                 (4, "COMPLETE", None, 3)]
+
+
+def test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume(tmp_path, store,
+                                                                    monkeypatch):
+    """Killed mid-trial 2 of the search (before ASHA judged it), resumed, killed again
+    mid-retrain 1, resumed: every trial and retrain counted once, and the table is the
+    uninterrupted run's to the last bit."""
+    monkeypatch.delenv("OPTUNA_STORAGE", raising=False)
+    ref, ref_trials = _reference()
+    _killed_at("trial", 2, 0, ASHA_ARGV)
+    sid = _killed_study_run()
+    _killed_at("retrain", 1, 0, ["--resume", sid, "--device", "cpu"])  # search resumed
+    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    assert "kept retrains [0], ran [1, 2]" in r.output
+    _same_table(sid, ref, ref_trials, n_retrains=4)  # + the killed retrain 1

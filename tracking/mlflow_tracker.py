@@ -57,7 +57,14 @@ from scarcelab.tracking.safe_io import (
     load_exported,
     save_checkpoint,
 )
-from scarcelab.tracking.spool import Spool, is_remote, is_transient, leftovers, replay
+from scarcelab.tracking.spool import (
+    RECORDS_LOST_TAG,
+    Spool,
+    is_remote,
+    is_transient,
+    leftovers,
+    replay,
+)
 
 log = logging.getLogger("scarcelab.tracking")
 
@@ -65,6 +72,7 @@ MAX_PARAM_LEN = 6000
 RETRIES = 5
 FLUSH_TIMEOUT_S = float(os.environ.get("SCARCELAB_SPOOL_FLUSH_S", "60"))
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
+MLFLOW_NOTE = "mlflow.note.content"  # the run's description in the MLflow UI
 SPOOL_OP_TAG = "scarcelab.spool_op"  # the client-chosen key that makes re-delivery idempotent
 
 # A dead server must cost seconds, not MLflow's default ~2 minutes of backoff per call:
@@ -155,6 +163,11 @@ def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
         mlflow.register_model(f"runs:/{run_id}/model", op["name"])
     elif kind == "terminate":
         client.set_terminated(run_id, op["status"], end_time=op["end_time"])
+    elif kind == "note_append":  # idempotent: a line already in the description stays one
+        note = client.get_run(run_id).data.tags.get(MLFLOW_NOTE, "")
+        if op["line"] not in note:
+            client.set_tag(run_id, MLFLOW_NOTE, f"{note}\n\n{op['line']}" if note
+                           else op["line"])
     else:
         raise ValueError(f"unknown spool operation {kind!r}")
     return None
@@ -252,6 +265,25 @@ def _export_failed(tracker: Any, e: BaseException) -> None:
                      "tags": [["scarcelab.model_export_error", msg[:5000]]]})
 
 
+def replay_leftovers(uri: str | None = None, root: Path | None = None) -> None:
+    """Deliver the spool folders that ended processes left for this server, and mark the
+    runs whose records they held in memory only (``tracking.spool.lost_marks``). Done on
+    every start and, before anything is read, on every resume: a resumed study must see
+    the records that were still on their way, or it would redo finished trials."""
+    uri = uri or mlflow.get_tracking_uri()
+    for d in leftovers(uri, root):
+        try:
+            ok = replay(d, deliver_op)
+        except Exception as e:  # noqa: BLE001 - a broken old spool must not stop a study
+            ok = False
+            log.warning("could not replay %s: %s", d, e)
+        print(f"[scarcelab] spool {d} left by an ended process: "
+              f"{'delivered' if ok else 'still pending'}", file=sys.stderr, flush=True)
+
+
+LOST_TAGS = (RECORDS_LOST_TAG, "scarcelab.trials_lost", "scarcelab.epochs_lost")
+
+
 class TrackingUnavailable(ScarcelabError):
     """The remote tracking server does not answer (or refuses us) at the start of a command."""
 
@@ -297,6 +329,7 @@ class MlflowTracker(RunViews, Tracker):
         self._attach_run: str | None = None  # attach_study: continue this very run
         self._orphans: list[Any] = []  # trial runs a dead process left RUNNING (resume)
         self._spool_root = spool_root
+        self._lost_line: str | None = None  # the continued run lost records: say so again
         self.spool: Spool | None = None
         self.spool_left: Path | None = None  # set when end_study could not deliver
         self._tmp = tempfile.TemporaryDirectory(prefix="scarcelab-")
@@ -324,6 +357,7 @@ class MlflowTracker(RunViews, Tracker):
 
     def resume_state(self, study_key: str) -> ResumeState | None:
         mine = os.environ.get("MLFLOW_RUN_ID")
+        self._replay_leftovers(mlflow.get_tracking_uri())  # what the dead one still had
         for run in self._study_runs(study_key, "study"):
             if run.info.run_id == mine or not self._owner_dead(
                     run.data.tags.get("scarcelab.owner", "")):
@@ -416,6 +450,21 @@ class MlflowTracker(RunViews, Tracker):
             log.info("study run %s continues %s: %d metric points and %d trial runs moved",
                      new, dead, len(batch), len(kids))
 
+    def _carry_lost(self, continued: str, all_tags: dict[str, Any], moved: bool) -> None:
+        """A continued study run that lost records (marked by the spool replay, issue 25
+        item 12) keeps saying so: its description is rewritten at the end of the study, so
+        the line is appended again then (``end_study``); a new run that takes the study
+        over gets the tags too."""
+        tags = _retry(self.client.get_run, continued).data.tags
+        line = tags.get(RECORDS_LOST_TAG)
+        if not line:
+            return
+        self._lost_line = line if not moved else f"Study run `{continued}`: {line}"
+        if moved:
+            all_tags.update({k: tags[k] for k in LOST_TAGS if k in tags})
+            all_tags[RECORDS_LOST_TAG] = self._lost_line
+        print(f"[scarcelab] study run {continued}: {line}", file=sys.stderr, flush=True)
+
     def attach_study(self, run_id: str) -> None:
         """Make the next ``start_study`` continue the existing study run ``run_id`` (its
         new trial runs become its children), even under ``mlflow run``: the run MLflow
@@ -464,6 +513,9 @@ class MlflowTracker(RunViews, Tracker):
                 RunTag("scarcelab.resumes", self.study_run_id),
                 RunTag("mlflow.note.content", "Continues the final retraining of study run "
                        f"`{self.study_run_id}`; its retrain runs and results are there.")])
+        continued = self._attach_run or self._resume_run
+        if continued:
+            self._carry_lost(continued, all_tags, moved=continued != self.study_run_id)
         if project_run and self._resume_run:  # a new run continues the dead one
             all_tags["scarcelab.resumed_from"] = self._resume_run
             self._take_over(self._resume_run, project_run)
@@ -491,14 +543,7 @@ class MlflowTracker(RunViews, Tracker):
         self._rv_start(name, tags, params)
 
     def _replay_leftovers(self, uri: str) -> None:
-        for d in leftovers(uri, self._spool_root):
-            try:
-                ok = replay(d, deliver_op)
-            except Exception as e:  # noqa: BLE001 - a broken old spool must not stop a study
-                ok = False
-                log.warning("could not replay %s: %s", d, e)
-            print(f"[scarcelab] spool {d} left by an ended process: "
-                  f"{'delivered' if ok else 'still pending'}", file=sys.stderr, flush=True)
+        replay_leftovers(uri, self._spool_root)
 
     def _log_input(self, d: DatasetInfo) -> None:
         source = HTTPDatasetSource(d.source) if "://" in d.source else HTTPDatasetSource(
@@ -633,6 +678,8 @@ class MlflowTracker(RunViews, Tracker):
             self.end_trial("FAILED" if status == "FAILED" else "KILLED")
         if self.spool is not None and self.study_run_id is not None:
             self._rv_finish(status)
+            if self._lost_line:  # after the description _rv_finish wrote
+                self._submit({"op": "note_append", "key": "study", "line": self._lost_line})
             self._submit({"op": "terminate", "key": "study", "status": status,
                           "end_time": int(time.time() * 1000)})
             self.spool_left = self.spool.close(FLUSH_TIMEOUT_S)

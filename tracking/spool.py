@@ -172,6 +172,171 @@ def read_journal(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     return out, None
 
 
+# -- records held in memory only (issue 25 item 12) -------------------------------------------
+LEDGER = "memory_only.json"
+LEDGER_BYTES = 4096  # one page, overwritten in place: a full disk still takes it
+RECORDS_LOST_TAG = "scarcelab.records_lost"
+
+
+def _ranges(steps: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``: epoch numbers in a sentence."""
+    spans: list[list[int]] = []
+    for s in sorted(set(steps)):
+        if spans and spans[-1][1] == s - 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+class MemoryLedger:
+    """What the spool holds in memory only (its disk was full), summarised per run in a
+    file of fixed size overwritten in place (``memory_only.json``).
+
+    Records kept in memory are lost if the process dies before the server is back
+    (``kill -9``, an OOM kill, a reboot), and the run they belong to stays RUNNING with
+    part of its trials. What they were must survive on a disk that is full: the file is
+    written at its full size when the spool folder is created (while there is room) and
+    later only overwritten with ``pwrite`` into the blocks it already owns, which takes no
+    free space (ext4, xfs, tmpfs; a copy-on-write file system may still refuse it, and
+    the loss is then only printed). The next process that replays the folder reads it
+    and marks the runs with what is gone (:func:`lost_marks`)."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.records = 0
+        self.path: Path | None = None
+
+    def create(self, folder: Path) -> None:
+        path = folder / LEDGER
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+            try:
+                blank = b"{}".ljust(LEDGER_BYTES - 1) + b"\n"
+                if os.write(fd, blank) != len(blank):
+                    raise OSError(errno.ENOSPC, "short write")
+                os.fsync(fd)  # its blocks are allocated now, not at the first overwrite
+            finally:
+                os.close(fd)
+            self.path = path
+        except OSError as e:
+            path.unlink(missing_ok=True)
+            log.warning("spool %s: no room for %s (%s): records the disk cannot take later "
+                        "would be lost without a trace on disk", folder, LEDGER, e)
+
+    def count(self, op: dict[str, Any], sign: int = 1) -> None:
+        """``op`` is now held in memory only (``sign`` 1) or was delivered (-1)."""
+        key = str(op.get("key") or "?")
+        run = self.runs.setdefault(key, {"ops": {}, "steps": {}})
+        kind = str(op["op"])
+        run["ops"][kind] = run["ops"].get(kind, 0) + sign
+        if kind == "create_run" and sign > 0:
+            tags = op.get("tags") or {}
+            run.update(parent=op.get("parent"), trial=tags.get("scarcelab.trial"),
+                       retrain=tags.get("scarcelab.retrain"))
+        for m in op.get("metrics") or []:
+            step = str(int(m[3]))
+            run["steps"][step] = run["steps"].get(step, 0) + sign
+        run["ops"] = {k: v for k, v in run["ops"].items() if v > 0}
+        run["steps"] = {k: v for k, v in run["steps"].items() if v > 0}
+        if not run["ops"]:
+            del self.runs[key]
+        self.records += sign
+        self._write()
+
+    def summary(self) -> dict[str, Any]:
+        runs = {k: {"ops": v["ops"], "steps": sorted(map(int, v["steps"])),
+                    **{f: v[f] for f in ("parent", "trial", "retrain")
+                       if v.get(f) is not None}}
+                for k, v in self.runs.items()}
+        out: dict[str, Any] = {"owner": f"{socket.gethostname()}:{os.getpid()}",
+                               "records": self.records, "runs": runs}
+        if len(json.dumps(out)) >= LEDGER_BYTES:  # many epochs: counts instead of lists
+            for r in runs.values():
+                r["n_steps"] = len(r.pop("steps"))
+        if len(json.dumps(out)) >= LEDGER_BYTES:  # many runs: the total only
+            out = {"owner": out["owner"], "records": self.records, "runs": {},
+                   "truncated": True}
+        return out
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        blob = json.dumps(self.summary()).encode().ljust(LEDGER_BYTES - 1) + b"\n"
+        try:
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, blob, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.warning("could not update %s (%s)", self.path, e)
+
+    @staticmethod
+    def read(folder: Path) -> dict[str, Any] | None:
+        """The writer's summary if it held records in memory only, else None."""
+        try:
+            st = json.loads((folder / LEDGER).read_bytes())
+            return st if isinstance(st, dict) and int(st.get("records", 0)) > 0 else None
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def lost_marks(lost: dict[str, Any], ids: dict[str, str]) -> list[dict[str, Any]]:
+    """The operations that mark each existing run whose records a dead process lost: the
+    tag ``scarcelab.records_lost`` (one line, also appended to the run's description) and,
+    where they can be counted, ``scarcelab.epochs_lost`` (epochs whose metrics are gone)
+    and, on a parent, ``scarcelab.trials_lost`` (child runs never created: their whole
+    record is gone, counted with their epochs)."""
+    why = (f"lost when its process ({lost.get('owner', '?')}) died while the tracking "
+           "server was away and the spool's disk was full (held in memory only)")
+    lines: dict[str, list[str]] = {}
+    tags: dict[str, dict[str, str]] = {}
+    unborn: dict[str, dict[str, Any]] = {}
+    for key, r in sorted((lost.get("runs") or {}).items()):
+        ops: dict[str, int] = r.get("ops", {})
+        n = sum(ops.values())
+        steps = r.get("steps")
+        n_steps = len(steps) if steps is not None else int(r.get("n_steps", 0))
+        if ops.get("create_run"):  # the run itself was never created
+            p = unborn.setdefault(r.get("parent") or "study",
+                                  {"names": [], "records": 0, "epochs": 0})
+            p["names"].append(f"trial {r['trial']}" if r.get("trial") is not None else
+                              f"retrain {r['retrain']}" if r.get("retrain") is not None
+                              else key)
+            p["records"] += n
+            p["epochs"] += n_steps
+            continue
+        parts = []
+        if n_steps:
+            parts.append(f"the metrics of {n_steps} epoch(s)"
+                         + (f", steps {_ranges(steps)}" if steps else ""))
+            tags.setdefault(key, {})["scarcelab.epochs_lost"] = str(n_steps)
+        if ops.get("terminate"):
+            parts.append("its end: it was left RUNNING")
+        lines.setdefault(key, []).append(
+            f"{n} tracking record(s) of this run" + (f" ({'; '.join(parts)})" if parts
+                                                     else ""))
+    for parent, p in unborn.items():
+        lines.setdefault(parent, []).append(
+            f"{len(p['names'])} run(s) under it that were never created ("
+            + ", ".join(p["names"]) + f": {p['records']} record(s)"
+            + (f", the metrics of {p['epochs']} epoch(s)" if p["epochs"] else "") + ")")
+        tags.setdefault(parent, {})["scarcelab.trials_lost"] = str(len(p["names"]))
+    if lost.get("truncated"):
+        lines.setdefault("study", []).append(f"{lost.get('records')} tracking record(s)")
+    out: list[dict[str, Any]] = []
+    for key, parts in lines.items():
+        if key not in ids:  # its run was never created either: counted on its parent
+            continue
+        line = "Records lost: " + "; ".join(parts) + f", {why}."
+        t = {RECORDS_LOST_TAG: line, **tags.get(key, {})}
+        out.append({"op": "log_batch", "key": key, "tags": [[k, v] for k, v in t.items()]})
+        out.append({"op": "note_append", "key": key, "line": line})
+    return out
+
+
 class DiskFull(OSError):
     """The journal could not take a record (ENOSPC / EDQUOT)."""
 
@@ -196,6 +361,8 @@ class Spool:
         self.skipped: str | None = None  # a torn/corrupt tail found on load
         self.last_attempt = 0.0
         self.late_keys: set[str] = set()
+        self.ledger = MemoryLedger()  # what memory holds that the disk would not take
+        self.lost: dict[str, Any] | None = None  # a dead writer's ledger, found on load
         self._lock_fd: int | None = None
         if folder is not None:
             self._load()
@@ -209,6 +376,7 @@ class Spool:
             if not self._try_lock(self.dir):  # a fresh folder: nobody else knows it yet
                 raise RuntimeError(f"could not lock new spool folder {self.dir}")
             self._write_state()
+            self.ledger.create(self.dir)
         return self.dir
 
     def _try_lock(self, d: Path) -> bool:
@@ -250,7 +418,8 @@ class Spool:
         records, self.skipped = read_journal(self.dir / "journal.jsonl")
         self.journaled = len(records)
         self.pending = [{**r["op"], "_id": r["id"]} for r in records[self.delivered:]]
-        lost = int(st.get("memory_only", 0))
+        self.lost = MemoryLedger.read(self.dir)
+        lost = max(int(st.get("memory_only", 0)), int((self.lost or {}).get("records", 0)))
         if self.skipped or lost:
             log.error("spool %s: %s%s; the %d valid records before it are delivered", self.dir,
                       self.skipped or "", f"; {lost} records never reached the disk (it was "
@@ -311,6 +480,7 @@ class Spool:
                 print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
         self.memory_only += 1
         self.pending.append(op)
+        self.ledger.count(op)
         self._write_state()
 
     # -- sending ---------------------------------------------------------------------------
@@ -373,16 +543,17 @@ class Spool:
                 self.delivered += 1
             else:
                 self.memory_only -= 1
+                self.ledger.count(op, -1)
             if op.get("key"):
                 self.late_keys.add(op["key"])
             self._write_state()
         print(f"[scarcelab] tracking server back: spooled records delivered from {self.dir}",
               file=sys.stderr, flush=True)
-        self._finish()
-        return True
+        return self._finish()
 
-    def _finish(self) -> None:
-        """All delivered: mark the runs that got records late, then drop the folder."""
+    def _finish(self) -> bool:
+        """All delivered: mark the runs that got records late (and those that lost some),
+        then drop the folder. False when the marks could not be sent (folder kept)."""
         tags = [["scarcelab.spool", "delivered_late"]]
         if self.skipped:  # the loss is visible where the results are read, not only in a log
             tags.append(["scarcelab.spool_skipped", self.skipped])
@@ -394,11 +565,36 @@ class Spool:
                 except Exception:  # noqa: BLE001 - a tag is not worth keeping the spool for
                     pass
         self.late_keys.clear()
+        if self.lost and not self._mark_lost():
+            return False  # kept: the next replay marks them (the marks are idempotent)
         if self.dir is not None and not (self.dir / "rejected.jsonl").exists():
             shutil.rmtree(self.dir, ignore_errors=True)
             self.release()
             self.dir = None
             self.delivered = self.journaled = 0
+        return True
+
+    def _mark_lost(self) -> bool:
+        """Mark the runs whose records the dead writer held in memory only (issue 25 item
+        12): otherwise such a run stays RUNNING with part of its trials and nothing says
+        so. False when the server failed meanwhile (the folder is kept for the next try)."""
+        assert self.lost is not None
+        marks = lost_marks(self.lost, self.ids)
+        try:
+            for op in marks:
+                self._send({**op, "_id": uuid.uuid4().hex}, journaled=False)
+        except Exception as e:  # noqa: BLE001 - transient or not, the folder is kept
+            log.warning("could not mark the runs that lost records (%s); kept in %s", e,
+                        self.dir)
+            return False
+        n = int(self.lost.get("records", 0))
+        msg = (f"spool {self.dir}: {n} tracking record(s) held in memory only were lost "
+               f"when process {self.lost.get('owner', '?')} died; "
+               f"{len(marks) // 2} run(s) marked (tag {RECORDS_LOST_TAG})")
+        log.error(msg)
+        print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
+        self.lost = None
+        return True
 
     def close(self, timeout_s: float) -> Path | None:
         """Keep trying for ``timeout_s``; return the spool folder if anything is left."""
@@ -466,8 +662,7 @@ def replay(folder: Path, deliver: Callable[[dict[str, Any], dict[str, str]], str
         sp._load()
         sp.late_keys = {op["key"] for op in sp.pending if op.get("key")}
         if not sp.pending:
-            sp._finish()
-            return True
+            return sp._finish()
         return sp.flush(force=True)
     finally:
         sp.release()

@@ -1,5 +1,6 @@
-"""Continue the final retraining of a ``tune`` study from its MLflow record
-(``scarcelab tune --resume <study run id>``).
+"""Continue a ``tune`` study from its MLflow record (``scarcelab tune --resume <study run
+id>``): the rest of its ASHA search, then its final retraining, or only the retrains its
+final phase lacks.
 
 A final phase of 10 retrains can take hours; if its process dies, the retrains that
 finished are valid results and should not be thrown away. Everything needed to continue is
@@ -10,10 +11,23 @@ This module reads them and hands the learning core plain data
 indices, each with the seed it would have had (:func:`~scarcelab.protocols.tune.retrain_seed`),
 under the same study run, and recomputes the study's mean and std over all ``n_final``.
 
-Closing stale records: a retrain run left RUNNING by the dead process is closed as FAILED
-(tag ``scarcelab.error``) and its index is run again. A study whose owner process
-(``scarcelab.owner``, ``host:pid``) is still alive on this machine is refused — two
-processes must not retrain the same study at once.
+A study killed during its search has no ``scarcelab.best_params`` yet. Its trial runs
+(``scarcelab.role=trial``) hold what Optuna held in memory: each trial's state, its
+parameters and the values it reported to ASHA (``val/balanced_accuracy_avg5`` per epoch;
+a report at epoch ``e`` is ASHA's step ``e + 1``). :func:`read_study` hands them over as
+:class:`~scarcelab.protocols.tune.SearchResume`; the core rebuilds the study from them and
+continues it. A study that kept its trials in a shared Optuna storage (``OPTUNA_STORAGE``)
+is not rebuilt from MLflow — other workers' trials live there too — but continued in that
+storage, where the dead trial is failed and run again in its own place (``tune.slot``).
+
+Before anything is read, the spool folders ended processes left for this server are
+delivered (``mlflow_tracker.replay_leftovers``): a record still on its way would otherwise
+make a finished trial or retrain look missing, and it would run twice.
+
+Closing stale records: a trial or retrain run left RUNNING by the dead process is closed
+as FAILED (tags ``scarcelab.error``, ``scarcelab.crashed``) and run again. A study whose
+owner process (``scarcelab.owner``, ``host:pid``) is still alive on this machine is
+refused — two processes must not continue the same study at once.
 """
 
 from __future__ import annotations
@@ -30,7 +44,8 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from scarcelab.errors import ScarcelabError
-from scarcelab.protocols.tune import FinalResume, retrain_seed
+from scarcelab.protocols.study_store import redact
+from scarcelab.protocols.tune import FinalResume, PriorTrial, SearchResume, retrain_seed
 
 log = logging.getLogger("scarcelab.tracking")
 
@@ -64,10 +79,6 @@ def _get_study(client: MlflowClient, run_id: str) -> Any:
         raise ResumeError(f"run {run_id} is not a tune study run (scarcelab.role="
                           f"{tags.get('scarcelab.role')!r}, scarcelab.protocol="
                           f"{tags.get('scarcelab.protocol')!r}){hint}")
-    if "scarcelab.best_params" not in tags:
-        raise ResumeError(f"study run {run_id} has no best configuration (tag "
-                          "scarcelab.best_params): its search did not finish, so there is no "
-                          "final retraining to continue; run the search again")
     owner = tags.get("scarcelab.owner", "")
     if run.info.status == "RUNNING" and _owner_alive(owner):
         raise ResumeError(f"study run {run_id} is still being run by process {owner}; stop "
@@ -127,12 +138,88 @@ def _fields(run: Any) -> dict[str, Any]:
             "study_name": tags.get("scarcelab.study_key") or None}
 
 
-def read_final_phase(run_id: str, client: MlflowClient | None = None
+AVG5 = "val/balanced_accuracy_avg5"
+
+
+def read_study(run_id: str, client: MlflowClient | None = None
+               ) -> tuple[dict[str, Any], FinalResume | SearchResume, list[str]]:
+    """(the study's config fields, what it left — its search unfinished
+    (:class:`SearchResume`) or its final phase (:class:`FinalResume`) — and the ids of the
+    stale runs to close). Delivers left-over spools first, then reads only;
+    :func:`close_stale` writes."""
+    from scarcelab.tracking.mlflow_tracker import replay_leftovers
+
+    replay_leftovers()
+    client = client or MlflowClient()
+    run = _get_study(client, run_id)
+    if "scarcelab.best_params" in run.data.tags:
+        return read_final_phase(run_id, client, run)
+    fields = _fields(run)
+    if fields["phase"] == "final":
+        raise ResumeError(f"study run {run_id} ran only the final phase and has no best "
+                          "configuration (tag scarcelab.best_params); run its search first")
+    storage = run.data.params.get("resolved.storage", run.data.params.get("storage", ""))
+    if storage:  # the Optuna study is there (with any other worker's trials): continue it
+        here = os.environ.get("OPTUNA_STORAGE", "")
+        if redact(here) != storage:
+            raise ResumeError(f"study run {run_id} keeps its trials in the Optuna storage "
+                              f"{storage}; set OPTUNA_STORAGE to it (now "
+                              f"{redact(here) or 'unset'}) and run --resume again")
+        fields["storage"] = here
+    trials, stale, spent = _search_trials(client, run)
+    return fields, SearchResume(trials=tuple(trials), elapsed_s=spent,
+                                recorded=dict(run.data.params), shared=bool(storage)), stale
+
+
+def _search_trials(client: MlflowClient, run: Any
+                   ) -> tuple[list[PriorTrial], list[str], float]:
+    """The finished trials of a study's search, the stale (RUNNING) ones, and the time the
+    search had spent (study start to the last trial's end, in seconds)."""
+    rid = run.info.run_id
+    kids = client.search_runs(
+        [run.info.experiment_id],
+        f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}' and tags.`scarcelab.role` = 'trial'",
+        max_results=50_000, order_by=["attributes.start_time ASC"])
+    trials: dict[int, PriorTrial] = {}
+    stale: list[str] = []
+    last = run.info.start_time
+    for r in kids:
+        tags, number = r.data.tags, r.data.tags.get("scarcelab.trial", "")
+        last = max(last, r.info.end_time or r.info.start_time)
+        if not number.isdigit() or tags.get("scarcelab.crashed") == "true":
+            continue  # crashed: an earlier resume ran it again
+        if r.info.status == "RUNNING":
+            stale.append(r.info.run_id)
+            continue
+        state = ("complete" if r.info.status == "FINISHED" else
+                 "pruned" if tags.get("scarcelab.pruned") == "true" else
+                 "budget" if tags.get("scarcelab.stopped") == "budget" else "failed")
+        reports = {m.step + 1: float(m.value)
+                   for m in client.get_metric_history(r.info.run_id, AVG5)}
+        value = r.data.metrics.get("asha/final_value") if state == "complete" else None
+        if state == "complete" and value is None:
+            raise ResumeError(f"trial run {r.info.run_id} (trial {number}) finished without "
+                              "asha/final_value; it was not recorded by the tune protocol")
+        if int(number) in trials:
+            raise ResumeError(f"study run {rid} has two finished records of trial {number} "
+                              f"({r.info.run_id} and another); cannot tell which one counts")
+        trials[int(number)] = PriorTrial(
+            number=int(number), state=state, reports=tuple(sorted(reports.items())),
+            value=None if value is None else float(value), params=dict(r.data.params))
+    return [trials[n] for n in sorted(trials)], stale, max(0.0, (last - run.info.start_time)
+                                                            / 1000.0)
+
+
+def read_final_phase(run_id: str, client: MlflowClient | None = None, run: Any = None
                      ) -> tuple[dict[str, Any], FinalResume, list[str]]:
     """(the study's config fields, what its final phase left, the ids of the stale retrain
     runs to close). Reads only; :func:`close_stale` writes."""
     client = client or MlflowClient()
-    run = _get_study(client, run_id)
+    run = run or _get_study(client, run_id)
+    if "scarcelab.best_params" not in run.data.tags:
+        raise ResumeError(f"study run {run_id} has no best configuration (tag "
+                          "scarcelab.best_params): its search did not finish; "
+                          "`tune --resume` continues it")
     fields = _fields(run)
     seed, n_final = fields["seed"], fields["n_final"]
     children = client.search_runs(
@@ -172,9 +259,11 @@ def read_final_phase(run_id: str, client: MlflowClient | None = None
 
 
 def close_stale(run_ids: list[str], client: MlflowClient | None = None) -> None:
-    """Close the retrain runs a dead process left RUNNING: FAILED, with the reason."""
+    """Close the trial / retrain runs a dead process left RUNNING: FAILED, with the reason
+    and ``scarcelab.crashed`` (a resume never counts such a record)."""
     client = client or MlflowClient()
     for rid in run_ids:
-        client.set_tag(rid, "scarcelab.error", "the process running this retrain died; "
-                       "the resumed final phase runs this index again")
+        client.set_tag(rid, "scarcelab.error", "the process running this trial died; the "
+                       "resumed study runs it again (same number, same seed)")
+        client.set_tag(rid, "scarcelab.crashed", "true")
         client.set_terminated(rid, "FAILED")

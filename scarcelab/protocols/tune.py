@@ -31,6 +31,17 @@ so an interrupted final phase can be continued (:class:`FinalResume`): the retra
 finished are kept, the missing indices run with exactly the seeds they would have had, and
 the mean and std are recomputed over all ``n_final``.
 
+An interrupted search is continued the same way (:class:`SearchResume`): the trials the
+dead process finished, pruned or failed are rebuilt in a new Optuna study from their record
+(trial ``n`` is asked as ``n`` again, so it draws the same configuration, and reports the
+values it reported), the trial that was running is run again from its start with its own
+seed, and the search goes on. ASHA's decisions depend only on the values recorded at each
+rung, so the continued study prunes what the uninterrupted one prunes and ends with the
+same best configuration and final retrains (tests/test_tune_resume.py).
+In a shared storage the dead trial is instead failed as crashed and queued to run again in
+its own place (:func:`slot`): same configuration, seed and record number; ASHA's cutoff
+ignores crashed trials.
+
 Preprocessing: channel normalisation with the statistics of the ``trainval`` split
 (:class:`scarcelab.models.standardize.Standardized`), per-dataset augmentation (names in
 ``scarcelab.data.augment``). The RandomResizedCrop sets train on the *whole* image (gem
@@ -42,6 +53,7 @@ centre crop (gem's test transform ``Resize`` + ``CenterCrop``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -68,7 +80,7 @@ from scarcelab.methods.space import sample
 from scarcelab.metrics import classification_metrics
 from scarcelab.models import create_model
 from scarcelab.models.standardize import Standardized, channel_stats
-from scarcelab.protocols.study_store import StudyStore, redact
+from scarcelab.protocols.study_store import StudyStore, TrialSeededSampler, redact
 from scarcelab.tracker import DatasetInfo, Tracker
 from scarcelab.train import (
     EpochReport,
@@ -194,19 +206,50 @@ class FinalResume:
     recorded: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PriorTrial:
+    """One trial of an interrupted search as its record holds it: ``state`` is
+    ``complete``, ``pruned``, ``failed`` or ``budget`` (cut by the wall-clock cap),
+    ``reports`` the (step, value) pairs it gave ASHA, ``value`` its final value (complete
+    only), ``params`` its recorded parameters (text, checked against the redrawn ones)."""
+
+    number: int
+    state: str
+    reports: tuple[tuple[int, float], ...] = ()
+    value: float | None = None
+    params: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SearchResume:
+    """What an interrupted search left behind, as plain data: its finished trials (the
+    one that was running is not among them: it runs again), the wall-clock time the search
+    had spent (it counts against ``budget_minutes``) and the study's recorded params."""
+
+    trials: tuple[PriorTrial, ...] = ()
+    elapsed_s: float = 0.0
+    recorded: dict[str, str] = field(default_factory=dict)
+    shared: bool = False  # the trials live in ``TuneConfig.storage``: continue that study
+
+
+# what a resumed search must agree on besides RESUME_CHECKED: the search itself
+SEARCH_CHECKED = ("n_trials", "grace_period", "batch_sizes", "budget_minutes")
+
+
 def _param_text(v: Any) -> str:
     """How trackers render a parameter value (``tracking.mlflow_tracker._param_value``)."""
     return v if isinstance(v, str) else json.dumps(v, default=str)
 
 
-def _check_recorded(resume: FinalResume, params: dict[str, Any]) -> None:
+def _check_recorded(resume: FinalResume | SearchResume, params: dict[str, Any],
+                    keys: tuple[str, ...] = RESUME_CHECKED) -> None:
     diff = []
-    for k in RESUME_CHECKED:
+    for k in keys:
         was = resume.recorded.get(f"resolved.{k}", resume.recorded.get(k))
         if was is not None and k in params and was != _param_text(params[k]):
             diff.append(f"{k}: recorded {was}, now {_param_text(params[k])}")
     if diff:
-        raise ConfigError("cannot resume the final retraining: the study was run with other "
+        raise ConfigError("cannot resume the study: it was run with other "
                           "settings or data than this process resolves (" + "; ".join(diff)
                           + "); point --data-dir at the data the study used")
 
@@ -310,8 +353,9 @@ class RayASHAPruner(optuna.pruners.BasePruner):
             return False
         others = []
         for t in study.get_trials(deepcopy=False):
-            if t.number == trial.number or not t.intermediate_values:
-                continue
+            if t.number == trial.number or not t.intermediate_values or \
+                    t.user_attrs.get("crashed"):
+                continue  # a crashed trial runs again (its slot): it counts once
             rec = _recorded(sorted(t.intermediate_values.items()), self._desc)
             if rung in rec:
                 others.append(rec[rung])
@@ -422,17 +466,68 @@ def _counted(store: StudyStore) -> int:
     return n
 
 
-def _counted_before(store: StudyStore, number: int) -> int:
-    return sum(1 for t in store.study.get_trials(deepcopy=False)
-               if t.number < number and not t.user_attrs.get("crashed")
-               and not t.user_attrs.get("surplus"))
+def slot(t: optuna.trial.FrozenTrial | optuna.trial.Trial) -> int:
+    """The place of a trial in the search: its number, unless it reruns a crashed trial
+    (then the crashed trial's place, user attribute ``slot``). Configuration, seed and the
+    trial's record number are functions of the slot, so a trial killed with its process
+    runs again as itself and the search is the one an uninterrupted run makes."""
+    attrs = t.user_attrs
+    return int(attrs.get("slot", t.number))
 
 
-def run_tune(cfg: TuneConfig, tracker: Tracker, resume: FinalResume | None = None
-             ) -> TuneResult:
-    """The search and/or the final retraining of ``cfg``; with ``resume``, only the final
-    retrains ``resume`` lacks, on the study record the tracker was attached to (no search,
-    no Optuna study: the best configuration is ``resume.best_params``)."""
+class SlotSampler(TrialSeededSampler):
+    """:class:`TrialSeededSampler` keyed on the trial's :func:`slot` instead of its
+    number: a rerun of crashed trial ``k`` draws trial ``k``'s configuration."""
+
+    def sample_independent(self, study: Any, trial: optuna.trial.FrozenTrial,
+                           param_name: str, param_distribution: Any) -> Any:
+        if slot(trial) != trial.number:
+            trial = copy.copy(trial)  # the parent class reads only the number
+            trial.number = slot(trial)
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+
+def _requeue_crashed(store: StudyStore) -> list[int]:
+    """Queue a rerun for every crashed trial whose slot no live trial holds (shared
+    storage only: a crash is a dead worker's trial). Optuna hands a queued trial to the
+    next ``ask`` of any worker, once; two workers queueing the same slot at once are
+    sorted out when the second copy is asked (:func:`_claim`)."""
+    trials = store.study.get_trials(deepcopy=False)
+    crashed = {slot(t) for t in trials if t.user_attrs.get("crashed")}
+    held = {slot(t) for t in trials
+            if not t.user_attrs.get("crashed") and not t.user_attrs.get("surplus")}
+    for k in sorted(crashed - held):
+        store.study.enqueue_trial({}, user_attrs={"slot": k, "rerun_of": k})
+    return sorted(crashed - held)
+
+
+def _claim(store: StudyStore, trial: optuna.trial.Trial, n_trials: int) -> int | None:
+    """The slot ``trial`` takes, or None when it has none left (surplus). A fresh
+    trial's slot is its number less the reruns numbered before it (a rerun takes a number
+    but no new slot); a rerun's is the one it reruns, unless another live trial with a
+    smaller number holds it already."""
+    trials = store.study.get_trials(deepcopy=False)
+    if "rerun_of" in trial.user_attrs:
+        k = slot(trial)
+        taken = any(t.number < trial.number and slot(t) == k and "slot" in t.user_attrs
+                    and not t.user_attrs.get("crashed") and not t.user_attrs.get("surplus")
+                    for t in trials)
+        return None if taken else k
+    k = trial.number - sum(1 for t in trials
+                           if t.number < trial.number and "rerun_of" in t.user_attrs)
+    if k >= n_trials:
+        return None
+    trial.set_user_attr("slot", k)
+    return k
+
+
+def run_tune(cfg: TuneConfig, tracker: Tracker,
+             resume: FinalResume | SearchResume | None = None) -> TuneResult:
+    """The search and/or the final retraining of ``cfg``; with a :class:`FinalResume`,
+    only the final retrains it lacks, on the study record the tracker was attached to (no
+    search, no Optuna study: the best configuration is ``resume.best_params``); with a
+    :class:`SearchResume`, the rest of the search (its trials rebuilt, the missing ones
+    run) and then the final retraining, on that record."""
     method_cls = get_method(cfg.method)
     if method_cls.family != "supervised" or method_cls.linear_probe:
         raise ConfigError(f"method {cfg.method!r} is {method_cls.family}"
@@ -442,7 +537,7 @@ def run_tune(cfg: TuneConfig, tracker: Tracker, resume: FinalResume | None = Non
         raise ConfigError(f"phase={cfg.phase!r}: valid are 'all', 'search', 'final'")
     if cfg.n_final < 1 and (cfg.phase != "search" or resume is not None):
         raise ConfigError(f"n_final must be >= 1, got {cfg.n_final}")
-    if resume is not None and not set(resume.done) <= set(range(cfg.n_final)):
+    if isinstance(resume, FinalResume) and not set(resume.done) <= set(range(cfg.n_final)):
         raise ConfigError(f"finished retrains {sorted(resume.done)} lie outside the study's "
                           f"n_final = {cfg.n_final}")
     unknown = set(cfg.overrides) - set(method_cls.search_space) - set(method_cls.defaults)
@@ -458,24 +553,39 @@ def run_tune(cfg: TuneConfig, tracker: Tracker, resume: FinalResume | None = Non
     search_b, final_b, mean, std = prepare(raw, whole)
     name = cfg.study_name or (f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
                               f"-{time.strftime('%Y%m%dT%H%M%S')}")
-    if resume is not None:
+    if isinstance(resume, FinalResume):
         return _resume_final(cfg, s, method_cls, raw, final_b, mean, std, name, tracker,
                              resume, train_images(search_b))
-    store = StudyStore(name, cfg.seed, cfg.storage)
+    store = StudyStore(name, cfg.seed, None if isinstance(resume, SearchResume)
+                       and not resume.shared else cfg.storage)
     store.study.pruner = RayASHAPruner(s.grace_period, s.epochs)
+    store.study.sampler = SlotSampler(cfg.seed)
     tags, resolved, params = _study_record(cfg, s, method_cls, raw, mean, std, name,
                                            train_images(search_b))
-    digest = f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:{len(raw.test_y)}"
-    tracker.start_study(
-        name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
-        params=params, artifacts={"config.json": resolved},
-        dataset=DatasetInfo(name=raw.name, source=raw.source or raw.name,
-                            digest=hashlib.sha256(digest.encode()).hexdigest()[:16]))
+    spent = 0.0
+    if resume is not None:  # the dead process's study record, continued: params stay
+        _check_recorded(resume, params, RESUME_CHECKED + SEARCH_CHECKED)
+        tracker.start_study(name=f"tune-{method_cls.registered_name}-{cfg.dataset}"
+                            f"-s{cfg.seed}", tags=tags, params={}, artifacts={})
+        kept = [t.number for t in resume.trials] if resume.shared else \
+            _rebuild(store, resume, method_cls, s, cfg.overrides)
+        tracker.set_tags({"scarcelab.search_kept": ",".join(map(str, kept)),
+                          "scarcelab.search_resumed_at": str(len(kept))})
+        tags = {**tags, "scarcelab.resumed": "true"}  # on the trials run from here on
+        spent = resume.elapsed_s
+    else:
+        digest = (f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:"
+                  f"{len(raw.test_y)}")
+        tracker.start_study(
+            name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
+            params=params, artifacts={"config.json": resolved},
+            dataset=DatasetInfo(name=raw.name, source=raw.source or raw.name,
+                                digest=hashlib.sha256(digest.encode()).hexdigest()[:16]))
     status = "FINISHED"
     final: list[float] = []
     try:
-        deadline = time.time() + cfg.budget_minutes * 60.0 if cfg.budget_minutes > 0 \
-            else math.inf
+        deadline = time.time() - spent + cfg.budget_minutes * 60.0 \
+            if cfg.budget_minutes > 0 else math.inf
         if cfg.phase in ("all", "search"):
             _search(cfg, s, method_cls, raw, search_b, mean, std, store, tracker, tags,
                     deadline)
@@ -589,6 +699,52 @@ def _hp(method_cls: type[Method], params: dict[str, Any], overrides: dict[str, A
     return {**fixed, **{k: v for k, v in params.items() if k != "batch_size"}, **overrides}
 
 
+def _draw(trial: optuna.trial.Trial, method_cls: type[Method], s: TuneSettings
+          ) -> dict[str, Any]:
+    """Trial ``trial``'s configuration: a function of (seed, trial number) only
+    (:class:`~scarcelab.protocols.study_store.TrialSeededSampler`)."""
+    params = sample(method_cls.search_space, trial)
+    params["batch_size"] = trial.suggest_categorical("batch_size", list(s.batch_sizes))
+    return params
+
+
+def _rebuild(store: StudyStore, resume: SearchResume, method_cls: type[Method],
+             s: TuneSettings, overrides: dict[str, Any]) -> list[int]:
+    """Put an interrupted search's trials back into ``store`` (a new, in-memory study) as
+    they ended: trial ``n`` is asked as trial ``n``, so the sampler draws its configuration
+    again (checked against the recorded one), and it reports the values it reported. The
+    pruner is not asked: these decisions were taken. Returns the trial numbers kept; the
+    search then continues with the next number, as the dead process would have."""
+    prior = sorted(resume.trials, key=lambda t: t.number)
+    if [t.number for t in prior] != list(range(len(prior))):
+        raise ConfigError(f"cannot resume the search: its records hold trials "
+                          f"{[t.number for t in prior]}, not 0..{len(prior) - 1}; a trial "
+                          "record is missing (its tracking records were lost?), so the "
+                          "study cannot be continued as it would have run")
+    for p in prior:
+        trial = store.ask()
+        assert trial.number == p.number, (trial.number, p.number)
+        trial.set_user_attr("slot", p.number)
+        params = _draw(trial, method_cls, s)
+        diff = {k: (p.params[k], _param_text(v)) for k, v in params.items()
+                if k in p.params and k not in overrides and p.params[k] != _param_text(v)}
+        if diff:
+            raise ConfigError(f"cannot resume the search: trial {p.number} was recorded "
+                              f"with {diff} (recorded, redrawn); the study was run with "
+                              "another seed or search space")
+        for step, value in p.reports:
+            trial.report(value, step)
+        if p.state == "complete":
+            store.tell(trial, p.value)
+        elif p.state == "pruned":
+            store.tell(trial, state=TrialState.PRUNED)
+        else:
+            if p.state == "budget":
+                trial.set_user_attr("budget_cut", len(p.reports))
+            store.tell(trial, state=TrialState.FAIL)
+    return [t.number for t in prior]
+
+
 def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
             bundle: DatasetBundle, mean: np.ndarray, std: np.ndarray, store: StudyStore,
             tracker: Tracker, tags: dict[str, str], deadline: float) -> None:
@@ -597,19 +753,25 @@ def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: Raw
         fails = store.fail_orphans()
         if fails:
             log.warning("trials %s were left running by a dead process: marked failed", fails)
+        if store.shared:
+            again = _requeue_crashed(store)
+            if again:
+                log.warning("crashed trial(s) %s run again, each as itself", again)
         trial = store.ask()
-        if _counted_before(store, trial.number) >= s.n_trials:
+        place = _claim(store, trial, s.n_trials)
+        if place is None:
             trial.set_user_attr("surplus", True)  # another worker took the last slot
             store.tell(trial, state=TrialState.FAIL)
+            if "rerun_of" in trial.user_attrs:
+                continue  # a second copy of a rerun: other slots may still be open
             break
-        params = sample(method_cls.search_space, trial)
-        params["batch_size"] = trial.suggest_categorical("batch_size", list(s.batch_sizes))
+        params = _draw(trial, method_cls, s)
         hp = _hp(method_cls, params, cfg.overrides)
-        trial_seed = cfg.seed * 100_003 + trial.number
+        trial_seed = cfg.seed * 100_003 + place
         torch.manual_seed(trial_seed)
         g = torch.Generator().manual_seed(trial_seed)
-        tracker.start_trial(trial.number, {**tags, "scarcelab.role": "trial",
-                                           "scarcelab.trial": str(trial.number)},
+        tracker.start_trial(place, {**tags, "scarcelab.role": "trial",
+                                    "scarcelab.trial": str(place)},
                             {**hp, "batch_size": params["batch_size"], "arch": s.arch,
                              "trial_seed": trial_seed, "epochs": s.epochs})
         history: list[float] = []
