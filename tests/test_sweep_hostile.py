@@ -183,7 +183,7 @@ def test_a_spec_that_is_not_utf8_is_an_error_with_its_line(tmp_path):
                             "as UTF-8")
     r = CliRunner().invoke(main, ["sweep", str(p), "--dry-run"])
     assert r.exit_code == 1 and "not UTF-8" in r.output and "Traceback" not in r.output
-    p.write_bytes("name: x\ngrids:\n  - {entry: supervised, method: s\x07}\n".encode())
+    p.write_bytes(b"name: x\ngrids:\n  - {entry: supervised, method: s\x07}\n")
     with pytest.raises(SpecError, match=r"latin1.yaml:3: not valid YAML: character '\\x07'"):
         load_spec(p)
 
