@@ -34,13 +34,17 @@ from scarcelab.entrypoints.cli import main
 @click.option("--smoke-scale", default="", hidden=True,
               help="--smoke as a true/false value (for mlflow run -P smoke=…)")
 @click.option("--dry-run", is_flag=True, help="print the cells and what a run would do")
+@click.option("--max-cells", type=click.IntRange(min=1), default=None,
+              help="refuse a spec of more cells than this (default 10000), counted before "
+              "any cell is built")
 def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: bool,
-              full_scale: str, smoke: bool, smoke_scale: str, dry_run: bool) -> None:
+              full_scale: str, smoke: bool, smoke_scale: str, dry_run: bool,
+              max_cells: int | None) -> None:
     """Run every cell of a grid spec as a Ray task; one sweep run in MLflow records them."""
     import os
 
     from scarcelab.entrypoints.options import bool_option, opt_int
-    from scarcelab.tracking.sweep.spec import SpecError, load_spec
+    from scarcelab.tracking.sweep.spec import MAX_CELLS, SpecError, load_spec
 
     full = full or (bool_option(full_scale) if full_scale else False)
     smoke = smoke or (bool_option(smoke_scale) if smoke_scale else False)
@@ -49,7 +53,7 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: boo
         raise click.BadParameter("must be >= 0", param_hint="--retries")
 
     try:
-        sp = load_spec(spec, full=full, smoke=smoke)
+        sp = load_spec(spec, full=full, smoke=smoke, max_cells=max_cells or MAX_CELLS)
     except SpecError as e:
         raise click.ClickException(str(e)) from None
     if dry_run:

@@ -47,7 +47,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from scarcelab.tracking.sweep.spec import Cell, SweepSpec
+from scarcelab.tracking.sweep.spec import (
+    NAME_FORBIDDEN,
+    Cell,
+    SpecError,
+    SweepSpec,
+    env_refusal,
+)
 
 ROLE = "scarcelab.role"
 SWEEP_TAG = "scarcelab.sweep"
@@ -102,14 +108,6 @@ class SweepResult:
 
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _alive(owner: str) -> bool:
-    """A driver on this host is alive if its pid exists; one elsewhere is assumed alive."""
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return bool(owner)
-    return int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}")
 
 
 def _fmt_s(s: float) -> str:
@@ -232,6 +230,14 @@ class Driver:
                                        else []))
         self.commit = git_commit(self.cwd)
         self.invocation = 0
+        self.lock: Any = None
+        if NAME_FORBIDDEN.search(spec.name):  # it is quoted in MLflow search filters
+            raise SpecError(f"{spec.where('name')}: the sweep name {spec.name!r} holds a "
+                            "quote, backtick, backslash or control character; rename it")
+        for k in spec.env:  # a spec built in code is held to the parser's list too
+            why = env_refusal(k)
+            if why:
+                raise SpecError(f"{spec.where('env')}: env: {why}")
 
     # -- the record -----------------------------------------------------------------------
     def _experiment_id(self) -> str:
@@ -252,13 +258,8 @@ class Driver:
         runs = self.client.search_runs(
             [exp], f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP_TAG}` = '{self.spec.name}'",
             order_by=["attributes.start_time DESC"], max_results=1)
-        if runs:
+        if runs:  # RUNNING or not, its driver is gone: this one holds the sweep's lock
             run = runs[0]
-            other = run.data.tags.get(DRIVER_TAG, "")
-            if run.info.status == "RUNNING" and other and other != self.owner and _alive(other):
-                raise RuntimeError(
-                    f"sweep {self.spec.name!r} is being run by {other} (run "
-                    f"{run.info.run_id}); wait for it or stop it before running it again")
             rid = run.info.run_id
             self.client.update_run(rid, status="RUNNING")
         else:
@@ -293,12 +294,13 @@ class Driver:
         return by_cell
 
     def _close_stale(self, runs: list[Any]) -> None:
-        """RUNNING cell runs of a dead driver: their process is gone, close them FAILED."""
+        """RUNNING cell runs of another driver: this one holds the sweep's lock, so that
+        driver is dead (on any host) and its cells died with its Ray job; close them."""
         for r in runs:
             if r.info.status != "RUNNING":
                 continue
             drv = r.data.tags.get(DRIVER_TAG, "")
-            if drv != self.owner and not _alive(drv):
+            if drv != self.owner:
                 self.client.set_tag(r.info.run_id, "scarcelab.error",
                                     f"the sweep driver {drv} died while this cell ran; "
                                     "the cell was run again by the next sweep run")
@@ -331,8 +333,20 @@ class Driver:
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> SweepResult:
-        t0 = time.time()
+        """Take the sweep's lock (tracking/sweep/lock.py: exactly one driver per sweep, on
+        one machine or many), run what is left, release the lock."""
+        from scarcelab.tracking.sweep.lock import SweepLock
+
         exp = self._experiment_id()
+        self.lock = SweepLock(self.client, exp, self.spec.name)
+        self.lock.acquire()
+        try:
+            return self._run(exp)
+        finally:
+            self.lock.release()
+
+    def _run(self, exp: str) -> SweepResult:
+        t0 = time.time()
         sweep_run = self._open_sweep_run(exp)
         result = SweepResult(self.spec.name, sweep_run)
         existing = self._existing(exp)
@@ -371,10 +385,15 @@ class Driver:
 
     def _schedule(self, exp: str, sweep_run: str, todo: list[Cell], result: SweepResult,
                   earlier: dict[str, int], finished: dict[str, str]) -> None:
-        from scarcelab.tracking.sweep.pool import RayPool
+        from scarcelab.tracking.sweep.pool import RayPool, Unplaceable
 
-        pool = RayPool(self.address, self.jobs, self.spec.cpus_per_cell,
-                       self.spec.gpus_per_cell)
+        try:
+            pool = RayPool(self.address, self.jobs, self.spec.cpus_per_cell,
+                           self.spec.gpus_per_cell)
+        except Unplaceable as e:
+            key = "gpus_per_cell" if e.resource == "GPU" else "cpus_per_cell"
+            raise SpecError(f"{self.spec.where(key)}: {e}; lower {key} or add a node that "
+                            "has as much") from None
         embedded = not self.address
         slots = pool.slots
         started: dict[str, tuple[str, float]] = {}  # cell id -> (run id, start time)
@@ -385,6 +404,8 @@ class Driver:
         waiting = [c for c in todo if c.refs]  # dependents not yet submitted
 
         def submit(cell: Cell) -> None:
+            if self.lock is not None:
+                self.lock.check()  # another driver took the sweep over: start nothing
             resolved = {k: RESOLVE.get(k, RESOLVE_DEFAULT).format(run_id=done_runs[dep])
                         for k, dep in cell.refs}
             attempts[cell.id] = attempts.get(cell.id, 0) + 1
@@ -431,10 +452,12 @@ class Driver:
                 cid, out, exc = pool.next_done()
                 key = str(cid)
                 cell, (rid, t_start), attempt = cells[key], started[key], attempts[key]
-                if exc is not None:  # the task itself broke (its worker died)
+                if exc is not None:  # the task itself broke (its worker or node died)
                     out = {"rc": -1, "seconds": time.time() - t_start,
                            "output": f"the Ray task failed: {type(exc).__name__}: {exc}"}
-                ok = out["rc"] == 0 and self._status(rid) == "FINISHED"
+                # a cell that ended its run FINISHED and then lost its node is done: run
+                # again, it would be there twice
+                ok = (out["rc"] == 0 or exc is not None) and self._status(rid) == "FINISHED"
                 self._log_output(rid, out["output"])
                 self._log_cost(rid, out)
                 if ok:

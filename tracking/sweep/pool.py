@@ -17,6 +17,30 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 
+class Unplaceable(ValueError):
+    """No node of the cluster can ever run one task: Ray would queue it forever.
+    ``resource`` is what is short: "CPU" or "GPU"."""
+
+    def __init__(self, msg: str, resource: str) -> None:
+        super().__init__(msg)
+        self.resource = resource
+
+
+def unplaceable(nodes: list[dict[str, Any]], cpus: float, gpus: float) -> str | None:
+    """Why a task of ``cpus`` CPUs and ``gpus`` GPUs fits on no alive node of ``nodes``
+    (``ray.nodes()``' records), or None when one can hold it. Ray does not refuse such a
+    task: it waits for a node that never comes, silently (issue 25: ``cpus_per_cell: 64``
+    on 2 cores hung). The check reads the nodes alive now: an autoscaling cluster whose
+    bigger nodes are not up yet must start them first."""
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", n.get("alive", True))]
+    if any(r.get("CPU", 0.0) >= cpus and r.get("GPU", 0.0) >= gpus for r in alive):
+        return None
+    has = ", ".join(sorted({f"{r.get('CPU', 0):g} CPU {r.get('GPU', 0):g} GPU" for r in alive})
+                    ) or "no alive node"
+    return (f"a cell asks for {cpus:g} CPU and {gpus:g} GPU, and no node of the Ray cluster "
+            f"can hold it ({len(alive)} node(s): {has})")
+
+
 def _keep_python_sigterm(handler: Any) -> None:
     """Put back a Python SIGTERM handler that ``ray.init`` displaced. Ray installs its own
     (C++) handler, which runs the Python one and then aborts the process at exit (status
@@ -35,6 +59,10 @@ class RayPool:
         import ray
 
         self._ray = ray
+        if not address and not ray.is_initialized() and not jobs and \
+                float(cpus_per_task) > (os.cpu_count() or 1):  # known before Ray starts
+            raise Unplaceable(f"a cell asks for {float(cpus_per_task):g} CPU and this machine "
+                              f"has {os.cpu_count()} (embedded Ray)", "CPU")
         if not ray.is_initialized():
             term = signal.getsignal(signal.SIGTERM)
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
@@ -62,6 +90,14 @@ class RayPool:
         gpus = (1.0 if res.get("GPU", 0) > 0 else 0.0) if gpus_per_task == "auto" \
             else float(gpus_per_task)
         self.cpus, self.gpus = float(cpus_per_task), gpus
+        nodes = ray.nodes()
+        why = unplaceable(nodes, self.cpus, self.gpus)
+        if why:
+            short = "CPU" if all(n.get("Resources", {}).get("CPU", 0.0) < self.cpus
+                                 for n in nodes) else "GPU"
+            if not address:  # ours: do not leave an embedded cluster behind the error
+                ray.shutdown()
+            raise Unplaceable(why, short)
         slots = int(res.get("CPU", 1) // self.cpus)
         if gpus:
             slots = min(slots, int(res.get("GPU", 0) // gpus))

@@ -54,6 +54,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +75,56 @@ RESERVED = {"experiment"}
 GRID_KEYS = {"entry", "id", "full", "smoke"}
 #: An option value starting with this refers to the grid with that ``id``.
 REF = "@"
+
+#: Cells one spec may expand to unless ``--max-cells`` says more: the largest shipped suite
+#: has 104 at its reference scale; a few hundred bytes of axes can ask for 10^8 (issue 25).
+MAX_CELLS = 10_000
+#: YAML nodes that aliases may add beyond those written: a "billion laughs" of 400 bytes
+#: (nine levels of ten aliases each) expands to 10^9 values and hung the driver.
+MAX_ALIAS_EXPANSION = 10_000
+#: What a sweep name may not hold: it is quoted inside MLflow search filters
+#: (``tags.`scarcelab.sweep` = '<name>'``), whose parser has no escape for a quote.
+NAME_FORBIDDEN = re.compile(r"['\"`\\\x00-\x1f\x7f]")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Environment variables that make a process load code named by their value: a spec's
+#: ``env:`` is data, so it may not set them (issue 25 item 1: ``PYTHONPATH`` ran a folder's
+#: ``sitecustomize.py`` in every cell). Variables that start with one of the prefixes are
+#: refused too, except those in ``ENV_PYTHON_SAFE``.
+ENV_CODE = {
+    "PATH",  # which git / nvidia-smi / python a cell's tools run
+    "HOME", "XDG_CONFIG_HOME",  # the user's site-packages (.pth files run), ~/.gitconfig
+    "BASH_ENV", "ENV",  # files a shell sources at start
+    "PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "NODE_PATH",
+    "GCONV_PATH", "LOCPATH",  # glibc loads modules / locale data from these
+    "OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES",  # engines are shared libraries
+    "MPLBACKEND", "MATPLOTLIBRC", "MPLCONFIGDIR",  # "module://x" imports x
+    "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH",
+}
+ENV_CODE_PREFIXES = ("PYTHON", "LD_", "DYLD_", "GIT_")
+#: ``PYTHON*`` variables that load nothing: buffering, hashing, encodings, tracebacks
+ENV_PYTHON_SAFE = {"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
+                   "PYTHONFAULTHANDLER", "PYTHONIOENCODING", "PYTHONUTF8",
+                   "PYTHONNOUSERSITE", "PYTHONSAFEPATH"}
+#: set by the driver for every cell: a spec's value would be overwritten, so it is refused
+ENV_DRIVER = {"MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID",
+              "MLFLOW_EXPERIMENT_NAME"}
+
+
+def env_refusal(name: str) -> str | None:
+    """Why a spec's ``env:`` may not set ``name`` (None: it may). Shared by the spec parser
+    and the driver, so a spec built in code is held to the same list."""
+    if not ENV_NAME.fullmatch(name):
+        return f"{name!r} is not a variable name (letters, digits and _)"
+    upper = name.upper()
+    if upper in ENV_DRIVER:
+        return f"{name} is set by the sweep driver for every cell"
+    if upper in ENV_PYTHON_SAFE:
+        return None
+    if upper in ENV_CODE or upper.startswith(ENV_CODE_PREFIXES):
+        return (f"{name} can load code into every cell; a spec's env: is data and may not "
+                "set it (set it in the environment of the driver or of the Ray workers "
+                "instead; docs/sweeps.md lists the refused variables)")
+    return None
 
 
 class SpecError(ValueError):
@@ -124,6 +176,12 @@ class SweepSpec:
     path: str = ""
     text: str = ""
     scale: str = "reference"
+    #: line of each top-level key in the spec file (errors found later point at them)
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def where(self, key: str) -> str:
+        """``file:line`` of a top-level key (of the file when the key is not written)."""
+        return f"{self.path or '<spec>'}:{self.lines.get(key, 0)}"
 
     @property
     def digest(self) -> str:
@@ -198,23 +256,96 @@ def _entries() -> list[str]:
     return sorted(n for n in main.commands if n not in ("sweep", "list", "stack"))
 
 
+def _check_tree(path: str, root: yaml.Node) -> None:
+    """Refuse, before anything is built from it, a composed YAML tree whose aliases expand
+    past ``MAX_ALIAS_EXPANSION`` nodes (or refer to themselves), and a mapping that holds a
+    key twice (PyYAML keeps the last one silently: ``method: sup`` then ``method: mixup``
+    ran mixup). Aliases are shared nodes in the composed tree, so this pass is linear in
+    the file, while expanding them (``str()`` of a value, the grid product) is not."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+    written = 0
+
+    def children(n: yaml.Node) -> list[yaml.Node]:
+        if isinstance(n, yaml.SequenceNode):
+            return list(n.value)
+        if isinstance(n, yaml.MappingNode):
+            return [x for kv in n.value for x in kv]
+        return []
+
+    def size(n: yaml.Node) -> int:
+        nonlocal written
+        key = id(n)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise SpecError(f"{path}:{_line(n)}: a YAML alias refers to the value that holds "
+                            "it (a recursive value); write the value out")
+        active.add(key)
+        written += 1
+        if isinstance(n, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for k, _ in n.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    if (k.tag, k.value) in first:
+                        raise SpecError(
+                            f"{path}:{_line(k)}: key {k.value!r} appears twice in this mapping "
+                            f"(first at line {first[(k.tag, k.value)]}); keep one")
+                    first[(k.tag, k.value)] = _line(k)
+        total = 1 + sum(size(c) for c in children(n))
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    try:
+        total = size(root)
+    except RecursionError:
+        raise SpecError(f"{path}:{_line(root)}: the spec nests values too deeply to read; "
+                        "flatten it") from None
+    if total - written > MAX_ALIAS_EXPANSION:
+        node = root  # point at the smallest value that alone expands past the limit
+        while True:
+            big = max(children(node), key=lambda c: sizes[id(c)], default=None)
+            if big is None or sizes[id(big)] <= MAX_ALIAS_EXPANSION:
+                break
+            node = big
+        raise SpecError(f"{path}:{_line(node)}: YAML aliases expand this spec to {total:,} "
+                        f"values from {written:,} written (at most {MAX_ALIAS_EXPANSION:,} "
+                        f"more are allowed; this value alone is {sizes[id(node)]:,}): write "
+                        "the values out or use fewer aliases")
+
+
+def _yaml_error(path: str, e: yaml.YAMLError, text: str) -> SpecError:
+    mark = getattr(e, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else 0
+    problem = getattr(e, "problem", None) or e
+    if isinstance(e, yaml.reader.ReaderError):  # a control character, a bad encoding
+        line = text[:e.position].count("\n") + 1
+        char = chr(e.character) if isinstance(e.character, int) else e.character
+        problem = f"character {char!r} is not allowed in YAML ({e.reason}); remove it"
+    hint = ""
+    if "'@'" in str(problem):
+        hint = ' (quote a reference to another grid: "@pretrain")'
+    return SpecError(f"{path}:{line}: not valid YAML: {problem}{hint}")
+
+
 def parse_spec(text: str, path: str = "<spec>", full: bool = False,
-               smoke: bool = False) -> SweepSpec:
+               smoke: bool = False, max_cells: int = MAX_CELLS) -> SweepSpec:
     """Parse and validate a spec; ``full`` (``smoke``) merges its ``full:`` (``smoke:``)
-    sections into the grids: the top-level one into every grid, a grid's own after it."""
+    sections into the grids: the top-level one into every grid, a grid's own after it.
+    More than ``max_cells`` cells is an error, found before a single cell is built."""
     if full and smoke:
         raise SpecError(f"{path}: --full and --smoke are two scales; choose one")
     scale = "full" if full else "smoke" if smoke else "reference"
     try:
         node = yaml.compose(text)
+        if node is not None:
+            _check_tree(path, node)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 0
-        hint = ""
-        if "'@'" in str(getattr(e, "problem", "")):
-            hint = ' (quote a reference to another grid: "@pretrain")'
-        raise SpecError(f"{path}:{line}: not valid YAML: {getattr(e, 'problem', e)}{hint}"
+        raise _yaml_error(path, e, text) from None
+    except RecursionError:
+        raise SpecError(f"{path}:0: the spec nests values too deeply to read; flatten it"
                         ) from None
     loc = _Located(path, node)
     if not isinstance(data, dict):
@@ -226,6 +357,11 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         raise loc.error(loc.child(node, "name") or node, "'name' (the sweep's name) is required")
+    bad = NAME_FORBIDDEN.search(name)
+    if bad:
+        raise loc.error(loc.child(node, "name"), f"the sweep name {name!r} holds "
+                        f"{bad.group()!r}: quotes, backticks, backslashes and control "
+                        "characters cannot be searched for in MLflow; rename it")
     grids = data.get("grids")
     gnode = loc.child(node, "grids")
     if not isinstance(grids, list) or not grids:
@@ -257,9 +393,18 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
         gpus = number("gpus_per_cell", 0, 0)
     retries = int(number("retries", 1, 0))
     env = data.get("env") or {}
+    env_node = loc.child(node, "env")
     if not isinstance(env, dict):
-        raise loc.error(loc.child(node, "env"), "'env' must be a mapping NAME: value")
+        raise loc.error(env_node, "'env' must be a mapping NAME: value")
+    for k, v in env.items():
+        why = env_refusal(str(k))
+        if why:
+            raise loc.error(loc.key_node(env_node, k), f"env: {why}")
+        if v is None or isinstance(v, list | dict) or "\x00" in str(v):
+            raise loc.error(loc.child(env_node, k), f"env: {k}'s value must be a string, "
+                            f"got {type(v).__name__}")
 
+    n_cells = 0  # counted before any grid is expanded
     grid_cells: list[list[Cell]] = []
     grid_axes: list[set[str]] = []  # list-valued keys: what tells a grid's cells apart
     grid_refs: list[dict[str, tuple[str, yaml.Node | None]]] = []  # option -> (id, node)
@@ -295,6 +440,7 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
         merged = {**grid, **over, **own}
         axes: list[tuple[str, list[str]]] = []
         refs: dict[str, tuple[str, yaml.Node | None]] = {}
+        spelled: dict[str, str] = {}  # option -> how the grid wrote it
         for raw_key, value in merged.items():
             if raw_key in GRID_KEYS:
                 continue
@@ -302,6 +448,10 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
             kn = (loc.key_node(own_node, raw_key) if raw_key in own else None) or (
                 loc.key_node(over_node, raw_key) if raw_key in over else None) or \
                 loc.key_node(gn, raw_key)
+            if key in spelled:  # budget_minutes and budget-minutes: one option twice
+                raise loc.error(kn, f"{raw_key!r} and {spelled[key]!r} are the same option "
+                                f"--{key.replace('_', '-')}; keep one")
+            spelled[key] = str(raw_key)
             if key in RESERVED:
                 raise loc.error(kn, f"{raw_key!r} is set by the sweep (the spec's top-level "
                                 "'experiment'), not per grid")
@@ -321,6 +471,14 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
                                         f"{refs[key][0]}, {v}); one reference per option")
                     refs[key] = (v[1:], kn)
             axes.append((key, [_scalar(v) for v in values]))
+        size = math.prod(len(vals) for _, vals in axes)
+        n_cells += size
+        if n_cells > max_cells:
+            dims = " x ".join(f"{len(vals)} {k}" for k, vals in axes if len(vals) > 1)
+            before = f", {n_cells:,} with the grids before it" if n_cells != size else ""
+            raise loc.error(gn, f"this grid has {size:,} cells ({dims or 'one'}){before}: "
+                            f"more than the cap of {max_cells:,}; shrink its axes, split the "
+                            "sweep, or raise the cap with --max-cells")
         grid_axes.append({k for k, vals in axes if len(set(vals)) > 1})
         grid_refs.append(refs)
         grid_cells.append([Cell(entry, tuple((k, v) for (k, _), v in
@@ -344,10 +502,12 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
     experiment = str(data.get("experiment") or name).strip()
     if scale == "smoke":
         experiment = smoke_exp or f"{experiment}-smoke"
+    lines = {str(k.value): _line(k) for k, _ in node.value} \
+        if isinstance(node, yaml.MappingNode) else {}
     return SweepSpec(name=name.strip(), experiment=experiment,
                      cells=cells, cpus_per_cell=cpus, gpus_per_cell=gpus, retries=retries,
                      env={str(k): str(v) for k, v in env.items()}, path=path, text=text,
-                     scale=scale)
+                     scale=scale, lines=lines)
 
 
 def _grid_order(loc: _Located, grid_refs: list[dict[str, tuple[str, yaml.Node | None]]],
@@ -416,8 +576,19 @@ def _with_refs(loc: _Located, cell: Cell, refs: dict[str, tuple[str, yaml.Node |
     return Cell(cell.entry, cell.options, cell.grid, tuple(out))
 
 
-def load_spec(path: str | Path, full: bool = False, smoke: bool = False) -> SweepSpec:
+def load_spec(path: str | Path, full: bool = False, smoke: bool = False,
+              max_cells: int = MAX_CELLS) -> SweepSpec:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: no such spec file (a YAML grid spec; see docs/sweeps.md)")
-    return parse_spec(p.read_text(), str(p), full=full, smoke=smoke)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read the spec: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise SpecError(f"{p}:{line}: the spec is not UTF-8 (byte 0x{raw[e.start]:02x} at "
+                        f"offset {e.start}); save it as UTF-8") from None
+    return parse_spec(text, str(p), full=full, smoke=smoke, max_cells=max_cells)
