@@ -27,12 +27,28 @@ $PIP --no-deps ruamel.yaml==0.18.6 ruamel.yaml.clib==0.2.12 progressbar==2.5 \
   lightly-utils==0.0.2 aenum==3.1.15 pytorch-lightning==2.5.0.post0 \
   lightning-utilities==0.11.9 torchmetrics==1.6.1 hydra-core==1.3.2 omegaconf==2.3.0 \
   antlr4-python3-runtime==4.9.3 timm==1.0.12 tensorboard==2.18.0 absl-py==2.1.0 2>&1 | tail -3 || true
+# Check the imports the way bench/peers.py makes them: modules that `import semilearn`
+# pulls in only for audio/NLP datasets and loggers (USB_OPTIONAL: torchaudio, which has no
+# wheel for this torch here, transformers, wandb, ...) get the bench's inert stand-ins when
+# absent, so "ok" means the bench's FixMatch worker can import USB.
 .peers-venv/bin/python - <<'PY'
 import importlib
+import importlib.metadata
+import sys
+
+sys.path.insert(0, "bench")
+from peers import USB_OPTIONAL, _stub_missing  # noqa: E402  (the bench's own run-time shim)
+
 for m in ("semilearn", "lightly"):
+    stubbed = _stub_missing(USB_OPTIONAL) if m == "semilearn" else []
     try:
         mod = importlib.import_module(m)
-        print(f"{m} {getattr(mod, '__version__', '?')}: ok")
     except Exception as e:  # report, do not hide, what is still missing
         print(f"{m}: import fails: {type(e).__name__}: {e}")
+        continue
+    note = ""
+    if stubbed:
+        note = (f" (not installed, stood in for by bench/peers.py at run time, as here: "
+                f"{', '.join(stubbed)}; none is on the FixMatch path)")
+    print(f"{m} {getattr(mod, '__version__', None) or importlib.metadata.version(m)}: ok{note}")
 PY

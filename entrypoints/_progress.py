@@ -169,6 +169,7 @@ class ProgressTracker(DelegatingTracker):
         self._nan_warned: set[str] = set()
         self.finishing = False
         self.own_bar = budget_s is not None
+        self.phase: tuple[str, float] | None = None  # (what, since) after the budget
 
     # -- study --------------------------------------------------------------------------
     def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
@@ -194,28 +195,53 @@ class ProgressTracker(DelegatingTracker):
         frac = el / self.clock.budget_s if self.clock.budget_s else 0.0
         t = self._trial
         now = f" · trial {t['number']} epoch {t['epochs']}" if t else ""
-        if self.finishing:
-            now = " · logging the selected model"
+        if self.phase is not None:  # past the search: what runs now, for how long
+            what, since = self.phase
+            now = f" · {what} ({fmt_time(time.time() - since)})"
         best = f" · best val {self.best:.4f}" if self.best >= 0 else ""
         return frac, (f"{fmt_time(el)} elapsed, {fmt_time(self.clock.budget_s - el)} left"
                       f"{now}{best}{' · ' + self.label if self.label else ''}")
 
     def end_study(self, status: str) -> None:
+        self._phase("figures, run description, closing the run")
+        t0 = time.time()
         if self.own_bar:
             self.display.stop_bar()
         self.inner.end_study(status)
+        self.display.line(f"run closed in {fmt_time(time.time() - t0)}")
+
+    def _phase(self, what: str) -> None:
+        """A phase after the budget (or outside any trial) begins: a line, and the bar
+        shows it with its running time (issue 27 item 1: every long phase visible)."""
+        prev, self.phase = self.phase, (what, time.time())
+        if prev is not None and prev[0] != what:
+            self.display.line(f"  {prev[0]}: done in {fmt_time(time.time() - prev[1])}")
+        self.display.line(f"{what} …")
+        self.display.refresh()
 
     # -- trials -------------------------------------------------------------------------
     def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None:
         self._trial = {"number": number, "params": dict(params), "t0": time.time(),
-                       "epochs": 0, "val": None}
+                       "epochs": 0, "val": None, "role": tags.get("scarcelab.role", "trial")}
+        if self._trial["role"] == "retrain":  # tune's final phase: after the search
+            self._phase(f"retrain {number}")
         self.inner.start_trial(number, tags, params)
 
     def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial") -> None:
         metrics = self._finite(metrics)
         if scope == "study":
-            if "time/elapsed_s" in metrics:
+            if "time/startup_s" in metrics:  # the budget counts from the command's start
+                self.clock.sync(float(metrics["time/startup_s"]))
+            if "time/elapsed_s" in metrics and self.phase is None:
                 self.clock.sync(float(metrics["time/elapsed_s"]))
+            if "seg/val_pq" in metrics and self._trial is None:  # segment: one run, epochs
+                self.epochs_total += 1
+                self.best = max(self.best, float(metrics["seg/val_pq"]))
+                loss = metrics.get("train/loss")
+                self.display.line(
+                    f"epoch {step:>3}: val PQ {metrics['seg/val_pq']:.4f}"
+                    + (f", train loss {loss:.4f}" if loss is not None else "")
+                    + f"  ({fmt_time(self.clock.elapsed())} elapsed)")
             if "best/val_balanced_accuracy" in metrics:
                 self.best = max(self.best, float(metrics["best/val_balanced_accuracy"]))
         elif self._trial is not None and "val/balanced_accuracy" in metrics:
@@ -227,6 +253,10 @@ class ProgressTracker(DelegatingTracker):
                 f"  trial {t['number']} epoch {t['epochs']}: val balanced accuracy "
                 f"{metrics['val/balanced_accuracy']:.4f}"
                 + (f", train loss {loss:.4f}" if loss is not None else ""), verbose_only=True)
+        elif self._trial is not None and self._trial["role"] == "retrain":
+            t = self._trial  # tune's retrains: no validation; epochs, then the test score
+            t["epochs"] += int("train/loss" in metrics)
+            t.setdefault("last", {}).update(metrics)
         self.inner.log_metrics(metrics, step, scope)
 
     def log_metrics_batch(self, rows: list[tuple[dict[str, float], int]],
@@ -256,8 +286,18 @@ class ProgressTracker(DelegatingTracker):
             self.display.line(f"repetition {t['number']} {status.lower()} in "
                               f"{fmt_time(time.time() - t['t0'])}: {auc}{fin}{why}")
             return
+        if t["role"] == "retrain":
+            test = t.get("last", {}).get("test/balanced_accuracy")
+            self.display.line(
+                f"retrain {t['number']:>2} {status.lower():<8} {t['epochs']:>3} ep "
+                f"{fmt_time(time.time() - t['t0']):>7}"
+                + (f"  test balanced accuracy {test:.4f}" if test is not None else ""))
+            return
+        if t.get("rung") is not None:  # tune: stopped by ASHA at a rung
+            status = f"pruned at rung {t['rung']}"
         hp = {k: v for k, v in t["params"].items()
-              if k not in ("batch_size", "unlabeled_batch_size", "arch", "trial_seed")}
+              if k not in ("batch_size", "unlabeled_batch_size", "arch", "trial_seed",
+                           "epochs")}
         conf = " ".join(f"{k}={fmt_value(v)}" for k, v in hp.items())
         val = f"val {t['val']:.4f}" if t["val"] is not None else "val -"
         why = f" ({error.strip().splitlines()[-1][:120]})" if error and status != "FINISHED" \
@@ -285,7 +325,16 @@ class ProgressTracker(DelegatingTracker):
 
     def log_model(self, model: nn.Module, example: Any) -> None:
         self.finishing = True
+        self._phase("logging the selected model (torch.export, signature, upload)")
         self.inner.log_model(model, example)
+
+    def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
+        if scope == "study" and tags.get("scarcelab.phase") not in (None, "done"):
+            self._phase(str(tags["scarcelab.phase"]))
+        if scope == "trial" and self._trial is not None and "scarcelab.asha_rung" in tags \
+                and tags.get("scarcelab.pruned") == "true":
+            self._trial["rung"] = tags["scarcelab.asha_rung"]
+        self.inner.set_tags(tags, scope)
 
 
 class CountBar:

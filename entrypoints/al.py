@@ -249,6 +249,8 @@ def al_report_cmd(experiment: str, tracking_uri: str, alpha: float, log: bool) -
     rep = al_report([e for e in experiment.split(",") if e], tracking_uri or None,
                     alpha=alpha, log=log)
     click.echo(rep.ranks.to_string())
+    for note in rep.notes:
+        click.echo(f"note: {note}")
     if rep.run_id:
         click.echo(f"report run {rep.run_id} (artifacts: al_scores.csv, al_ranks.csv, "
                    "al_cd_diagram.png)")

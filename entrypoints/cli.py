@@ -58,9 +58,10 @@ def main(verbose: bool, quiet: bool) -> None:
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from scarcelab.tracking.lifecycle import die_with_mlflow_run
+    from scarcelab.tracking.lifecycle import die_with_mlflow_run, skip_gc_at_exit
 
     die_with_mlflow_run()  # under `mlflow run`: do not outlive it (issue 13 item 5)
+    skip_gc_at_exit()  # seconds of exit-time garbage collection (issue 28 §1)
 
 
 def _load_commands() -> None:

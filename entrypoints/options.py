@@ -284,18 +284,57 @@ class Ratios(_Typed):
 
 
 class Names(_Typed):
-    """Comma-separated names (at least one)."""
+    """Comma-separated names (at least one, unless ``allow_empty``: then ``''`` / ``none``
+    is the empty list); with ``unique`` a name given twice is refused (it would run
+    twice)."""
 
     name = "names"
+
+    def __init__(self, allow_empty: bool = False, unique: bool = False) -> None:
+        self.allow_empty, self.unique = allow_empty, unique
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return "NAME,..."
 
     def parse(self, value: str) -> list[str]:
+        if self.allow_empty and value.lower() in ("", "none"):
+            return []
         out = [s.strip() for s in value.split(",") if s.strip()]
         if not out:
             raise ValueError("no name given")
+        twice = sorted({n for n in out if out.count(n) > 1}) if self.unique else []
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given twice")
         return out
+
+
+class IntList(_Typed):
+    """Comma-separated integers, each at least ``lo`` (e.g. a set of batch sizes);
+    ``default``/``''`` give None (the command's documented default)."""
+
+    name = "integers"
+
+    def __init__(self, lo: int = 1) -> None:
+        self.lo = lo
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "N,N,...|default"
+
+    def parse(self, value: str) -> tuple[int, ...] | None:
+        if value.lower() in DEFAULT_WORDS:
+            return None
+        item = Int(self.lo, None)
+        out = []
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            try:
+                out.append(item.parse(part))
+            except ValueError as e:
+                raise ValueError(f"{part!r} {e}") from None
+        if not out:
+            raise ValueError("no integer given")
+        return tuple(out)
 
 
 # -- checks that need the core (called by commands after parsing) ----------------------------
@@ -313,6 +352,18 @@ def check_device(device: str) -> None:
     if idx >= torch.cuda.device_count():
         raise click.BadParameter(f"{device!r}: this machine has {torch.cuda.device_count()} "
                                  "CUDA device(s)", param_hint="'--device'")
+
+
+def check_registered(registry: Any, name: str, hint: str) -> Any:
+    """``registry.get(name)`` as a parameter error naming the option (the registry's message
+    lists the valid names), so an unknown dataset or arch stops a command before its data
+    is read."""
+    from scarcelab.errors import ConfigError
+
+    try:
+        return registry.get(name)
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint=hint) from None
 
 
 def _coerce(value: Any, like: Any, key: str) -> Any:

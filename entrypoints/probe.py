@@ -15,6 +15,8 @@ from scarcelab.entrypoints.options import (
     Int,
     label_budget,
     opt_int,
+    verbosity,
+    verbosity_options,
 )
 from scarcelab.errors import ScarcelabError
 
@@ -56,6 +58,7 @@ from scarcelab.errors import ScarcelabError
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--set", "overrides", default="", help="finetune: fixed hyperparameters")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@verbosity_options
 def probe_cmd(**kw: Any) -> None:
     try:
         _run(kw)
@@ -99,7 +102,15 @@ def _run(kw: dict[str, Any]) -> None:
         arch = "resnet18" if cfg.resolved_device().startswith("cuda") else "small_cnn"
     backbone, info = resolve_encoder(cfg.encoder, arch, raw.channels, seed=cfg.seed,
                                      norm=cfg.encoder_norm)
-    tracker = MlflowTracker(experiment=kw["experiment"] or None)
+    from scarcelab.entrypoints._progress import Display, ProgressTracker
+
+    level = verbosity(click.get_current_context(), kw.pop("quiet"), kw.pop("verbose"))
+    # finetune: trial lines and a bar over the search's budget; linear (no budget): a line
+    # per phase (encoding, probe fit, model logging)
+    tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
+                              Display(level), label="probe",
+                              budget_s=cfg.budget_minutes * 60.0
+                              if cfg.protocol == "finetune" else None)
     if cfg.protocol == "linear":
         cache = MlflowEncodingCache(DiskEncodingCache(default_data_dir() / "encoded"),
                                     kw["experiment"] or None)

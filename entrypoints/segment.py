@@ -17,8 +17,12 @@ from scarcelab.entrypoints.options import (
     Device,
     Float,
     Int,
+    Names,
     Word,
     check_device,
+    check_registered,
+    verbosity,
+    verbosity_options,
 )
 from scarcelab.errors import ScarcelabError
 
@@ -52,7 +56,9 @@ BIG = 10**6
               "torchvision/timm file) | imagenet | none | m1,m2,m3/s1,s2,s3")
 @click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
 @click.option("--budget-minutes", default="5", show_default=True, type=Float(0, None, lo_open=True),
-              help="wall clock for training + per-epoch validation")
+              help="wall clock for training + per-epoch validation; the selected "
+              "checkpoint's test (and --cross-test) evaluation and the model logging run "
+              "after it, each shown with a time estimate")
 @click.option("--max-epochs", default="100", show_default=True, type=Int(1, BIG))
 @click.option("--patience", default="5", show_default=True, type=Int(1, BIG),
               help="epochs without a better validation PQ before stopping")
@@ -75,8 +81,9 @@ BIG = 10**6
 @click.option("--tune-threshold", default="false", show_default=True, type=Bool(),
               help="choose the watershed marker threshold on validation instead of "
               "HoVer-Net's 0.4")
-@click.option("--cross-test", default="", help="comma-separated test-only datasets, "
-              "e.g. nuclei_cpm15")
+@click.option("--cross-test", default="", type=Names(allow_empty=True, unique=True),
+              help="comma-separated test-only datasets, e.g. nuclei_cpm15 (checked, and "
+              "read, before training)")
 @click.option("--max-val-tiles", default="32", show_default=True,
               type=Int(1, None, default_ok=True))
 @click.option("--max-train-tiles", default="default", show_default=True,
@@ -85,11 +92,21 @@ BIG = 10**6
               type=Int(1, None, default_ok=True))
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@verbosity_options
 def segment(**kw: Any) -> None:
+    from scarcelab.data.nuclei import SEG_DATASETS
+
+    # every dataset name before any work: a bad --cross-test used to fail after training
+    check_registered(SEG_DATASETS, kw["dataset"], "'--dataset'")
+    for name in kw["cross_test"]:
+        check_registered(SEG_DATASETS, name, "'--cross-test'")
+    check_device(kw["device"])
+    from scarcelab.entrypoints._progress import Display, ProgressTracker
     from scarcelab.protocols.segment import SegmentConfig, run_segment
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
-    check_device(kw["device"])
+    level = verbosity(click.get_current_context(), kw.pop("quiet"), kw.pop("verbose"))
+
     cfg = SegmentConfig(
         dataset=kw["dataset"], data_dir=kw["data_dir"] or None, encoder=kw["encoder"],
         arch=kw["arch"], protocol=kw["protocol"], label_fraction=kw["label_fraction"],
@@ -98,10 +115,12 @@ def segment(**kw: Any) -> None:
         steps_per_epoch=kw["steps_per_epoch"], batch_size=kw["batch_size"], crop=kw["crop"],
         window=kw["window"], scale=kw["scale"], lr=kw["lr"], types=kw["types"],
         aggregation=kw["aggregation"], tune_threshold=kw["tune_threshold"],
-        cross_test=tuple(s.strip() for s in kw["cross_test"].split(",") if s.strip()),
+        cross_test=tuple(kw["cross_test"]),
         max_val_tiles=kw["max_val_tiles"], max_train_tiles=kw["max_train_tiles"],
         max_test_tiles=kw["max_test_tiles"], device=kw["device"])
-    tracker = MlflowTracker(experiment=kw["experiment"] or None)
+    tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
+                              Display(level), budget_s=cfg.budget_minutes * 60.0,
+                              label="segment")
     factory = None
     if cfg.encoder.startswith(("runs:/", "models:/")):
         from scarcelab.tracking.encoders import resolve_encoder

@@ -3,6 +3,7 @@
     scarcelab sweep grid.yaml                               # embedded Ray: all cores/GPUs
     scarcelab sweep grid.yaml --address ray://head:10001    # a running Ray cluster
     scarcelab sweep grid.yaml --dry-run                     # print the cells, run nothing
+    scarcelab sweep suites/cdalbench.yaml --smoke           # every method at a trivial size
     mlflow run . -e sweep -P spec=grid.yaml
 
 Re-running the same spec continues it: finished cells are skipped (docs/sweeps.md).
@@ -28,9 +29,13 @@ from scarcelab.entrypoints.cli import main
               "scale) into every grid")
 @click.option("--full-scale", default="", hidden=True,
               help="--full as a true/false value (for mlflow run -P full=…)")
+@click.option("--smoke", is_flag=True, help="merge the spec's `smoke:` sections (every "
+              "method at a trivial size, into the experiment <experiment>-smoke)")
+@click.option("--smoke-scale", default="", hidden=True,
+              help="--smoke as a true/false value (for mlflow run -P smoke=…)")
 @click.option("--dry-run", is_flag=True, help="print the cells and what a run would do")
 def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: bool,
-              full_scale: str, dry_run: bool) -> None:
+              full_scale: str, smoke: bool, smoke_scale: str, dry_run: bool) -> None:
     """Run every cell of a grid spec as a Ray task; one sweep run in MLflow records them."""
     import os
 
@@ -38,17 +43,19 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: boo
     from scarcelab.tracking.sweep.spec import SpecError, load_spec
 
     full = full or (bool_option(full_scale) if full_scale else False)
+    smoke = smoke or (bool_option(smoke_scale) if smoke_scale else False)
     n_retries = opt_int(retries, "--retries")
     if n_retries is not None and n_retries < 0:
         raise click.BadParameter("must be >= 0", param_hint="--retries")
 
     try:
-        sp = load_spec(spec, full=full)
+        sp = load_spec(spec, full=full, smoke=smoke)
     except SpecError as e:
         raise click.ClickException(str(e)) from None
     if dry_run:
         click.echo(f"sweep {sp.name}: {len(sp.cells)} cells -> experiment {sp.experiment!r} "
-                   f"(cpus_per_cell={sp.cpus_per_cell:g}, gpus_per_cell={sp.gpus_per_cell}, "
+                   f"({sp.scale} scale, cpus_per_cell={sp.cpus_per_cell:g}, "
+                   f"gpus_per_cell={sp.gpus_per_cell}, "
                    f"retries={sp.retries if n_retries is None else n_retries})")
         from scarcelab.tracking.sweep.driver import RESOLVE, RESOLVE_DEFAULT
 
@@ -61,8 +68,31 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: boo
     from scarcelab.tracking.sweep.driver import run_sweep
 
     try:
-        res = run_sweep(sp, address=address or None, jobs=jobs, retries=n_retries,
-                        echo=lambda s: click.echo(s, err=True))
+        from scarcelab.tracking.results.page import rel
+
+        command = " ".join(["scarcelab sweep", rel(spec)] + (["--smoke"] if smoke else []) +
+                           (["--full"] if full else []) + ([f"--jobs {jobs}"] if jobs else []) +
+                           ([f"--address {address}"] if address else []) +
+                           ([f"--retries {n_retries}"] if n_retries is not None else []))
+        import signal
+
+        got: list[int] = []
+
+        def _terminate(signum: int, frame: object) -> None:
+            # SIGTERM as SystemExit: the driver closes its running cells' runs FAILED and the
+            # sweep run, and Ray's exit handler stops its daemons and workers (whose cells
+            # die with them); killed outright, all of them lingered
+            got.append(signum)
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, _terminate)
+        try:
+            res = run_sweep(sp, address=address or None, jobs=jobs, retries=n_retries,
+                            echo=lambda s: click.echo(s, err=True), command=command)
+        except SystemExit:
+            if got:  # Ray turns a signal inside ray.wait into SystemExit(1): say which
+                raise SystemExit(128 + got[0]) from None
+            raise
     except (RuntimeError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if os.environ.get("MLFLOW_RUN_ID"):  # under `mlflow run`: link the launcher's run

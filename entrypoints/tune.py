@@ -12,25 +12,46 @@ from scarcelab.entrypoints.options import (
     SEED_MAX,
     Device,
     Float,
+    Folder,
     Int,
+    IntList,
+    Overrides,
     RunId,
+    Word,
     check_device,
+    check_overrides,
+    check_registered,
+    verbosity,
+    verbosity_options,
 )
 from scarcelab.errors import ScarcelabError
 
+ARCH_DEFAULTS = ("", "default", "auto")
 
-def _batch_sizes(value: str) -> tuple[int, ...] | None:
-    if value in ("", "default"):
-        return None
-    try:
-        sizes = tuple(int(v) for v in value.replace(" ", "").split(",") if v)
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}",
-                                 param_hint="--batch-sizes") from None
-    if not sizes or min(sizes) < 1:
-        raise click.BadParameter(f"batch sizes must be >= 1, got {value!r}",
-                                 param_hint="--batch-sizes")
-    return sizes
+
+def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
+    """The checks that need the core, before any data is read (as ``study.check_study``
+    for the study commands): the device exists, the method is a supervised classifier,
+    dataset and arch are registered, ``--set`` values fit the method's types. Returns the
+    typed overrides. With ``--resume`` the settings come from the study run: only the
+    device is checked here."""
+    check_device(kw["device"])
+    if kw["resume"]:
+        return {}
+    from scarcelab.data import DATASETS
+    from scarcelab.methods import METHODS
+    from scarcelab.models import MODELS
+
+    method_cls = check_registered(METHODS, kw["method"], "'--method'")
+    if method_cls.family != "supervised" or method_cls.linear_probe:
+        kind = method_cls.family + (" (linear probe)" if method_cls.linear_probe else "")
+        raise click.BadParameter(f"{kw['method']!r} is a {kind} method; the tune protocol "
+                                 "trains supervised classifiers (scarcelab list methods)",
+                                 param_hint="'--method'")
+    check_registered(DATASETS, kw["dataset"], "'--dataset'")
+    if kw["arch"] not in ARCH_DEFAULTS:
+        check_registered(MODELS, kw["arch"], "'--arch'")
+    return check_overrides(kw["overrides"], method_cls)
 
 
 @main.command(name="tune", short_help="Tune a method with ASHA, retrain the best 10 times.",
@@ -40,8 +61,9 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
 @click.option("--method", default="", help="a supervised method (ce, ole, gradl2, cosine, "
               "cosine_ce, tvmf, harmonic, fconv, dsk, scattering, ...); required unless "
               "--resume")
-@click.option("--dataset", default="cifair10", show_default=True)
-@click.option("--data-dir", default="", help="data root (default $SCARCELAB_DATA)")
+@click.option("--dataset", default="cifair10", show_default=True, type=Word())
+@click.option("--data-dir", default="", type=Folder(),
+              help="existing data root (default $SCARCELAB_DATA)")
 @click.option("--arch", default="default", show_default=True,
               help="backbone; default = the dataset's (wrn16_8 / resnet50_imagenet)")
 @click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
@@ -56,20 +78,21 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
               type=Int(1, None, default_ok=True))
 @click.option("--n-trials", default="default", show_default=True,
               type=Int(1, None, default_ok=True))
-@click.option("--batch-sizes", default="default", show_default=True,
+@click.option("--batch-sizes", default="default", show_default=True, type=IntList(1),
               help="comma-separated set searched over, e.g. 10,25,50")
 @click.option("--n-final", default="10", show_default=True, type=Int(1, None),
               help="retrains of the best configuration on train+val")
 @click.option("--phase", default="all", show_default=True,
-              type=click.Choice(["all", "search", "final"]),
+              type=Word(("all", "search", "final")),
               help="search and/or final retraining (workers: search; then one: final)")
 @click.option("--max-steps-per-epoch", default="default", show_default=True,
               type=Int(1, None, default_ok=True))
 @click.option("--budget-minutes", default="0", show_default=True, type=Float(0, None),
-              help="wall-clock cap on the search (0 = none)")
+              help="wall-clock cap on the search (0 = none); the --n-final retrains of "
+              "the best configuration run after it, each shown as it finishes")
 @click.option("--device", default="auto", show_default=True, type=Device())
-@click.option("--set", "overrides", default="", help="fixed hyperparameters, e.g. "
-              "'lambda_ole=0.25'")
+@click.option("--set", "overrides", default="", type=Overrides(),
+              help="fixed hyperparameters, typed like the method's, e.g. 'lambda_ole=0.25'")
 @click.option("--study-name", default="", help="workers given the same name (and "
               "$OPTUNA_STORAGE) share one ASHA study")
 @click.option("--resume", default="", type=RunId(),
@@ -78,13 +101,14 @@ def _batch_sizes(value: str) -> tuple[int, ...] | None:
               "its mean ± std; settings come from the run (only --data-dir and --device "
               "are taken from here)")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@verbosity_options
 def tune_cmd(**kw: Any) -> None:
     if not kw["method"] and not kw["resume"]:
         raise click.UsageError("give --method (or --resume <study run id>)")
-    check_device(kw["device"])
+    overrides = check_tune(kw)
     import os
 
-    from scarcelab.protocols.search import parse_overrides
+    from scarcelab.entrypoints._progress import Display, ProgressTracker
     from scarcelab.protocols.tune import TuneConfig, run_tune
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
     try:
@@ -94,21 +118,25 @@ def tune_cmd(**kw: Any) -> None:
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if kw["resume"]:
-            tracker, res = _resume(kw["resume"], kw["data_dir"] or None, device)
+            tracker, res = _resume(kw["resume"], kw["data_dir"], device)
         else:
             cfg = TuneConfig(
-                method=kw["method"], dataset=kw["dataset"], data_dir=kw["data_dir"] or None,
-                arch=None if kw["arch"] in ("", "default", "auto") else kw["arch"],
+                method=kw["method"], dataset=kw["dataset"], data_dir=kw["data_dir"],
+                arch=None if kw["arch"] in ARCH_DEFAULTS else kw["arch"],
                 seed=kw["seed"], epochs=kw["epochs"], epochs_final=kw["epochs_final"],
                 grace_period=kw["grace_period"],
-                n_trials=kw["n_trials"], batch_sizes=_batch_sizes(kw["batch_sizes"]),
+                n_trials=kw["n_trials"], batch_sizes=kw["batch_sizes"],
                 n_final=kw["n_final"], phase=kw["phase"],
                 max_steps_per_epoch=kw["max_steps_per_epoch"],
                 budget_minutes=kw["budget_minutes"], device=device,
-                overrides=parse_overrides(kw["overrides"]),
+                overrides=overrides,
                 storage=os.environ.get("OPTUNA_STORAGE") or None,
                 study_name=kw["study_name"] or None)
-            tracker = MlflowTracker(experiment=kw["experiment"] or None)
+            # trial lines (ASHA rung of a pruned one), then one per retrain
+            level = verbosity(click.get_current_context(), kw.pop("quiet"), kw.pop("verbose"))
+            tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
+                                      Display(level), budget_s=cfg.budget_minutes * 60.0
+                                      if cfg.budget_minutes > 0 else None, label="tune")
             res = run_tune(cfg, tracker)
     except ScarcelabError as e:
         raise click.ClickException(str(e)) from e

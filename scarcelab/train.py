@@ -39,8 +39,11 @@ class Budget:
     Diagnostics (``diag/*``) are computed for semi-supervised methods only; counting them
     would give those methods less training time than supervised and self-supervised ones
     under the same ``budget_minutes`` (issue 12 item 9). :meth:`paused` excludes a block
-    from :meth:`elapsed`; ``spent_s`` is time already spent by an earlier process (resume).
-    ``time.time`` is looked up at each call, so a test can drive the clock.
+    from :meth:`elapsed`; ``spent_s`` is time already spent (by an earlier process on
+    resume, by this process's start-up). ``reserve_s`` is kept at the end for what must
+    follow the training (a study's final model logging): the budget counts as
+    :meth:`expired` that much earlier. ``time.time`` is looked up at each call, so a test
+    can drive the clock.
 
     ``clock="cpu"`` counts this process's CPU seconds (``time.process_time``: all its
     threads) instead of wall seconds. On a dedicated machine one study with one intra-op
@@ -50,23 +53,34 @@ class Budget:
     reproducible. (On a GPU the work is not CPU time: use the wall clock there.)
     """
 
-    def __init__(self, seconds: float, spent_s: float = 0.0, clock: str = "wall") -> None:
+    def __init__(self, seconds: float, spent_s: float = 0.0, reserve_s: float = 0.0,
+                 clock: str = "wall") -> None:
         if clock not in BUDGET_CLOCKS:
             raise ValueError(f"budget clock {clock!r}; use one of {BUDGET_CLOCKS}")
         self.clock = clock
         self.seconds = float(seconds)
+        self.reserve_s = float(reserve_s)
         self._start = self._now() - float(spent_s)
         self.excluded_s = 0.0
 
     def _now(self) -> float:
         return time.process_time() if self.clock == "cpu" else time.time()
 
+    def now(self) -> float:
+        """The budget's clock, for costs compared with :meth:`remaining` (a step, an
+        evaluation): measured on another clock they would not be in the same seconds."""
+        return self._now()
+
     def elapsed(self) -> float:
         """Seconds of the budget spent so far (diagnostics excluded)."""
         return self._now() - self._start - self.excluded_s
 
+    def remaining(self) -> float:
+        """Seconds left for training before the reserve."""
+        return self.seconds - self.reserve_s - self.elapsed()
+
     def expired(self) -> bool:
-        return self.elapsed() >= self.seconds
+        return self.remaining() <= 0.0
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -116,6 +130,9 @@ class EpochReport:
     metrics: dict[str, float]
     val_balanced_accuracy: float
     test_metrics: dict[str, float]
+    # the epoch's test-set class probabilities (N, C): kept with the selected checkpoint,
+    # the study's figures need no second pass over the test set
+    test_proba: np.ndarray | None = None
 
 
 @dataclass
@@ -127,6 +144,9 @@ class TrialResult:
     steps: int = 0
     stopped: str = ""  # "patience" | "max_epochs" | "budget"
     best_state: dict[str, Any] | None = None
+    # seconds of the trial's last step and last evaluation: what one more step costs
+    step_s: float = 0.0
+    eval_s: float = 0.0
 
 
 class BatchSource:
@@ -217,17 +237,36 @@ def forward_images(
     return torch.cat(out).numpy() if out else np.zeros((0, 0))
 
 
+class Evaluation(tuple):  # type: ignore[type-arg]
+    """``(val balanced accuracy, test metrics, probe)`` — it unpacks as that triple — and
+    ``test_proba``, the test-set class probabilities the metrics came from (kept with the
+    selected checkpoint, so the study's figures need no second pass over the test set)."""
+
+    test_proba: np.ndarray | None
+
+    def __new__(cls, val: float, test: dict[str, float], probe: LinearProbe | None,
+                test_proba: np.ndarray | None = None) -> Evaluation:
+        out = super().__new__(cls, (val, test, probe))
+        out.test_proba = test_proba
+        return out
+
+
 def evaluate(
     method: Method, bundle: DatasetBundle, cfg: TrainConfig, rng: np.random.Generator
-) -> tuple[float, dict[str, float], LinearProbe | None]:
-    """Validation balanced accuracy, test metrics, and the fitted probe if one is used."""
+) -> Evaluation:
+    """Validation balanced accuracy, test metrics, and the fitted probe if one is used
+    (plus the test probabilities: :class:`Evaluation`)."""
     device = torch.device(cfg.device)
     method.eval()
     try:
+        # the tune protocol evaluates one set in both slots (its search: validation; its
+        # retrains: train+val): the same images are run through the network once
+        same = bundle.test_x is bundle.val_x
         if method.linear_probe:
             fl = forward_images(method.features, bundle.labeled_x, cfg.eval_batch_size, device)
             fv = forward_images(method.features, bundle.val_x, cfg.eval_batch_size, device)
-            ft = forward_images(method.features, bundle.test_x, cfg.eval_batch_size, device)
+            ft = fv if same else forward_images(method.features, bundle.test_x,
+                                                cfg.eval_batch_size, device)
             if not (np.isfinite(fl).all() and np.isfinite(fv).all() and np.isfinite(ft).all()):
                 raise TrialFailed("non-finite features from the encoder")
             probe = LinearProbe(bundle.num_classes).fit(fl, bundle.labeled_y, fv, bundle.val_y, rng)
@@ -237,7 +276,7 @@ def evaluate(
             bs = cfg.eval_batch_size
             pv = torch.softmax(torch.as_tensor(
                 forward_images(method.logits, bundle.val_x, bs, device)), 1).numpy()
-            pt = torch.softmax(torch.as_tensor(
+            pt = pv if same else torch.softmax(torch.as_tensor(
                 forward_images(method.logits, bundle.test_x, bs, device)), 1).numpy()
             if not (np.isfinite(pv).all() and np.isfinite(pt).all()):
                 raise TrialFailed("non-finite predictions")
@@ -246,7 +285,7 @@ def evaluate(
     val_bacc = classification_metrics(bundle.val_y, pv)["balanced_accuracy"]
     # binary tasks: sensitivity / pAUROC of the dataset's positive class (the disease)
     test = classification_metrics(bundle.test_y, pt, bundle.meta.get("positive_class"))
-    return val_bacc, test, probe
+    return Evaluation(val_bacc, test, probe, pt)
 
 
 def data_info(bundle: DatasetBundle) -> DataInfo:
@@ -375,6 +414,11 @@ def train_trial(
     since_best = 0
     best_loss = math.inf
     step = 0
+    # A step is started only if it and the epoch's evaluation fit in what is left of the
+    # budget (at the speed of the last step and evaluation): the budget ends with an
+    # evaluated epoch, not with a step or an evaluation that runs past it.
+    step_s = eval_s = 0.0
+    now = getattr(budget, "now", time.perf_counter)
     for epoch in range(cfg.max_epochs):
         t0 = time.perf_counter()
         sums: dict[str, torch.Tensor] = {}
@@ -382,10 +426,10 @@ def train_trial(
         n = 0
         out_of_time = False
         for _ in range(spe):
-            if budget.expired():
+            if budget.remaining() <= step_s + eval_s:
                 out_of_time = True
                 break
-            td = time.perf_counter()
+            ts, td = now(), time.perf_counter()
             batch = source.next()
             t_data += time.perf_counter() - td
             progress = Progress(step=step, total_steps=total, epoch=epoch)
@@ -394,6 +438,7 @@ def train_trial(
                 sums[k] = sums.get(k, 0.0) + v.detach()
             n += 1
             step += 1
+            step_s = now() - ts
         if n == 0:
             res.stopped = "budget"
             break
@@ -404,9 +449,11 @@ def train_trial(
             with budget.paused():  # outside the budget (see Budget)
                 diag = diagnostics(method, epoch)
             diag["time/diag_s"] = budget.excluded_s - before
-        te = time.perf_counter()
-        val_bacc, test_m, probe = evaluate(method, bundle, cfg, probe_rng)
-        t_eval = time.perf_counter() - te
+        te, tb = time.perf_counter(), now()
+        ev = evaluate(method, bundle, cfg, probe_rng)
+        val_bacc, test_m, probe = ev
+        test_proba = getattr(ev, "test_proba", None)  # a plain triple from a stand-in
+        t_eval, eval_s = time.perf_counter() - te, now() - tb
         metrics = {f"train/{k}": float(v) / n for k, v in sums.items()}
         metrics.update({
             "val/balanced_accuracy": val_bacc,
@@ -422,6 +469,7 @@ def train_trial(
             metrics["time/probe_s"] = t_eval
             metrics["probe/C"] = float(probe.C or 0.0)
         res.epochs, res.steps = epoch + 1, step
+        res.step_s, res.eval_s = step_s, eval_s
         if cfg.stop_on == "train_loss":
             loss = metrics.get("train/loss", math.inf)
             improved = True  # the last epoch is the answer
@@ -437,7 +485,7 @@ def train_trial(
                 since_best = 0
             else:
                 since_best += 1
-        report = EpochReport(epoch, metrics, val_bacc, test_m)
+        report = EpochReport(epoch, metrics, val_bacc, test_m, test_proba)
         if on_epoch is not None:
             on_epoch(report, improved, lambda p=probe, e=epoch, v=val_bacc: snapshot(
                 method, p, {"epoch": e, "val_balanced_accuracy": v}))

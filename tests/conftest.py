@@ -38,3 +38,39 @@ def tiny_bundle():  # type: ignore[no-untyped-def]
 
     raw = load_raw("synthetic_tiny")
     return apply_split(raw, make_split(raw, 30, 30, seed=0))
+
+
+# -- the suites' smoke (tests/test_results_smoke.py) ---------------------------------------
+# Its five sweeps (~50 cell processes) start in the background when the session collects
+# the test, one cell at a time beside the other tests (which leave a core idle most of the
+# time), and the test itself runs last and waits for them (tests/smoke_runner.py).
+SMOKE_FILE = "test_results_smoke.py"
+
+
+def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-untyped-def]
+    smoke = [i for i in items if i.path.name == SMOKE_FILE]
+    if smoke:
+        items[:] = [i for i in items if i.path.name != SMOKE_FILE] + smoke
+
+
+def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
+    items = session.items
+    if not any(i.path.name == SMOKE_FILE for i in items) or session.config.option.collectonly:
+        return
+    import smoke_runner
+
+    if not all((SHARED_DATA / n).exists() for n in smoke_runner.NEEDED):
+        return  # the test skips, saying why
+    alone = all(i.path.name == SMOKE_FILE for i in items)
+    # SCARCELAB_SMOKE_DIR keeps the smoke's store (and its pages) for a look afterwards
+    keep = os.environ.get("SCARCELAB_SMOKE_DIR")
+    out = Path(keep) if keep else session.config._tmp_path_factory.mktemp("smoke")
+    session.config._scarcelab_smoke = (smoke_runner.start(out, 2 if alone else 1, SHARED_DATA),
+                                       out)
+
+
+def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
+    started = getattr(session.config, "_scarcelab_smoke", None)
+    if started is not None and started[0].poll() is None:
+        started[0].terminate()
+        started[0].wait(60)

@@ -6,7 +6,9 @@ so a cell costs an MLflow client import rather than a study. Against the real st
 records what a real cell must: the argv it got (param ``cell_argv``), for an
 ``--encoder runs:/<id>/model`` that the run ``<id>`` exists and is FINISHED (else it fails
 like the resolver would), and it ends its run FINISHED. ``--set fail=1`` makes it fail
-with an ``Error:`` line, as an entry point does.
+with an ``Error:`` line, as an entry point does; ``--set sleep=1`` makes it write its pid
+under ``$FAKE_CELL_PIDS`` and sleep ``$FAKE_SLEEP_S`` seconds (a cell still running when the
+driver is interrupted).
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ def main() -> int:
 
     client = MlflowClient()
     run_id = os.environ["MLFLOW_RUN_ID"]
+    if opts.get("--set") == "sleep=1":
+        import time
+
+        if os.environ.get("FAKE_CELL_PIDS"):
+            with open(os.path.join(os.environ["FAKE_CELL_PIDS"], run_id), "w") as f:
+                f.write(str(os.getpid()))
+        time.sleep(float(os.environ.get("FAKE_SLEEP_S", "0")))
     enc = opts.get("--encoder", "")
     if enc.startswith("runs:/"):
         dep = enc[len("runs:/"):].split("/")[0]

@@ -46,3 +46,75 @@ def test_segment_cuda_on_a_cpu_machine_is_a_parameter_error():
     r = CliRunner().invoke(main, ["segment", "--device", "cuda"])
     assert r.exit_code == 2, r.output
     assert "'--device'" in r.output and "CUDA is not available" in r.output
+
+
+# -- issue 25 item 9: tune's options go through the typed layer, before any data is read ------
+
+@pytest.mark.parametrize("args,option,words", [
+    (["--set", "lr=abc"], "'--set'", "not a number"),  # before: every trial failed
+    (["--set", "lambda_ole=abc"], "'--set'", "not a number"),
+    (["--set", "nosuch=1"], "'--set'", "unknown hyperparameter"),  # before: after loading
+    (["--method", "fixmatch"], "'--method'", "semi"),
+    (["--method", "nosuch"], "'--method'", "unknown method"),
+    (["--dataset", "nosuch"], "'--dataset'", "unknown dataset"),
+    (["--arch", "nosuch"], "'--arch'", "unknown arch"),
+    (["--data-dir", "/nonexistent/data"], "'--data-dir'", "does not exist"),  # was ignored
+    (["--batch-sizes", "8,x"], "'--batch-sizes'", "not an integer"),
+    (["--phase", "sometimes"], "'--phase'", "expected one of"),
+    (["--device", "nosuch"], "'--device'", "expected auto"),
+])
+def test_tune_bad_values_stop_before_the_data_is_read(args, option, words, tmp_path,
+                                                      monkeypatch):
+    import scarcelab.protocols.tune as tune
+
+    def no_data(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("the data was read before the options were checked")
+
+    monkeypatch.setattr(tune, "load_raw", no_data)
+    db = tmp_path / "m.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    base = {"--method": "ole", "--dataset": "synthetic_tiny_rgb", "--device": "cpu"}
+    base.update(dict(zip(args[::2], args[1::2], strict=True)))
+    r = CliRunner().invoke(main, ["tune", *[x for kv in base.items() for x in kv]])
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+    assert r.exit_code == 2 and len(err) == 1, r.output
+    assert option in err[0] and words in err[0], err[0]
+    assert not db.exists()  # no run was created
+
+
+def test_tune_typed_set_values_reach_the_protocol(monkeypatch):
+    """``--set lambda_ole=0.5`` arrives as the float the method expects, not a string."""
+    import scarcelab.protocols.tune as tune
+
+    seen = {}
+
+    def stop(cfg, tracker, resume=None):  # type: ignore[no-untyped-def]
+        seen.update(cfg.overrides, batch_sizes=cfg.batch_sizes)
+        raise tune.ConfigError("stop here")
+
+    monkeypatch.setattr(tune, "run_tune", stop)
+    r = CliRunner().invoke(main, ["tune", "--method", "ole", "--dataset", "synthetic_tiny_rgb",
+                                  "--set", "lambda_ole=0.5,lr=1e-3", "--batch-sizes", "8, 16",
+                                  "--device", "cpu"])
+    assert r.exit_code == 1 and "stop here" in r.output, r.output
+    assert seen == {"lambda_ole": 0.5, "lr": 0.001, "batch_sizes": (8, 16)}
+
+
+@pytest.mark.parametrize("entry", ["tune", "segment"])
+def test_tune_and_segment_mlproject_parameters_match_the_cli(entry):
+    """CLI <-> MLproject parity for the newer commands: the same parameters, defaults and
+    flags (tune's method: MLproject runs ``ce`` by default, the CLI asks for one)."""
+    from mlflow.projects import _project_spec
+
+    from tests.conftest import REPO
+
+    ep = _project_spec.load_project(str(REPO)).get_entry_point(entry)
+    opts = {p.name: p for p in main.commands[entry].params}
+    names = {k: ("overrides" if k == "set" else k) for k in ep.parameters}
+    assert set(names.values()) == set(opts) - {"experiment", "quiet", "verbose"}, entry
+    for key, p in ep.parameters.items():
+        opt = opts[names[key]]
+        if (entry, key) != ("tune", "method"):
+            assert str(p.default) == opt.default, key
+        flag = "--" + key.replace("_", "-")
+        assert f"{flag} {{{key}}}" in ep.command and flag in opt.opts, key

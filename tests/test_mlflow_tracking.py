@@ -155,3 +155,64 @@ def test_experiment_created_concurrently_is_reused(store, monkeypatch):
     monkeypatch.setattr(MlflowClient, "get_experiment_by_name", stale_then_real)
     assert mt._experiment_id("raced") == winner
     assert calls == ["raced", "raced"]
+
+
+def _as_killed(c, run_id):  # type: ignore[no-untyped-def]
+    """Make a study run look like one whose process was killed (RUNNING, owner dead)."""
+    import socket
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    c.set_tag(run_id, "scarcelab.owner", f"{socket.gethostname()}:{dead.pid}")
+    c.update_run(run_id, status="RUNNING")
+
+
+def test_a_resumed_study_with_nothing_left_to_train_keeps_its_scores_and_trials(
+        store, tmp_path, monkeypatch):
+    """Issue 25 item 8: a study killed after its last trial (e.g. in log_model) and run
+    again under ``mlflow run`` (a new run continues the dead one) trained nothing, logged no
+    ``best/*`` and so was missing from the leaderboard, its trials left under the old, now
+    FAILED, run. Now the run that owns the study carries the whole series, its trials hang
+    under it, and the leaderboard counts it once."""
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    first, res = _study("sup", storage=storage, max_trials=2)
+    c = MlflowClient()
+    old = c.get_run(first)
+    exp = old.info.experiment_id
+    series = {k: [(m.step, m.value) for m in c.get_metric_history(first, k)]
+              for k in old.data.metrics if k.startswith(("best/", "time/"))}
+    assert series["best/val_balanced_accuracy"]
+    trials = {r.info.run_id for r in c.search_runs(
+        [exp], f"tags.`mlflow.parentRunId` = '{first}'")}
+    assert len(trials) == 2
+    _as_killed(c, first)
+
+    launcher = c.create_run(exp).info.run_id  # what `mlflow run` creates for the re-run
+    monkeypatch.setenv("MLFLOW_RUN_ID", launcher)
+    second, res2 = _study("sup", storage=storage, max_trials=2)
+    monkeypatch.delenv("MLFLOW_RUN_ID")
+    assert second == launcher and res2.n_trials == 2  # nothing trained again
+    assert res2.best_val == pytest.approx(res.best_val)
+    new = c.get_run(second)
+    assert new.info.status == "FINISHED"
+    assert new.data.tags["scarcelab.resumed_from"] == first
+    m = new.data.metrics
+    assert m["best/val_balanced_accuracy"] == pytest.approx(res.best_val)
+    assert m["best/test_balanced_accuracy"] == pytest.approx(res.best_test["balanced_accuracy"])
+    for key, points in series.items():  # the dead run's series, carried over
+        got = [(x.step, x.value) for x in c.get_metric_history(second, key)]
+        assert got[:len(points)] == points, key
+    moved = c.search_runs([exp], f"tags.`mlflow.parentRunId` = '{second}'")
+    assert {r.info.run_id for r in moved} == trials  # the trials now hang under it
+    assert {r.data.tags["scarcelab.moved_from"] for r in moved} == {first}
+    assert not c.search_runs([exp], f"tags.`mlflow.parentRunId` = '{first}'")
+    assert c.get_run(first).info.status == "FAILED"
+    assert c.get_run(first).data.tags["scarcelab.resumed_by"] == second
+
+    studies = load_studies("unit")
+    assert list(studies["run_id"]) == [second]  # in the leaderboard, once
+    assert studies.iloc[0]["test_balanced_accuracy"] == pytest.approx(
+        res.best_test["balanced_accuracy"])
+    row = leaderboard("unit").iloc[0]
+    assert row["n"] == 1 and row["method"] == "sup"

@@ -284,7 +284,7 @@ def test_study_budget_clock_is_validated_logged_and_keys_the_study():
     # the default leaves keys of studies recorded before the option unchanged
     legacy = {k: v for k, v in __import__("dataclasses").asdict(_cfg()).items()
               if k not in ("storage", "study_name", "device", "label_fraction",
-                           "budget_clock")}
+                           "budget_clock", "started_at", "final_reserve_s")}
     import hashlib
     import json
     blob = json.dumps({**legacy, "split_hash": "h"}, sort_keys=True, default=str)

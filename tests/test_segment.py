@@ -416,6 +416,7 @@ def test_segment_cli_tiny_run_into_sqlite_mlflow(tmp_path, monkeypatch):
     run = runs.iloc[0]
     assert run["status"] == "FINISHED" and run["tags.scarcelab.family"] == "segment"
     assert run["tags.scarcelab.encoder"] == "random"
+    assert run["tags.scarcelab.phase"] == "done"  # the phases after the budget are over
     c = mlflow.MlflowClient()
     assert [m.step for m in c.get_metric_history(run.run_id, "seg/val_pq")] == [0, 1]
     for key in ("seg/pq", "seg/dq", "seg/sq", "seg/mpq", "seg/aji", "seg/dice",
@@ -538,3 +539,131 @@ def test_segment_resolves_mlflow_encoders_through_the_probe_resolver(monkeypatch
     assert "stop here" in r.output
     assert seen["resolve"] == ("runs:/abc123/model", "small_cnn", 3, "auto")
     assert seen["encoder"] == "runs:/abc123/model" and seen["backbone"] is not None
+
+
+# -- issue 25 item 10: dataset names before any work; a truncated tile names its file ---------
+
+def _patches_folder(root: Path, n: int = 2) -> Path:
+    """A consep_patches-shaped folder with ``n`` real 32x32 patches per split."""
+    import json
+
+    from PIL import Image
+
+    meta: dict = {"type_names": {"0": "bg", "1": "other"}, "inst_type": {}}
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        (root / split / "images").mkdir(parents=True)
+        (root / split / "inst_png").mkdir()
+        for i in range(n):
+            stem = f"img{i}_{i}"
+            Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(
+                root / split / "images" / f"{stem}.jpg", quality=90)
+            inst = np.zeros((32, 32), np.uint8)
+            inst[4:10, 4:10] = 1
+            Image.fromarray(inst).save(root / split / "inst_png" / f"{stem}.png")
+            meta["inst_type"][f"{split}/{stem}"] = [1]
+    (root / "inst_types.json").write_text(json.dumps(meta))
+    return root
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("victim", ["train/images/img1_1.jpg", "test/inst_png/img0_0.png"])
+def test_a_truncated_tile_is_a_data_error_naming_the_file(tmp_path, victim):
+    """Before: ``OSError: image file is truncated`` from inside PIL (a traceback)."""
+    from scarcelab.data.nuclei import load_nuclei
+
+    root = _patches_folder(tmp_path / "consep_patches")
+    assert len(load_nuclei("consep_patches", root).train) == 2  # the intact fixture loads
+    bad = tmp_path / "bad"
+    root = _patches_folder(bad / "consep_patches")
+    _truncate(root / victim)
+    with pytest.raises(DataError) as e:
+        load_nuclei("consep_patches", root)
+    msg = str(e.value)
+    assert str(root / victim) in msg and "truncated or corrupt" in msg and "\n" not in msg
+    # not an image at all, and a file that vanished between listing and reading
+    (root / victim).write_bytes(b"not an image")
+    with pytest.raises(DataError, match="not a readable image"):
+        load_nuclei("consep_patches", root)
+
+
+def test_a_truncated_tile_through_the_cli_is_one_error_line(tmp_path, monkeypatch):
+    from scarcelab.entrypoints.cli import main
+
+    root = _patches_folder(tmp_path / "consep_patches")
+    _truncate(root / "train" / "images" / "img0_0.jpg")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    r = CliRunner().invoke(main, ["segment", "--data-dir", str(root), "--device", "cpu",
+                                  "--arch", "small_cnn"])
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+    assert r.exit_code == 1 and len(err) == 1, r.output
+    assert "img0_0.jpg" in err[0] and "Traceback" not in r.output
+
+
+def test_corrupt_cpm15_masks_and_consep_mat_name_the_file(tmp_path):
+    from PIL import Image
+
+    from scarcelab.data.nuclei import load_nuclei
+    from scarcelab.data.nuclei.consep_mat import read_consep_mat
+
+    root = tmp_path / "nuclei_cpm15"
+    root.mkdir()
+    np.savez_compressed(root / "instance_masks.npz", image01=np.zeros((8, 8), np.int32))
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / "image01.png")
+    _truncate(root / "instance_masks.npz")
+    with pytest.raises(DataError, match="instance_masks.npz: not a readable .npz"):
+        load_nuclei("nuclei_cpm15", root)
+    mat = tmp_path / "x.mat"
+    from scipy.io import savemat
+
+    savemat(mat, {"inst_map": np.ones((50, 50))}, do_compression=True)
+    _truncate(mat)
+    with pytest.raises(DataError, match="x.mat: not a readable MATLAB"):
+        read_consep_mat(mat)
+
+
+def test_cross_test_names_are_checked_before_any_work(tmp_path, monkeypatch):
+    """Before: ``--cross-test nosuch`` trained and tested, then failed looking the name up,
+    and the run ended FAILED with nothing to show for the training."""
+    import scarcelab.protocols.segment as seg
+    from scarcelab.entrypoints.cli import main
+    from scarcelab.tracker import InMemoryTracker
+
+    def no_training(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("trained before the dataset names were checked")
+
+    monkeypatch.setattr(seg, "_train_and_test", no_training)
+    db = tmp_path / "m.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    for cross, words in (("nosuch", "unknown segmentation dataset 'nosuch'"),
+                         ("nuclei_cpm15,nosuch", "'nosuch'"),
+                         ("nuclei_cpm15,nuclei_cpm15", "given twice")):
+        r = CliRunner().invoke(main, ["segment", "--cross-test", cross, "--device", "cpu"])
+        err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+        assert r.exit_code == 2 and len(err) == 1, r.output
+        assert "'--cross-test'" in err[0] and words in err[0], err[0]
+    r = CliRunner().invoke(main, ["segment", "--dataset", "nosuch", "--device", "cpu"])
+    assert r.exit_code == 2 and "'--dataset'" in r.output, r.output
+    assert not db.exists()
+
+    # the protocol itself (the Python API): unknown names, and a cross-test set whose data
+    # is broken, fail before the run is opened or anything is trained
+    tr = InMemoryTracker()
+    with pytest.raises(ConfigError, match="nosuch"):
+        seg.run_segment(seg.SegmentConfig(cross_test=("nosuch",), device="cpu",
+                                          arch="small_cnn"), tr)
+
+    def broken(data_dir=None):  # type: ignore[no-untyped-def]
+        raise DataError("/data/broken_cross/x.png: not a readable image")
+
+    monkeypatch.setitem(seg.SEG_DATASETS._entries, "broken_cross", broken)
+    root = _patches_folder(tmp_path / "consep_patches")
+    with pytest.raises(DataError, match="broken_cross"):
+        seg.run_segment(seg.SegmentConfig(data_dir=str(root), cross_test=("broken_cross",),
+                                          device="cpu", arch="small_cnn"), tr)
+    assert tr.study is None  # no run was opened

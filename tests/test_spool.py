@@ -405,3 +405,44 @@ def test_spool_is_only_for_remote_tracking_stores(tmp_path):
     remote = Spool("https://mlflow.example.org", down, root=tmp_path)
     remote.submit({"op": "log_batch", "key": "study", "metrics": []})
     assert remote.dir is not None and len(remote.pending) == 1
+
+
+# -- issue 25 item 11: `spool replay` of a delivered, missing or foreign folder ----------------
+
+def test_replay_command_answers_every_folder_in_one_line(tmp_path, capsys):
+    """Before: a FileNotFoundError / JSONDecodeError traceback from reading state.json."""
+    from scarcelab.tracking.spool import main
+
+    uri, exp, left = _real_store_spool(tmp_path)
+    assert main(["replay", str(left)]) == 0  # delivers, then removes the folder
+    out = capsys.readouterr().out
+    assert out.strip() == f"{left}: delivered"
+    assert len(_runs_in(exp)) == 1
+    # the same command again (the folder is gone: it was delivered): not an error
+    assert main(["replay", str(left)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "nothing to deliver" in out and str(left) in out
+    assert len(_runs_in(exp)) == 1  # nothing delivered twice
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    orphan = tmp_path / "orphan"
+    orphan.mkdir()
+    (orphan / "journal.jsonl").write_text("")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "state.json").write_text("{not json")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for path, code, words in ((empty, 2, "is not a spool folder"),
+                              (orphan, 2, "no state.json"),
+                              (broken, 1, "cannot be read"),
+                              (afile, 2, "is not a folder")):
+        assert main(["replay", str(path)]) == code, path
+        cap = capsys.readouterr()
+        lines = [ln for ln in (cap.out + cap.err).splitlines() if ln.strip()]
+        assert len(lines) == 1 and words in lines[0] and str(path) in lines[0], lines
+        assert lines[0].startswith("Error: ")
+    assert broken.exists() and (broken / "state.json").read_text() == "{not json"
+    # several folders: each answered, the worst status wins
+    assert main(["replay", str(tmp_path / "gone"), str(broken)]) == 1

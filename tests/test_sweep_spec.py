@@ -97,8 +97,8 @@ def test_shipped_suites_are_valid():
     suites = sorted((Path(__file__).resolve().parents[1] / "suites").glob("*.yaml"))
     assert suites, "suites/ ships grid specs"
     for p in suites:
-        for full in (False, True):
-            sp = load_spec(p, full=full)
+        for flags in ({}, {"full": True}, {"smoke": True}):
+            sp = load_spec(p, **flags)
             assert sp.cells, p
 
 
@@ -173,16 +173,17 @@ def test_shipped_dependency_suites_expand_and_show_their_dependencies():
     from pathlib import Path
 
     suites = Path(__file__).resolve().parents[1] / "suites"
-    for full, n_pre in ((False, 1), (True, 3)):
-        sp = load_spec(suites / "pathology.yaml", full=full)
+    # per seed: linear and finetune probes at two label budgets, and a segmentation
+    for flags, n_pre, per in (({}, 1, 5), ({"full": True}, 3, 5), ({"smoke": True}, 1, 3)):
+        sp = load_spec(suites / "pathology.yaml", **flags)
         pre = [c for c in sp.cells if c.entry == "self"]
         deps = [c for c in sp.cells if c.refs]
-        assert len(pre) == n_pre and len(deps) == 3 * n_pre  # linear, finetune, segment
+        assert len(pre) == n_pre and len(deps) == per * n_pre
         seeds = {c.id: dict(c.options)["seed"] for c in pre}
         for c in deps:  # each evaluation uses the encoder pre-trained with its own seed
             assert seeds[c.refs[0][1]] == dict(c.options)["seed"]
         res = CliRunner().invoke(main, ["sweep", str(suites / "pathology.yaml"), "--dry-run"]
-                                 + (["--full"] if full else []))
+                                 + [f"--{k}" for k in flags])
         assert res.exit_code == 0, res.output
         lines = {ln.split()[0]: ln for ln in res.output.splitlines()[1:]}
         assert len(lines) == len(sp.cells)
@@ -190,7 +191,7 @@ def test_shipped_dependency_suites_expand_and_show_their_dependencies():
             assert "--encoder @pretrain" in lines[c.id]
             assert f"once cell {c.refs[0][1]} finished" in lines[c.id]
     tune = load_spec(suites / "tune_it.yaml")
-    assert {c.entry for c in tune.cells} == {"tune"} and len(tune.cells) == 4
+    assert {c.entry for c in tune.cells} == {"tune"} and len(tune.cells) == 10
     full = load_spec(suites / "tune_it.yaml", full=True)
     assert len(full.cells) == 10 * 5
     assert {dict(c.options)["epochs"] for c in full.cells} == {"default"}

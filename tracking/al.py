@@ -12,7 +12,7 @@ blocks (:func:`cd_blocks`). The significance statistics live in ``tracking.stats
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -75,24 +75,54 @@ def cd_blocks(runs: pd.DataFrame) -> pd.DataFrame:
     return paired_blocks(runs).dropna()
 
 
-def rank_table(runs: pd.DataFrame) -> pd.DataFrame:
+def rank_table(runs: pd.DataFrame, notes: list[str] | None = None) -> pd.DataFrame:
     """Mean rank (1 = best AUC) per (dataset, query_size) over its repetition blocks, and
     the row ("mean", "all"): the mean rank over every block of :func:`cd_blocks` — the
     ranks the CD diagram shows.
 
     Within a problem, only strategies run on it are ranked, on the repetitions all of them
     finished; a strategy missing from a problem has no rank there (NaN), nor in the
-    overall row."""
+    overall row. What cannot be ranked — a problem whose strategies share no repetition,
+    an overall row with no strategy run on every problem — is NaN, and the reason is
+    appended to ``notes`` (any experiment gets a table, never a crash)."""
     from scarcelab.tracking.stats import average_ranks
 
+    notes = notes if notes is not None else []
     blocks = paired_blocks(runs)
-    rows = {key: average_ranks(sub.droplevel([0, 1]).dropna(axis=1, how="all").dropna())
-            for key, sub in blocks.groupby(level=[0, 1])}
+    rows = {}
+    for key, sub in blocks.groupby(level=[0, 1]):
+        sub = sub.droplevel([0, 1]).dropna(axis=1, how="all")
+        complete = sub.dropna()
+        if complete.empty:
+            notes.append(f"{key[0]} q={key[1]}: its strategies ({', '.join(sub.columns)}) "
+                         "share no repetition, so they cannot be ranked against each other "
+                         "there (ranks compare the same repetition, i.e. the same data and "
+                         "initial model)")
+            rows[key] = pd.Series(float("nan"), index=sub.columns)
+            continue
+        rows[key] = average_ranks(complete)
     table = pd.DataFrame(rows).T
-    table.index.names = ["dataset", "query_size"]
-    overall = average_ranks(cd_blocks(runs))
-    table.loc[("mean", "all"), :] = overall.reindex(table.columns)
+    table.index = pd.MultiIndex.from_tuples(table.index, names=["dataset", "query_size"])
+    overall = cd_blocks(runs)
+    if overall.shape[1] == 0 or overall.empty:
+        notes.append(_why_no_overall(runs, overall))
+        table.loc[("mean", "all"), :] = float("nan")
+    else:
+        table.loc[("mean", "all"), :] = average_ranks(overall).reindex(table.columns)
     return table
+
+
+def _why_no_overall(runs: pd.DataFrame, overall: pd.DataFrame) -> str:
+    """Why no strategy can be ranked over all problems, naming what each problem has."""
+    have = runs.groupby(["dataset", "query_size"])["strategy"].unique()
+    listing = "; ".join(f"{d} q={q}: {', '.join(sorted(map(str, s)))}"
+                        for (d, q), s in have.items())
+    if overall.shape[1] == 0:
+        return ("no overall ranks, no Friedman test, no CD diagram: no strategy was run on "
+                f"every (dataset, query size) problem ({listing}); run the strategies to "
+                "compare on the same problems")
+    return ("no overall ranks, no Friedman test, no CD diagram: the strategies run on every "
+            f"problem ({', '.join(overall.columns)}) share no repetition ({listing})")
 
 
 @dataclass
@@ -102,13 +132,16 @@ class ALReport:
     friedman: tuple[float, float] | None
     pairwise: pd.DataFrame | None
     run_id: str | None
+    #: what could not be ranked or tested, and why (one sentence each)
+    notes: list[str] = field(default_factory=list)
 
 
 def al_report(experiments: list[str], tracking_uri: str | None = None, alpha: float = 0.05,
               log: bool = True) -> ALReport:
     """Ranks and, with >= 3 strategies and >= 2 (dataset, query size, repetition) blocks,
     Friedman + Wilcoxon-Holm and the CD diagram; ``log`` stores them as a run (role
-    ``al_report``) in the first experiment."""
+    ``al_report``) in the first experiment. What the runs do not allow (one strategy, no
+    shared problem or repetition) is said in ``notes`` instead of failing."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,13 +152,19 @@ def al_report(experiments: list[str], tracking_uri: str | None = None, alpha: fl
     runs = al_runs(experiments, tracking_uri)
     if runs.empty:
         raise ValueError(f"no finished AL runs (tag scarcelab.role=al) in {experiments}")
-    ranks = rank_table(runs)
+    notes: list[str] = []
+    ranks = rank_table(runs, notes)
     scores = cd_blocks(runs)
     fried = pw = fig = None
     if scores.shape[1] >= 3 and scores.shape[0] >= 2:
         fried = friedman_test(scores)
         pw = wilcoxon_holm(scores, alpha=alpha)
         fig = cd_diagram(scores, alpha=alpha, title=f"AL strategies, {scores.shape[0]} blocks")
+    elif scores.shape[1] and not scores.empty:
+        notes.append(f"no Friedman test and no CD diagram: they need >= 3 strategies run on "
+                     f"every problem and >= 2 shared (dataset, query size, repetition) "
+                     f"blocks; have {scores.shape[1]} ({', '.join(scores.columns)}) on "
+                     f"{scores.shape[0]} block(s)")
     run_id = None
     if log:
         mlflow.set_experiment(experiments[0])
@@ -138,10 +177,12 @@ def al_report(experiments: list[str], tracking_uri: str | None = None, alpha: fl
                     p = Path(tmp) / name
                     df.to_csv(p)
                     mlflow.log_artifact(str(p))
+            if notes:
+                mlflow.log_text("\n".join(notes) + "\n", "al_notes.txt")
             if fried is not None:
                 mlflow.log_metrics({"al/friedman_stat": float(fried[0]),
                                     "al/friedman_p": float(fried[1])})
             if fig is not None:
                 mlflow.log_figure(fig, "al_cd_diagram.png")
             run_id = run.info.run_id
-    return ALReport(scores, ranks, fried, pw, run_id)
+    return ALReport(scores, ranks, fried, pw, run_id, notes)

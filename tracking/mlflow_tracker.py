@@ -172,13 +172,44 @@ def _deliver_model(client: MlflowClient, op: dict[str, Any], run_id: str) -> Non
             return
     module = load_exported(op["path"]).module()
     example = torch.load(op["example_path"], map_location="cpu", weights_only=True)
+    _log_pt2(module, example, run_id, exp_id, op.get("metadata") or None,
+             {SPOOL_OP_TAG: op_id} if op_id else None)
+
+
+def model_requirements() -> list[str]:
+    """The pip requirements of a logged pt2 model, pinned to this environment.
+
+    Given to MLflow instead of letting it infer them: inference starts a second Python that
+    imports MLflow and torch and loads the model to see what it imports — 38-43 s of the
+    77 s the README's study spent "logging the selected model" on this 2-core machine
+    under load (bench/study_overhead.py, docs/performance.md). Loading a pt2 model needs
+    torch, and MLflow's pyfunc loader numpy, pandas and cloudpickle (mlflow itself is
+    added by MLflow): the list that inference found here, minus tqdm, a transitive import
+    nothing of the model needs."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    out = list(mlflow.pytorch.get_default_pip_requirements())  # torch, cloudpickle
+    have = {r.split("==")[0].lower() for r in out}
+    for dist in ("numpy", "pandas"):
+        if dist not in have:
+            try:
+                out.append(f"{dist}=={Version(version(dist)).public}")
+            except PackageNotFoundError:
+                out.append(dist)
+    return out
+
+
+def _log_pt2(module: nn.Module, example: torch.Tensor, run_id: str, experiment_id: str,
+             metadata: dict[str, Any] | None, tags: dict[str, str] | None) -> None:
     # the logged-model entity is created in the *current* experiment, and `runs:/<id>/model`
     # is looked up in the run's experiment: make them the same
-    mlflow.set_experiment(experiment_id=exp_id)
+    mlflow.set_experiment(experiment_id=experiment_id)
     mlflow.pytorch.log_model(module, name="model", serialization_format="pt2",
                              input_example=example.numpy(), run_id=run_id,
-                             metadata=op.get("metadata") or None,
-                             tags={SPOOL_OP_TAG: op_id} if op_id else None)
+                             metadata=metadata, tags=tags,
+                             pip_requirements=model_requirements())
 
 
 def _experiment_id(name: str | None) -> str:
@@ -208,6 +239,17 @@ def current_experiment_id(client: MlflowClient, name: str | None) -> str:
     if os.environ.get("MLFLOW_RUN_ID"):
         return str(client.get_run(os.environ["MLFLOW_RUN_ID"]).info.experiment_id)
     return _experiment_id(name)
+
+
+def _export_failed(tracker: Any, e: BaseException) -> None:
+    """The study's results stand without the model: say so on the run and the terminal."""
+    msg = (f"the final model could not be exported with torch.export ({type(e).__name__}: "
+           f"{str(e)[:300]}); it is not logged (the best checkpoint is). A pickled "
+           "model is not logged instead: it would run code when loaded")
+    log.error(msg)
+    print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
+    tracker._submit({"op": "log_batch", "key": "study",
+                     "tags": [["scarcelab.model_export_error", msg[:5000]]]})
 
 
 class TrackingUnavailable(ScarcelabError):
@@ -347,6 +389,33 @@ class MlflowTracker(RunViews, Tracker):
                 _retry(self.client.set_tag, run.info.run_id, "scarcelab.error", reason)
                 _retry(self.client.set_terminated, run.info.run_id, "FAILED")
 
+    def _take_over(self, dead: str, new: str) -> None:
+        """The run ``new`` continues study run ``dead`` (``mlflow run`` made a new run for
+        the re-run): ``new`` gets ``dead``'s study-level series (``best/*``, ``time/*``,
+        every step, with their timestamps; the resumed search logs its next epochs after
+        them), and ``dead``'s trial runs move under ``new`` (tag ``scarcelab.moved_from``).
+        Otherwise a study resumed with nothing left to train had no ``best/*`` of its own
+        and was missing from the leaderboard, and every view that groups trials by their
+        parent saw them under a FAILED run (issue 25 item 8). Per-process system metrics
+        stay where they were measured."""
+        old = _retry(self.client.get_run, dead)
+        batch: list[Metric] = []
+        for key in sorted(old.data.metrics):
+            if key.startswith("system/"):
+                continue
+            for m in _retry(self.client.get_metric_history, dead, key):
+                batch.append(Metric(key, m.value, m.timestamp, m.step))
+        for i in range(0, len(batch), 1000):  # MLflow's per-request metric limit
+            _retry(self.client.log_batch, new, metrics=batch[i:i + 1000])
+        kids = _retry(self.client.search_runs, [old.info.experiment_id],
+                      f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{dead}'", max_results=50_000)
+        for kid in kids:
+            _retry(self.client.log_batch, kid.info.run_id, tags=[
+                RunTag(MLFLOW_PARENT_RUN_ID, new), RunTag("scarcelab.moved_from", dead)])
+        if batch or kids:
+            log.info("study run %s continues %s: %d metric points and %d trial runs moved",
+                     new, dead, len(batch), len(kids))
+
     def attach_study(self, run_id: str) -> None:
         """Make the next ``start_study`` continue the existing study run ``run_id`` (its
         new trial runs become its children), even under ``mlflow run``: the run MLflow
@@ -397,6 +466,7 @@ class MlflowTracker(RunViews, Tracker):
                        f"`{self.study_run_id}`; its retrain runs and results are there.")])
         if project_run and self._resume_run:  # a new run continues the dead one
             all_tags["scarcelab.resumed_from"] = self._resume_run
+            self._take_over(self._resume_run, project_run)
             _retry(self.client.set_tag, self._resume_run, "scarcelab.resumed_by", project_run)
             _retry(self.client.set_terminated, self._resume_run, "FAILED")
         # Under `mlflow run` the entry point's raw strings ("default", "''") are logged
@@ -528,23 +598,35 @@ class MlflowTracker(RunViews, Tracker):
     def log_model(self, model: nn.Module, example: Any) -> None:
         d = Path(self._tmp.name) / uuid.uuid4().hex[:8]
         d.mkdir()
+        example = example.detach().cpu().contiguous()
+        metadata = {"scarcelab.format": "pt2"}
+        assert self.spool is not None and self.study_run_id is not None, "start_study first"
+        if not self.spool.remote:
+            # A local store has no outage to wait out, so nothing goes through the spool:
+            # MLflow exports the live model itself. Exporting it here first and reading
+            # the archive back (what the spool needs) would be a second torch.export of
+            # the same model plus a load.
+            try:
+                _log_pt2(model.eval(), example, self.study_run_id, self._experiment_id,
+                         metadata, None)
+                return
+            except Exception as e:  # noqa: BLE001 - an export failure is reported below
+                try:  # was it the export? then the study stands without the model
+                    export_model(model, example, d / "model.pt2")
+                except Exception:  # noqa: BLE001
+                    _export_failed(self, e)
+                    return
+                raise
         # exported here, where the model is a live object: the spool then holds a pt2
         # archive (JSON graph + raw tensors) and a tensor, never a pickled module
         try:
             export_model(model, example, d / "model.pt2")
         except Exception as e:  # noqa: BLE001 - the study's results stand without the model
-            msg = (f"the final model could not be exported with torch.export ({type(e).__name__}: "
-                   f"{str(e)[:300]}); it is not logged (the best checkpoint is). A pickled "
-                   "model is not logged instead: it would run code when loaded")
-            log.error(msg)
-            print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
-            self._submit({"op": "log_batch", "key": "study",
-                          "tags": [["scarcelab.model_export_error", msg[:5000]]]})
+            _export_failed(self, e)
             return
-        torch.save(example.detach().cpu().contiguous(), d / "example.pt")
+        torch.save(example, d / "example.pt")
         self._submit({"op": "log_model", "key": "study", "path": str(d / "model.pt2"),
-                      "example_path": str(d / "example.pt"),
-                      "metadata": {"scarcelab.format": "pt2"}})
+                      "example_path": str(d / "example.pt"), "metadata": metadata})
 
     def end_study(self, status: str) -> None:
         if self._trial_key is not None:  # a trial interrupted by an exception

@@ -119,6 +119,10 @@ class RunViews:
                               "tags": [[DESCRIPTION_TAG, text]]})
         except Exception as e:  # noqa: BLE001
             log.warning("run description skipped: %s", e)
+        if "scarcelab.phase" in st["tags"]:  # the phase tag of a running study: over now
+            self._submit({"op": "log_batch", "key": "study",  # type: ignore[attr-defined]
+                          "tags": [["scarcelab.phase", "done" if status == "FINISHED"
+                                    else status.lower()]]})
         if st["register"] and status == "FINISHED":
             self._submit({"op": "register_model", "key": "study",  # type: ignore[attr-defined]
                           "name": st["register"]})

@@ -473,27 +473,75 @@ def replay(folder: Path, deliver: Callable[[dict[str, Any], dict[str, str]], str
         sp.release()
 
 
+def _replay_target(d: Path) -> tuple[str | None, int]:
+    """(the tracking URI of spool folder ``d``, 0) when it can be replayed, else (None,
+    exit status) after one line saying why: a folder that is gone is usually one that was
+    delivered (a delivered spool is removed), which is not an error; a path that is not a
+    spool folder, or one whose state cannot be read, is."""
+    if not d.exists():
+        print(f"{d}: nothing to deliver: no such folder (a spool folder is removed once "
+              "everything in it is delivered; check the path if you expected records there)")
+        return None, 0
+    if not d.is_dir():
+        print(f"Error: {d} is not a folder; pass a spool folder (the path the study printed, "
+              f"under {DEFAULT_ROOT})", file=sys.stderr)
+        return None, 2
+    state = d / "state.json"
+    if not state.exists():
+        what = ("has a journal but no state.json: it cannot be delivered (the run ids are in "
+                "state.json)") if (d / "journal.jsonl").exists() else \
+            "is not a spool folder (no state.json, no journal.jsonl)"
+        print(f"Error: {d} {what}; pass the folder the study printed, under {DEFAULT_ROOT}",
+              file=sys.stderr)
+        return None, 2
+    try:
+        uri = json.loads(state.read_text())["tracking_uri"]
+        if not isinstance(uri, str):
+            raise TypeError("tracking_uri is not a string")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"Error: {state} cannot be read ({type(e).__name__}: {e}); the folder is "
+              "left as it is", file=sys.stderr)
+        return None, 1
+    return uri, 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m scarcelab.tracking.spool replay DIR...``: deliver spools left by ended
-    processes."""
+    processes. Exit status 0 when every folder was delivered (or was already gone), 1 when
+    something is left, 2 for a path that is not a spool folder."""
     import argparse
-
-    from scarcelab.tracking.mlflow_tracker import deliver_op
 
     p = argparse.ArgumentParser(prog="python -m scarcelab.tracking.spool")
     p.add_argument("action", choices=["replay"])
     p.add_argument("dirs", nargs="+")
     a = p.parse_args(argv)
-    ok = True
-    for d in a.dirs:
-        st = json.loads((Path(d) / "state.json").read_text())
+    status = 0
+    for d in map(Path, a.dirs):
+        uri, code = _replay_target(d)
+        if uri is None:
+            status = max(status, code)
+            continue
         import mlflow
 
-        mlflow.set_tracking_uri(st["tracking_uri"])
-        done = replay(Path(d), deliver_op)
-        print(f"{d}: {'delivered' if done else 'not (fully) delivered: see the messages above'}")
-        ok &= done
-    return 0 if ok else 1
+        from scarcelab.tracking.mlflow_tracker import deliver_op
+
+        mlflow.set_tracking_uri(uri)
+        try:
+            done = replay(d, deliver_op)
+        except Exception as e:  # noqa: BLE001 - one line per folder, the others still go
+            print(f"Error: {d}: replay failed ({type(e).__name__}: {str(e)[:300]}); the folder "
+                  "is kept and can be replayed again", file=sys.stderr)
+            status = max(status, 1)
+            continue
+        rejected = d / "rejected.jsonl"
+        note = ""
+        if rejected.exists():
+            n = sum(1 for line in rejected.read_text().splitlines() if line.strip())
+            note = f"; {n} operation(s) the server rejected are kept in {rejected}"
+        print(f"{d}: {'delivered' if done else 'not (fully) delivered: see the messages above'}"
+              f"{note}")
+        status = max(status, 0 if done else 1)
+    return status
 
 
 if __name__ == "__main__":

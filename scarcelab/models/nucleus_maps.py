@@ -186,46 +186,91 @@ def resize_maps(maps: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
                                            align_corners=False)[0].numpy()
 
 
+def _ramp(n: int) -> np.ndarray:
+    return np.minimum(np.arange(n) + 1, np.arange(n)[::-1] + 1).astype(np.float32)
+
+
+@dataclass
+class _TileWindows:
+    """One tile laid out for sliding-window inference (see :func:`predict_tiles`)."""
+
+    pixels: torch.Tensor  # (3, H, W) float in [0, 1], reflect-padded to at least a window
+    h0: int
+    w0: int
+    wh: int
+    ww: int
+    coords: list[tuple[int, int]]
+    weight: np.ndarray
+    acc: np.ndarray | None = None
+    den: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, image: np.ndarray, window: int, stride: int) -> _TileWindows:
+        h0, w0 = image.shape[:2]
+        wh = min(window, -(-h0 // stride) * stride)
+        ww = min(window, -(-w0 // stride) * stride)
+        H, W = max(h0, wh), max(w0, ww)
+        x = np.pad(image, ((0, H - h0), (0, W - w0), (0, 0)), mode="reflect")
+        ys = sorted({*range(0, H - wh + 1, max(1, wh // 2)), H - wh})
+        xs = sorted({*range(0, W - ww + 1, max(1, ww // 2)), W - ww})
+        wgt = np.minimum.outer(_ramp(wh), _ramp(ww))
+        wgt /= wgt.max()
+        t = torch.from_numpy(np.ascontiguousarray(x)).permute(2, 0, 1).float().div(255.0)
+        return cls(t, h0, w0, wh, ww, [(a, b) for a in ys for b in xs], wgt)
+
+    def add(self, a: int, b: int, y: np.ndarray) -> None:
+        if self.acc is None:
+            self.acc = np.zeros((y.shape[0], *self.pixels.shape[1:]), np.float32)
+            self.den = np.zeros(self.pixels.shape[1:], np.float32)
+        assert self.den is not None
+        self.acc[:, a:a + self.wh, b:b + self.ww] += y * self.weight
+        self.den[a:a + self.wh, b:b + self.ww] += self.weight
+
+    def maps(self) -> np.ndarray:
+        assert self.acc is not None and self.den is not None
+        return (self.acc / self.den)[:, :self.h0, :self.w0]
+
+
 @torch.no_grad()
-def predict_tile(model: torch.nn.Module, image: np.ndarray, window: int,
-                 device: torch.device | str = "cpu", batch: int = 8) -> np.ndarray:
-    """Sliding-window prediction on a whole (H, W, 3) uint8 tile: windows of up to
+def predict_tiles(model: torch.nn.Module, images: list[np.ndarray], window: int,
+                  device: torch.device | str = "cpu", batch: int = 16) -> list[np.ndarray]:
+    """Sliding-window prediction on whole (H, W, 3) uint8 tiles: windows of up to
     ``window`` pixels (smaller for a smaller tile, rounded up to the model's ``stride``)
     at half-window steps, overlapping outputs averaged with a weight that falls towards
-    each window's border (centres see the most context). Returns the maps as
-    (C, H, W) float32 with NP and TP as probabilities, HV as predicted."""
+    each window's border (centres see the most context). Returns each tile's maps as
+    (C, H, W) float32 with NP and TP as probabilities, HV as predicted.
+
+    The windows of *all* tiles go through the network in batches of ``batch`` windows
+    of one size (a tile no larger than the window is one window, so batching per tile
+    alone left CoNSeP's 256 x 256 test patches at one window per forward pass). The
+    model is in eval mode, so a window's output does not depend on its batch mates; the
+    maps equal tile-by-tile inference up to float rounding (tests/test_segment.py).
+    On this 2-core CPU the batch size made no measurable difference (a forward pass of
+    a 256 x 256 window is ~0.2-0.25 s of CPU at batch 1 and 8, docs/performance.md);
+    on a GPU one-window forward passes leave it idle (not measured here)."""
     was = model.training
     model.eval()
-    m = int(getattr(model, "stride", 1))
-    h0, w0 = image.shape[:2]
-    wh = min(window, -(-h0 // m) * m)
-    ww = min(window, -(-w0 // m) * m)
-    H, W = max(h0, wh), max(w0, ww)
-    x = np.pad(image, ((0, H - h0), (0, W - w0), (0, 0)), mode="reflect")
-    ys = sorted({*range(0, H - wh + 1, max(1, wh // 2)), H - wh})
-    xs = sorted({*range(0, W - ww + 1, max(1, ww // 2)), W - ww})
-
-    def ramp(n: int) -> np.ndarray:
-        return np.minimum(np.arange(n) + 1, np.arange(n)[::-1] + 1).astype(np.float32)
-
-    wgt = np.minimum.outer(ramp(wh), ramp(ww))
-    wgt /= wgt.max()
-    t = torch.from_numpy(x).permute(2, 0, 1).float().div(255.0)
-    coords = [(a, b) for a in ys for b in xs]
-    acc = den = None
-    for s in range(0, len(coords), batch):
-        cs = coords[s:s + batch]
-        xb = torch.stack([t[:, a:a + wh, b:b + ww] for a, b in cs]).to(device)
-        y = model(xb).float()
-        n_types = y.shape[1] - 4
-        y = torch.cat([y[:, :2].softmax(1), y[:, 2:4],
-                       y[:, 4:].softmax(1) if n_types > 0 else y[:, 4:]], 1).cpu().numpy()
-        if acc is None:
-            acc = np.zeros((y.shape[1], H, W), np.float32)
-            den = np.zeros((H, W), np.float32)
-        for (a, b), yy in zip(cs, y, strict=True):
-            acc[:, a:a + wh, b:b + ww] += yy * wgt
-            den[a:a + wh, b:b + ww] += wgt
+    stride = int(getattr(model, "stride", 1))
+    tiles = [_TileWindows.of(img, window, stride) for img in images]
+    by_shape: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for k, t in enumerate(tiles):
+        by_shape.setdefault((t.wh, t.ww), []).extend((k, a, b) for a, b in t.coords)
+    for (wh, ww), todo in by_shape.items():
+        for s in range(0, len(todo), batch):
+            chunk = todo[s:s + batch]
+            xb = torch.stack([tiles[k].pixels[:, a:a + wh, b:b + ww]
+                              for k, a, b in chunk]).to(device)
+            y = model(xb).float()
+            n_types = y.shape[1] - 4
+            y = torch.cat([y[:, :2].softmax(1), y[:, 2:4],
+                           y[:, 4:].softmax(1) if n_types > 0 else y[:, 4:]], 1).cpu().numpy()
+            for (k, a, b), yy in zip(chunk, y, strict=True):
+                tiles[k].add(a, b, yy)
     model.train(was)
-    assert acc is not None and den is not None
-    return (acc / den)[:, :h0, :w0]
+    return [t.maps() for t in tiles]
+
+
+def predict_tile(model: torch.nn.Module, image: np.ndarray, window: int,
+                 device: torch.device | str = "cpu", batch: int = 8) -> np.ndarray:
+    """:func:`predict_tiles` of one tile."""
+    return predict_tiles(model, [image], window, device, batch)[0]

@@ -72,6 +72,17 @@ log = logging.getLogger("scarcelab")
 
 MAX_CONSECUTIVE_ERRORS = 3
 CHECKPOINT_MIN_INTERVAL_S = 30.0
+# Seconds the search leaves at the end of the budget for the final phase (the selected
+# model exported and logged, figures, the run closed): measured at 2-5 s idle and up to
+# ~20 s under load for small_cnn on this 2-core machine (bench/study_overhead.py,
+# docs/performance.md). At most FINAL_RESERVE_SHARE of the budget, so that a short
+# budget still trains.
+FINAL_RESERVE_S = 8.0
+FINAL_RESERVE_SHARE = 0.1
+# Start-up spent before the search (imports, data, the study record) counts against the
+# budget, but never more than this share of it: a budget shorter than the start-up still
+# trains.
+STARTUP_MAX_SHARE = 0.5
 SEARCHES = ("random", "none", "fixed")
 # Transfer strategy epochs (SSL-vs-SSL App. D.2): 100, except 80 for TMED-2.
 TRANSFER_EPOCHS: dict[str, int] = {"tmed2": 80}
@@ -143,6 +154,26 @@ class StudyConfig(AutoDevice):
     # binary tasks: the class the test metrics detect (index or class name); None = the
     # dataset's own (the disease: scarcelab.data.bundle.resolve_positive_class)
     positive_class: int | str | None = None
+    # ``time.time()`` at which the command started (entry points: the process, or the
+    # ``mlflow run`` that launched it): the budget is then the command's wall time, its
+    # start-up included (at most STARTUP_MAX_SHARE of it). None = the budget starts with
+    # the search (library use).
+    started_at: float | None = None
+    # seconds kept at the end of the budget for the final phase; None = FINAL_RESERVE_S
+    final_reserve_s: float | None = None
+
+    def budget_split(self, now: float) -> tuple[float, float]:
+        """(start-up seconds charged to the budget, seconds reserved for the final phase)."""
+        total = self.budget_minutes * 60.0
+        if self.started_at is None:
+            startup = 0.0
+        elif self.budget_clock == "cpu":  # the CPU this process spent before the search
+            startup = time.process_time()
+        else:
+            startup = max(0.0, now - self.started_at)
+        reserve = FINAL_RESERVE_S if self.final_reserve_s is None else self.final_reserve_s
+        return (min(startup, STARTUP_MAX_SHARE * total),
+                min(max(reserve, 0.0), FINAL_RESERVE_SHARE * total))
 
     def resolved_transfer_epochs(self) -> int:
         if self.transfer_epochs is not None:
@@ -276,6 +307,10 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                 "positive_class": bundle.meta.get("positive_class"),
                 "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
     resolved["storage"] = redact(cfg.storage)  # the URI holds the DB password
+    # a per-process timestamp, not a setting; the start-up it charged is logged as
+    # time/startup_s, and the reserve actually kept is what is recorded
+    resolved.pop("started_at")
+    resolved["final_reserve_s"] = cfg.budget_split(0.0)[1]
     study_key = cfg.study_name or _study_key(cfg, split["hash"])
     store, resume = _open_store(cfg, tracker, study_key)
     tags["scarcelab.study_key"] = study_key
@@ -292,9 +327,15 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
     spent = resume.elapsed_s if resume else 0.0
     if resume is not None:  # a killed trial's time, recorded between its logged epochs
         spent = max(spent, store.spent_by_dead_processes())
-    # time already spent counts
-    budget = Budget(cfg.budget_minutes * 60.0, spent_s=spent, clock=cfg.budget_clock)
-    best: dict[str, Any] = {"val": -1.0, "test": {}, "trial": -1, "ckpt": None, "method": None}
+    startup, reserve = cfg.budget_split(time.time())
+    # time already spent counts: an earlier process's, and this one's start-up
+    budget = Budget(cfg.budget_minutes * 60.0, spent_s=spent + startup, reserve_s=reserve,
+                    clock=cfg.budget_clock)
+    last: dict[str, float] = {"step_s": 0.0, "eval_s": 0.0}  # the last trial's step cost
+    if cfg.started_at is not None:
+        tracker.log_metrics({"time/startup_s": startup}, 0, scope="study")
+    best: dict[str, Any] = {"val": -1.0, "test": {}, "trial": -1, "ckpt": None, "method": None,
+                            "test_proba": None}
     state = {"global_epoch": 0, "last_upload": 0.0, "dirty": False}
     if resume is not None:
         _restore(resume, best, state)
@@ -310,8 +351,10 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
 
     _reap(store, tracker, study_key)  # before counting: a dead trial must not hold a slot
     try:
-        while not budget.expired() and (cfg.max_trials <= 0
-                                        or _started(store) < cfg.max_trials):
+        # a new trial must have time for at least one step and its evaluation (at the
+        # last trial's speed): otherwise it would only run past the budget
+        while budget.remaining() > last["step_s"] + last["eval_s"] and (
+                cfg.max_trials <= 0 or _started(store) < cfg.max_trials):
             _reap(store, tracker, study_key)
             trial = store.ask(budget.elapsed)
             number = trial.number
@@ -352,7 +395,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                                                     "in_channels": bundle.channels,
                                                     "split_hash": split["hash"],
                                                     "test_metrics": dict(rep.test_metrics)},
-                                method=method)
+                                method=method, test_proba=rep.test_proba)
                     state["dirty"] = True
                 study_metrics = {"best/val_balanced_accuracy": best["val"],
                                  "time/elapsed_s": elapsed, "time/diag_s": budget.excluded_s}
@@ -386,6 +429,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                     raise
                 continue
             errors_in_row = 0
+            last.update(step_s=res.step_s, eval_s=res.eval_s)
             if res.epochs == 0:  # budget ran out before one epoch: not a real trial
                 store.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 tracker.end_trial("KILLED", "budget exhausted before the first epoch")
@@ -401,6 +445,15 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
             upload_best(force=True)
             if cfg.search != "random":  # one run of the given configuration
                 break
+        if resume is not None and state["global_epoch"] == resume.global_epoch and \
+                best["ckpt"] is not None:
+            # resumed with nothing left to train (killed after its last trial): the record
+            # that owns the study now ends its best/* series with the answer it reports, the
+            # restored checkpoint, which the leaderboard reads (issue 25 item 8)
+            final = {"best/val_balanced_accuracy": best["val"], "time/elapsed_s":
+                     budget.elapsed(), "time/diag_s": budget.excluded_s,
+                     **{f"best/test_{k}": v for k, v in best["test"].items()}}
+            tracker.log_metrics(final, state["global_epoch"], scope="study")
         counts = store.counts()  # the whole study: earlier (killed) runs and other workers
         n_trials, n_failed = counts["complete"] + counts["failed"], counts["failed"]
         if best["ckpt"] is None:
@@ -419,7 +472,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                           "scarcelab.n_failed": str(n_failed),
                           "scarcelab.best_trial": str(best["trial"])})
         tracker.log_model(model, example)
-        _log_figures(tracker, model, bundle, store)
+        _log_figures(tracker, model, bundle, store, best["test_proba"])
     except BaseException:
         status = "FAILED"
         raise
@@ -432,14 +485,18 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
 
 
 def _log_figures(tracker: Tracker, model: torch.nn.Module, bundle: DatasetBundle,
-                 store: StudyStore) -> None:
+                 store: StudyStore, proba: np.ndarray | None = None) -> None:
     """The selected checkpoint's test predictions and the search's trials, for the
-    tracker's figures; a failure here costs the figures, never the study."""
+    tracker's figures; a failure here costs the figures, never the study. ``proba``: the
+    test probabilities recorded when that checkpoint was evaluated (the ones its
+    ``best/test_*`` metrics come from); only a checkpoint restored by a resumed study,
+    which has none, is run over the test set again."""
     try:
-        with torch.no_grad():
-            x = torch.as_tensor(bundle.test_x)
-            proba = torch.cat([torch.softmax(model(x[i:i + 512].float() / 255.0), 1)
-                               for i in range(0, len(x), 512)]).numpy()
+        if proba is None:
+            with torch.no_grad():
+                x = torch.as_tensor(bundle.test_x)
+                proba = torch.cat([torch.softmax(model(x[i:i + 512].float() / 255.0), 1)
+                                   for i in range(0, len(x), 512)]).numpy()
         tracker.log_evaluation(np.asarray(bundle.test_y), proba,
                                list(bundle.meta["class_names"]),
                                positive_class=bundle.meta.get("positive_class"))
@@ -450,8 +507,10 @@ def _log_figures(tracker: Tracker, model: torch.nn.Module, bundle: DatasetBundle
 
 def _study_key(cfg: StudyConfig, split_hash: str) -> str:
     """Identifies "the same command": every setting that changes what the search does."""
+    # started_at differs per process and the reserve is accounting: neither changes what
+    # the search does, so a re-run (resume) has the same key
     d = {k: v for k, v in dataclasses.asdict(cfg).items()
-         if k not in ("storage", "study_name", "device")}
+         if k not in ("storage", "study_name", "device", "started_at", "final_reserve_s")}
     # defaults of settings added later: studies keyed before them keep their key
     if d.get("label_fraction") == 1.0:
         d.pop("label_fraction")

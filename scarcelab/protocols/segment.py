@@ -52,7 +52,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import scarcelab
-from scarcelab.data.nuclei import NucleiDataset, NucleiTile, load_nuclei, split_validation
+from scarcelab.data.nuclei import (
+    SEG_DATASETS,
+    NucleiDataset,
+    NucleiTile,
+    load_nuclei,
+    split_validation,
+)
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.metrics.segmentation import AGGREGATIONS, SegmentationEvaluator
 from scarcelab.models.encoder import build_encoder, check_norm
@@ -61,7 +67,7 @@ from scarcelab.models.nucleus_maps import (
     PostProcess,
     crop_targets,
     instance_types,
-    predict_tile,
+    predict_tiles,
     resize_maps,
     type_map,
 )
@@ -229,8 +235,19 @@ def hovernet_loss(out: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str
 def predict_set(model: nn.Module, tiles: list[NucleiTile], window: int, device: str,
                 scale: float = 1.0) -> list[np.ndarray]:
     """The network maps of every tile at the working ``scale`` (kept so that the
-    watershed can be re-run cheaply with other thresholds)."""
-    return [predict_tile(model, rescale(t, scale).image, window, device) for t in tiles]
+    watershed can be re-run cheaply with other thresholds); the windows of all tiles are
+    batched together (:func:`~scarcelab.models.nucleus_maps.predict_tiles`)."""
+    return predict_tiles(model, [rescale(t, scale).image for t in tiles], window, device)
+
+
+def _pixels(tiles: list[NucleiTile]) -> int:
+    return sum(int(t.inst.size) for t in tiles)
+
+
+def _phase(tracker: Tracker, text: str) -> None:
+    """Say which phase the study is in (tag ``scarcelab.phase``: the terminal's progress
+    line, and the UI of a running study)."""
+    tracker.set_tags({"scarcelab.phase": text})
 
 
 def score_maps(maps: list[np.ndarray], tiles: list[NucleiTile], post: PostProcess,
@@ -308,6 +325,8 @@ def label_subset(tiles: list[NucleiTile], fraction: float, seed: int) -> list[Nu
 
 
 def _validate(cfg: SegmentConfig) -> None:
+    for name in (cfg.dataset, *cfg.cross_test):  # unknown names fail here, not after training
+        SEG_DATASETS.get(name)
     if cfg.aggregation not in AGGREGATIONS:
         raise ConfigError(f"aggregation={cfg.aggregation!r}; use one of {AGGREGATIONS}")
     if cfg.protocol not in PROTOCOLS:
@@ -369,6 +388,8 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
     backbone, enc_info = resolve_backbone(cfg, backbone_factory)  # fails fast
     arch = str(enc_info["arch"])
     data: NucleiDataset = load_nuclei(cfg.dataset, cfg.data_dir)
+    for name in cfg.cross_test:  # read before training: a missing or bad file fails now
+        load_nuclei(name, None)
     rng = np.random.default_rng(cfg.seed)
     train, val = split_validation(data.train, cfg.val_fraction, cfg.seed)
     n_train_pool = len(train)
@@ -431,12 +452,21 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     post = PostProcess()
     sel = "pq" if cfg.aggregation == "image" else "pq_pooled"  # what selects the checkpoint
     best: dict[str, Any] = {"pq": -1.0, "epoch": -1, "state": None, "val": {}}
-    epoch, last_epoch_s, bad = 0, 0.0, 0
-    while epoch < cfg.max_epochs and time.time() + last_epoch_s < deadline:
-        t0 = time.time()
+    epoch, bad = 0, 0
+    val_s_per_px = 0.0  # validation inference + scoring, per pixel: the final phase's clock
+    # The budget covers training + per-epoch validation: a step is started only while it
+    # and a validation fit (at the last step's and validation's speed), so the last epoch
+    # may be partial and is validated inside the budget. The first epoch always trains
+    # at least one step (a run needs a checkpoint).
+    step_s = val_s = 0.0
+    while epoch < cfg.max_epochs and (epoch == 0 or time.time() + step_s + val_s < deadline):
         train_mode(model, cfg.protocol)
         losses: dict[str, float] = {}
+        n = 0
         for _ in range(cfg.steps_per_epoch):
+            if n and time.time() + step_s + val_s >= deadline:
+                break
+            ts = time.time()
             batch = {k: v.to(device) for k, v in
                      make_batch(train_s, cfg.batch_size, cfg.crop, rng, type_names is not None,
                                 cfg.scale).items()}
@@ -448,10 +478,16 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
             terms["loss"].backward()
             opt.step()
             for k, v in terms.items():
-                losses[k] = losses.get(k, 0.0) + float(v.detach()) / cfg.steps_per_epoch
+                losses[k] = losses.get(k, 0.0) + float(v.detach())
+            n += 1
+            step_s = time.time() - ts
+        losses = {k: v / n for k, v in losses.items()}
+        tv = time.time()
         ev, _ = score_maps(predict_set(model, val, cfg.window, device, cfg.scale), val, post,
                            type_names)
         vres = ev.result()
+        val_s = time.time() - tv
+        val_s_per_px = val_s / max(1, _pixels(val))
         improved = vres[sel] > best["pq"]
         if improved:
             best.update(pq=vres[sel], epoch=epoch, val=vres,
@@ -464,11 +500,10 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                                 for k, v in losses.items()},
                              **_keyed({k: v for k, v in vres.items()
                                        if k in METRICS}, "seg/val_"),
-                             "time/elapsed_s": time.time() - start}, step=epoch,
-                            scope="study")
+                             "time/elapsed_s": time.time() - start, "time/steps": float(n)},
+                            step=epoch, scope="study")
         epoch += 1
-        last_epoch_s = time.time() - t0
-        if bad >= cfg.patience:
+        if bad >= cfg.patience or n < cfg.steps_per_epoch:  # patience, or out of budget
             break
     train_time = time.time() - start
     if best["state"] is None:
@@ -476,6 +511,15 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                           "budget_minutes or lower steps_per_epoch")
     model.load_state_dict(best["state"])
     t_eval = time.time()
+    cross_sets = [(name, _cap(load_nuclei(name, None).test, cfg.max_test_tiles, rng))
+                  for name in cfg.cross_test]
+    # after the budget (it covers training + per-epoch validation): the selected checkpoint
+    # on the test set(s), announced with a time estimate at the validation's speed
+    est = val_s_per_px * (_pixels(test) + sum(_pixels(c) for _, c in cross_sets)
+                          + (len(EDGE_GRID) * _pixels(val) if cfg.tune_threshold else 0))
+    _phase(tracker, f"testing epoch {best['epoch']}'s checkpoint on {len(test)} {cfg.dataset} "
+           "tiles" + "".join(f" + {len(c)} {n}" for n, c in cross_sets)
+           + f" (about {est:.0f} s at the validation's speed)")
     edge = post.edge_threshold  # HoVer-Net's 0.4 unless tuned
     if cfg.tune_threshold:  # chosen on validation for the selected checkpoint
         val_maps = predict_set(model, val, cfg.window, device, cfg.scale)
@@ -491,9 +535,9 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
              "seg/val_pq_selected": best["pq"], "seg/selected_epoch": best["epoch"],
              "seg/edge_threshold": edge}
     cross: dict[str, dict[str, float]] = {}
-    for name in cfg.cross_test:
-        cdata = load_nuclei(name, None)
-        ctiles = _cap(cdata.test, cfg.max_test_tiles, rng)
+    for name, ctiles in cross_sets:
+        _phase(tracker, f"cross-test on {len(ctiles)} {name} tiles (about "
+               f"{val_s_per_px * _pixels(ctiles):.0f} s)")
         cev, _ = score_maps(predict_set(model, ctiles, cfg.window, device, cfg.scale), ctiles,
                             post, None)
         cross[name] = cev.result()
@@ -504,6 +548,7 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     tracker.log_metrics(final, step=best["epoch"], scope="study")
     tracker.set_tags({"scarcelab.selected_epoch": str(best["epoch"]),
                       "scarcelab.edge_threshold": str(edge)})
+    _phase(tracker, "logging the checkpoint, overlays and the model")
     for tile, pred in list(zip(test, preds, strict=True))[:cfg.n_overlays]:
         tracker.log_image(overlay(tile, pred), f"overlays/{tile.name.replace('/', '_')}.png")
     tracker.log_checkpoint({"state_dict": best["state"], "epoch": best["epoch"],

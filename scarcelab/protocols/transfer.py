@@ -201,6 +201,8 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
     status = "FAILED"
     try:
         tf = time.time()
+        tracker.set_tags({"scarcelab.phase": f"encoding {len(raw.train_y) + len(raw.test_y)} "
+                          "images with the frozen encoder (cached after the first run)"})
         enc, key, where = encode_dataset(raw.name, raw.train_x, raw.train_y, raw.test_x,
                                          raw.test_y, raw.num_classes, EncoderConfig(),
                                          device, cache, pretrained=backbone,
@@ -209,6 +211,8 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
         lab = np.asarray(split["labeled"], dtype=np.int64)
         val = np.asarray(split["val"], dtype=np.int64)
         tp = time.time()
+        tracker.set_tags({"scarcelab.phase": f"fitting the linear probe ({cfg.probe_trials} "
+                          "L2 penalties)"})
         probe = LinearProbe(raw.num_classes, n_trials=cfg.probe_trials,
                             max_iter=cfg.probe_max_iter).fit(
             enc.x_train[lab], raw.train_y[lab], enc.x_train[val], raw.train_y[val],

@@ -56,6 +56,14 @@ DRIVER_TAG = "scarcelab.sweep_driver"
 ATTEMPT_TAG = "scarcelab.sweep_attempt"
 #: on a dependent cell's run: {option: [reference, resolved value]} (JSON)
 REFS_TAG = "scarcelab.sweep_refs"
+INVOCATIONS_TAG = "scarcelab.sweep_invocations"  # how often the sweep was run (resumes)
+SCALE_TAG = "scarcelab.sweep_scale"  # reference | smoke | full
+COMMAND_TAG = "scarcelab.sweep_command"
+MACHINE_TAG = "scarcelab.machine"  # .host .cpu .cores .ram_gb .gpu, on each cell run
+CELL_WALL = "sweep/cell_wall_s"  # per attempt, on its cell run
+CELL_CPU = "sweep/cell_cpu_s"
+CELL_RSS = "sweep/cell_max_rss_mb"
+INVOCATION_WALL = "sweep/invocation_wall_s"  # on the sweep run, step = invocation
 #: what a dependency option receives, by option; every other option gets a model URI
 RESOLVE = {"hparams_from": "{run_id}"}
 RESOLVE_DEFAULT = "runs:/{run_id}/model"
@@ -121,21 +129,81 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
+def machine() -> dict[str, str]:
+    """What a results page says about the machine a cell ran on: CPU model, cores, RAM,
+    GPUs (``none`` without ``nvidia-smi``). Read from /proc and ``nvidia-smi`` rather than
+    torch, so a Ray worker does not import torch to describe itself."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = ""
+    try:
+        ram = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f}"
+    except (ValueError, OSError, AttributeError):
+        pass
+    gpu = "none"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20, check=False)
+        names = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+        if out.returncode == 0 and names:
+            gpu = "; ".join(names)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"host": socket.gethostname(), "cpu": cpu, "cores": str(os.cpu_count() or ""),
+            "ram_gb": ram, "gpu": gpu}
+
+
+def git_commit(cwd: str | None = None) -> str:
+    """The commit of the checkout the cells run from ('' outside a git checkout), with
+    ``+dirty`` when tracked files differ from it: a page names what produced its numbers."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, cwd=cwd, check=False)
+        if head.returncode != 0:
+            return ""
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=20, cwd=cwd,
+                               check=False)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def run_cell_process(argv: list[str], env: dict[str, str], cwd: str | None,
                      python: str) -> dict[str, Any]:
-    """Run one cell as ``python -m scarcelab.entrypoints.cli <argv>``; returns its exit code, wall
-    time and output (the last ``LOG_TAIL`` bytes). Runs inside a Ray task."""
+    """Run one cell as ``python -m scarcelab.entrypoints.cli <argv>``; returns its exit code,
+    wall time, CPU time (user + system of the cell process and the children it waited for,
+    from ``wait4``'s rusage: what the cell cost, whatever else shares the machine), peak
+    RSS, output (the last ``LOG_TAIL`` bytes) and the machine. Runs inside a Ray task."""
     t0 = time.time()
     full_env = {**os.environ, **env}
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.run([python, "-m", CELL_MODULE, *argv], env=full_env, cwd=cwd,
-                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              preexec_fn=_die_with_parent, check=False)
+        proc = subprocess.Popen([python, "-m", CELL_MODULE, *argv], env=full_env, cwd=cwd,
+                                stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0, os.SEEK_END)
         size = out.tell()
         out.seek(max(0, size - LOG_TAIL))
         text = out.read().decode("utf-8", "replace")
-    return {"rc": proc.returncode, "seconds": time.time() - t0, "output": text}
+    return {"rc": proc.returncode, "seconds": time.time() - t0, "output": text,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "max_rss_mb": usage.ru_maxrss / 1024.0, "machine": machine()}
 
 
 class Driver:
@@ -143,7 +211,8 @@ class Driver:
 
     def __init__(self, spec: SweepSpec, address: str | None = None, jobs: int | None = None,
                  retries: int | None = None, echo: Callable[[str], None] = print,
-                 cwd: str | None = None, python: str = sys.executable) -> None:
+                 cwd: str | None = None, python: str = sys.executable,
+                 command: str = "") -> None:
         import mlflow
         from mlflow.tracking import MlflowClient
 
@@ -157,6 +226,12 @@ class Driver:
         self.uri = mlflow.get_tracking_uri()
         self.client = MlflowClient()
         self.owner = _owner()
+        # what a results page quotes as "the command that ran the suite"
+        self.command = command or "scarcelab sweep " + " ".join(
+            [spec.path or "<spec>"] + ([f"--{spec.scale}"] if spec.scale != "reference"
+                                       else []))
+        self.commit = git_commit(self.cwd)
+        self.invocation = 0
 
     # -- the record -----------------------------------------------------------------------
     def _experiment_id(self) -> str:
@@ -193,6 +268,15 @@ class Driver:
                       MLFLOW_RUN_NAME: f"sweep-{self.spec.name}"}).info.run_id
         self.client.set_tag(rid, DRIVER_TAG, self.owner)
         self.client.set_tag(rid, "scarcelab.sweep_spec_digest", self.spec.digest)
+        from mlflow.entities import RunTag
+
+        prev = self.client.get_run(rid).data.tags.get(INVOCATIONS_TAG, "0")
+        self.invocation = (int(prev) if prev.isdigit() else 0) + 1
+        self.client.log_batch(rid, tags=[
+            RunTag(INVOCATIONS_TAG, str(self.invocation)),
+            RunTag(SCALE_TAG, self.spec.scale), RunTag(COMMAND_TAG, self.command[:5000]),
+            RunTag("scarcelab.sweep_spec_path", self.spec.path),
+            *([RunTag("mlflow.source.git.commit", self.commit)] if self.commit else [])])
         self.client.log_text(rid, self.spec.text, f"sweep/spec-{self.spec.digest}.yaml")
         self.client.log_text(rid, "\n".join(f"{c.id}\t{c.label}" for c in self.spec.cells),
                              f"sweep/cells-{self.spec.digest}.tsv")
@@ -229,6 +313,8 @@ class Driver:
         tags = {SWEEP_TAG: self.spec.name, CELL_TAG: cell.id, "scarcelab.cell_label": cell.label,
                 DRIVER_TAG: self.owner, ATTEMPT_TAG: str(attempt),
                 MLFLOW_PARENT_RUN_ID: sweep_run, MLFLOW_RUN_NAME: name}
+        if self.commit:  # the study's tracker keeps a commit already there
+            tags["mlflow.source.git.commit"] = self.commit
         if resolved:
             opts = dict(cell.options)
             tags[REFS_TAG] = json.dumps({k: [opts[k], v] for k, v in resolved.items()})
@@ -271,13 +357,16 @@ class Driver:
                                {c.id: len(existing.get(c.id, [])) for c in todo}, finished)
         except BaseException:
             status = "FAILED"
+            interrupted = True
             raise
+        else:
+            interrupted = False
         finally:
             result.wall_s = time.time() - t0
             failed = result.count("FAILED")
             if failed:
                 status = "FAILED"
-            self._finish(sweep_run, result, status)
+            self._finish(sweep_run, result, status, report=not interrupted)
         return result
 
     def _schedule(self, exp: str, sweep_run: str, todo: list[Cell], result: SweepResult,
@@ -337,57 +426,84 @@ class Driver:
         release()
         durations: list[float] = []
         n_total = len(self.spec.cells)
-        while len(pool):
-            cid, out, exc = pool.next_done()
-            cell, (rid, t_start), attempt = cells[str(cid)], started[str(cid)], attempts[str(cid)]
-            if exc is not None:  # the task itself broke (its worker died)
-                out = {"rc": -1, "seconds": time.time() - t_start,
-                       "output": f"the Ray task failed: {type(exc).__name__}: {exc}"}
-            ok = out["rc"] == 0 and self._status(rid) == "FINISHED"
-            self._log_output(rid, out["output"])
-            if ok:
-                durations.append(out["seconds"])
-                result.outcomes.append(CellOutcome(cell, "FINISHED", rid, attempt,
-                                                   out["seconds"]))
-                done_runs[cell.id] = rid
-                verb = "finished"
-            else:
-                err = _last_error(out["output"], out["rc"])
-                self._fail(rid, err)
-                if attempt <= self.retries:
-                    verb = f"failed (attempt {attempt}), retrying: {err}"
-                    submit(cell)
+        try:
+            while len(pool):
+                cid, out, exc = pool.next_done()
+                key = str(cid)
+                cell, (rid, t_start), attempt = cells[key], started[key], attempts[key]
+                if exc is not None:  # the task itself broke (its worker died)
+                    out = {"rc": -1, "seconds": time.time() - t_start,
+                           "output": f"the Ray task failed: {type(exc).__name__}: {exc}"}
+                ok = out["rc"] == 0 and self._status(rid) == "FINISHED"
+                self._log_output(rid, out["output"])
+                self._log_cost(rid, out)
+                if ok:
+                    durations.append(out["seconds"])
+                    result.outcomes.append(CellOutcome(cell, "FINISHED", rid, attempt,
+                                                       out["seconds"]))
+                    done_runs[cell.id] = rid
+                    verb = "finished"
                 else:
-                    result.outcomes.append(CellOutcome(cell, "FAILED", rid, attempt,
-                                                       out["seconds"], err))
-                    failed[cell.id] = err
-                    verb = f"FAILED after {attempt} attempt(s): {err}"
-            release()
-            done = result.count("FINISHED") + result.count("SKIPPED")
-            n_failed = result.count("FAILED")
-            running = pool.running
-            queued = len(pool) - running
-            eta = ""
-            if durations and len(pool):
-                mean = sum(durations) / len(durations)
-                left = mean * (queued + len(waiting) + running / 2) / max(1, slots)
-                eta = f" · ETA {_fmt_s(left)}"
-            wait = f" · {len(waiting)} waiting on dependencies" if waiting else ""
-            self.echo(f"[sweep {self.spec.name}] {cell.label}: {verb} "
-                      f"({out['seconds']:.0f} s) — {done}/{n_total} done · {running} running · "
-                      f"{n_failed} failed · {queued} queued{wait}{eta}")
-            from mlflow.entities import Metric
+                    err = _last_error(out["output"], out["rc"])
+                    self._fail(rid, err)
+                    if attempt <= self.retries:
+                        verb = f"failed (attempt {attempt}), retrying: {err}"
+                        submit(cell)
+                    else:
+                        result.outcomes.append(CellOutcome(cell, "FAILED", rid, attempt,
+                                                           out["seconds"], err))
+                        failed[cell.id] = err
+                        verb = f"FAILED after {attempt} attempt(s): {err}"
+                release()
+                done = result.count("FINISHED") + result.count("SKIPPED")
+                n_failed = result.count("FAILED")
+                running = pool.running
+                queued = len(pool) - running
+                eta = ""
+                if durations and len(pool):
+                    mean = sum(durations) / len(durations)
+                    left = mean * (queued + len(waiting) + running / 2) / max(1, slots)
+                    eta = f" · ETA {_fmt_s(left)}"
+                wait = f" · {len(waiting)} waiting on dependencies" if waiting else ""
+                self.echo(f"[sweep {self.spec.name}] {cell.label}: {verb} "
+                          f"({out['seconds']:.0f} s) — {done}/{n_total} done · {running} running · "
+                          f"{n_failed} failed · {queued} queued{wait}{eta}")
+                from mlflow.entities import Metric
 
-            ts = int(time.time() * 1000)
-            self.client.log_batch(sweep_run, metrics=[
-                Metric("sweep/cells_done", done, ts, done + n_failed),
-                Metric("sweep/cells_failed", n_failed, ts, done + n_failed)])
+                ts = int(time.time() * 1000)
+                self.client.log_batch(sweep_run, metrics=[
+                    Metric("sweep/cells_done", done, ts, done + n_failed),
+                    Metric("sweep/cells_failed", n_failed, ts, done + n_failed)])
+        except BaseException as e:  # interrupted (Ctrl-C, SIGTERM): close what was running
+            ended = {o.cell.id for o in result.outcomes}
+            for cid, (rid, _) in started.items():
+                if cid not in ended and self._status(rid) in ("RUNNING", "SCHEDULED"):
+                    self._fail(rid, f"the sweep driver was interrupted ({type(e).__name__}) "
+                               "while this cell ran; re-run the sweep to continue")
+            raise
         for cell in waiting:  # cannot happen with an acyclic spec; never lose a cell
             err = "its dependencies never finished"
             earlier[cell.id] = earlier.get(cell.id, 0) + 1
             rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id])
             self._fail(rid, err)
             result.outcomes.append(CellOutcome(cell, "FAILED", rid, 0, 0.0, err))
+
+    def _log_cost(self, rid: str, out: dict[str, Any]) -> None:
+        """The attempt's wall and CPU time and peak memory, and the machine it ran on, on
+        its run: a results page sums them over the suite (failed attempts included: they
+        were spent too)."""
+        from mlflow.entities import Metric, RunTag
+
+        ts = int(time.time() * 1000)
+        metrics = [Metric(CELL_WALL, float(out["seconds"]), ts, 0)]
+        if "cpu_s" in out:
+            metrics += [Metric(CELL_CPU, float(out["cpu_s"]), ts, 0),
+                        Metric(CELL_RSS, float(out["max_rss_mb"]), ts, 0)]
+        tags = [RunTag(f"{MACHINE_TAG}.{k}", v) for k, v in (out.get("machine") or {}).items()]
+        try:
+            self.client.log_batch(rid, metrics=metrics, tags=tags)
+        except Exception as e:  # noqa: BLE001 - cost is a convenience, not the record
+            self.echo(f"[sweep {self.spec.name}] could not log the cost of run {rid}: {e}")
 
     def _status(self, rid: str) -> str:
         return str(self.client.get_run(rid).info.status)
@@ -404,11 +520,18 @@ class Driver:
         if run.info.status in ("RUNNING", "SCHEDULED"):
             self.client.set_terminated(rid, "FAILED")
 
-    def _finish(self, sweep_run: str, result: SweepResult, status: str) -> None:
+    def _finish(self, sweep_run: str, result: SweepResult, status: str,
+                report: bool = True) -> None:
         c = self.client
         c.set_tag(sweep_run, "scarcelab.sweep_cells", str(len(self.spec.cells)))
+        from mlflow.entities import Metric
+
+        c.log_batch(sweep_run, metrics=[Metric(INVOCATION_WALL, result.wall_s,
+                                               int(time.time() * 1000), self.invocation)])
         c.set_tag(sweep_run, "scarcelab.sweep_failed", str(result.count("FAILED")))
-        if result.count("FINISHED") + result.count("SKIPPED"):
+        if report and result.count("FINISHED") + result.count("SKIPPED"):
+            # not when interrupted: the grid is not done, and a supervisor's SIGKILL may
+            # follow its SIGTERM within seconds
             try:
                 result.report_logged = self._log_report(sweep_run)
             except Exception as e:  # noqa: BLE001 - the cells' runs are the record
@@ -498,26 +621,16 @@ class Driver:
         """Kang et al.'s comparison: rows = encoder source, columns = tasks (probe
         accuracies, segmentation PQ / mPQ, also on ``cross_test`` sets). An encoder that
         a dependency resolved (``runs:/<id>/model`` of a cell of this sweep) is shown as
-        the spec's reference (``@pretrain``), so its seeds average into one row."""
-
+        the spec's reference (``@pretrain``), so its seeds average into one row — the same
+        table as the results page's (tracking/results/page.py, ``transfer_view``)."""
         from scarcelab.tracking.query.render import to_markdown
-        from scarcelab.tracking.query.views import transfer
+        from scarcelab.tracking.results.page import transfer_view
 
-        labels: dict[str, str] = {}
         exp = self.client.get_experiment_by_name(self.spec.experiment)
-        for r in self.client.search_runs(
-                [exp.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.spec.name}'",
-                max_results=50_000):
-            for ref, value in json.loads(r.data.tags.get(REFS_TAG) or "{}").values():
-                labels[value] = ref
-        runs = t.runs
-        if labels and "encoder" in runs:
-            runs = runs.assign(encoder=runs["encoder"].replace(labels))
-        # segment's cross-dataset tests (cross_test=nuclei_cpm15) are columns too
-        cross = sorted(c[len("metrics."):] for c in runs.columns
-                       if c.startswith("metrics.seg/cross/") and c.endswith(("/pq", "/mpq")))
-        view = transfer(t.with_runs(runs),
-                        seg_metrics=("seg/pq", "seg/mpq", *cross))
+        refs = [r.data.tags.get(REFS_TAG, "") for r in self.client.search_runs(
+            [exp.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.spec.name}'",
+            max_results=50_000)]
+        view = transfer_view(t, refs)
         self.client.log_text(sweep_run, f"# Transfer: {self.spec.name}\n\n"
                              + to_markdown(view) + "\n", "report/transfer.md")
         self.client.log_text(sweep_run, view.to_csv(index=False), "report/transfer.csv")
@@ -540,8 +653,9 @@ def _check_uri(uri: str) -> None:
 
 def run_sweep(spec: SweepSpec, address: str | None = None, jobs: int | None = None,
               retries: int | None = None, echo: Callable[[str], None] = print,
-              cwd: str | None = None) -> SweepResult:
+              cwd: str | None = None, command: str = "") -> SweepResult:
     """Run (or continue) a sweep; see the module docstring."""
-    drv = Driver(spec, address=address, jobs=jobs, retries=retries, echo=echo, cwd=cwd)
+    drv = Driver(spec, address=address, jobs=jobs, retries=retries, echo=echo, cwd=cwd,
+                 command=command)
     _check_uri(drv.uri)
     return drv.run()

@@ -11,8 +11,19 @@ Nothing here imports MLflow: the AL bench runs where only torch is installed.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
+
+
+def _keep_python_sigterm(handler: Any) -> None:
+    """Put back a Python SIGTERM handler that ``ray.init`` displaced. Ray installs its own
+    (C++) handler, which runs the Python one and then aborts the process at exit (status
+    134, the cleanup half done); the sweep command's handler turns SIGTERM into SystemExit
+    so that the driver closes its runs and Ray's exit handler stops its processes."""
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 class RayPool:
@@ -25,6 +36,7 @@ class RayPool:
 
         self._ray = ray
         if not ray.is_initialized():
+            term = signal.getsignal(signal.SIGTERM)
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "configure_logging": False}
             if address:
@@ -35,12 +47,17 @@ class RayPool:
                 # own daemons responsive on a cluster node but, on a user's machine, makes
                 # every cell yield to any other job: a sweep then runs slower than the same
                 # commands typed by hand. Embedded cells run at the caller's priority
-                # (`RAY_worker_niceness` in the environment still wins). The raylet is this
-                # process's child and already inherits its niceness; Ray applies the setting
-                # as an increment on top of that (measured: a driver at nice 3 with the
-                # setting "3" gave cells nice 6), so the increment is 0.
+                # (`RAY_worker_niceness` in the environment still wins). The value is an
+                # *increment* on the raylet's niceness, which is the caller's (it was
+                # os.nice(0) here: a driver started with `nice -n 10` ran its cells at 19).
                 os.environ.setdefault("RAY_worker_niceness", "0")
+                # Ray's memory monitor kills tasks when the *node* passes 95 % of its
+                # memory, whoever uses it: on a shared machine other users' jobs got cells
+                # killed (OutOfMemoryError, twice, then FAILED; issue 24's smoke run at
+                # 21.7 of 23.5 GB). Embedded, the kernel decides what is out of memory.
+                os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
             ray.init(**kw)
+            _keep_python_sigterm(term)
         res = ray.cluster_resources()
         gpus = (1.0 if res.get("GPU", 0) > 0 else 0.0) if gpus_per_task == "auto" \
             else float(gpus_per_task)

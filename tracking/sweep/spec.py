@@ -19,6 +19,15 @@ the entry point's own options (``budget_minutes`` or ``budget-minutes`` for
         budget_minutes: 2
     full:                          # merged into every grid by `scarcelab sweep --full`
       budget_minutes: 60
+    smoke:                         # merged into every grid by `scarcelab sweep --smoke`
+      max_epochs: 1
+
+Three scales: the grids as written (the *reference* scale), ``--full`` (the source study's
+own scale) and ``--smoke`` (a trivial size that still runs every method of the grid, for
+CI). A grid may carry its own ``full:`` / ``smoke:`` mapping, merged after the top-level
+one, for options only its entry point has (``segment``'s ``steps_per_epoch``). A smoke
+sweep records into ``<experiment>-smoke`` (or the smoke block's ``experiment:``), so its
+trivial numbers never mix with a reference run's in one leaderboard.
 
 A grid may carry an ``id``; an option value ``"@<id>"`` in another grid is a *dependency*:
 that option receives ``runs:/<run id>/model`` of the finished run of the matching cell of
@@ -53,13 +62,15 @@ from typing import Any
 import yaml
 
 TOP_KEYS = {"name", "experiment", "cpus_per_cell", "gpus_per_cell", "retries", "grids",
-            "full", "description", "env"}
+            "full", "smoke", "description", "env"}
+#: the scales a spec runs at (``scarcelab sweep --smoke`` / ``--full``)
+SCALES = ("reference", "smoke", "full")
 # Options the driver sets itself: a spec may not override them.
 RESERVED = {"experiment"}
 
 
 #: Keys of a grid that are not options of its entry point.
-GRID_KEYS = {"entry", "id"}
+GRID_KEYS = {"entry", "id", "full", "smoke"}
 #: An option value starting with this refers to the grid with that ``id``.
 REF = "@"
 
@@ -112,6 +123,7 @@ class SweepSpec:
     env: dict[str, str] = field(default_factory=dict)
     path: str = ""
     text: str = ""
+    scale: str = "reference"
 
     @property
     def digest(self) -> str:
@@ -186,8 +198,13 @@ def _entries() -> list[str]:
     return sorted(n for n in main.commands if n not in ("sweep", "list", "stack"))
 
 
-def parse_spec(text: str, path: str = "<spec>", full: bool = False) -> SweepSpec:
-    """Parse and validate a spec; ``full`` merges its ``full:`` section into every grid."""
+def parse_spec(text: str, path: str = "<spec>", full: bool = False,
+               smoke: bool = False) -> SweepSpec:
+    """Parse and validate a spec; ``full`` (``smoke``) merges its ``full:`` (``smoke:``)
+    sections into the grids: the top-level one into every grid, a grid's own after it."""
+    if full and smoke:
+        raise SpecError(f"{path}: --full and --smoke are two scales; choose one")
+    scale = "full" if full else "smoke" if smoke else "reference"
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
@@ -213,9 +230,19 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False) -> SweepSpec
     gnode = loc.child(node, "grids")
     if not isinstance(grids, list) or not grids:
         raise loc.error(gnode or node, "'grids' must be a non-empty list of grids")
-    full_over = data.get("full") or {}
-    if not isinstance(full_over, dict):
-        raise loc.error(loc.child(node, "full"), "'full' must be a mapping of options")
+    over: dict[str, Any] = {}
+    over_key = {"full": "full", "smoke": "smoke"}.get(scale)
+    smoke_exp = None
+    for key in ("full", "smoke"):  # both are checked, whichever scale runs
+        block = data.get(key) or {}
+        if not isinstance(block, dict):
+            raise loc.error(loc.child(node, key), f"{key!r} must be a mapping of options")
+        if key == "smoke" and "experiment" in block:
+            smoke_exp = str(block["experiment"]).strip()
+            block = {k: v for k, v in block.items() if k != "experiment"}
+        if key == over_key:
+            over = block
+    over_node = loc.child(node, over_key) if over_key else None
 
     def number(key: str, default: float, minimum: float) -> float:
         v = data.get(key, default)
@@ -256,14 +283,25 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False) -> SweepSpec
                 raise loc.error(idn, f"grid id {gid!r} is used twice (first at line "
                                 f"{_line(ids[gid][1])})")
             ids[gid] = (gi, idn)
-        merged = {**grid, **(full_over if full else {})}
+        own: dict[str, Any] = {}
+        for key in ("full", "smoke"):
+            block = grid.get(key) or {}
+            if not isinstance(block, dict):
+                raise loc.error(loc.child(gn, key), f"a grid's {key!r} must be a mapping "
+                                "of its options")
+            if key == over_key:
+                own = block
+        own_node = loc.child(gn, over_key) if over_key else None
+        merged = {**grid, **over, **own}
         axes: list[tuple[str, list[str]]] = []
         refs: dict[str, tuple[str, yaml.Node | None]] = {}
         for raw_key, value in merged.items():
             if raw_key in GRID_KEYS:
                 continue
             key = str(raw_key).replace("-", "_")
-            kn = loc.key_node(gn, raw_key) or loc.key_node(loc.child(node, "full"), raw_key)
+            kn = (loc.key_node(own_node, raw_key) if raw_key in own else None) or (
+                loc.key_node(over_node, raw_key) if raw_key in over else None) or \
+                loc.key_node(gn, raw_key)
             if key in RESERVED:
                 raise loc.error(kn, f"{raw_key!r} is set by the sweep (the spec's top-level "
                                 "'experiment'), not per grid")
@@ -303,9 +341,13 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False) -> SweepSpec
                                 "once")
             seen[cell.id] = gi
             cells.append(cell)
-    return SweepSpec(name=name.strip(), experiment=str(data.get("experiment") or name).strip(),
+    experiment = str(data.get("experiment") or name).strip()
+    if scale == "smoke":
+        experiment = smoke_exp or f"{experiment}-smoke"
+    return SweepSpec(name=name.strip(), experiment=experiment,
                      cells=cells, cpus_per_cell=cpus, gpus_per_cell=gpus, retries=retries,
-                     env={str(k): str(v) for k, v in env.items()}, path=path, text=text)
+                     env={str(k): str(v) for k, v in env.items()}, path=path, text=text,
+                     scale=scale)
 
 
 def _grid_order(loc: _Located, grid_refs: list[dict[str, tuple[str, yaml.Node | None]]],
@@ -374,8 +416,8 @@ def _with_refs(loc: _Located, cell: Cell, refs: dict[str, tuple[str, yaml.Node |
     return Cell(cell.entry, cell.options, cell.grid, tuple(out))
 
 
-def load_spec(path: str | Path, full: bool = False) -> SweepSpec:
+def load_spec(path: str | Path, full: bool = False, smoke: bool = False) -> SweepSpec:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: no such spec file (a YAML grid spec; see docs/sweeps.md)")
-    return parse_spec(p.read_text(), str(p), full=full)
+    return parse_spec(p.read_text(), str(p), full=full, smoke=smoke)

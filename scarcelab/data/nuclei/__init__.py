@@ -107,14 +107,38 @@ def split_validation(tiles: list[NucleiTile], fraction: float, seed: int
             [t for t in tiles if t.group in val_groups])
 
 
-def read_rgb(path: Path) -> np.ndarray:
-    """An image file as (H, W, 3) uint8 RGB (an alpha channel is dropped)."""
+def _decode(path: Path, mode: str | None) -> np.ndarray:
+    """The pixels of an image file, decoded in full (``load`` inside the ``try``: PIL reads
+    lazily, and a truncated JPEG only fails once its pixels are read), or a
+    :class:`DataError` naming the file: a truncated or corrupt tile must not end a run in
+    a traceback from deep inside PIL."""
     from PIL import Image
 
     _provenance.record(path)  # the run logs which bytes it read
-    with Image.open(path) as im:
-        return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return np.asarray(im.convert(mode) if mode else im)
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found; restore it from the dataset's source"
+                        ) from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        # UnidentifiedImageError and "image file is truncated" are OSErrors; PIL raises
+        # SyntaxError / ValueError for some malformed headers
+        raise DataError(f"{path}: not a readable image ({type(e).__name__}: {e}); the file "
+                        "is truncated or corrupt — restore it from the dataset's source "
+                        "(or remove it with its label file)") from None
+
+
+def read_rgb(path: Path) -> np.ndarray:
+    """An image file as (H, W, 3) uint8 RGB (an alpha channel is dropped)."""
+    return _decode(path, "RGB").astype(np.uint8, copy=False)
+
+
+def read_label_image(path: Path) -> np.ndarray:
+    """A label image (an instance map saved as PNG) with its stored values, as decoded."""
+    return _decode(path, None)
 
 
 __all__ = ["SEG_DATASETS", "NucleiDataset", "NucleiTile", "dataset_dir", "load_nuclei",
-           "read_rgb", "split_validation"]
+           "read_label_image", "read_rgb", "split_validation"]

@@ -36,8 +36,11 @@ def read_consep_mat(path: Path, merge_types: bool = True) -> tuple[np.ndarray, d
     try:
         _provenance.record(path)  # the run logs which bytes it read
         m = loadmat(path)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: not a readable MATLAB .mat file ({e})") from e
+    except Exception as e:  # noqa: BLE001 - any failure of the parser means a bad file
+        # a truncated file fails in scipy's reader (IndexError, ValueError, MatReadError)
+        # or in zlib; a v7.3 (HDF5) file is NotImplementedError
+        raise DataError(f"{path}: not a readable MATLAB .mat file ({type(e).__name__}: {e}); "
+                        "restore it from the CoNSeP release") from None
     if "inst_map" not in m:
         keys = sorted(k for k in m if not k.startswith("__"))
         raise DataError(f"{path}: no 'inst_map' array (keys: {keys}); is this a CoNSeP "

@@ -13,15 +13,20 @@ from pathlib import Path
 
 import numpy as np
 
-from scarcelab.data.nuclei import SEG_DATASETS, NucleiDataset, NucleiTile, dataset_dir, read_rgb
+from scarcelab.data.nuclei import (
+    SEG_DATASETS,
+    NucleiDataset,
+    NucleiTile,
+    dataset_dir,
+    read_label_image,
+    read_rgb,
+)
 from scarcelab.errors import DataError
 
 _CACHE: dict[str, NucleiDataset] = {}
 
 
 def _split(root: Path, split: str, inst_type: dict[str, list[int]]) -> list[NucleiTile]:
-    from PIL import Image
-
     tiles = []
     for img in sorted((root / split / "images").glob("*.jpg")):
         key = f"{split}/{img.stem}"
@@ -29,8 +34,7 @@ def _split(root: Path, split: str, inst_type: dict[str, list[int]]) -> list[Nucl
         if not png.exists() or key not in inst_type:
             raise DataError(f"{img}: no instance map {png.name} or no inst_type[{key!r}] in "
                             f"{root / 'inst_types.json'}")
-        with Image.open(png) as im:
-            inst = np.asarray(im).astype(np.int32)
+        inst = read_label_image(png).astype(np.int32)
         types = {i + 1: int(t) for i, t in enumerate(inst_type[key])}
         tiles.append(NucleiTile(key, read_rgb(img), inst, types,
                                 group=img.stem.rsplit("_", 1)[0]))

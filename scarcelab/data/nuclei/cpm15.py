@@ -8,6 +8,8 @@ challenge's README_training.txt), so both scales are tested.
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +22,33 @@ TEST_TILES = ("image06", "image07", "image13", "image14", "image15")
 ALL_TILES = tuple(f"image{i:02d}" for i in range(1, 16))
 
 
+_CACHE: dict[str, NucleiDataset] = {}
+
+
+def _masks(path: Path) -> dict[str, np.ndarray]:
+    """The instance masks, or a :class:`DataError` naming the file (a truncated or foreign
+    .npz otherwise ends in a zipfile / zlib traceback)."""
+    _provenance.record(path)  # the run logs which bytes it read
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise DataError(f"{path}: not a readable .npz of instance masks ({type(e).__name__}: "
+                        f"{e}); restore it from the dataset's source") from None
+
+
 @SEG_DATASETS.register("nuclei_cpm15")
 def load_cpm15(data_dir: str | Path | None = None) -> NucleiDataset:
+    """Loaded once per folder and process: a cross-test set is read before training, to
+    refuse a bad file up front, and again where it is scored."""
     root = dataset_dir("nuclei_cpm15", data_dir, "instance_masks.npz")
-    _provenance.record(root / "instance_masks.npz")  # the run logs which bytes it read
-    with np.load(root / "instance_masks.npz") as z:
-        masks = {k: z[k] for k in z.files}
+    if str(root) not in _CACHE:
+        _CACHE[str(root)] = _load(root)
+    return _CACHE[str(root)]
+
+
+def _load(root: Path) -> NucleiDataset:
+    masks = _masks(root / "instance_masks.npz")
     train, test = [], []
     for name in ALL_TILES:
         if name not in masks or not (root / f"{name}.png").exists():

@@ -1,0 +1,261 @@
+"""Results-page machinery without a sweep: the specs' scales, the paper files, the page's
+helpers (figure size, run nesting, wall-time union, paper lookup) and the `results`
+command's errors. The pages themselves, from real smoke sweeps, are tested in
+tests/test_results_smoke.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from scarcelab.entrypoints.cli import main  # noqa: E402
+from scarcelab.tracking.results import claims as C  # noqa: E402
+from scarcelab.tracking.results import page as P  # noqa: E402
+from scarcelab.tracking.results.papers import PaperError, load_paper, paper_path  # noqa: E402
+from scarcelab.tracking.sweep.spec import SpecError, load_spec, parse_spec  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SUITES = sorted((REPO / "suites").glob("*.yaml"))
+
+GRID = """\
+name: g
+experiment: gx
+grids:
+  - entry: semi
+    method: [fixmatch, pseudolabel]
+    dataset: [breastmnist, pneumoniamnist]
+    seed: [0, 1]
+    budget_minutes: 2
+  - entry: segment
+    encoder: random
+    steps_per_epoch: 20
+    smoke: {steps_per_epoch: 2}
+smoke:
+  dataset: breastmnist
+  seed: 0
+  budget_minutes: 1
+full:
+  budget_minutes: 60
+"""
+
+
+def test_smoke_merges_like_full_with_a_grid_block_and_its_own_experiment():
+    ref = parse_spec(GRID, "g.yaml")
+    smoke = parse_spec(GRID, "g.yaml", smoke=True)
+    full = parse_spec(GRID, "g.yaml", full=True)
+    assert (ref.scale, smoke.scale, full.scale) == ("reference", "smoke", "full")
+    assert (ref.experiment, smoke.experiment, full.experiment) == ("gx", "gx-smoke", "gx")
+    assert len(ref.cells) == 9 and len(smoke.cells) == 3  # 2 methods x 1 x 1 + segment
+    semi = [dict(c.options) for c in smoke.cells if c.entry == "semi"]
+    assert {o["method"] for o in semi} == {"fixmatch", "pseudolabel"}
+    assert all(o["dataset"] == "breastmnist" and o["budget_minutes"] == "1" for o in semi)
+    seg = dict(next(c for c in smoke.cells if c.entry == "segment").options)
+    assert seg["steps_per_epoch"] == "2"
+    # the top-level smoke block does not reach a grid whose entry lacks the option: the
+    # segment grid has no `dataset` axis here, so it needs its own block... and a bad key
+    # in the smoke block is an error at its line
+    bad = GRID.replace("  budget_minutes: 1\n", "  budget_minutes: 1\n  methd: x\n")
+    with pytest.raises(SpecError, match=r"g.yaml:\d+: semi has no option 'methd'"):
+        parse_spec(bad, "g.yaml", smoke=True)
+    with pytest.raises(SpecError, match="choose one"):
+        parse_spec(GRID, "g.yaml", smoke=True, full=True)
+    own = parse_spec(GRID.replace("smoke:\n  dataset", "smoke:\n  experiment: ci\n  dataset"),
+                     "g.yaml", smoke=True)
+    assert own.experiment == "ci"
+
+
+@pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)
+def test_each_suites_smoke_runs_every_method_of_its_reference_grid(path):
+    def methods(spec):  # type: ignore[no-untyped-def]
+        out = set()
+        for c in spec.cells:
+            o = dict(c.options)
+            out.add((c.entry, o.get("method") or o.get("strategy") or o.get("encoder"),
+                     o.get("protocol")))
+        return out
+
+    ref, smoke = load_spec(path), load_spec(path, smoke=True)
+    assert methods(smoke) == methods(ref)
+    assert smoke.experiment == f"{ref.experiment}-smoke"
+    assert len(smoke.cells) <= len(ref.cells)
+    paper = load_paper(paper_path(path))  # every suite has its paper file
+    assert paper.suite == path.stem and paper.claims
+
+
+def test_reference_grids_cover_their_sources():
+    """Issue 24's list: the methods / strategies / problems of each reference scale."""
+    def axis(name, key):  # type: ignore[no-untyped-def]
+        return {dict(c.options).get(key) for c in load_spec(REPO / "suites" / name).cells}
+
+    assert axis("ssl_vs_ssl.yaml", "method") >= {
+        "sup", "mixup", "supcon", "pseudolabel", "meanteacher", "mixmatch", "fixmatch",
+        "flexmatch", "comatch", "simclr", "moco", "swav", "byol", "simsiam", "dino",
+        "barlowtwins"}
+    assert axis("ssl_vs_ssl.yaml", "dataset") == {"pneumoniamnist", "breastmnist"}
+    assert len(axis("ssl_vs_ssl.yaml", "seed")) >= 2
+    assert len({dict(c.options)["budget_minutes"]
+                for c in load_spec(REPO / "suites/ssl_vs_ssl.yaml").cells}) == 1  # equal
+    assert len(axis("cdalbench.yaml", "strategy")) == 13
+    assert axis("cdalbench.yaml", "dataset") >= {"splice", "usps", "honeypot",
+                                                 "diverging_sine"}
+    assert axis("cdalbench.yaml", "query_size") == {"1", "5"}
+    assert all(int(r) >= 5 for r in axis("cdalbench.yaml", "repetitions"))
+    assert len(axis("cscore.yaml", "method")) >= 4
+    cs = dict(load_spec(REPO / "suites/cscore.yaml").cells[0].options)
+    assert cs["ratios"] == "0,0.3,0.6" and cs["tuning"] == "once"
+    assert set(cs["ood"].split(",")) == {"breastmnist", "mnist"}  # near and far
+    assert len(axis("tune_it.yaml", "method")) == 10
+    tr = {(c.entry, dict(c.options).get("encoder"), dict(c.options).get("protocol"))
+          for c in load_spec(REPO / "suites/pathology.yaml").cells}
+    assert {("probe", e, p) for e in ("random", "@pretrain") for p in ("linear", "finetune")
+            } | {("segment", e, None) for e in ("random", "@pretrain")} <= tr
+
+
+def test_dry_run_of_every_suite_and_scale():
+    for path in SUITES:
+        for flag in ([], ["--smoke"], ["--full"]):
+            r = CliRunner().invoke(main, ["sweep", str(path), "--dry-run", *flag])
+            assert r.exit_code == 0, r.output
+            scale = flag[0][2:] if flag else "reference"
+            assert f"({scale} scale" in r.output.splitlines()[0]
+
+
+# -- paper files ---------------------------------------------------------------------------
+PAPER = """\
+suite: x
+title: X
+paper: Someone 2024
+comparisons:
+  - title: t
+    source: s
+    ours: {view: al_auc, query_size: 1}
+    values:
+      - {row: Random, column: Splice, value: 0.76, ours: {strategy: random, dataset: splice}}
+claims:
+  - {id: a, claim: c, source: s, rule: {kind: oracle_best}}
+"""
+
+
+@pytest.mark.parametrize("edit,words", [
+    (("kind: oracle_best", "kind: nope"), "claims[0].rule.kind: unknown rule 'nope'"),
+    (("kind: oracle_best}", "kind: oracle_best, bogus: 1}"), "claims[0].rule: "),
+    (("view: al_auc", "view: nope"), "values[0].ours.view: 'nope'"),
+    (("value: 0.76", "value: high"), "values[0].value: must be a int or float"),
+    (("suite: x", "suite: y"), "suite: 'y' but the file is x.yaml"),
+    (("title: X\n", ""), "needs 'title'"),
+])
+def test_paper_file_errors_name_the_file_and_key(tmp_path, edit, words):
+    p = tmp_path / "x.yaml"
+    text = PAPER.replace(*edit)
+    assert text != PAPER
+    p.write_text(text)
+    with pytest.raises(PaperError) as e:
+        load_paper(p)
+    assert str(e.value).startswith(str(p)) and words in str(e.value), str(e.value)
+
+
+def test_paper_values_are_those_of_the_file(tmp_path):
+    p = tmp_path / "x.yaml"
+    p.write_text(PAPER)
+    paper = load_paper(p)
+    (v,) = paper.comparisons[0].values
+    assert (v.row, v.column, v.value) == ("Random", "Splice", 0.76)
+    assert v.ours == {"view": "al_auc", "query_size": 1, "strategy": "random",
+                      "dataset": "splice"}
+
+
+def test_lookup_and_the_side_by_side_table():
+    al = pd.DataFrame({"dataset": ["splice"] * 3, "query_size": [1, 1, 5],
+                       "strategy": ["random"] * 3, "repetition": [0, 1, 0],
+                       "auc": [0.70, 0.80, 0.5]})
+    data = C.SuiteData(al=al)
+    assert P.lookup({"view": "al_auc", "strategy": "random", "dataset": "splice",
+                     "query_size": 1}, data) == (pytest.approx(0.75), 2)
+    assert P.lookup({"view": "al_auc", "strategy": "margin", "dataset": "splice"}, data) \
+        is None
+    r = pd.DataFrame({"dataset": ["c"] * 2, "method": ["ce"] * 2, "study_id": "s",
+                      "score": [0.5, 0.6]})
+    assert P.lookup({"view": "table3", "method": "ce", "dataset": "c"},
+                    C.SuiteData(retrains=r)) == (pytest.approx(0.55), 2)
+
+
+# -- page helpers -------------------------------------------------------------------------
+def test_small_png_stays_under_the_limit():
+    fig, ax = plt.subplots(figsize=(12, 8))
+    rng = np.random.default_rng(0)
+    ax.imshow(rng.random((400, 600)))  # noise: the worst case for PNG compression
+    data = P.small_png(fig, limit=100_000)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) <= 100_000
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    assert len(P.small_png(fig)) < 100_000
+
+
+def test_descendants_and_union():
+    runs = pd.DataFrame({"run_id": ["cell", "trial", "sub", "subtrial", "other", "sweep"],
+                         "parent_run_id": ["sweep", "cell", "cell", "sub", "sweep", None]})
+    keep = P._descendants(runs, {"cell"})
+    assert list(runs["run_id"][keep]) == ["cell", "trial", "sub", "subtrial"]
+    assert P._union_seconds([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
+
+
+def test_results_command_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    r = CliRunner().invoke(main, ["results"])
+    assert r.exit_code != 0 and "name a suite spec" in r.output
+    r = CliRunner().invoke(main, ["results", str(SUITES[0]), "--smoke", "--full"])
+    assert r.exit_code != 0 and "one scale at a time" in r.output
+    r = CliRunner().invoke(main, ["results", str(SUITES[0]), str(SUITES[1]),
+                                  "--experiment", "x"])
+    assert r.exit_code != 0 and "exactly one spec" in r.output
+    r = CliRunner().invoke(main, ["results", str(REPO / "suites/cdalbench.yaml")])
+    assert r.exit_code == 1
+    assert "no experiment 'cdalbench'" in r.output
+    assert "run `scarcelab sweep" in r.output and "Traceback" not in r.output
+
+
+def test_results_entry_point_matches_the_cli():
+    """MLproject's `results` entry: every parameter is an option of the command, with the
+    same default, passed as --<name> (issue 16's parity rule)."""
+    from mlflow.projects import _project_spec
+
+    ep = _project_spec.load_project(str(REPO)).get_entry_point("results")
+    cmd = main.commands["results"]
+    opts = {o: p for p in cmd.params for o in getattr(p, "opts", [])}
+    flags = {"spec": "--spec", "experiment": "--experiment", "out": "--out",
+             "scale": "--scale", "index": "--write-index"}
+    assert set(ep.parameters) == set(flags)
+    for name, p in ep.parameters.items():
+        opt = opts[flags[name]]
+        assert str(p.default) == str(opt.default), name
+        assert f"{flags[name]} {{{name}}}" in ep.command, name
+
+
+def test_transfer_chart_keeps_rows_that_differ_in_arch_protocol_or_fraction_apart():
+    # the transfer view's key columns are strings (arch, protocol): the chart melts only
+    # the task columns (CI once failed here: "Cannot perform reduction 'mean' with string")
+    view = pd.DataFrame({
+        "encoder": ["random", "random", "runs:/x/model"],
+        "arch": ["small_cnn", "small_cnn", "resnet18"],
+        "protocol": ["linear", "finetune", "linear"],
+        "label_fraction": [1.0, 0.1, 1.0],
+        "encoder_method": [np.nan, np.nan, "simclr"],
+        "n_runs": [2, 2, 1],
+        "breastmnist accuracy": [0.7, 0.8, np.nan],
+        "consep seg/pq": [np.nan, 0.3, 0.4],
+    })
+    long = P.transfer_long(view)
+    assert sorted(long["encoder"].unique()) == [
+        "random · small_cnn · finetune · 0.1", "random · small_cnn · linear · 1.0",
+        "runs:/x/model · resnet18 · linear · 1.0"]
+    assert len(long) == 4 and long["value"].dtype.kind == "f"
+    fig = P._bar_figure(long, "encoder", "task", "value", "t", "score")
+    plt.close(fig)

@@ -1,0 +1,853 @@
+"""One suite's results page, built from the tracking store, and the index of all suites.
+
+:func:`build_page` reads the suite's sweep (the sweep run and the run of every cell of the
+spec at the chosen scale), restricts the store's runs to those cells and what they nested
+(trials, retrains, contamination points, AL repetitions), computes the suite's tables with
+the query layer's own views, puts the paper file's numbers beside ours and evaluates each
+claim's rule (:mod:`.claims`). :func:`write_page` writes ``<out>/<suite>.md`` with its
+figures as small PNGs (and the tables as CSV) under ``<out>/<suite>/``; :func:`write_index`
+writes ``<out>/README.md``.
+
+Provenance on every page, all read from the store: the command recorded by the sweep
+driver, the git commit(s) recorded on the cell runs, the machine(s) each cell ran on, the
+wall time (the union of the cell attempts' run intervals: a killed and resumed sweep is
+counted once, idle time between invocations is not) and the CPU time (the sum of every
+attempt's ``sweep/cell_cpu_s``, failed attempts included: the rusage of the cell process
+and its children, ``tracking/sweep/driver.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from scarcelab.tracking.results import claims as C
+from scarcelab.tracking.results.papers import PaperFile, load_paper, paper_path
+from scarcelab.tracking.sweep.spec import SweepSpec, load_spec
+
+#: a page's figures stay below this (bytes): the PNGs live in the repository
+PNG_LIMIT = 100_000
+REPO = Path(__file__).resolve().parents[2]
+STUDY_ENTRIES = ("supervised", "semi", "self")
+DOCS = "docs/results"
+
+
+class ResultsError(ValueError):
+    """A page that cannot be built (no sweep in the store, …): one line, with the fix."""
+
+
+@dataclass
+class Section:
+    title: str
+    text: str  # markdown: tables, notes
+    figures: dict[str, bytes] = field(default_factory=dict)
+    csv: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    id: str
+    claim: str
+    source: str
+    rule: str
+    status: str
+    reason: str
+
+
+@dataclass
+class SuitePage:
+    suite: str
+    spec: SweepSpec
+    paper: PaperFile
+    experiment: str
+    uri: str
+    sweep_run_id: str | None
+    provenance: dict[str, str]
+    counts: dict[str, int]
+    sections: list[Section]
+    comparisons: list[Section]
+    verdicts: list[Verdict]
+    rows_per_method: dict[str, int]
+    missing: list[str]
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    commits: list[str] = field(default_factory=list)
+    generated: str = ""
+    markdown: str = ""
+
+    @property
+    def figures(self) -> dict[str, bytes]:
+        return {k: v for s in self.sections for k, v in s.figures.items()}
+
+
+# -- formatting -----------------------------------------------------------------------------
+def _fmt_s(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "—"
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+def rel(path: str | Path) -> str:
+    """A path as the page shows it: relative to the repository when inside it."""
+    p = Path(path).resolve()
+    for base in (REPO, Path.cwd()):
+        try:
+            return p.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return str(path)
+
+
+def md_table(df: pd.DataFrame, floatfmt: str = ".4f") -> str:
+    if df is None or df.empty:
+        return "_(no rows)_"
+    return str(df.to_markdown(index=False, floatfmt=floatfmt))
+
+
+def small_png(fig: Any, limit: int = PNG_LIMIT) -> bytes:
+    """A figure as a PNG under ``limit`` bytes: rendered at 90 dpi, then (if still larger)
+    as a 256-colour palette image, then at smaller sizes — line plots and tables of bars
+    stay legible down to a few hundred pixels."""
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    data = buf.getvalue()
+    if len(data) <= limit:
+        return data
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    for shrink in (1.0, 0.8, 0.65, 0.5, 0.4, 0.3):
+        im = img if shrink == 1.0 else img.resize(
+            (max(1, int(img.width * shrink)), max(1, int(img.height * shrink))),
+            Image.Resampling.LANCZOS)
+        out = io.BytesIO()
+        im.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(out, format="PNG",
+                                                                       optimize=True)
+        if out.tell() <= limit:
+            return out.getvalue()
+    return out.getvalue()
+
+
+def png_file_small(path: Path, limit: int = PNG_LIMIT) -> bytes:
+    """A PNG written by someone else's plotting function, brought under ``limit``."""
+    import matplotlib.pyplot as plt
+
+    data = path.read_bytes()
+    if len(data) <= limit:
+        return data
+    img = plt.imread(path)
+    h, w = img.shape[:2]
+    fig = plt.figure(figsize=(w / 100, h / 100), dpi=100)
+    fig.figimage(img, resize=False)
+    return small_png(fig, limit)
+
+
+# -- reading the sweep ------------------------------------------------------------------
+@dataclass
+class _Cells:
+    sweep_run: Any
+    attempts: dict[str, list[Any]]  # cell id -> its runs, newest first
+    finished: dict[str, Any]  # cell id -> its FINISHED run
+
+
+def _read_sweep(client: Any, exp_id: str, spec: SweepSpec) -> _Cells:
+    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
+
+    runs = client.search_runs([exp_id], f"tags.`{SWEEP_TAG}` = '{spec.name}'",
+                              max_results=50_000, order_by=["attributes.start_time DESC"])
+    sweep = next((r for r in runs if r.data.tags.get("scarcelab.role") == "sweep"), None)
+    ids = {c.id for c in spec.cells}
+    attempts: dict[str, list[Any]] = {}
+    for r in runs:
+        cid = r.data.tags.get(CELL_TAG)
+        if cid in ids:
+            attempts.setdefault(cid, []).append(r)
+    finished = {cid: next(r for r in rs if r.info.status == "FINISHED")
+                for cid, rs in attempts.items() if any(r.info.status == "FINISHED" for r in rs)}
+    return _Cells(sweep, attempts, finished)
+
+
+def _descendants(runs: pd.DataFrame, roots: set[str]) -> pd.Series:
+    """Which rows of ``runs`` are one of ``roots`` or nested (at any depth) under one."""
+    parent = dict(zip(runs["run_id"], runs.get("parent_run_id", pd.Series(
+        [None] * len(runs))), strict=True))
+    memo: dict[str, bool] = {}
+
+    def under(rid: str | None, depth: int = 0) -> bool:
+        if rid is None or (isinstance(rid, float) and math.isnan(rid)) or depth > 20:
+            return False
+        if rid in roots:
+            return True
+        if rid not in memo:
+            memo[rid] = under(parent.get(rid), depth + 1)
+        return memo[rid]
+
+    return runs["run_id"].map(under)
+
+
+def _union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+# -- the tables -------------------------------------------------------------------------
+def transfer_view(t: Any, refs: Iterable[str]) -> pd.DataFrame:
+    """Kang et al.'s comparison (rows = encoder, columns = tasks), with an encoder that a
+    dependency resolved (``runs:/<id>/model`` of a cell of this sweep) shown as the spec's
+    reference (``@pretrain``), so its seeds average into one row; segment's cross-dataset
+    tests (``seg/cross/<set>/pq``) are columns too. ``refs``: the cells' REFS tags (JSON
+    ``{option: [reference, resolved]}``)."""
+    from scarcelab.tracking.query.views import transfer
+
+    labels: dict[str, str] = {}
+    for text in refs:
+        for ref, value in json.loads(text or "{}").values():
+            labels[value] = ref
+    runs = t.runs
+    if labels and "encoder" in runs:
+        runs = runs.assign(encoder=runs["encoder"].replace(labels))
+    if "protocol" in runs and "params.n_labeled" in runs and "task" in runs:
+        # probes with all labels and with a fraction are separate columns, not averaged
+        probe = runs["task"].eq("probe") & runs["protocol"].notna()
+        lab = runs["params.n_labeled"].astype(str).map(
+            lambda v: "all labels" if v in ("all", "", "nan", "None") else f"{v} labels")
+        runs = runs.assign(protocol=runs["protocol"].where(
+            ~probe, runs["protocol"].astype(str) + " (" + lab + ")"))
+    cross = sorted(c[len("metrics."):] for c in runs.columns
+                   if c.startswith("metrics.seg/cross/") and c.endswith(("/pq", "/mpq")))
+    return transfer(t.with_runs(runs), seg_metrics=("seg/pq", "seg/mpq", *cross))
+
+
+def transfer_long(view: pd.DataFrame) -> pd.DataFrame:
+    """The transfer view as (encoder label, task, value) rows for the bar chart. The label
+    joins the encoder with the settings that keep its row apart (architecture, protocol,
+    label fraction: :data:`TRANSFER_KEYS`), so two rows of one encoder are two bars and
+    never one mean over what differs; only the numeric task columns are values."""
+    from scarcelab.tracking.query.views import TRANSFER_KEYS
+
+    keys = [k for k in TRANSFER_KEYS if k in view]
+    parts = view[keys].astype(str).apply(
+        lambda r: " · ".join(v for v in r if v and v != "nan"), axis=1)
+    tasks = [c for c in view.columns if c not in (*keys, "encoder_method", "n_runs")]
+    long = view.assign(row=parts.to_numpy() if len(view) else []).melt(
+        id_vars=["row"], value_vars=tasks, var_name="task", value_name="value")
+    long["value"] = pd.to_numeric(long["value"], errors="coerce")
+    return long.dropna(subset=["value"]).rename(columns={"row": "encoder"})
+
+
+def _al_long(t: Any) -> pd.DataFrame:
+    cols = ["dataset", "query_size", "strategy", "repetition", "auc"]
+    al = t.role("al")
+    if al.empty or "metrics.al/auc" not in al:
+        return pd.DataFrame(columns=cols)
+    al = al[al["status"] == "FINISHED"]
+    name = al["strategy"] if "strategy" in al else al["method"]
+    out = pd.DataFrame({"dataset": al.get("dataset"), "query_size": al.get("query_size"),
+                        "strategy": name, "repetition": al.get("repetition"),
+                        "auc": al["metrics.al/auc"]}).dropna(subset=["auc"])
+    for c in ("query_size", "repetition"):
+        out[c] = pd.to_numeric(out[c], errors="coerce").fillna(0).astype(int)
+    return out.drop_duplicates(["dataset", "query_size", "strategy", "repetition"])
+
+
+def _mean_std_n(v: pd.Series) -> str:
+    v = v.dropna()
+    if v.empty:
+        return ""
+    std = f" ± {v.std(ddof=1):.4f}" if len(v) > 1 else ""
+    return f"{v.mean():.4f}{std} ({len(v)})"
+
+
+def _bar_figure(df: pd.DataFrame, index: str, columns: str, values: str, title: str,
+                xlabel: str) -> Any:
+    """One horizontal bar chart per column group: mean of ``values`` per ``index``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(df.groupby(columns, sort=True))
+    n = max(1, len(groups))
+    cols = min(n, 4)
+    rows = int(math.ceil(n / cols))
+    height = 0.28 * df[index].nunique() + 1.2
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax, (key, part) in zip(axes.flat, groups, strict=False):
+        g = part.groupby(index)[values].agg(["mean", "std"]).sort_values("mean")
+        ax.barh(g.index.astype(str), g["mean"], xerr=g["std"].fillna(0), color="tab:blue",
+                alpha=0.8)
+        lo = float(np.nanmin(g["mean"] - g["std"].fillna(0)))
+        ax.set_xlim(left=max(0.0, lo - 0.05))
+        ax.set_title(str(key), fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _study_sections(t: Any, data: C.SuiteData, encoders_only: bool = False
+                    ) -> list[Section]:
+    from scarcelab.tracking.query import render, views
+
+    out = []
+    lb = views.leaderboard(t)
+    data.leaderboard = lb
+    keep = [c for c in ("dataset", "n_labeled", "family", "method", "n",
+                        "val_balanced_accuracy_mean", "test_balanced_accuracy_mean",
+                        "test_balanced_accuracy_std", "test_auroc_mean") if c in lb]
+    fig = render.plot_leaderboard(lb)
+    out.append(Section(
+        "Leaderboard",
+        "Per study the checkpoint best on validation balanced accuracy, its test metrics "
+        "averaged over seeds (std: sample std; n: studies); every column in "
+        "`leaderboard.csv`.\n\n" + md_table(lb[keep]),
+        {"leaderboard": small_png(fig)} if fig is not None else {},
+        {"leaderboard": lb.to_csv(index=False)}))
+    if encoders_only:
+        out[0].title = "Pre-training studies (the encoders)"
+        return out
+    g = views.gains(t)
+    data.gains = g
+    ref = g.attrs.get("reference", {})
+    refs = "; ".join(f"{k}: {m} {v:.4f}" for k, (m, v) in sorted(ref.items()))
+    fig = render.plot_gains(g)
+    out.append(Section(
+        "Gains over the best labeled-only method (SSL-vs-SSL Table 3 form)",
+        "Mean test balanced accuracy minus that of the best labeled-only method (sup, "
+        "mixup, supcon) on each dataset; median and worst over datasets."
+        + (f" Reference per dataset: {refs}." if refs else "") + "\n\n" + md_table(g),
+        {"gains": small_png(fig)} if fig is not None else {}, {"gains": g.to_csv(index=False)}))
+    prof = views.profile(t)
+    fig = render.plot_profile(prof)
+    shown = render.condense_profile(prof)
+    pcols = [c for c in ("dataset", "method", "t_s", "n", "test_balanced_accuracy_mean",
+                         "val_balanced_accuracy_mean") if c in shown]
+    out.append(Section(
+        "Accuracy over time (SSL-vs-SSL Fig. 1 form)",
+        "Test balanced accuracy of the checkpoint best on validation by time t (seconds "
+        "since each study started), mean over seeds; a few time points here, all in "
+        "`profile.csv`.\n\n" + md_table(shown[pcols] if len(shown) else shown),
+        {"profile": small_png(fig)} if fig is not None else {},
+        {"profile": prof.to_csv(index=False)}))
+    rk = views.ranks(t)
+    figs = {}
+    cd = render.cd_figure(views.study_scores(t), "methods over datasets")
+    if cd is not None:
+        figs["cd_methods"] = small_png(cd)
+    note = "" if cd is not None else (" No critical-difference diagram: it needs >= 2 "
+                                      "methods scored on >= 2 datasets.")
+    out.append(Section("Ranks", "Average rank (1 = best) of the mean test balanced accuracy"
+                       " over datasets, with Friedman's test." + note + "\n\n" + md_table(rk),
+                       figs, {"ranks": rk.to_csv(index=False)}))
+    return out
+
+
+def _al_sections(t: Any, data: C.SuiteData) -> list[Section]:
+    from scarcelab.tracking.al import cd_blocks, rank_table
+    from scarcelab.tracking.stats import cd_diagram, friedman_test
+
+    al = _al_long(t)
+    data.al = al
+    if al.empty:
+        return [Section("Active learning", "_(no finished AL repetitions)_")]
+    al = al.assign(problem=al["dataset"] + " q=" + al["query_size"].astype(str))
+    auc = al.pivot_table(index="strategy", columns="problem", values="auc",
+                         aggfunc=_mean_std_n).reset_index()
+    auc.columns.name = None
+    means = al.groupby("strategy")["auc"].mean()
+    auc = auc.assign(_m=auc["strategy"].map(means)).sort_values("_m", ascending=False
+                                                                 ).drop(columns="_m")
+    fig = _bar_figure(al, "strategy", "problem", "auc", "AUC per problem (mean ± std over "
+                      "repetitions)", "AUC")
+    secs = [Section(
+        "AUC table",
+        "Area under the learning curve (`al/auc`, docs/active.md), mean ± sample std over "
+        "repetitions (n in parentheses), per (dataset, query size q).\n\n" + md_table(auc),
+        {"auc": small_png(fig)}, {"auc": al.to_csv(index=False)})]
+    notes: list[str] = []
+    ranks = rank_table(al, notes)
+    ranks = ranks.T
+    ranks.columns = [f"{d} q={q}" if d != "mean" else "mean (all blocks)"
+                     for d, q in ranks.columns]
+    ranks = ranks.rename_axis("strategy").reset_index()
+    if "mean (all blocks)" in ranks:
+        ranks = ranks.sort_values("mean (all blocks)", kind="stable", na_position="last")
+    blocks = cd_blocks(al)
+    figs, text = {}, []
+    if blocks.shape[1] >= 2 and len(blocks) >= 2:
+        stat, p = friedman_test(blocks)
+        text.append(f"Friedman over {len(blocks)} (dataset, q, repetition) blocks and "
+                    f"{blocks.shape[1]} strategies: statistic {stat:.3f}, p = {p:.3g}.")
+        figs["cd_strategies"] = small_png(cd_diagram(blocks, title="AL strategies"))
+    else:
+        text.append("No Friedman test or CD diagram: they need >= 2 strategies run on every "
+                    f"problem and >= 2 shared blocks (have {blocks.shape[1]} strategies, "
+                    f"{len(blocks)} blocks).")
+    text += [f"Note: {n}" for n in notes]
+    secs.append(Section(
+        "Ranks and critical-difference diagram",
+        "Mean rank (1 = best AUC) per problem over its repetitions; the last column over "
+        "every (dataset, q, repetition) block of the strategies run on all problems "
+        "(CDALBench's blocks, tracking/al.py). " + " ".join(text) + "\n\n" + md_table(
+            ranks, ".2f"), figs, {"ranks": ranks.to_csv(index=False)}))
+    return secs
+
+
+def _contamination_sections(cells: Sequence[Any], data: C.SuiteData,
+                            uri: str) -> list[Section]:
+    import tempfile
+
+    from scarcelab.tracking import contamination as K
+
+    parts = [K.load_points(parent_run_id=r.info.run_id, tracking_uri=uri) for r in cells]
+    parts = [p for p in parts if len(p)]
+    points = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    table = K.table_a1(points)
+    data.table_a1 = table
+    figs = {}
+    if len(table):
+        with tempfile.TemporaryDirectory() as d:
+            figs["diagnostics_vs_ratio"] = png_file_small(
+                K.plot_vs_ratio(table, Path(d) / "p.png"))
+    return [Section(
+        "Contamination: the Table A1 view (C-Score)",
+        "Per method x OOD source x ratio r: test / validation balanced accuracy of the "
+        "best-on-validation checkpoint and the diagnostics of that trial (final / peak "
+        "epoch), relative change against r = 0 in parentheses (docs/contamination.md). "
+        "Tuning is held fixed across ratios (`tuning=once`).\n\n" + K.to_markdown(table),
+        figs, {"table_a1": table.to_csv(index=False)})]
+
+
+def _tune_sections(t: Any, data: C.SuiteData) -> list[Section]:
+    from scarcelab.tracking.query.table3 import render_table3, retrain_scores, table3
+
+    scores = retrain_scores(t)
+    data.retrains = scores
+    long = table3(scores)
+    figs = {}
+    if len(scores):
+        figs["retrains"] = small_png(_bar_figure(
+            scores.assign(score=scores["score"] * 100), "method", "dataset", "score",
+            "final retrains: test balanced accuracy (%)", "%"))
+    return [Section(
+        "Table 3 (Tune It or Don't Use It)",
+        "Test balanced accuracy (%) of the final retrains of each method's best ASHA "
+        "configuration, mean ± sample std; per dataset the best mean in bold, the methods "
+        "not significantly worse than it by a two-sided Welch's t-test (p >= 0.05) in "
+        "italics (tracking/query/table3.py).\n\n" + render_table3(long) + "\n\n"
+        + md_table(long), figs, {"table3": long.to_csv(index=False)})]
+
+
+def _transfer_sections(t: Any, cells: Sequence[Any], data: C.SuiteData) -> list[Section]:
+    from scarcelab.tracking.sweep.driver import REFS_TAG
+
+    view = transfer_view(t, [r.data.tags.get(REFS_TAG, "") for r in cells])
+    data.transfer = view
+    figs = {}
+    if len(view):
+        long = transfer_long(view)
+        if len(long):
+            figs["transfer"] = small_png(_bar_figure(
+                long, "encoder", "task", "value", "transfer: encoder per task", "score"))
+    text = ""
+    seg = [r for r in cells if r.data.tags.get("scarcelab.task") == "segment"
+           or "seg/pq" in r.data.metrics]
+    if seg:
+        fig, lines = _pq_curves(seg, labels=_ref_labels(cells))
+        if fig is not None:
+            figs["segment_val_pq"] = small_png(fig)
+        text = (" Segmentation training stops when validation PQ has not improved for "
+                "`patience` epochs (or at the budget); the checkpoint best on validation is "
+                "tested. Per run: " + "; ".join(lines) + ".")
+    return [Section(
+        "Transfer (Kang et al.'s comparison)",
+        "Rows: encoder source (`@pretrain` = the suite's pre-trained encoder, `random` = "
+        "random initialisation); columns: probe accuracies (linear, fine-tuning) and "
+        "segmentation PQ / mPQ, cross-test sets included; means over the runs of a row "
+        "(n_runs)." + text + "\n\n" + md_table(view), figs,
+        {"transfer": view.to_csv(index=False)})]
+
+
+def _ref_labels(cells: Sequence[Any]) -> dict[str, str]:
+    from scarcelab.tracking.sweep.driver import REFS_TAG
+
+    labels = {}
+    for r in cells:
+        for ref, value in json.loads(r.data.tags.get(REFS_TAG) or "{}").values():
+            labels[value] = ref
+    return labels
+
+
+def _pq_curves(runs: Sequence[Any], labels: dict[str, str]) -> tuple[Any, list[str]]:
+    """Validation PQ per epoch of each segment run (``seg/val_pq``), and a sentence per run
+    (epochs trained, the selected epoch): what says whether PQ had stopped moving."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    lines, drawn = [], 0
+    for r in runs:
+        hist = sorted(client.get_metric_history(r.info.run_id, "seg/val_pq"),
+                      key=lambda m: m.step)
+        enc = r.data.tags.get("scarcelab.encoder", "?")
+        name = labels.get(enc, enc)
+        sel = r.data.metrics.get("seg/selected_epoch")
+        pat = r.data.params.get("patience", "")
+        verdict = ""
+        if hist and sel is not None and pat.isdigit():
+            since = hist[-1].step - int(sel)
+            verdict = (f"; stopped after {since} epochs without a better validation PQ "
+                       f"(patience {pat}): PQ had stopped moving" if since >= int(pat) else
+                       f"; stopped by the budget {since} epoch(s) after the best, within the "
+                       f"patience of {pat}: PQ may still have been rising")
+        lines.append(f"{name}: {len(hist)} epoch(s), validation PQ best at epoch "
+                     f"{int(sel) if sel is not None else '?'}"
+                     + (f" ({hist[-1].value:.4f} at the last)" if hist else "") + verdict)
+        if hist:
+            ax.plot([m.step for m in hist], [m.value for m in hist], marker=".", label=name)
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None, lines
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation PQ")
+    ax.set_title("segmentation: validation PQ per epoch", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, lines
+
+
+# -- paper side by side -----------------------------------------------------------------
+def lookup(ours: dict[str, Any], data: C.SuiteData) -> tuple[float, int] | None:
+    """Our number for a paper value's ``ours`` selector: (value, n) or None."""
+    view = ours.get("view")
+    if view == "al_auc":
+        a = data.al
+        if a.empty:
+            return None
+        sel = a[(a["dataset"] == ours.get("dataset")) & (a["strategy"] == ours.get("strategy"))
+                & (a["query_size"] == int(ours.get("query_size", 1)))]["auc"]
+    elif view == "table3":
+        r = data.retrains
+        if r.empty:
+            return None
+        sel = r[(r["dataset"] == ours.get("dataset")) & (r["method"] == ours.get("method"))
+                ]["score"]
+    elif view == "leaderboard":
+        lb = data.leaderboard
+        col = ours.get("metric", "test_balanced_accuracy_mean")
+        if lb.empty or col not in lb:
+            return None
+        rows = lb[(lb["dataset"] == ours.get("dataset")) & (lb["method"] == ours.get("method"))]
+        if rows.empty:
+            return None
+        return float(rows[col].iloc[0]), int(rows["n"].iloc[0])
+    elif view == "transfer":
+        tr = data.transfer
+        if tr.empty or ours.get("column") not in tr:
+            return None
+        rows = tr[tr["encoder"] == ours.get("encoder")]
+        if rows.empty or pd.isna(rows[ours["column"]].iloc[0]):
+            return None
+        return float(rows[ours["column"]].iloc[0]), int(rows["n_runs"].iloc[0])
+    else:
+        return None
+    sel = sel.dropna()
+    return (float(sel.mean()), len(sel)) if len(sel) else None
+
+
+def _comparison_sections(paper: PaperFile, data: C.SuiteData) -> list[Section]:
+    out = []
+    for comp in paper.comparisons:
+        rows = []
+        for v in comp.values:
+            got = lookup(v.ours, data)
+            ours = None if got is None else got[0] * comp.scale
+            rows.append({"row": v.row, "column": v.column, "paper": v.value,
+                         "ours": ours, "n": None if got is None else got[1],
+                         "ours − paper": None if ours is None else ours - v.value,
+                         "note": v.note})
+        df = pd.DataFrame(rows)
+        if not df["note"].astype(bool).any():
+            df = df.drop(columns="note")
+        df["n"] = df["n"].astype("Int64")
+        found = int(df["ours"].notna().sum())
+        text = (f"Source: {comp.source}. Paper values as published (row and column of the "
+                f"source); ours from this suite's runs (n: runs averaged). {found} of "
+                f"{len(df)} values have a counterpart here."
+                + (f" {comp.note}" if comp.note else "") + "\n\n" + md_table(df, ".4g"))
+        out.append(Section(comp.title, text))
+    return out
+
+
+# -- the page ---------------------------------------------------------------------------
+def build_page(spec_path: str | Path, scale: str = "reference", experiment: str | None = None,
+               tracking_uri: str | None = None) -> SuitePage:
+    """Everything a suite's page says, read from the store (see the module docstring).
+
+    Raises :class:`ResultsError` when the store has no sweep of this spec at this scale."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab.tracking.query import load
+    from scarcelab.tracking.query.render import _safe_uri
+    from scarcelab.tracking.sweep.driver import (
+        CELL_CPU,
+        COMMAND_TAG,
+        INVOCATION_WALL,
+        INVOCATIONS_TAG,
+        MACHINE_TAG,
+    )
+
+    spec = load_spec(spec_path, full=scale == "full", smoke=scale == "smoke")
+    suite = Path(spec_path).stem
+    paper = load_paper(paper_path(spec_path))
+    exp_name = experiment or spec.experiment
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    uri = mlflow.get_tracking_uri()
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(exp_name)
+    flag = "" if scale == "reference" else f" --{scale}"
+    hint = f"run `scarcelab sweep {spec_path}{flag}` first (or pass --experiment)"
+    if exp is None:
+        raise ResultsError(f"{suite}: no experiment {exp_name!r} at {_safe_uri(uri)}: {hint}")
+    cells = _read_sweep(client, exp.experiment_id, spec)
+    if cells.sweep_run is None and not cells.attempts:
+        raise ResultsError(f"{suite}: experiment {exp_name!r} has no sweep {spec.name!r} at "
+                           f"{scale} scale: {hint}")
+    finished = cells.finished
+    by_entry: dict[str, list[Any]] = {}
+    for c in spec.cells:
+        if c.id in finished:
+            by_entry.setdefault(c.entry, []).append(finished[c.id])
+    t = load(exp_name, uri)
+    runs = t.runs
+    keep = _descendants(runs, {r.info.run_id for r in finished.values()}) if len(runs) \
+        else pd.Series([], dtype=bool)
+    t = t.with_runs(runs[keep.to_numpy()] if len(runs) else runs)
+
+    data = C.SuiteData()
+    sections: list[Section] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transfer_suite = "probe" in by_entry or "segment" in by_entry
+        if any(e in by_entry for e in STUDY_ENTRIES):
+            # in a transfer suite the studies pre-train the encoders: their leaderboard
+            # only (gains, profile and ranks compare methods, which they do not)
+            sections += _study_sections(t, data, encoders_only=transfer_suite)
+        if "al" in by_entry:
+            sections += _al_sections(t, data)
+        if "contamination" in by_entry:
+            sections += _contamination_sections(by_entry["contamination"], data, uri)
+        if "tune" in by_entry:
+            sections += _tune_sections(t, data)
+        if "probe" in by_entry or "segment" in by_entry:
+            sections += _transfer_sections(t, by_entry.get("probe", []) +
+                                           by_entry.get("segment", []), data)
+    comparisons = _comparison_sections(paper, data)
+    verdicts = []
+    for cl in paper.claims:
+        v = C.evaluate(cl.rule, data)
+        verdicts.append(Verdict(cl.id, cl.claim, cl.source, C.describe(cl.rule), v.status,
+                                v.reason))
+
+    # provenance
+    all_attempts = [r for rs in cells.attempts.values() for r in rs]
+    ends = [(r.info.start_time / 1000, r.info.end_time / 1000) for r in all_attempts
+            if r.info.start_time and r.info.end_time]
+    wall = _union_seconds(ends) if ends else None
+    cpu_vals = [r.data.metrics.get(CELL_CPU) for r in all_attempts]
+    cpu = sum(v for v in cpu_vals if v is not None) if any(v is not None for v in cpu_vals) \
+        else None
+    no_cpu = sum(v is None for v in cpu_vals)
+    commits = Counter(r.data.tags.get("mlflow.source.git.commit", "unknown")
+                      for r in finished.values())
+    machines = Counter(
+        (r.data.tags.get(f"{MACHINE_TAG}.cores", "?"), r.data.tags.get(f"{MACHINE_TAG}.cpu", "?"),
+         r.data.tags.get(f"{MACHINE_TAG}.ram_gb", "?"), r.data.tags.get(f"{MACHINE_TAG}.gpu", "?"),
+         r.data.tags.get(f"{MACHINE_TAG}.host", "?")) for r in finished.values())
+    sweep = cells.sweep_run
+    stags = sweep.data.tags if sweep is not None else {}
+    inv_wall = []
+    if sweep is not None:
+        inv_wall = [m.value for m in client.get_metric_history(sweep.info.run_id,
+                                                               INVOCATION_WALL)]
+    n_failed = sum(1 for cid in cells.attempts if cid not in finished)
+    counts = {"cells": len(spec.cells), "finished": len(finished), "failed": n_failed,
+              "not_run": len(spec.cells) - len(cells.attempts)}
+    missing = []
+    for c in spec.cells:
+        if c.id in finished:
+            continue
+        rs = cells.attempts.get(c.id, [])
+        err = rs[0].data.tags.get("scarcelab.error", "") if rs else ""
+        missing.append(f"`{c.label}`: " + (f"{len(rs)} attempt(s), last {rs[0].info.status}"
+                                           + (f": {err[:300]}" if err else "")
+                                           if rs else "not run"))
+    prov = {
+        "command": f"`{stags.get(COMMAND_TAG) or 'scarcelab sweep ' + rel(spec_path) + flag}`",
+        "scale": f"{scale} ({counts['cells']} cells: {counts['finished']} finished, "
+                 f"{counts['failed']} failed, {counts['not_run']} not run)",
+        "experiment": f"`{exp_name}` (sweep run `{sweep.info.run_id if sweep else '—'}`)",
+        "tracking store": f"`{_safe_uri(uri)}`",
+        "git commit": ", ".join(f"`{k[:12]}{'+dirty' if k.endswith('+dirty') else ''}` "
+                                f"({v} cell{'s' * (v != 1)})"
+                                for k, v in commits.most_common()) or "—",
+        "machine": "; ".join(
+            f"{cores} cores, {cpu_model}, {ram} GB RAM, GPU: {gpu} (host {host}; {n} cell"
+            f"{'s' * (n != 1)})" for (cores, cpu_model, ram, gpu, host), n in
+            machines.most_common()) or "—",
+        "wall time": f"{_fmt_s(wall)} (the union of the {len(all_attempts)} cell attempts' "
+                     f"run intervals; {stags.get(INVOCATIONS_TAG, '?')} driver invocation(s)"
+                     + (f", whose logged walls sum to {_fmt_s(sum(inv_wall))}" if inv_wall
+                        else "") + ")",
+        "CPU time": f"{_fmt_s(cpu)} (user + system of every cell attempt's process tree"
+                    + (f"; {no_cpu} attempt(s) without a record" if no_cpu else "") + ")",
+    }
+    methods = Counter()
+    for c in spec.cells:
+        o = dict(c.options)
+        key = o.get("encoder") or o.get("method") or o.get("strategy") or c.entry
+        if c.id in finished:
+            methods[str(key)] += 1
+    page = SuitePage(suite=suite, spec=spec, paper=paper, experiment=exp_name, uri=uri,
+                     sweep_run_id=sweep.info.run_id if sweep else None, provenance=prov,
+                     counts=counts, sections=sections, comparisons=comparisons,
+                     verdicts=verdicts, rows_per_method=dict(methods), missing=missing,
+                     wall_s=wall, cpu_s=cpu, commits=[k for k, _ in commits.most_common()],
+                     generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
+    page.markdown = render_markdown(page)
+    return page
+
+
+SMOKE_BANNER = (
+    "> **Smoke run.** Every method of the suite at a trivial size (a step or two of "
+    "training, one seed): the page shows that the suite runs end to end and renders; its "
+    "numbers and verdicts say nothing about the paper. The reference pages are "
+    "`docs/results/<suite>.md`.")
+
+
+def render_markdown(page: SuitePage) -> str:
+    title = f"# {page.paper.title}: results ({page.spec.scale} scale)"
+    lines = [title, ""]
+    if page.spec.scale == "smoke":
+        lines += [SMOKE_BANNER, ""]
+    lines += [f"Source: {page.paper.paper}.", "",
+              f"Generated by `scarcelab results {rel(page.spec.path)}"
+              + ("" if page.spec.scale == "reference" else f" --{page.spec.scale}")
+              + f"` on {page.generated} from the tracking store; every number below is "
+              "read from it or, beside ours, from `"
+              + rel(page.paper.path) + "` (cited per value). Regenerate "
+              "rather than edit.", "", "## How it was run", "", "| | |", "|:--|:--|"]
+    lines += [f"| {k} | {v} |" for k, v in page.provenance.items()]
+    lines += ["", "## Verdicts", "",
+              "Each headline claim of the source, tested by a rule on our numbers "
+              "(tracking/results/claims.py).", "",
+              "| claim | source | rule | verdict | because |", "|:--|:--|:--|:--|:--|"]
+    for v in page.verdicts:
+        cells = [v.claim, v.source, v.rule, f"**{v.status}**", v.reason]
+        lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ")
+                                       for c in cells) + " |")
+    lines += [""]
+    if page.missing:
+        lines += ["## Cells without a finished run", ""] + [f"- {m}" for m in page.missing]
+        lines += [""]
+    lines += ["## Tables and figures", ""]
+    for s in page.sections:
+        lines += [f"### {s.title}", "", s.text, ""]
+        for name in s.figures:
+            lines += [f"![{name}]({page.suite}/{name}.png)", ""]
+    lines += ["## Beside the paper", ""]
+    for s in page.comparisons:
+        lines += [f"### {s.title}", "", s.text, ""]
+    if not page.comparisons:
+        lines += ["No value of the source is put beside ours (see below).", ""]
+    if page.paper.not_found:
+        lines += ["Not put beside ours, and why:", ""]
+        lines += [f"- {s}" for s in page.paper.not_found] + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_page(page: SuitePage, out_dir: str | Path) -> Path:
+    """``<out>/<suite>.md`` and ``<out>/<suite>/*.png|*.csv`` (the folder is replaced, so a
+    figure that is no longer drawn does not linger)."""
+    import shutil
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    folder = out / page.suite
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir()
+    for s in page.sections:
+        for name, data in s.figures.items():
+            (folder / f"{name}.png").write_bytes(data)
+        for name, text in s.csv.items():
+            (folder / f"{name}.csv").write_text(text)
+    path = out / f"{page.suite}.md"
+    path.write_text(page.markdown)
+    return path
+
+
+def _summary(verdicts: Sequence[Verdict]) -> str:
+    n = Counter(v.status for v in verdicts)
+    return ", ".join(f"{n[s]} {s}" for s in C.STATUSES if n[s]) or "no claims"
+
+
+def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | Path,
+                scale: str = "reference") -> Path:
+    """``<out>/README.md``: one row per suite (a page, or why there is none)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"# Results of the suites ({scale} scale)", ""]
+    if scale == "smoke":
+        lines += [SMOKE_BANNER, ""]
+    flag = "" if scale == "reference" else f" --{scale}"
+    lines += [f"Generated by `scarcelab results --index{flag}`"
+              f" on {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} from the tracking "
+              "store; each page says how its suite was run and why each verdict is what it "
+              "is.", "",
+              "| suite | source | headline verdicts | wall | CPU | commit | cells |",
+              "|:--|:--|:--|--:|--:|:--|:--|"]
+    for suite, entry in entries:
+        if isinstance(entry, str):
+            lines.append(f"| {suite} | | {entry} | | | | |")
+            continue
+        p = entry
+        heads = "; ".join(f"{v.id}: **{v.status}**" for v in p.verdicts)
+        commit = ", ".join(f"`{c[:12]}`" for c in p.commits) or "—"
+        lines.append(f"| [{suite}]({suite}.md) | {p.paper.title} | {heads} "
+                     f"({_summary(p.verdicts)}) | {_fmt_s(p.wall_s)} | {_fmt_s(p.cpu_s)} | "
+                     f"{commit} | {p.counts['finished']}/{p.counts['cells']} finished |")
+    path = out / "README.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,163 @@
+"""A suite's paper file, ``suites/papers/<suite>.yaml``: the source's numbers with their
+citations, and its headline claims with the rule that tests each on our numbers.
+
+Why a data file: a results page must never carry a hand-typed number. The paper's values
+live here once, each with where it was read (paper or repository, table, row, column), and
+the page only copies them; values that could not be read with certainty are listed under
+``not_found`` (with the reason) instead of guessed. Layout::
+
+    suite: cdalbench                  # the spec's file name (suites/cdalbench.yaml)
+    title: CDALBench
+    paper: "Werner et al., A Cross-Domain Benchmark for Active Learning (arXiv 2408.00426)"
+    comparisons:                      # tables of paper value beside ours
+      - title: AUC, query size 1
+        source: "github.com/wernerth94/…, results/auc_qs1.csv @ 9180529c"
+        ours: {view: al_auc, query_size: 1}      # merged into every value's `ours`
+        values:
+          - {row: Random, column: Splice, value: 0.760,
+             ours: {strategy: random, dataset: splice}}
+    not_found:
+      - "Table 3's per-dataset gains: the paper's tables could not be read here"
+    claims:
+      - id: oracle_bound
+        claim: "The greedy oracle upper-bounds the AL strategies"
+        source: "Sec. 4 / results/auc_qs1.csv"
+        rule: {kind: oracle_best, min_problems: 2}
+
+``ours`` selects the number of ours put beside a value (:func:`tracking.results.page`'s
+``lookup``: ``view`` is ``al_auc``, ``table3`` or ``leaderboard``, the other keys pick the
+row). ``scale`` (default 1) multiplies *our* value into the paper's unit (100 when the
+paper reports percent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: where a suite's paper file lives, relative to the suite spec's folder
+PAPERS_DIR = "papers"
+VIEWS = ("al_auc", "table3", "leaderboard", "transfer")
+
+
+class PaperError(ValueError):
+    """A paper file that cannot be used; the message starts with the file's path."""
+
+
+@dataclass(frozen=True)
+class Value:
+    row: str
+    column: str
+    value: float
+    ours: dict[str, Any]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    title: str
+    source: str
+    values: tuple[Value, ...]
+    scale: float = 1.0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    claim: str
+    source: str
+    rule: dict[str, Any]
+
+
+@dataclass
+class PaperFile:
+    suite: str
+    title: str
+    paper: str
+    path: str = ""
+    comparisons: list[Comparison] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
+    not_found: list[str] = field(default_factory=list)
+
+
+def paper_path(spec_path: str | Path) -> Path:
+    p = Path(spec_path)
+    return p.parent / PAPERS_DIR / f"{p.stem}.yaml"
+
+
+def _need(d: Any, key: str, where: str, kind: type | tuple[type, ...] = str) -> Any:
+    if not isinstance(d, dict) or key not in d:
+        raise PaperError(f"{where}: needs '{key}'")
+    v = d[key]
+    if not isinstance(v, kind) or isinstance(v, bool):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise PaperError(f"{where}.{key}: must be a {names}, got {v!r}")
+    return v
+
+
+def load_paper(path: str | Path) -> PaperFile:
+    """Read and check a paper file; rules are checked against :mod:`.claims`' registry."""
+    from scarcelab.tracking.results.claims import RULES
+
+    p = Path(path)
+    if not p.is_file():
+        raise PaperError(f"{p}: no paper file (suites/papers/<suite>.yaml holds the source's "
+                         "numbers and claims; see tracking/results/papers.py)")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise PaperError(f"{p}: not valid YAML: {e}") from None
+    where = str(p)
+    if not isinstance(data, dict):
+        raise PaperError(f"{where}: a mapping with suite, title, paper, comparisons, claims")
+    unknown = set(data) - {"suite", "title", "paper", "comparisons", "claims", "not_found"}
+    if unknown:
+        raise PaperError(f"{where}: unknown key(s) {sorted(unknown)}")
+    out = PaperFile(suite=_need(data, "suite", where), title=_need(data, "title", where),
+                    paper=_need(data, "paper", where), path=where)
+    if out.suite != p.stem:
+        raise PaperError(f"{where}.suite: {out.suite!r} but the file is {p.name}: name the "
+                         "file after the suite spec it belongs to")
+    for i, c in enumerate(data.get("comparisons") or []):
+        cw = f"{where}: comparisons[{i}]"
+        base = c.get("ours") or {} if isinstance(c, dict) else {}
+        values = []
+        for j, v in enumerate(_need(c, "values", cw, list)):
+            vw = f"{cw}.values[{j}]"
+            ours = {**base, **(_need(v, "ours", vw, dict) if "ours" in v else {})}
+            if ours.get("view") not in VIEWS:
+                raise PaperError(f"{vw}.ours.view: {ours.get('view')!r}; valid: "
+                                 f"{', '.join(VIEWS)}")
+            values.append(Value(str(_need(v, "row", vw, (str, int, float))),
+                                str(_need(v, "column", vw, (str, int, float))),
+                                float(_need(v, "value", vw, (int, float))), ours,
+                                str(v.get("note", ""))))
+        out.comparisons.append(Comparison(
+            _need(c, "title", cw), _need(c, "source", cw), tuple(values),
+            float(c.get("scale", 1.0)), str(c.get("note", ""))))
+    ids = set()
+    for i, c in enumerate(data.get("claims") or []):
+        cw = f"{where}: claims[{i}]"
+        cid = _need(c, "id", cw)
+        if cid in ids:
+            raise PaperError(f"{cw}.id: {cid!r} is used twice")
+        ids.add(cid)
+        rule = _need(c, "rule", cw, dict)
+        kind = rule.get("kind")
+        if kind not in RULES:
+            raise PaperError(f"{cw}.rule.kind: unknown rule {kind!r}; valid: "
+                             f"{', '.join(sorted(RULES))}")
+        try:
+            RULES[kind].describe(**{k: v for k, v in rule.items() if k != "kind"})
+        except TypeError as e:
+            raise PaperError(f"{cw}.rule: {e}") from None
+        out.claims.append(Claim(cid, _need(c, "claim", cw), _need(c, "source", cw), rule))
+    nf = data.get("not_found") or []
+    if not isinstance(nf, list) or not all(isinstance(s, str) for s in nf):
+        raise PaperError(f"{where}.not_found: a list of sentences")
+    out.not_found = list(nf)
+    return out
