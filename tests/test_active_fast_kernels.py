@@ -154,3 +154,11 @@ def test_strategies_pick_what_their_definitions_pick() -> None:
         assert got.tolist() == _ref_top_q(score, 10, cand).tolist(), name
     got = make_strategy("coreset").query(st, 10, np.random.default_rng(0))
     assert got.tolist() == (cand[_ref_k_center(emb[lab:], emb[:lab], 10)]).tolist()
+
+
+def test_mean_over_passes_on_a_pass_axis_innermost_in_memory() -> None:
+    """12 passes stored pass-innermost: numpy sums that axis pairwise; the fast path must
+    step aside and give numpy's values."""
+    a = np.random.default_rng(3).random((300, 40, 12)).astype(np.float32).transpose(2, 0, 1)
+    assert not a.flags.c_contiguous
+    np.testing.assert_array_equal(mean_over_passes(a), a.mean(0))
