@@ -93,7 +93,7 @@ def make_fixture(folder: Path, pool: int, dim: int, labeled: int, seed: int = 0)
     (loaded with ``np.load``: plain arrays, nothing unpickled)."""
     import torch
 
-    out = folder / f"pool{pool}_d{dim}_l{labeled}"
+    out = folder / f"v2_pool{pool}_d{dim}_l{labeled}"
     if (out / "mc.npy").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
@@ -102,7 +102,10 @@ def make_fixture(folder: Path, pool: int, dim: int, labeled: int, seed: int = 0)
     means = rng.normal(size=(CLASSES, dim)).astype(np.float32) * 1.5
     y = rng.integers(CLASSES, size=n)
     emb = (means[y] + rng.normal(size=(n, dim))).astype(np.float32)
-    head = torch.from_numpy(means.T / np.sqrt(dim)).float()
+    # logits ~ 4.5 for the true class, ~0 ± 0.4 for the others at any dim: confident but
+    # not saturated (a 1/sqrt(d) head saturated float32 softmax at d = 512, and the
+    # thousands of exact ties then were broken by position here, at random there)
+    head = torch.from_numpy(means.T * (2.0 / dim)).float()
     e = torch.from_numpy(emb)
     proba = torch.softmax(e @ head, 1).numpy()
     g = torch.Generator().manual_seed(seed + 1)
@@ -485,6 +488,31 @@ def _spawn(args: list[str], threads: int) -> tuple[dict[str, Any], float]:
     return res, usage.ru_utime + usage.ru_stime
 
 
+#: The plain definitions (no fast kernels), for telling a tie apart from a difference.
+PLAIN_SCORES = ("margin", "entropy", "least_confident", "bald")
+_FIXTURES: dict[tuple[int, int], Path] = {}
+
+
+def _plain_entropy(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1.0)
+    return -(p * np.log(p)).sum(-1)
+
+
+def scores_of(name: str, pool: int, dim: int) -> np.ndarray:
+    """Every row's score (higher = picked first) from the fixture and the textbook formula:
+    two pick lists whose scores agree as multisets differ only in how ties were broken."""
+    out = Outputs(_FIXTURES[(pool, dim)])
+    p = out.proba
+    if name == "margin":
+        srt = np.sort(p, axis=1)
+        return -(srt[:, -1] - srt[:, -2])
+    if name == "least_confident":
+        return 1.0 - p.max(1)
+    if name == "entropy":
+        return _plain_entropy(p)
+    return _plain_entropy(out.mc.mean(0)) - _plain_entropy(out.mc).mean(0)
+
+
 def _median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
@@ -525,6 +553,10 @@ def run_query_part(a: argparse.Namespace, fixtures: list[Path]) -> dict[str, Any
         else:
             same = stable and ours_p[0] == theirs_p[0]
             compared = "all picks, in order"
+            if stable and not same and name in PLAIN_SCORES:
+                sc = scores_of(name, pool, dim)
+                if sorted(sc[ours_p[0]].tolist()) == sorted(sc[theirs_p[0]].tolist()):
+                    same, compared = True, "picks' scores (tied scores, other points)"
         table.append({"strategy": name, "pool": pool, "dim": dim, "q": q,
                       "ours_wall_s": _median(ow), "ours_cpu_s": _median(oc),
                       "theirs_wall_s": _median(tw), "theirs_cpu_s": _median(tc),
@@ -653,8 +685,11 @@ def main() -> None:
         else:
             tmp = tempfile.TemporaryDirectory(prefix="al_peers_")
             fdir = Path(tmp.name)
-        fixtures = [make_fixture(fdir, pool, dim, a.labeled) for pool in a.pools
-                    for dim in a.dims]
+        fixtures = []
+        for pool in a.pools:
+            for dim in a.dims:
+                _FIXTURES[(pool, dim)] = make_fixture(fdir, pool, dim, a.labeled)
+                fixtures.append(_FIXTURES[(pool, dim)])
         result["query"] = run_query_part(a, fixtures)
         by: dict[str, list[float]] = {}
         for t in result["query"]["table"]:

@@ -23,11 +23,16 @@ drive one trainable, in alternating rounds, each system in a fresh process:
 * **theirs**: ``ray.tune.Tuner`` with ``ASHAScheduler(time_attr="training_iteration",
   max_t=epochs, grace_period, reduction_factor=2, brackets=1)``, the function trainable
   calling ``tune.report`` after each epoch, data passed with ``tune.with_parameters``,
-  Ray's default loggers, ``ray.init`` inside the timed span (a user pays it per search).
+  Ray's default loggers, ``ray.init`` inside the timed span (a user pays it per search);
+  ``ray_reuse`` with ``reuse_actors=True`` (one worker process serves every trial: the
+  setting most favourable to Ray, and the default comparison), ``ray`` with Ray's
+  defaults (here a fresh worker process, importing torch and scarcelab, per trial; slow on
+  a loaded machine, so not in the default ``--systems``).
 
 Per system: trials per hour (trials finished or stopped per wall-clock hour of the
 search), the wall and CPU seconds (CPU of the whole process tree: Ray's GCS, raylet and
-trial workers included, read with psutil before ``ray.shutdown``), and where the time
+trial workers included, read with psutil before ``ray.shutdown``; a worker that already
+exited is not counted, so Ray's CPU is a lower bound with ``ray``), and where the time
 goes: the trainable's own seconds (``train_trial`` minus the per-epoch callback), the
 per-epoch callback (tracker logging and the pruning decision for ours, ``tune.report``
 for Ray), and the rest, the driver's overhead, per trial. The two searches must stop the
@@ -137,6 +142,9 @@ def ours_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     timers = Timers()
     tune_mod.train_trial = timers.wrap(tune_mod.train_trial)  # looked up at call time
+    # the method registry (torchvision, via the registry's imports) loaded before the timed
+    # span, as the Ray driver has it loaded before ``ray.init``
+    configs = trial_configs(a)
     storage = f"sqlite:///{work}/optuna.db"
     if a.system == "ours_mlflow":
         from scarcelab.tracking.mlflow_tracker import MlflowTracker
@@ -155,6 +163,8 @@ def ours_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
                                     for k in sorted(t.intermediate_values)],
                          "params": t.params}
               for t in study.get_trials(deepcopy=False)}
+    if [trials[n]["params"] for n in sorted(trials)] != configs:
+        raise SystemExit("the search drew other configurations than trial_configs()")
     return {"wall_s": wall, "cpu_s": cpu, "train_s": timers.train_s,
             "callback_s": timers.callback_s, "train_cpu_s": timers.train_cpu_s,
             "callback_cpu_s": timers.callback_cpu_s, "trials": trials,
