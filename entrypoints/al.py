@@ -16,6 +16,7 @@ from scarcelab.entrypoints.options import (
     Folder,
     Int,
     Overrides,
+    Registered,
     Word,
     check_device,
     check_fields,
@@ -76,7 +77,7 @@ def _parse_set(over: dict[str, Any], dataset: str
 
 
 @main.command(name="al", short_help="Run one active-learning sweep (CDALBench protocol).")
-@click.option("--strategy", required=True, type=Word(),
+@click.option("--strategy", required=True, type=Registered("strategy"),
               help="query strategy (scarcelab list strategies)")
 @click.option("--dataset", default="splice", show_default=True, type=Word(),
               help="splice, dna, usps, sms, honeypot, diverging_sine, an image dataset "
@@ -103,8 +104,8 @@ def _parse_set(over: dict[str, Any], dataset: str
 @click.option("--max-candidates", default="default", show_default=True,
               type=Int(1, None, default_ok=True),
               help="unlabeled candidates subsampled per query (default: the strategy's)")
-@click.option("--device", default="cpu", show_default=True, type=Device(),
-              help="cpu, cuda, or auto (cuda when available); image sets want a GPU")
+@click.option("--device", default="auto", show_default=True, type=Device(),
+              help="auto (cuda when available), cpu or cuda; image sets want a GPU")
 @click.option("--encoder", default="simclr", show_default=True, type=Word(),
               help="encoded_* sets: a self-supervised method to train (simclr, byol, …), or "
               "the model of a scarcelab self run (runs:/<run id>/model, models:/…)")

@@ -205,7 +205,7 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
 @main.command(name="contamination", short_help="Sweep OOD contamination ratios of the "
               "unlabeled pool.", help="Sweep OOD contamination ratios of the unlabeled "
               "pool for a semi-supervised method; one child study per (source, ratio).")
-@study_options(dataset="pneumoniamnist")
+@study_options(dataset="pneumoniamnist", family="semi")
 @click.option("--ood", default="mnist", show_default=True, type=Names(),
               help="OOD source(s), comma-separated: mnist, digits, textures, lfw, cifar10, "
               "gaussian (far) or another MedMNIST set, e.g. breastmnist (near)")

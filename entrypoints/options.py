@@ -176,6 +176,57 @@ class Word(_Typed):
         return value
 
 
+class Registered(Word):
+    """A registered name (method, dataset, arch, strategy), checked against the names the
+    registry's files declare (:class:`scarcelab.registry.StaticIndex`) without importing
+    them: a typo is answered in a fraction of a second, with the near misses (``did you mean
+    fixmatch?``) and the names that fit (``family``: only that family's methods). ``extra``
+    words (``auto``, ``default``) pass as they are."""
+
+    def __init__(self, kind: str, family: str | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.kind, self.family, self.extra = kind, family, extra
+
+    def parse(self, value: str) -> str:
+        from scarcelab.registry import did_you_mean
+
+        if value.lower() in self.extra:
+            return value
+        value = super().parse(value)
+        idx = _static_index(self.kind)
+        if value.lower() in idx.where:
+            got = idx.family(value)
+            if self.family is not None and got != self.family:
+                raise ValueError(f"{value} is a {got} method, not {self.family}; run it with "
+                                 f"`scarcelab {got} --method {value}` (mlflow run . -e {got} "
+                                 f"-P method={value}); {self.family} methods: "
+                                 f"{', '.join(idx.names(self.family))}")
+            return value
+        if not idx.complete:  # a computed name: the registry decides, after import
+            return value
+        names = idx.names(self.family)
+        what = f"{self.family} methods" if self.family else f"{self.kind}s"
+        near = did_you_mean(value, names)
+        raise ValueError(f"unknown {self.kind};{near}{';' if near else ''} {what}: "
+                         f"{', '.join(names)} (scarcelab list {_LIST.get(self.kind, '')})"
+                         .replace(" ()", ""))
+
+
+def _static_index(kind: str) -> Any:
+    """One :class:`~scarcelab.registry.StaticIndex` per kind and process."""
+    from scarcelab.registry import StaticIndex
+
+    if kind not in _INDEXES:
+        _INDEXES[kind] = StaticIndex(kind)
+    return _INDEXES[kind]
+
+
+_INDEXES: dict[str, Any] = {}
+_LIST = {"method": "methods", "dataset": "datasets", "arch": "archs",
+         "strategy": "strategies", "segmentation dataset": "datasets"}
+
+
 class Device(_Typed):
     """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``; whether it exists is
     :func:`check_device`'s job (it needs torch)."""

@@ -12,7 +12,9 @@ from scarcelab.entrypoints.options import (
     SEED_MAX,
     Device,
     Float,
+    Folder,
     Int,
+    Registered,
     label_budget,
     opt_int,
     verbosity,
@@ -27,15 +29,18 @@ from scarcelab.errors import ScarcelabError
               "best.pt | models:/<name>/<version>")
 @click.option("--protocol", default="linear", show_default=True,
               type=click.Choice(["linear", "finetune"]))
-@click.option("--dataset", default="pathology_crops", show_default=True)
-@click.option("--data-dir", default="")
+@click.option("--dataset", default="pathology_crops", show_default=True,
+              type=Registered("dataset"))
+@click.option("--data-dir", default="", type=Folder(),
+              help="existing data root (default: $SCARCELAB_DATA or ~/.cache/scarcelab)")
 @click.option("--arch", default="auto", show_default=True,
+              type=Registered("arch", extra=("auto",)),
               help="auto = the encoder's own (random: resnet18 on GPU, small_cnn on CPU)")
 @click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
 @click.option("--n-labeled", default="all", show_default=True,
               help="labeled train size; all = the train split minus validation")
 @click.option("--n-val", default="default", show_default=True,
-              help="validation size drawn from train (default 20 %% of it)")
+              help="validation size drawn from train (default 20 % of it)")
 @click.option("--label-fraction", default="1.0", show_default=True,
               type=Float(0, 1, lo_open=True),
               help="share of the labeled set trained on (validation unchanged), e.g. 0.1; "
@@ -45,7 +50,8 @@ from scarcelab.errors import ScarcelabError
               "torchvision/timm file) | imagenet | none | m1,m2,m3/s1,s2,s3")
 @click.option("--probe-trials", default="10", show_default=True, type=Int(1, 10**4),
               help="linear: random draws of the L2 penalty, best on validation")
-@click.option("--method", default="sup", show_default=True, help="finetune: supervised method")
+@click.option("--method", default="sup", show_default=True,
+              type=Registered("method", "supervised"), help="finetune: supervised method")
 @click.option("--budget-minutes", default="3", show_default=True,
               type=Float(0.0, 7 * 24 * 60, lo_open=True), help="finetune search budget")
 @click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6))

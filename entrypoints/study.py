@@ -25,6 +25,7 @@ from scarcelab.entrypoints.options import (
     Int,
     LabelCount,
     Overrides,
+    Registered,
     Word,
     check_device,
     check_overrides,
@@ -46,19 +47,23 @@ STUDY_ENTRY = {n: n for n in (
 FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model"}
 
 
-def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breastmnist"
-                  ) -> Any:
-    """The options every study command shares (``dataset``: its default, as MLproject's)."""
+def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breastmnist",
+                  family: str | None = None) -> Any:
+    """The options every study command shares (``dataset``: its default, as MLproject's;
+    ``family``: the methods ``--method`` accepts, checked without importing them)."""
     if fn is None:
-        return lambda f: study_options(f, dataset=dataset)
+        return lambda f: study_options(f, dataset=dataset, family=family)
     opts = [
-        click.option("--method", required=True, type=Word(),
-                     help="registered method (scarcelab list methods)"),
-        click.option("--dataset", default=dataset, show_default=True, type=Word()),
+        click.option("--method", required=True, type=Registered("method", family),
+                     help=f"registered {family or ''} method (scarcelab list methods)"
+                     .replace("  ", " ")),
+        click.option("--dataset", default=dataset, show_default=True,
+                     type=Registered("dataset")),
         click.option("--data-dir", default="default", show_default=True, type=Folder(),
                      help="existing folder with <dataset>.npz (default: $SCARCELAB_DATA or "
                      "~/.cache/scarcelab; downloaded there if missing)"),
-        click.option("--arch", default="auto", show_default=True, type=Word(),
+        click.option("--arch", default="auto", show_default=True,
+                     type=Registered("arch", extra=("auto",)),
                      help="backbone; auto = resnet18 on GPU, small_cnn on CPU"),
         click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX)),
         click.option("--budget-minutes", default="3", show_default=True,
@@ -95,7 +100,7 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      type=Int(1, 10**6, default_ok=True),
                      help="epochs of search=none (SSL-vs-SSL App. D.2: 100; 80 for TMED-2)"),
         click.option("--positive-class", default="default", show_default=True, type=Word(),
-                     help="binary tasks: the class that sensitivity at 95%% specificity, the "
+                     help="binary tasks: the class that sensitivity at 95% specificity, the "
                      "partial AUROC and the ROC figure are about (0, 1 or a class name); "
                      "default = the dataset's disease class (BreastMNIST malignant, "
                      "PneumoniaMNIST pneumonia), else 1"),
@@ -211,7 +216,7 @@ def _family_command(family: str, default_method: str) -> None:
     @main.command(name=family, short_help=short, help=f"{short}\n\nFor example: scarcelab "
                   f"{family} --method {default_method} --dataset breastmnist "
                   "--budget-minutes 3")
-    @study_options
+    @study_options(family=family)
     @click.option("--register-model", default="none", show_default=True, type=Word(),
                   help="register the selected model in the MLflow model registry under "
                   "this name (a new version each study); none = do not register")

@@ -16,6 +16,7 @@ from scarcelab.entrypoints.options import (
     Int,
     IntList,
     Overrides,
+    Registered,
     RunId,
     Word,
     check_device,
@@ -58,13 +59,16 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
               help="Tune a supervised method with ASHA and retrain the best "
               "configuration 10 times (Brigato et al. 2021), e.g. --method ole "
               "--dataset cifair10.")
-@click.option("--method", default="", help="a supervised method (ce, ole, gradl2, cosine, "
+@click.option("--method", default="", type=Registered("method", "supervised", extra=("",)),
+              help="a supervised method (ce, ole, gradl2, cosine, "
               "cosine_ce, tvmf, harmonic, fconv, dsk, scattering, ...); required unless "
               "--resume")
-@click.option("--dataset", default="cifair10", show_default=True, type=Word())
+@click.option("--dataset", default="cifair10", show_default=True,
+              type=Registered("dataset"))
 @click.option("--data-dir", default="", type=Folder(),
               help="existing data root (default $SCARCELAB_DATA)")
 @click.option("--arch", default="default", show_default=True,
+              type=Registered("arch", extra=ARCH_DEFAULTS),
               help="backbone; default = the dataset's (wrn16_8 / resnet50_imagenet)")
 @click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
 @click.option("--epochs", default="default", show_default=True,
