@@ -174,13 +174,11 @@ def plot_leaderboard(lb: pd.DataFrame, metric: str = "test_balanced_accuracy") -
         part = part.sort_values(f"{metric}_mean", kind="stable")
         labels = row_labels(part)
         std = part[f"{metric}_std"]
-        ax.barh(labels, part[f"{metric}_mean"], color="tab:blue", alpha=0.8)
-        # error bars: ± one sample std over seeds, with caps so a small one stays visible;
-        # a row of one seed has no std and says so instead of showing a bar of zero width
-        has = std.notna().to_numpy()
-        if has.any():
-            ax.errorbar(part[f"{metric}_mean"][has], labels[has], xerr=std[has],
-                        fmt="none", ecolor="black", elinewidth=1.2, capsize=4, capthick=1.2)
+        # error bars: ± one sample std over seeds, capped so that a small one stays
+        # visible; a row of one seed has no std (drawn as 0) and is labelled so below
+        ax.barh(labels, part[f"{metric}_mean"], xerr=std.fillna(0), color="tab:blue",
+                alpha=0.8, error_kw={"ecolor": "black", "elinewidth": 1.2, "capsize": 4,
+                                     "capthick": 1.2})
         n = part["n"] if "n" in part else pd.Series(np.nan, index=part.index)
         for y, (sd, k) in enumerate(zip(std, n, strict=True)):
             note = f"n={int(k)}" if pd.notna(k) else ""
@@ -295,7 +293,7 @@ def html_report(sections: Sequence[Section], title: str = "scarcelab report",
             # the page shows what a person reads (mean ± std, rounded, no empty columns)
             # inside a scroll box, so a wide view never pushes the page sideways; the CSV
             # and markdown files beside it keep every column and digit
-            page = people_frame(shown)
+            page = people_frame(shown, digits=4)
             page.columns = [c.replace("_", " ") for c in page.columns]  # wraps at spaces
             out.append("<div class='wide'>" + page.to_html(
                 index=False, classes="scarcelab", border=0, na_rep="",
