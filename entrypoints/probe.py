@@ -15,6 +15,8 @@ from scarcelab.entrypoints.options import (
     Folder,
     Int,
     Registered,
+    apply_identity,
+    identity_options,
     label_budget,
     opt_int,
     verbosity,
@@ -64,6 +66,7 @@ from scarcelab.errors import ScarcelabError
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--set", "overrides", default="", help="finetune: fixed hyperparameters")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@identity_options
 @verbosity_options
 def probe_cmd(**kw: Any) -> None:
     try:
@@ -75,9 +78,9 @@ def probe_cmd(**kw: Any) -> None:
 def _run(kw: dict[str, Any]) -> None:
     import mlflow
 
-    from scarcelab.active.datasets import default_data_dir
     from scarcelab.active.encoded import DiskEncodingCache
     from scarcelab.data import load_raw
+    from scarcelab.data.download import cache_root
     from scarcelab.entrypoints.options import check_device
     from scarcelab.protocols.search import parse_overrides
     from scarcelab.protocols.transfer import ProbeConfig, run_finetune, run_linear
@@ -117,8 +120,9 @@ def _run(kw: dict[str, Any]) -> None:
                               Display(level), label="probe",
                               budget_s=cfg.budget_minutes * 60.0
                               if cfg.protocol == "finetune" else None)
+    apply_identity(tracker, kw)
     if cfg.protocol == "linear":
-        cache = MlflowEncodingCache(DiskEncodingCache(default_data_dir() / "encoded"),
+        cache = MlflowEncodingCache(DiskEncodingCache(cache_root() / "encoded"),
                                     kw["experiment"] or None)
         res = run_linear(cfg, backbone, info, tracker, cache)
     else:

@@ -21,8 +21,10 @@ from scarcelab.entrypoints.options import (
     Names,
     Registered,
     Word,
+    apply_identity,
     check_device,
     check_registered,
+    identity_options,
     verbosity,
     verbosity_options,
 )
@@ -97,6 +99,7 @@ BIG = 10**6
               type=Int(1, None, default_ok=True))
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@identity_options
 @verbosity_options
 def segment(**kw: Any) -> None:
     from scarcelab.data.nuclei import SEG_DATASETS
@@ -126,6 +129,7 @@ def segment(**kw: Any) -> None:
     tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
                               Display(level), budget_s=cfg.budget_minutes * 60.0,
                               label="segment")
+    apply_identity(tracker, kw)
     factory = None
     if cfg.encoder.startswith(("runs:/", "models:/")):
         from scarcelab.tracking.encoders import resolve_encoder

@@ -15,9 +15,7 @@ import click
 
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
-    SEED_MAX as _SEED_MAX,
-)
-from scarcelab.entrypoints.options import (
+    IDENTITY_ENTRY,
     Bool,
     Device,
     Float,
@@ -27,11 +25,16 @@ from scarcelab.entrypoints.options import (
     Overrides,
     Registered,
     Word,
+    apply_identity,
     check_device,
     check_overrides,
     entry_params,
+    identity_options,
     verbosity,
     verbosity_options,
+)
+from scarcelab.entrypoints.options import (
+    SEED_MAX as _SEED_MAX,
 )
 from scarcelab.errors import ScarcelabError
 
@@ -42,7 +45,8 @@ STUDY_ENTRY = {n: n for n in (
     "max_epochs",
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
-    "hparams_from", "transfer_epochs", "positive_class")} | {"set": "overrides"}
+    "hparams_from", "transfer_epochs", "positive_class")} | {"set": "overrides",
+                                                            **IDENTITY_ENTRY}
 #: the supervised / semi / self entry points add the model registry option
 FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model"}
 
@@ -129,7 +133,7 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
     ]
     for opt in reversed(opts):
         fn = opt(fn)
-    return verbosity_options(fn)
+    return identity_options(verbosity_options(fn))
 
 
 def check_study(kw: dict[str, Any]) -> dict[str, Any]:
@@ -178,6 +182,7 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
 
 def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     level = verbosity(ctx, kw.pop("quiet"), kw.pop("verbose"))
+    ident = {k: kw.pop(k) for k in ("run_name", "tags", "description")}
     t0 = time.time()
     cfg = study_config(family, kw)
     import dataclasses
@@ -193,7 +198,10 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     check_tracking_server()  # a dead server: one clear line now, not a traceback later
     inner = MlflowTracker(experiment=kw["experiment"] or None)
     reg = kw.get("register_model") or "none"
+    if reg == "auto":  # a name that says what the model is, not just "model"
+        reg = f"scarcelab-{family}-{cfg.method}-{cfg.dataset}"
     inner.register_model_as(None if reg in ("none", "default", "") else reg)
+    apply_identity(inner, ident)
     tracker = ProgressTracker(inner, Display(level), budget_s=cfg.budget_minutes * 60.0,
                               entry=entry_params(ctx, FAMILY_ENTRY))
     res = run_study(cfg, tracker)
@@ -219,7 +227,8 @@ def _family_command(family: str, default_method: str) -> None:
     @study_options(family=family)
     @click.option("--register-model", default="none", show_default=True, type=Word(),
                   help="register the selected model in the MLflow model registry under "
-                  "this name (a new version each study); none = do not register")
+                  "this name (a new version each study); auto = scarcelab-<family>-<method>-"
+                  "<dataset>; none = do not register")
     @click.pass_context
     def cmd(ctx: click.Context, **kw: Any) -> None:
         try:
