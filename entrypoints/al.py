@@ -10,16 +10,20 @@ import click
 
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
+    IDENTITY_ENTRY,
     SEED_MAX,
     Device,
     Float,
     Folder,
     Int,
     Overrides,
+    Registered,
     Word,
+    apply_identity,
     check_device,
     check_fields,
     entry_params,
+    identity_options,
     verbosity,
     verbosity_options,
 )
@@ -29,7 +33,7 @@ AL_ENTRY = {n: n for n in (
     "strategy", "dataset", "data_dir", "query_size", "budget", "seed_set", "repetitions",
     "seed_strategy", "seed_data", "seed_model", "max_candidates", "device", "encoder",
     "early_stop_on")} | {
-    "set": "overrides"}
+    "set": "overrides", **IDENTITY_ENTRY}
 
 
 def _hidden(v: Any) -> tuple[int, ...]:
@@ -76,7 +80,7 @@ def _parse_set(over: dict[str, Any], dataset: str
 
 
 @main.command(name="al", short_help="Run one active-learning sweep (CDALBench protocol).")
-@click.option("--strategy", required=True, type=Word(),
+@click.option("--strategy", required=True, type=Registered("strategy"),
               help="query strategy (scarcelab list strategies)")
 @click.option("--dataset", default="splice", show_default=True, type=Word(),
               help="splice, dna, usps, sms, honeypot, diverging_sine, an image dataset "
@@ -103,8 +107,8 @@ def _parse_set(over: dict[str, Any], dataset: str
 @click.option("--max-candidates", default="default", show_default=True,
               type=Int(1, None, default_ok=True),
               help="unlabeled candidates subsampled per query (default: the strategy's)")
-@click.option("--device", default="cpu", show_default=True, type=Device(),
-              help="cpu, cuda, or auto (cuda when available); image sets want a GPU")
+@click.option("--device", default="auto", show_default=True, type=Device(),
+              help="auto (cuda when available), cpu or cuda; image sets want a GPU")
 @click.option("--encoder", default="simclr", show_default=True, type=Word(),
               help="encoded_* sets: a self-supervised method to train (simclr, byol, …), or "
               "the model of a scarcelab self run (runs:/<run id>/model, models:/…)")
@@ -117,13 +121,15 @@ def _parse_set(over: dict[str, Any], dataset: str
               help="config overrides, e.g. 'fitting=scratch,lr=0.01,hidden=24x12,"
               "arch=small_cnn,strategy.tau=5,encoder.epochs=50,encoder.arch=resnet18'")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@identity_options
 @verbosity_options
 @click.pass_context
 def al_cmd(ctx: click.Context, strategy: str, dataset: str, data_dir: str | None,
            query_size: int, budget: int | None, seed_set: int | None, repetitions: int,
            seed_strategy: int, seed_data: int, seed_model: int, max_candidates: int | None,
            device: str, encoder: str, early_stop_on: str, overrides: dict[str, Any],
-           experiment: str, quiet: bool, verbose: bool) -> None:
+           experiment: str, quiet: bool, verbose: bool, run_name: str,
+           tags: dict[str, str], description: str) -> None:
     """Run the CDALBench protocol for one strategy; one MLflow run per repetition."""
     level = verbosity(ctx, quiet, verbose)
     t0 = time.time()
@@ -132,7 +138,8 @@ def al_cmd(ctx: click.Context, strategy: str, dataset: str, data_dir: str | None
     try:
         _al(ctx, level, t0, strategy, dataset, data_dir, query_size, budget, seed_set,
             repetitions, seed_strategy, seed_data, seed_model, max_candidates, device,
-            encoder, early_stop_on, overrides, experiment)
+            encoder, early_stop_on, overrides, experiment,
+            {"run_name": run_name, "tags": tags, "description": description})
     except ScarcelabError as e:  # bad input: a one-line error, not a traceback
         raise click.ClickException(str(e)) from e
 
@@ -141,7 +148,7 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         data_dir: str | None, query_size: int, budget: int | None, seed_set: int | None,
         repetitions: int, seed_strategy: int, seed_data: int, seed_model: int,
         max_candidates: int | None, device: str, encoder: str, early_stop_on: str,
-        overrides: dict[str, Any], experiment: str) -> None:
+        overrides: dict[str, Any], experiment: str, ident: dict[str, Any]) -> None:
     import math
     import os
 
@@ -202,6 +209,7 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
     bar = CountBar(display, repetitions * per_rep, "fits")
     tracker = ProgressTracker(MlflowTracker(experiment=experiment or None), display,
                               entry=entry_params(ctx, AL_ENTRY), kind="al")
+    apply_identity(tracker, ident)
     display.start_bar(bar.status)
 
     def on_iteration(rep: int, n_labeled: int, acc: float) -> None:
@@ -222,11 +230,11 @@ def _encoded_context(rc: Any, encoder: str, enc_params: dict[str, Any],
                      experiment: str | None) -> Any:
     """Encoding cache on disk + MLflow, and the encoder: a method name to train here, or a
     logged scarcelab model whose backbone is used as is."""
-    from scarcelab.active.datasets import default_data_dir
     from scarcelab.active.encoded import DiskEncodingCache
+    from scarcelab.data.download import cache_root
     from scarcelab.tracking.encoding_cache import MlflowEncodingCache, load_pretrained_backbone
 
-    cache = MlflowEncodingCache(DiskEncodingCache(default_data_dir() / "encoded"), experiment)
+    cache = MlflowEncodingCache(DiskEncodingCache(cache_root() / "encoded"), experiment)
     if ":/" not in encoder:  # a method trained here, set up in rc.encoder
         return rc.load_context(cache)
     if enc_params:

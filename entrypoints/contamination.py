@@ -37,6 +37,7 @@ from scarcelab.entrypoints.options import (
     Folder,
     Names,
     Ratios,
+    apply_identity,
     entry_params,
     merge_params,
     param_str,
@@ -85,8 +86,17 @@ CONTAMINATION_ENTRY = {**STUDY_ENTRY, **{n: n for n in ("ood", "ratios", "ood_di
                                                         "diag_samples", "tuning")}}
 
 
+def _parent_name(client: Any, run_id: str, name: str) -> dict[str, str]:
+    """``mlflow.runName`` for a sweep run MLflow named at random (under ``mlflow run``)."""
+    from scarcelab.tracking.mlflow_tracker import _generated_name
+
+    return {"mlflow.runName": name} if _generated_name(
+        client.get_run(run_id).info.run_name) else {}
+
+
 def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     level = verbosity(ctx, kw.pop("quiet"), kw.pop("verbose"))
+    ident = {k: kw.pop(k) for k in ("run_name", "tags", "description")}
     t0 = time.time()
     cfg = study_config("semi", kw)
     sources: list[str] = kw["ood"]
@@ -123,7 +133,8 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
         parent_id = killed
     elif not parent_id:
         parent_id = client.create_run(
-            exp_id, run_name=f"contamination-{cfg.method}-{cfg.dataset}").info.run_id
+            exp_id, run_name=ident["run_name"] or f"contamination-{cfg.method}-{cfg.dataset}"
+        ).info.run_id
     done: dict[str, FinishedChild] = {}
     if killed:
         done = finished_children(client, killed)
@@ -152,7 +163,11 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
                          "scarcelab.method": cfg.method, "scarcelab.dataset": cfg.dataset,
                          "scarcelab.ood": ",".join(sources), "scarcelab.seed": str(cfg.seed),
                          "scarcelab.ratios": params["ratios"], "scarcelab.sweep_key": key,
-                         "scarcelab.owner": OWNER}.items()])
+                         "scarcelab.owner": OWNER, **ident["tags"],
+                         **_parent_name(client, parent_id, ident["run_name"]
+                                        or f"contamination-{cfg.method}-{cfg.dataset}"),
+                         **({"mlflow.note.content": ident["description"]}
+                            if ident["description"] else {})}.items()])
     display = Display(level)
     # tuning=once with a search: a tuning study at r=0 runs first (its tracker comes from
     # the same factory), then one child per point
@@ -165,8 +180,10 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
         what = "tuning study (r=0)" if tuned and count[0] == 1 else f"{s} r={r:g}"
         label = f"child {count[0]}/{n_children}: {what}"
         display.line(label)
-        return ProgressTracker(ChildStudyTracker(parent_id), display,
-                               budget_s=cfg.budget_minutes * 60.0, label=label)
+        tracker = ProgressTracker(ChildStudyTracker(parent_id), display,
+                                  budget_s=cfg.budget_minutes * 60.0, label=label)
+        apply_identity(tracker, {"tags": ident["tags"]})  # children: the user's tags too
+        return tracker
 
     def finished(point: str) -> FinishedChild | None:
         kept = done.get(point)
@@ -205,7 +222,7 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
 @main.command(name="contamination", short_help="Sweep OOD contamination ratios of the "
               "unlabeled pool.", help="Sweep OOD contamination ratios of the unlabeled "
               "pool for a semi-supervised method; one child study per (source, ratio).")
-@study_options(dataset="pneumoniamnist")
+@study_options(dataset="pneumoniamnist", family="semi")
 @click.option("--ood", default="mnist", show_default=True, type=Names(),
               help="OOD source(s), comma-separated: mnist, digits, textures, lfw, cifar10, "
               "gaussian (far) or another MedMNIST set, e.g. breastmnist (near)")

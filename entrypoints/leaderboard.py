@@ -1,15 +1,18 @@
 """``scarcelab leaderboard``: the query layer from the command line (and ``-e leaderboard``).
 
-Without ``--output`` it is a read-only query: the chosen view goes to stdout (CSV by
-default) and nothing is written to the store. With ``--output DIR`` — or under ``mlflow
-run``, where MLflow Projects already opened a run for it — it writes the whole report
-(HTML page, CSV and markdown per view, PNG plots) and logs it as the artifacts of a run
-tagged ``scarcelab.role=report``.
+Without ``--output`` it is a read-only query: the chosen view goes to stdout and nothing is
+written to the store. On a terminal that is an aligned table (mean ± std, rounded); piped or
+redirected it stays CSV with every digit — what scripts written against the earlier CSV-only
+output read — unless ``--format`` says otherwise. With ``--output DIR`` — or under ``mlflow
+run``, where MLflow Projects already opened a run for it — it writes the whole report (HTML
+page, CSV and markdown per view, PNG plots) and logs it as the artifacts of a run tagged
+``scarcelab.role=report``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import click
@@ -17,6 +20,10 @@ import click
 from scarcelab.entrypoints.cli import main
 
 VIEW_NAMES = ("leaderboard", "gains", "profile", "significance", "ranks")
+
+
+def _on_terminal() -> bool:
+    return sys.stdout.isatty()
 
 
 def _opt(s: str) -> str | None:
@@ -29,8 +36,11 @@ def _opt(s: str) -> str | None:
 @click.option("--tracking-uri", default="", help="default: MLFLOW_TRACKING_URI / MLflow's")
 @click.option("--view", type=click.Choice(VIEW_NAMES), default="leaderboard",
               help="the view printed on stdout")
-@click.option("--format", "fmt", type=click.Choice(["csv", "markdown", "html"]),
-              default="csv")
+@click.option("--format", "fmt", default="auto", show_default=True,
+              type=click.Choice(["auto", "table", "csv", "markdown", "json", "html"]),
+              help="auto = an aligned table (mean ± std, rounded) on a terminal, CSV (every "
+              "digit, one column per mean and std) when stdout is a pipe or file, so "
+              "scripts reading the CSV keep working")
 @click.option("--output", default="", help="folder for the full report; it is then also "
               "logged as a `report` run")
 @click.option("--family", default="", help="filter: supervised,semi,self (comma-separated)")
@@ -67,10 +77,17 @@ def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, out
     if out_dir is None and not under_project:
         extra = {"sort_by": sort_by} if view == "leaderboard" else {}
         df = report.compute(t, view, **kw, **extra)
+        if fmt == "auto":
+            fmt = "table" if _on_terminal() else "csv"
         if fmt == "csv":
             click.echo(render.to_csv(df), nl=False)
+        elif fmt == "table":
+            click.echo(render.to_table(df))
+        elif fmt == "json":
+            click.echo(render.to_json(df))
         elif fmt == "markdown":
-            click.echo(render.to_markdown(df))
+            click.echo(render.to_markdown(df) if df.empty else render.people_frame(df)
+                       .to_markdown(index=False, disable_numparse=True))
         else:
             sec = report.sections(t, [view], **kw)
             sec[0].table = df

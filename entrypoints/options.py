@@ -176,6 +176,57 @@ class Word(_Typed):
         return value
 
 
+class Registered(Word):
+    """A registered name (method, dataset, arch, strategy), checked against the names the
+    registry's files declare (:class:`scarcelab.registry.StaticIndex`) without importing
+    them: a typo is answered in a fraction of a second, with the near misses (``did you mean
+    fixmatch?``) and the names that fit (``family``: only that family's methods). ``extra``
+    words (``auto``, ``default``) pass as they are."""
+
+    def __init__(self, kind: str, family: str | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.kind, self.family, self.extra = kind, family, extra
+
+    def parse(self, value: str) -> str:
+        from scarcelab.registry import did_you_mean
+
+        if value.lower() in self.extra:
+            return value
+        value = super().parse(value)
+        idx = _static_index(self.kind)
+        if value.lower() in idx.where:
+            got = idx.family(value)
+            if self.family is not None and got != self.family:
+                raise ValueError(f"{value} is a {got} method, not {self.family}; run it with "
+                                 f"`scarcelab {got} --method {value}` (mlflow run . -e {got} "
+                                 f"-P method={value}); {self.family} methods: "
+                                 f"{', '.join(idx.names(self.family))}")
+            return value
+        if not idx.complete:  # a computed name: the registry decides, after import
+            return value
+        names = idx.names(self.family)
+        what = f"{self.family} methods" if self.family else f"{self.kind}s"
+        near = did_you_mean(value, names)
+        raise ValueError(f"unknown {self.kind};{near}{';' if near else ''} {what}: "
+                         f"{', '.join(names)} (scarcelab list {_LIST.get(self.kind, '')})"
+                         .replace(" ()", ""))
+
+
+def _static_index(kind: str) -> Any:
+    """One :class:`~scarcelab.registry.StaticIndex` per kind and process."""
+    from scarcelab.registry import StaticIndex
+
+    if kind not in _INDEXES:
+        _INDEXES[kind] = StaticIndex(kind)
+    return _INDEXES[kind]
+
+
+_INDEXES: dict[str, Any] = {}
+_LIST = {"method": "methods", "dataset": "datasets", "arch": "archs",
+         "strategy": "strategies", "segmentation dataset": "datasets"}
+
+
 class Device(_Typed):
     """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``; whether it exists is
     :func:`check_device`'s job (it needs torch)."""
@@ -433,6 +484,75 @@ def check_fields(values: dict[str, Any], reference: Any, hint: str,
     return out
 
 
+class Text(_Typed):
+    """Free text, taken as given (typed only so that its raw value is recorded for
+    :func:`entry_params`, like every other option's)."""
+
+    name = "text"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "TEXT"
+
+    def parse(self, value: str) -> str:
+        return value
+
+
+class Tags(_Typed):
+    """``k=v,k=v`` run tags (``none``/``''``: none). ``scarcelab.*`` and ``mlflow.*`` keys
+    are refused: the query layer and the UI read those, and a user value would silently
+    change what a run counts as."""
+
+    name = "tags"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "KEY=VALUE,..."
+
+    def parse(self, value: str) -> dict[str, str]:
+        if value.lower() in ("", "none"):
+            return {}
+        out: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            k, sep, v = part.partition("=")
+            k = k.strip()
+            if not sep or not k:
+                raise ValueError(f"expected key=value pairs separated by commas, got {part!r}")
+            if k.startswith(("scarcelab.", "mlflow.")):
+                raise ValueError(f"{k}: scarcelab.* and mlflow.* tags are set by scarcelab; "
+                                 "choose another key")
+            out[k] = v.strip()
+        return out
+
+
+#: MLproject parameter name -> click parameter name of :func:`identity_options` (the run
+#: name is not one: under ``mlflow run`` it is MLflow's own ``--run-name``)
+IDENTITY_ENTRY = {"tags": "tags", "description": "description"}
+
+
+def identity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--run-name``, ``--tags k=v,...`` and ``--description`` on a command that starts a
+    study run: what the MLflow UI lists it as, filters it by and says about it."""
+    fn = click.option("--description", default="", type=Text(),
+                      help="text put first in the run's description (the MLflow UI's "
+                      "Description), before the one scarcelab writes")(fn)
+    fn = click.option("--tags", "tags", default="none", show_default=True, type=Tags(),
+                      help="extra run tags, e.g. 'project=liver,owner=ana'")(fn)
+    return click.option("--run-name", default="",
+                        help="the study run's name (default e.g. fixmatch-breastmnist-s0; "
+                        "trials are <name>/t03, retrains <name>/r01); under mlflow run: "
+                        "its own --run-name")(fn)
+
+
+def apply_identity(tracker: Any, kw: dict[str, Any]) -> None:
+    """Hand the identity options (popped from ``kw``) to the MLflow tracker, however deep
+    it is wrapped (``ProgressTracker`` -> ``MlflowTracker``)."""
+    name = kw.pop("run_name", "") or None
+    tags = kw.pop("tags", {}) or {}
+    text = kw.pop("description", "") or None
+    setter = getattr(tracker, "set_identity", None)  # wrappers pass it on to MlflowTracker
+    if callable(setter):
+        setter(run_name=name, tags=tags, description=text)
+
+
 # -- verbosity ------------------------------------------------------------------------------
 
 def verbosity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -481,6 +601,8 @@ def merge_params(entry: dict[str, str], resolved: dict[str, Any]) -> dict[str, A
     out: dict[str, Any] = dict(entry)
     for k, v in resolved.items():
         if k in entry:
+            if v is None or v == "":  # "not set": the entry value says it already
+                continue
             if param_str(v) != entry[k]:
                 out[f"resolved.{k}"] = v
         else:

@@ -12,7 +12,11 @@ from scarcelab.entrypoints.options import (
     SEED_MAX,
     Device,
     Float,
+    Folder,
     Int,
+    Registered,
+    apply_identity,
+    identity_options,
     label_budget,
     opt_int,
     verbosity,
@@ -27,15 +31,18 @@ from scarcelab.errors import ScarcelabError
               "best.pt | models:/<name>/<version>")
 @click.option("--protocol", default="linear", show_default=True,
               type=click.Choice(["linear", "finetune"]))
-@click.option("--dataset", default="pathology_crops", show_default=True)
-@click.option("--data-dir", default="")
+@click.option("--dataset", default="pathology_crops", show_default=True,
+              type=Registered("dataset"))
+@click.option("--data-dir", default="", type=Folder(),
+              help="existing data root (default: $SCARCELAB_DATA or ~/.cache/scarcelab)")
 @click.option("--arch", default="auto", show_default=True,
+              type=Registered("arch", extra=("auto",)),
               help="auto = the encoder's own (random: resnet18 on GPU, small_cnn on CPU)")
 @click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
 @click.option("--n-labeled", default="all", show_default=True,
               help="labeled train size; all = the train split minus validation")
 @click.option("--n-val", default="default", show_default=True,
-              help="validation size drawn from train (default 20 %% of it)")
+              help="validation size drawn from train (default 20 % of it)")
 @click.option("--label-fraction", default="1.0", show_default=True,
               type=Float(0, 1, lo_open=True),
               help="share of the labeled set trained on (validation unchanged), e.g. 0.1; "
@@ -45,7 +52,8 @@ from scarcelab.errors import ScarcelabError
               "torchvision/timm file) | imagenet | none | m1,m2,m3/s1,s2,s3")
 @click.option("--probe-trials", default="10", show_default=True, type=Int(1, 10**4),
               help="linear: random draws of the L2 penalty, best on validation")
-@click.option("--method", default="sup", show_default=True, help="finetune: supervised method")
+@click.option("--method", default="sup", show_default=True,
+              type=Registered("method", "supervised"), help="finetune: supervised method")
 @click.option("--budget-minutes", default="3", show_default=True,
               type=Float(0.0, 7 * 24 * 60, lo_open=True), help="finetune search budget")
 @click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6))
@@ -58,6 +66,7 @@ from scarcelab.errors import ScarcelabError
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--set", "overrides", default="", help="finetune: fixed hyperparameters")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@identity_options
 @verbosity_options
 def probe_cmd(**kw: Any) -> None:
     try:
@@ -69,9 +78,9 @@ def probe_cmd(**kw: Any) -> None:
 def _run(kw: dict[str, Any]) -> None:
     import mlflow
 
-    from scarcelab.active.datasets import default_data_dir
     from scarcelab.active.encoded import DiskEncodingCache
     from scarcelab.data import load_raw
+    from scarcelab.data.download import cache_root
     from scarcelab.entrypoints.options import check_device
     from scarcelab.protocols.search import parse_overrides
     from scarcelab.protocols.transfer import ProbeConfig, run_finetune, run_linear
@@ -111,8 +120,9 @@ def _run(kw: dict[str, Any]) -> None:
                               Display(level), label="probe",
                               budget_s=cfg.budget_minutes * 60.0
                               if cfg.protocol == "finetune" else None)
+    apply_identity(tracker, kw)
     if cfg.protocol == "linear":
-        cache = MlflowEncodingCache(DiskEncodingCache(default_data_dir() / "encoded"),
+        cache = MlflowEncodingCache(DiskEncodingCache(cache_root() / "encoded"),
                                     kw["experiment"] or None)
         res = run_linear(cfg, backbone, info, tracker, cache)
     else:

@@ -16,11 +16,15 @@ from scarcelab.entrypoints.options import (
     Bool,
     Device,
     Float,
+    Folder,
     Int,
     Names,
+    Registered,
     Word,
+    apply_identity,
     check_device,
     check_registered,
+    identity_options,
     verbosity,
     verbosity_options,
 )
@@ -36,12 +40,15 @@ BIG = 10**6
               "weights), or a scarcelab run (runs:/<id>/model, models:/<name>/<version>); "
               "the encoder fine-tuned or frozen, on all or a fraction of the labels.")
 @click.option("--dataset", default="consep_patches", show_default=True,
+              type=Registered("segmentation dataset"),
               help="consep_patches | nuclei_cpm15 | consep (the .mat release; needs --data-dir)")
-@click.option("--data-dir", default="", help="the dataset's folder (default: "
+@click.option("--data-dir", default="", type=Folder(),
+              help="the dataset's existing folder (default: "
               "$SCARCELAB_DATA/<dataset> or ../shared/data/<dataset>)")
 @click.option("--encoder", default="random", show_default=True,
               help="random | a weights file | runs:/<id>/model | models:/<name>/<version>")
 @click.option("--arch", default="auto", show_default=True,
+              type=Registered("arch", extra=("auto",)),
               help="backbone; auto = the encoder's own (random: resnet18 on GPU, small_cnn "
               "on CPU; a torchvision/timm ResNet file: the arch it loads into whole)")
 @click.option("--protocol", default="finetune", show_default=True,
@@ -92,6 +99,7 @@ BIG = 10**6
               type=Int(1, None, default_ok=True))
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@identity_options
 @verbosity_options
 def segment(**kw: Any) -> None:
     from scarcelab.data.nuclei import SEG_DATASETS
@@ -121,6 +129,7 @@ def segment(**kw: Any) -> None:
     tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
                               Display(level), budget_s=cfg.budget_minutes * 60.0,
                               label="segment")
+    apply_identity(tracker, kw)
     factory = None
     if cfg.encoder.startswith(("runs:/", "models:/")):
         from scarcelab.tracking.encoders import resolve_encoder

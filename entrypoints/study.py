@@ -15,9 +15,7 @@ import click
 
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
-    SEED_MAX as _SEED_MAX,
-)
-from scarcelab.entrypoints.options import (
+    IDENTITY_ENTRY,
     Bool,
     Device,
     Float,
@@ -25,12 +23,18 @@ from scarcelab.entrypoints.options import (
     Int,
     LabelCount,
     Overrides,
+    Registered,
     Word,
+    apply_identity,
     check_device,
     check_overrides,
     entry_params,
+    identity_options,
     verbosity,
     verbosity_options,
+)
+from scarcelab.entrypoints.options import (
+    SEED_MAX as _SEED_MAX,
 )
 from scarcelab.errors import ScarcelabError
 
@@ -41,24 +45,29 @@ STUDY_ENTRY = {n: n for n in (
     "max_epochs",
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
-    "hparams_from", "transfer_epochs", "positive_class")} | {"set": "overrides"}
+    "hparams_from", "transfer_epochs", "positive_class")} | {"set": "overrides",
+                                                            **IDENTITY_ENTRY}
 #: the supervised / semi / self entry points add the model registry option
 FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model"}
 
 
-def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breastmnist"
-                  ) -> Any:
-    """The options every study command shares (``dataset``: its default, as MLproject's)."""
+def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breastmnist",
+                  family: str | None = None) -> Any:
+    """The options every study command shares (``dataset``: its default, as MLproject's;
+    ``family``: the methods ``--method`` accepts, checked without importing them)."""
     if fn is None:
-        return lambda f: study_options(f, dataset=dataset)
+        return lambda f: study_options(f, dataset=dataset, family=family)
     opts = [
-        click.option("--method", required=True, type=Word(),
-                     help="registered method (scarcelab list methods)"),
-        click.option("--dataset", default=dataset, show_default=True, type=Word()),
+        click.option("--method", required=True, type=Registered("method", family),
+                     help=f"registered {family or ''} method (scarcelab list methods)"
+                     .replace("  ", " ")),
+        click.option("--dataset", default=dataset, show_default=True,
+                     type=Registered("dataset")),
         click.option("--data-dir", default="default", show_default=True, type=Folder(),
                      help="existing folder with <dataset>.npz (default: $SCARCELAB_DATA or "
                      "~/.cache/scarcelab; downloaded there if missing)"),
-        click.option("--arch", default="auto", show_default=True, type=Word(),
+        click.option("--arch", default="auto", show_default=True,
+                     type=Registered("arch", extra=("auto",)),
                      help="backbone; auto = resnet18 on GPU, small_cnn on CPU"),
         click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX)),
         click.option("--budget-minutes", default="3", show_default=True,
@@ -95,7 +104,7 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      type=Int(1, 10**6, default_ok=True),
                      help="epochs of search=none (SSL-vs-SSL App. D.2: 100; 80 for TMED-2)"),
         click.option("--positive-class", default="default", show_default=True, type=Word(),
-                     help="binary tasks: the class that sensitivity at 95%% specificity, the "
+                     help="binary tasks: the class that sensitivity at 95% specificity, the "
                      "partial AUROC and the ROC figure are about (0, 1 or a class name); "
                      "default = the dataset's disease class (BreastMNIST malignant, "
                      "PneumoniaMNIST pneumonia), else 1"),
@@ -124,7 +133,7 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
     ]
     for opt in reversed(opts):
         fn = opt(fn)
-    return verbosity_options(fn)
+    return identity_options(verbosity_options(fn))
 
 
 def check_study(kw: dict[str, Any]) -> dict[str, Any]:
@@ -173,6 +182,7 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
 
 def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     level = verbosity(ctx, kw.pop("quiet"), kw.pop("verbose"))
+    ident = {k: kw.pop(k) for k in ("run_name", "tags", "description")}
     t0 = time.time()
     cfg = study_config(family, kw)
     import dataclasses
@@ -188,7 +198,10 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     check_tracking_server()  # a dead server: one clear line now, not a traceback later
     inner = MlflowTracker(experiment=kw["experiment"] or None)
     reg = kw.get("register_model") or "none"
+    if reg == "auto":  # a name that says what the model is, not just "model"
+        reg = f"scarcelab-{family}-{cfg.method}-{cfg.dataset}"
     inner.register_model_as(None if reg in ("none", "default", "") else reg)
+    apply_identity(inner, ident)
     tracker = ProgressTracker(inner, Display(level), budget_s=cfg.budget_minutes * 60.0,
                               entry=entry_params(ctx, FAMILY_ENTRY))
     res = run_study(cfg, tracker)
@@ -211,10 +224,11 @@ def _family_command(family: str, default_method: str) -> None:
     @main.command(name=family, short_help=short, help=f"{short}\n\nFor example: scarcelab "
                   f"{family} --method {default_method} --dataset breastmnist "
                   "--budget-minutes 3")
-    @study_options
+    @study_options(family=family)
     @click.option("--register-model", default="none", show_default=True, type=Word(),
                   help="register the selected model in the MLflow model registry under "
-                  "this name (a new version each study); none = do not register")
+                  "this name (a new version each study); auto = scarcelab-<family>-<method>-"
+                  "<dataset>; none = do not register")
     @click.pass_context
     def cmd(ctx: click.Context, **kw: Any) -> None:
         try:

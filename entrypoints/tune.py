@@ -16,11 +16,14 @@ from scarcelab.entrypoints.options import (
     Int,
     IntList,
     Overrides,
+    Registered,
     RunId,
     Word,
+    apply_identity,
     check_device,
     check_overrides,
     check_registered,
+    identity_options,
     verbosity,
     verbosity_options,
 )
@@ -58,13 +61,16 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
               help="Tune a supervised method with ASHA and retrain the best "
               "configuration 10 times (Brigato et al. 2021), e.g. --method ole "
               "--dataset cifair10.")
-@click.option("--method", default="", help="a supervised method (ce, ole, gradl2, cosine, "
+@click.option("--method", default="", type=Registered("method", "supervised", extra=("",)),
+              help="a supervised method (ce, ole, gradl2, cosine, "
               "cosine_ce, tvmf, harmonic, fconv, dsk, scattering, ...); required unless "
               "--resume")
-@click.option("--dataset", default="cifair10", show_default=True, type=Word())
+@click.option("--dataset", default="cifair10", show_default=True,
+              type=Registered("dataset"))
 @click.option("--data-dir", default="", type=Folder(),
               help="existing data root (default $SCARCELAB_DATA)")
 @click.option("--arch", default="default", show_default=True,
+              type=Registered("arch", extra=ARCH_DEFAULTS),
               help="backbone; default = the dataset's (wrn16_8 / resnet50_imagenet)")
 @click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
 @click.option("--epochs", default="default", show_default=True,
@@ -101,6 +107,7 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
               "mean ± std; settings come from the run (only --data-dir and --device are "
               "taken from here)")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@identity_options
 @verbosity_options
 def tune_cmd(**kw: Any) -> None:
     if not kw["method"] and not kw["resume"]:
@@ -137,20 +144,24 @@ def tune_cmd(**kw: Any) -> None:
             tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
                                       Display(level), budget_s=cfg.budget_minutes * 60.0
                                       if cfg.budget_minutes > 0 else None, label="tune")
+            apply_identity(tracker, kw)
             res = run_tune(cfg, tracker)
     except ScarcelabError as e:
         raise click.ClickException(str(e)) from e
     if kw["resume"] and res.n_complete + res.n_pruned + res.n_failed == 0:
         click.echo(f"study {tracker.study_run_id} ({res.study_name}): final retraining "
                    f"resumed; kept retrains {res.kept}, ran {res.ran}")
-        click.echo(f"final: test balanced accuracy {100 * res.mean:.2f} ± {100 * res.std:.2f} "
+        click.echo(f"final: test balanced accuracy {res.mean:.4f} ± {res.std:.4f} "
                    f"over {len(res.final_test)} retrains")
         return
+    best = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in sorted(res.best_params.items()))
     click.echo(f"study {tracker.study_run_id} ({res.study_name}): {res.n_complete} finished, "
-               f"{res.n_pruned} pruned by ASHA, {res.n_failed} failed; best {res.best_params} "
-               f"(val bacc avg5 {res.best_value:.4f})")
+               f"{res.n_pruned} pruned by ASHA, {res.n_failed} failed; best {best} "
+               f"(validation balanced accuracy, mean of the last 5 epochs, "
+               f"{res.best_value:.4f})")
     if res.final_test:
-        click.echo(f"final: test balanced accuracy {100 * res.mean:.2f} ± {100 * res.std:.2f} "
+        click.echo(f"final: test balanced accuracy {res.mean:.4f} ± {res.std:.4f} "
                    f"over {len(res.final_test)} retrains")
 
 

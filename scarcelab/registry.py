@@ -61,8 +61,7 @@ class Registry(Generic[T]):
         self._load()
         key = str(name).lower()
         if key not in self._entries:
-            valid = ", ".join(sorted(self._entries)) or "(none registered)"
-            raise ConfigError(f"unknown {self.kind} {name!r}; valid names: {valid}")
+            raise ConfigError(unknown_name(self.kind, name, sorted(self._entries)))
         return self._entries[key]
 
     def names(self) -> list[str]:
@@ -80,3 +79,121 @@ class Registry(Generic[T]):
 
     def create(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return self.get(name)(*args, **kwargs)  # type: ignore[operator]
+
+
+# -- names without imports ---------------------------------------------------------------
+#: the packages each registry loads, by kind (the registries themselves are built from
+#: this, so the static index below reads the same files the real lookup imports)
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "method": ("scarcelab.methods.supervised", "scarcelab.methods.semi",
+               "scarcelab.methods.selfsup"),
+    "strategy": ("scarcelab.active.strategies",),
+    "arch": ("scarcelab.models",),
+    "dataset": ("scarcelab.data.sources",),
+    "segmentation dataset": ("scarcelab.data.nuclei",),
+}
+#: the family of a method, from the sub-package its file lives in
+METHOD_FAMILY = {"supervised": "supervised", "semi": "semi", "selfsup": "self"}
+_REGISTER_CALLS = ("register", "register_model", "register_strategy")
+
+
+class StaticIndex:
+    """The names a registry will hold, read from its files' ``@register("name")`` calls
+    with ``ast`` instead of importing them.
+
+    Why: importing a method file imports torch (seconds); a typo in ``--method`` must be
+    answered before that. ``complete`` is False where some file registers a computed name
+    (MedMNIST's loop over its table): a name missing from such an index is decided by the
+    real registry, never refused here.
+    """
+
+    def __init__(self, kind: str) -> None:
+        import ast
+        from pathlib import Path
+
+        self.kind = kind
+        self.where: dict[str, str] = {}  # name -> the module (file) that registers it
+        self.complete = True
+        root = Path(__file__).resolve().parent  # the scarcelab package
+        for pkg in PACKAGES[kind]:
+            base = root.joinpath(*pkg.split(".")[1:])
+            for path in sorted(base.rglob("*.py")):
+                if any(p.startswith("_") and p != "__init__.py"
+                       for p in path.relative_to(base).parts):
+                    continue
+                rel = path.relative_to(base).with_suffix("").parts
+                mod = ".".join((pkg, *(rel[:-1] if rel[-1] == "__init__" else rel)))
+                tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+                loops = _loop_names(tree)
+                for node in ast.walk(tree):
+                    if not (isinstance(node, ast.Call) and node.args):
+                        continue
+                    f = node.func
+                    fname = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                    if fname not in _REGISTER_CALLS:
+                        continue
+                    arg = node.args[0]
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        self.where[arg.value.lower()] = mod
+                    elif isinstance(arg, ast.Name) and arg.id in loops:
+                        self.where.update({n.lower(): mod for n in loops[arg.id]})
+                    else:
+                        self.complete = False
+
+    def names(self, family: str | None = None) -> list[str]:
+        return sorted(n for n in self.where if family is None or self.family(n) == family)
+
+    def family(self, name: str) -> str | None:
+        """A method's family (``supervised``/``semi``/``self``), from its folder."""
+        parts = self.where.get(name.lower(), "").split(".")
+        return METHOD_FAMILY.get(parts[-2]) if self.kind == "method" and len(parts) > 2 else None
+
+
+def _loop_names(tree: Any) -> dict[str, list[str]]:
+    """``for _name in TABLE: register(_name)`` at module level, with ``TABLE`` a literal dict
+    or list of strings: loop variable -> those strings (how MedMNIST registers its 12+
+    datasets from one table)."""
+    import ast
+
+    literals: dict[str, list[str]] = {}
+    for node in tree.body:
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if not isinstance(target, ast.Name) or value is None:
+            continue
+        items = value.keys if isinstance(value, ast.Dict) else (
+            value.elts if isinstance(value, (ast.List, ast.Tuple)) else [])
+        strs = [k.value for k in items if isinstance(k, ast.Constant)
+                and isinstance(k.value, str)]
+        if strs and len(strs) == len(items):
+            literals[target.id] = strs
+    out: dict[str, list[str]] = {}
+    for node in tree.body:
+        if (isinstance(node, ast.For) and isinstance(node.target, ast.Name)
+                and isinstance(node.iter, ast.Name) and node.iter.id in literals):
+            out[node.target.id] = literals[node.iter.id]
+    return out
+
+
+def did_you_mean(name: str, names: list[str] | tuple[str, ...]) -> str:
+    """`` did you mean fixmatch? (also close: mixmatch)`` for a near miss (difflib's ratio
+    >= 0.6, the closest three, best first), else ``''``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name).lower(), list(names), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    also = f" (also close: {', '.join(close[1:])})" if close[1:] else ""
+    return f" did you mean {close[0]}?{also}"
+
+
+def unknown_name(kind: str, name: str, names: list[str] | tuple[str, ...],
+                 what: str = "") -> str:
+    """The one message for an unknown name: the near misses first, then the valid names
+    (``what``: which of them, e.g. 'semi methods')."""
+    valid = ", ".join(sorted(names)) or "(none registered)"
+    return (f"unknown {kind} {name!r};{did_you_mean(name, names)} "
+            f"{what or 'valid names'}: {valid}").replace(";  ", "; ")

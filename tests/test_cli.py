@@ -239,7 +239,7 @@ def test_merge_params_follows_the_trackers_rule_under_mlflow_run() -> None:
                                   "budget_minutes": 3.0, "family": "semi"})
     assert merged == {"arch": "auto", "data_dir": "default", "seed": "0",
                       "budget_minutes": "3", "resolved.arch": "small_cnn",
-                      "resolved.data_dir": None, "resolved.budget_minutes": 3.0,
+                      "resolved.budget_minutes": 3.0,  # data_dir None: "not set", no null
                       "family": "semi"}
 
 

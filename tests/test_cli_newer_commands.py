@@ -111,7 +111,9 @@ def test_tune_and_segment_mlproject_parameters_match_the_cli(entry):
     ep = _project_spec.load_project(str(REPO)).get_entry_point(entry)
     opts = {p.name: p for p in main.commands[entry].params}
     names = {k: ("overrides" if k == "set" else k) for k in ep.parameters}
-    assert set(names.values()) == set(opts) - {"experiment", "quiet", "verbose"}, entry
+    # run_name: under mlflow run it is MLflow's own --run-name, not a parameter
+    assert set(names.values()) == set(opts) - {"experiment", "quiet", "verbose",
+                                               "run_name"}, entry
     for key, p in ep.parameters.items():
         opt = opts[names[key]]
         if (entry, key) != ("tune", "method"):

@@ -472,10 +472,15 @@ def test_protocol_early_stops_on_validation_pq_and_tests_the_selected_checkpoint
     assert [s for s, _ in tr.study.history("seg/val_pq")] == [0, 1]
     assert tr.study.history("seg/pq") == [(0, res.test["pq"])]
     assert tr.study.status == "FINISHED" and tr.study.tags["scarcelab.family"] == "segment"
-    assert list(tr.images) == ["overlays/test_" + tr.artifacts["split.json"]["test"][0]
-                               .split("/")[1] + ".png"]
+    assert list(tr.images) == ["overlays/consep_patches-" + tr.artifacts["split.json"]
+                               ["test"][0].split("/")[1] + ".png"]
     img = next(iter(tr.images.values()))
-    assert img.dtype == np.uint8 and img.shape == (256, 2 * 256 + 4, 3)
+    from scarcelab.protocols.segment import OVERLAY_LEGEND_PX
+
+    assert img.dtype == np.uint8 and img.shape == (256 + OVERLAY_LEGEND_PX, 2 * 256 + 4, 3)
+    legend = img[:OVERLAY_LEGEND_PX]  # the legend strip: green and magenta text on white
+    assert ((legend[..., 1] > 100) & (legend[..., 0] < 50)).any()
+    assert ((legend[..., 0] > 150) & (legend[..., 1] < 50)).any()
     assert set(tr.checkpoints[0]["state_dict"]) == set(tr.model.state_dict())
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -225,6 +226,15 @@ def _log_pt2(module: nn.Module, example: torch.Tensor, run_id: str, experiment_i
                              pip_requirements=model_requirements())
 
 
+_GENERATED_NAME = re.compile(r"^[a-z]+-[a-z]+-\d{1,4}$")
+
+
+def _generated_name(run_name: str | None) -> bool:
+    """Whether a run name is MLflow's random one (``agreeable-swan-628``: adjective, noun,
+    number; ``mlflow.utils.name_utils``), i.e. nobody chose it."""
+    return not run_name or bool(_GENERATED_NAME.match(run_name))
+
+
 def _experiment_id(name: str | None) -> str:
     """The experiment a new study goes to: ``name``, else MLflow's env vars, else Default."""
     client = MlflowClient()
@@ -334,6 +344,14 @@ class MlflowTracker(RunViews, Tracker):
         self.spool_left: Path | None = None  # set when end_study could not deliver
         self._tmp = tempfile.TemporaryDirectory(prefix="scarcelab-")
         self._n = 0
+        self._label: dict[str, Any] = {"run_name": None, "tags": {}, "description": None}
+
+    def set_identity(self, run_name: str | None = None, tags: dict[str, str] | None = None,
+              description: str | None = None) -> None:
+        """The user's name, tags and description for the next study run (``--run-name``,
+        ``--tags``, ``--description``); the name also prefixes its trial runs."""
+        self._label = {"run_name": run_name or None, "tags": dict(tags or {}),
+                       "description": description or None}
 
     @property
     def client(self) -> MlflowClient:
@@ -487,6 +505,10 @@ class MlflowTracker(RunViews, Tracker):
                 tags = {**tags, "scarcelab.data_files": provenance.summary(files)}
         from mlflow.tracking.context.registry import resolve_tags
 
+        name = self._label["run_name"] or name
+        tags = {**self._label["tags"], **tags}
+        if self._label["description"]:
+            self._rv()["user_description"] = self._label["description"]
         project_run = os.environ.get("MLFLOW_RUN_ID")
         launcher = None
         if self._attach_run:
@@ -503,6 +525,11 @@ class MlflowTracker(RunViews, Tracker):
         self.study_run_id = run.info.run_id
         self._experiment_id = run.info.experiment_id
         all_tags = {**tags, "scarcelab.owner": OWNER}
+        if (project_run and run.info.run_id == project_run and not self._resume_run
+                and (self._label["run_name"] or _generated_name(run.info.run_name))):
+            # `mlflow run` named it at random (agreeable-swan-628): the CLI's name instead;
+            # a name given with `mlflow run --run-name` is kept
+            all_tags[MLFLOW_RUN_NAME] = name
         commit = _git_commit()
         if commit and "mlflow.source.git.commit" not in run.data.tags:
             all_tags["mlflow.source.git.commit"] = commit
@@ -527,7 +554,8 @@ class MlflowTracker(RunViews, Tracker):
         new_params = [
             Param(k if k not in existing else f"resolved.{k}", _param_value(v))
             for k, v in params.items()
-            if k not in existing or existing[k] != _param_value(v)
+            if (k not in existing or existing[k] != _param_value(v))
+            and v is not None and v != ""  # "not set" is no setting: no storage='' / null
         ]
         new_params = [p for p in new_params if existing.get(p.key) in (None, p.value)]
         _retry(self.client.log_batch, self.study_run_id, params=new_params,
@@ -563,7 +591,7 @@ class MlflowTracker(RunViews, Tracker):
 
         self._n += 1
         key = f"trial-{number}-{self._n}"
-        run_name = self.trial_run_name(number)
+        run_name = self.trial_run_name(number, str(tags.get("scarcelab.role", "trial")))
         self._trial_key = key
         self._submit({"op": "create_run", "key": key, "parent": "study",
                       "experiment_id": self._experiment_id, "run_name": run_name,
@@ -654,6 +682,7 @@ class MlflowTracker(RunViews, Tracker):
             try:
                 _log_pt2(model.eval(), example, self.study_run_id, self._experiment_id,
                          metadata, None)
+                self._rv()["model_logged"] = True
                 return
             except Exception as e:  # noqa: BLE001 - an export failure is reported below
                 try:  # was it the export? then the study stands without the model
@@ -672,6 +701,7 @@ class MlflowTracker(RunViews, Tracker):
         torch.save(example, d / "example.pt")
         self._submit({"op": "log_model", "key": "study", "path": str(d / "model.pt2"),
                       "example_path": str(d / "example.pt"), "metadata": metadata})
+        self._rv()["model_logged"] = True
 
     def end_study(self, status: str) -> None:
         if self._trial_key is not None:  # a trial interrupted by an exception

@@ -172,10 +172,29 @@ def search_figures(trials: Sequence[Any]) -> dict[str, Figure]:
                 fig = (ax if isinstance(ax, Figure) else
                        np.ravel(ax)[0].figure if isinstance(ax, np.ndarray) else ax.figure)
                 fig.set_size_inches(8, 4.5)
+                if name == "param_importances":
+                    _importance_caveat(fig, len(done))
                 out[name] = fig
             except Exception as e:  # noqa: BLE001 - e.g. one distinct value per param
                 log.info("optuna %s plot skipped: %s", name, e)
     return out
+
+
+#: below this many completed trials the importance plot says it is not to be trusted
+FEW_TRIALS = 20
+
+
+def _importance_caveat(fig: Figure, n: int) -> None:
+    """State the sample behind the importances on the figure. Optuna's default evaluator
+    (``optuna.importance.get_param_importances``: fANOVA, Hutter et al. 2014) fits a random
+    forest to the (params, value) pairs; from a handful of trials that fit says little, yet
+    the bars look as certain as from hundreds. The threshold of 20 is ours, not Optuna's."""
+    text = f"from {n} completed trial{'s' if n != 1 else ''}"
+    if n < FEW_TRIALS:
+        text += (f": too few for reliable importances (fANOVA on < {FEW_TRIALS} trials); "
+                 "read as a sketch, not a ranking")
+    fig.text(0.01, 0.005, text, fontsize=8, color="firebrick" if n < FEW_TRIALS else "0.3",
+             ha="left", va="bottom")
 
 
 def learning_curves_figure(curves: Mapping[int, Sequence[tuple[int, float]]],

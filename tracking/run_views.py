@@ -37,6 +37,30 @@ def system_metrics_enabled() -> bool:
     return True
 
 
+#: the options that say what a cell is, shown bare and in this order (the rest as k=v)
+_CELL_HEAD = ("method", "strategy", "dataset")
+
+
+def cell_run_name(entry: str, options: tuple[tuple[str, str], ...] | list[Any],
+                  limit: int = 100) -> str:
+    """A sweep cell's run name a person can read: ``semi fixmatch breastmnist seed=0
+    n_labeled=40`` (entry, what runs on what, then the other options of the cell as
+    ``k=v``), not the values joined by dashes (``supervised-sup-breastmnist-0-1-1-...``).
+    Long values (paths, run references) are cut to their last part."""
+    opts = dict(options)
+    head = [opts[k] for k in _CELL_HEAD if opts.get(k)]
+    rest = []
+    for k, v in options:
+        if k in _CELL_HEAD:
+            continue
+        v = str(v)
+        if "/" in v and len(v) > 24:
+            v = "…" + v.rstrip("/").rsplit("/", 1)[-1]
+        rest.append(f"{k}={v}")
+    name = " ".join([entry, *head, *rest])
+    return name if len(name) <= limit else name[:limit - 1] + "…"
+
+
 class RunViews:
     """Observes the tracker's calls; writes figures and the description at the end."""
 
@@ -67,16 +91,20 @@ class RunViews:
             except Exception as e:  # noqa: BLE001 - system metrics are a convenience
                 log.info("system metrics not recorded: %s", e)
 
-    def trial_run_name(self, number: int) -> str:
-        """``fixmatch-breastmnist-s0/t07``: unique within and across studies of a store."""
+    def trial_run_name(self, number: int, role: str = "trial") -> str:
+        """``fixmatch-breastmnist-s0/t07``: unique within and across studies of a store;
+        a final retraining (tune) is ``…/r03``, so it never shares a trial's name."""
         st = self._rv()
         st["trial"] = number
-        return f"{st['name'] or 'study'}/t{number:02d}"
+        mark = "r" if role == "retrain" else "t"
+        return f"{st['name'] or 'study'}/{mark}{number:02d}"
 
     def _rv_metrics(self, metrics: dict[str, float], step: int, scope: str) -> None:
         st = self._rv()
         if scope == "study":
             st["best"].update({k: v for k, v in metrics.items() if k.startswith("best/")})
+            st.setdefault("final", {}).update(
+                {k: v for k, v in metrics.items() if k.startswith(("final/", "seg/"))})
             return
         n = st["trial"]
         if n is None:
@@ -105,6 +133,11 @@ class RunViews:
         self._rv()["register"] = name or None
 
     # -- at the end ------------------------------------------------------------------------
+    def note_artifact(self, path: str) -> None:
+        """An artifact a protocol logged itself (segment's ``overlays/…``), so the
+        description can name what the run holds."""
+        self._rv().setdefault("artifacts", []).append(path)
+
     def _rv_finish(self, status: str) -> None:
         """Figures and description, submitted before the study run is terminated."""
         st = self._rv()
@@ -142,6 +175,7 @@ class RunViews:
         folder.mkdir(exist_ok=True)
         path = folder / f"{name}.png"
         path.write_bytes(png(fig))
+        self._rv().setdefault("plots", []).append(f"plots/{name}.png")
         self._submit({"op": "log_artifact", "key": "study",  # type: ignore[attr-defined]
                       "path": str(path), "artifact_path": "plots"})
 
@@ -170,6 +204,8 @@ class RunViews:
         t, p, b = st["tags"], st["params"], st["best"]
         role = t.get("scarcelab.role", "study")
         lines = [f"**{st['name']}** — {role} ({status})", ""]
+        if st.get("user_description"):
+            lines += [str(st["user_description"]), ""]
         what = ", ".join(f"{k}={p[k]}" for k in ("method", "dataset", "arch", "seed",
                                                   "budget_minutes", "search", "strategy",
                                                   "query_size", "repetitions")
@@ -189,15 +225,42 @@ class RunViews:
                 lines.append("Selected checkpoint: " + ", ".join(
                     f"{k.removeprefix('best/').replace('_', ' ')} {v:.4f}" for k, v in head)
                     + ".")
+            fin = st.get("final", {})
+            if "final/test_balanced_accuracy_mean" in fin:
+                sd = fin.get("final/test_balanced_accuracy_std", float("nan"))
+                n = fin.get("final/n_runs")
+                lines.append(
+                    "Final retraining: test balanced accuracy "
+                    f"{fin['final/test_balanced_accuracy_mean']:.4f}"
+                    + ("" if sd != sd else f" ± {sd:.4f}")
+                    + (f" (mean ± std over {int(n)} retrains)" if n else "") + ".")
+            seg = [(k, b.get(k, fin.get(k))) for k in ("seg/pq", "seg/mpq", "seg/aji",
+                                                       "seg/dice")]
+            seg = [(k, v) for k, v in seg if v is not None]
+            if seg:
+                lines.append("Test (selected checkpoint): " + ", ".join(
+                    f"{k.removeprefix('seg/').upper()} {v:.4f}" for k, v in seg) + ".")
             run_id = getattr(self, "study_run_id", None)
-            if run_id and status == "FINISHED":
-                lines.append(f"Model: `runs:/{run_id}/model`; figures under `plots/`.")
+            held = []
+            if run_id and status == "FINISHED" and st.get("model_logged"):
+                held.append(f"model `runs:/{run_id}/model`")
+            plots_ = st.get("plots", [])
+            if plots_:
+                held.append("figures under `plots/` ("
+                            + ", ".join(p.removeprefix("plots/") for p in plots_) + ")")
+            folders = sorted({a.split("/", 1)[0] for a in st.get("artifacts", []) if "/" in a})
+            held += [f"`{f}/` ({sum(a.startswith(f + '/') for a in st['artifacts'])} files)"
+                     for f in folders]
+            if held:
+                lines.append("Artifacts: " + "; ".join(held) + ".")
         elif st["curves"]:
             import numpy as np
 
             aucs = b.get("al/auc_mean")
             finals = [c[-1][1] for c in st["curves"].values() if c]
+            where = ("; learning curves under `plots/`"
+                     if "plots/learning_curves.png" in st.get("plots", []) else "")
             lines.append(f"{len(st['curves'])} repetitions; mean final test accuracy "
                          f"{np.mean(finals):.4f}" + (f", mean AUC {aucs:.4f}" if aucs else "")
-                         + "; learning curves under `plots/`.")
+                         + where + ".")
         return "\n".join(lines)

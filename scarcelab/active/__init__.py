@@ -7,9 +7,9 @@ data, model) and reports through the core ``Tracker`` interface.
 
 from __future__ import annotations
 
-from scarcelab.registry import Registry
+from scarcelab.registry import PACKAGES, Registry
 
-STRATEGIES: Registry = Registry("strategy", packages=("scarcelab.active.strategies",))
+STRATEGIES: Registry = Registry("strategy", PACKAGES["strategy"])
 register_strategy = STRATEGIES.register
 
 __all__ = ["STRATEGIES", "register_strategy"]

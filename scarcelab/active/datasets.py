@@ -454,8 +454,10 @@ def _encoded_loader(base: str) -> Loader:
         if raw.task != "multi-class":
             raise ConfigError(f"{base} is {raw.task}; AL needs a multi-class dataset")
         cfg = EncoderConfig.from_dict(ctx.encoder)
+        from scarcelab.data.download import cache_root
+
         cache = ctx.cache if ctx.cache is not None else DiskEncodingCache(
-            default_data_dir() / "encoded")
+            cache_root() / "encoded")
         enc, key, where = encode_dataset(base, raw.train_x, raw.train_y, raw.test_x,
                                          raw.test_y, raw.num_classes, cfg,
                                          resolve_device(ctx.device), cache, ctx.pretrained,

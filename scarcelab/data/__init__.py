@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from scarcelab.data.bundle import DatasetBundle, RawDataset
-from scarcelab.registry import Registry
+from scarcelab.registry import PACKAGES, Registry
 
-DATASETS: Registry = Registry("dataset", ("scarcelab.data.sources",))
+DATASETS: Registry = Registry("dataset", PACKAGES["dataset"])
 
 
 def load_raw(name: str, data_dir: str | Path | None = None) -> RawDataset:

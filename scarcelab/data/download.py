@@ -45,6 +45,26 @@ def data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path.home() / ".cache" / "scarcelab"
 
 
+ENV_CACHE_ROOT = "SCARCELAB_CACHE"
+
+
+def cache_root() -> Path:
+    """Where scarcelab keeps what it computed (encodings of ``encoded_*`` AL sets and of
+    ``probe``): ``$SCARCELAB_CACHE``, else ``$XDG_CACHE_HOME/scarcelab`` (the XDG Base
+    Directory rule for user caches), else ``~/.cache/scarcelab``.
+
+    Never the data root: a user's data folder may be shared or read-only, and what is
+    derived from it is not data. (With neither variable set both are ``~/.cache/
+    scarcelab``; the encodings then sit in its ``encoded/`` folder, as before.)
+    """
+    env = os.environ.get(ENV_CACHE_ROOT, "")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "scarcelab"
+
+
 def md5sum(path: str | os.PathLike[str], chunk_size: int = _CHUNK) -> str:
     """Hex md5 of a file, read in chunks so multi-GB files do not need to fit in memory."""
     h = hashlib.md5(usedforsecurity=False)

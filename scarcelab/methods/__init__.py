@@ -17,12 +17,9 @@ from scarcelab.methods.base import (
     SemiMethod,
     SupervisedMethod,
 )
-from scarcelab.registry import Registry
+from scarcelab.registry import PACKAGES, Registry
 
-METHODS: Registry = Registry(
-    "method",
-    ("scarcelab.methods.supervised", "scarcelab.methods.semi", "scarcelab.methods.selfsup"),
-)
+METHODS: Registry = Registry("method", PACKAGES["method"])
 register = METHODS.register
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from scarcelab.registry import Registry
+from scarcelab.registry import PACKAGES, Registry
 
-MODELS: Registry = Registry("arch", ("scarcelab.models",))
+MODELS: Registry = Registry("arch", PACKAGES["arch"])
 register_model = MODELS.register
 
 

@@ -271,8 +271,13 @@ def _keyed(res: dict[str, float], prefix: str) -> dict[str, float]:
     return {f"{prefix}{k}": v for k, v in res.items() if not np.isnan(v)}
 
 
-def overlay(tile: NucleiTile, pred: np.ndarray) -> np.ndarray:
-    """Side by side: true instance outlines (green) | predicted outlines (magenta)."""
+OVERLAY_LEGEND_PX = 16  # the white strip above the panels that names them
+
+
+def overlay(tile: NucleiTile, pred: np.ndarray, title: str = "") -> np.ndarray:
+    """Side by side: true instance outlines (green) | predicted outlines (magenta), under
+    a legend strip that says so (and names the tile), so the PNG reads on its own."""
+    from PIL import Image, ImageDraw
     from skimage.segmentation import find_boundaries
 
     panels = []
@@ -280,8 +285,22 @@ def overlay(tile: NucleiTile, pred: np.ndarray) -> np.ndarray:
         img = tile.image.copy()
         img[find_boundaries(inst, mode="inner")] = color
         panels.append(img)
-    gap = np.full((tile.image.shape[0], 4, 3), 255, np.uint8)
-    return np.concatenate([panels[0], gap, panels[1]], 1)
+    h, w = tile.image.shape[:2]
+    gap = np.full((h, 4, 3), 255, np.uint8)
+    body = np.concatenate([panels[0], gap, panels[1]], 1)
+    strip = Image.new("RGB", (body.shape[1], OVERLAY_LEGEND_PX), (255, 255, 255))
+    draw = ImageDraw.Draw(strip)
+    for x, text, color in ((2, "ground truth", (0, 150, 0)),
+                           (w + 6, "prediction", (200, 0, 200))):
+        draw.text((x, 2), f"{text}{'  ' + title if title and x == 2 else ''}", fill=color)
+    return np.concatenate([np.asarray(strip), body], 0)
+
+
+def overlay_name(dataset: str, tile_name: str) -> str:
+    """``overlays/consep_patches-test_10_000.png``: the dataset and the tile's own stem
+    (CoNSeP test image 10, patch 000), not the split twice (``test_test_10_000``)."""
+    stem = tile_name.rsplit("/", 1)[-1]
+    return f"overlays/{dataset}-{stem}.png"
 
 
 def rescale(tile: NucleiTile, s: float) -> NucleiTile:
@@ -550,7 +569,10 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                       "scarcelab.edge_threshold": str(edge)})
     _phase(tracker, "logging the checkpoint, overlays and the model")
     for tile, pred in list(zip(test, preds, strict=True))[:cfg.n_overlays]:
-        tracker.log_image(overlay(tile, pred), f"overlays/{tile.name.replace('/', '_')}.png")
+        name = overlay_name(cfg.dataset, tile.name)
+        tracker.log_image(overlay(tile, pred, tile.name), name)
+        if hasattr(tracker, "note_artifact"):
+            tracker.note_artifact(name)
     tracker.log_checkpoint({"state_dict": best["state"], "epoch": best["epoch"],
                             "arch": arch, "n_types": model.n_types,
                             "edge_threshold": edge}, name="best.pt")

@@ -40,6 +40,88 @@ def to_csv(df: pd.DataFrame) -> str:
     return df.to_csv(index=False)
 
 
+PM = "\u00b1"  # ±
+
+
+def _num(x: float, digits: int) -> str:
+    return f"{x:.{digits}f}"
+
+
+#: words of column names holding scores: shown with decimals even where whole (0.000)
+_SCORE_WORDS = ("accuracy", "auroc", "gain", "p", "value", "statistic", "rank", "pq", "dq",
+                "sq", "aji", "dice", "auc", "sensitivity", "mean", "std", "min", "max")
+
+
+def people_frame(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """The view as a person reads it: each ``X_mean`` / ``X_std`` pair (and ``mean`` / ``std``)
+    becomes one column ``X`` holding ``0.796 ± 0.015`` (just the mean where there is no std: one
+    seed), numbers rounded to ``digits`` (whole numbers shown whole), and columns with no value
+    in any row dropped. Every cell is a string; the machine formats (CSV, JSON) keep the full
+    frame.
+    """
+    out = pd.DataFrame(index=df.index)
+    for c in df.columns:
+        if c.endswith("_std") and c[:-4] + "_mean" in df:
+            continue
+        col = df[c]
+        if c == "std" and "mean" in df:
+            continue
+        pair = c[:-5] + "_std" if c.endswith("_mean") else ("std" if c == "mean" else None)
+        if pair is not None and pair in df:
+            std = df[pair]
+            out[c[:-5] if c.endswith("_mean") else f"mean {PM} std"] = [
+                "" if pd.isna(m) else _num(m, digits) + (
+                    "" if pd.isna(sd) else f" {PM} {_num(sd, digits)}")
+                for m, sd in zip(col, std, strict=True)]
+            continue
+        num = pd.to_numeric(col, errors="coerce")
+        is_num = col.map(lambda v: isinstance(v, (int, float, np.number))
+                         and not isinstance(v, bool)).all()
+        if is_num and len(col):
+            vals = num.dropna()
+            whole = pd.api.types.is_integer_dtype(col) or (
+                not set(c.replace(" ", "_").split("_")) & set(_SCORE_WORDS)
+                and vals.map(lambda v: float(v).is_integer()).all()
+                and bool((vals.abs() > 1).any()))  # 0 and 1 alone: more likely scores
+            out[c] = ["" if pd.isna(v) else (f"{int(v)}" if whole else _num(v, digits))
+                      for v in num]
+        else:
+            out[c] = ["" if v is None or (isinstance(v, float) and np.isnan(v))
+                      or str(v) == "nan" else str(v) for v in col]
+    keep = [c for c in out.columns if (out[c] != "").any()]
+    return out[keep].reset_index(drop=True)
+
+
+def to_table(df: pd.DataFrame, digits: int = 3) -> str:
+    """An aligned plain-text table for a terminal (:func:`people_frame`'s cells): text
+    left-aligned, numbers right-aligned so that their decimal points line up."""
+    if df.empty:
+        return "(no rows)"
+    p = people_frame(df, digits)
+    right = {c for c in p.columns
+             if p[c].map(lambda v: v == "" or v.replace(PM, "").replace(" ", "")
+                         .replace(".", "").replace("-", "").isdigit()).all()}
+    widths = {c: max(len(c), *(len(v) for v in p[c])) for c in p.columns}
+
+    def line(cells: dict[str, str]) -> str:
+        return "  ".join(cells[c].rjust(widths[c]) if c in right else cells[c].ljust(widths[c])
+                         for c in p.columns).rstrip()
+
+    rows = [line({c: c for c in p.columns}),
+            line({c: "-" * widths[c] for c in p.columns})]
+    rows += [line(dict(r)) for _, r in p.iterrows()]
+    return "\n".join(rows)
+
+
+def to_json(df: pd.DataFrame) -> str:
+    """Records, one object per row; missing values are ``null`` (not NaN, which is not
+    JSON)."""
+    import json
+
+    records = df.astype(object).where(df.notna(), None).to_dict(orient="records")
+    return json.dumps(records, indent=1, default=str)
+
+
 def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
@@ -83,13 +165,29 @@ def plot_leaderboard(lb: pd.DataFrame, metric: str = "test_balanced_accuracy") -
     if lb.empty or f"{metric}_mean" not in lb:
         return None
     blocks = list(lb.groupby(["dataset", "n_labeled"], dropna=False, sort=True))
-    fig, axes = _grid(len(blocks))
-    for ax, ((ds, nl), part) in zip(axes[0], blocks, strict=False):
+    cols = min(len(blocks), 3)  # at most three blocks a row: readable at page width
+    rows = -(-len(blocks) // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.0 * rows), squeeze=False)
+    for ax in grid.ravel()[len(blocks):]:
+        ax.set_visible(False)
+    for ax, ((ds, nl), part) in zip(grid.ravel(), blocks, strict=False):
         part = part.sort_values(f"{metric}_mean", kind="stable")
-        ax.barh(row_labels(part), part[f"{metric}_mean"],
-                xerr=part[f"{metric}_std"].fillna(0), color="tab:blue", alpha=0.8)
+        labels = row_labels(part)
+        std = part[f"{metric}_std"]
+        # error bars: ± one sample std over seeds, capped so that a small one stays
+        # visible; a row of one seed has no std (drawn as 0) and is labelled so below
+        ax.barh(labels, part[f"{metric}_mean"], xerr=std.fillna(0), color="tab:blue",
+                alpha=0.8, error_kw={"ecolor": "black", "elinewidth": 1.2, "capsize": 4,
+                                     "capthick": 1.2})
+        n = part["n"] if "n" in part else pd.Series(np.nan, index=part.index)
+        for y, (sd, k) in enumerate(zip(std, n, strict=True)):
+            note = f"n={int(k)}" if pd.notna(k) else ""
+            if pd.isna(sd):
+                note += " (no std)"
+            ax.annotate(note.strip(), (0, y), xytext=(3, 0), textcoords="offset points",
+                        va="center", fontsize=7, color="white")
         ax.set_title(_block_title(ds, nl), fontsize=10)
-        ax.set_xlabel(metric.replace("_", " "))
+        ax.set_xlabel(metric.replace("_", " ") + " (mean ± std over seeds)")
     fig.tight_layout()
     return fig
 
@@ -166,7 +264,9 @@ table.scarcelab th,table.scarcelab td{border:1px solid #bbb;padding:3px 8px;text
 table.scarcelab th{background:#eef}
 table.scarcelab td:first-child,table.scarcelab th:first-child{text-align:left}
 img{max-width:100%;margin:0.5em 0} .note{color:#555;font-size:0.9em}
-div.wide{overflow-x:auto}
+div.wide{overflow-x:auto;max-width:100%}
+table.scarcelab th{white-space:normal;max-width:9em;vertical-align:bottom}
+table.scarcelab td{white-space:nowrap}
 """
 
 
@@ -190,10 +290,14 @@ def html_report(sections: Sequence[Section], title: str = "scarcelab report",
         if shown.empty:
             out.append("<p><em>no rows</em></p>")
         else:
-            out.append("<div class='wide'>" + shown.to_html(
+            # the page shows what a person reads (mean ± std, rounded, no empty columns)
+            # inside a scroll box, so a wide view never pushes the page sideways; the CSV
+            # and markdown files beside it keep every column and digit
+            page = people_frame(shown, digits=4)
+            page.columns = [c.replace("_", " ") for c in page.columns]  # wraps at spaces
+            out.append("<div class='wide'>" + page.to_html(
                 index=False, classes="scarcelab", border=0, na_rep="",
-                float_format=lambda x: format(x, FLOAT_FMT), table_id=f"table-{anchor}")
-                + "</div>")
+                table_id=f"table-{anchor}") + "</div>")
         for name in s.figures:
             data = pngs.get(name)
             if data:

@@ -310,8 +310,9 @@ class Driver:
                       resolved: dict[str, str] | None = None) -> str:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-        name = "-".join(v for _, v in cell.options)[:80] or cell.entry
-        name = f"{cell.entry}-{name}"
+        from scarcelab.tracking.run_views import cell_run_name
+
+        name = cell_run_name(cell.entry, cell.options)
         tags = {SWEEP_TAG: self.spec.name, CELL_TAG: cell.id, "scarcelab.cell_label": cell.label,
                 DRIVER_TAG: self.owner, ATTEMPT_TAG: str(attempt),
                 MLFLOW_PARENT_RUN_ID: sweep_run, MLFLOW_RUN_NAME: name}

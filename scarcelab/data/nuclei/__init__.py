@@ -17,9 +17,10 @@ import numpy as np
 
 from scarcelab.data import provenance as _provenance
 from scarcelab.errors import ConfigError, DataError
-from scarcelab.registry import Registry
+from scarcelab.registry import PACKAGES, Registry
 
-SEG_DATASETS: Registry = Registry("segmentation dataset", ("scarcelab.data.nuclei",))
+SEG_DATASETS: Registry = Registry("segmentation dataset",
+                                       PACKAGES["segmentation dataset"])
 
 
 @dataclass

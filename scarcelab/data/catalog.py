@@ -1,0 +1,88 @@
+"""What each registered dataset is and whether its files are here, without loading it.
+
+``scarcelab list datasets`` prints this. Loading a dataset to describe it would read
+gigabytes (PCam) or start a download (MedMNIST fetches a missing file), so the facts come
+from each source's own tables — MedMNIST's info table (classes, official split sizes),
+the class tuples and ``SOURCE`` records of the other modules — and "on disk" is the same
+file test the loader makes first, never a read of the data.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+SYNTHETIC_SIZES = "600/150/150"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One dataset's line: ``sizes`` is train/val/test where the source states them (``-``
+    where only the files know), ``where`` the file or folder found, or what happens when
+    it is missing."""
+
+    name: str
+    classes: int | None
+    sizes: str
+    on_disk: str  # yes | no | generated
+    where: str
+
+
+def _module(name: str) -> object:
+    """The file that registers ``name`` (not the loader's own module: the DEIC sets share
+    one loader factory)."""
+    from scarcelab.registry import StaticIndex
+
+    return importlib.import_module(StaticIndex("dataset").where[name])
+
+
+def _shared(rel: str, data_dir: str | Path | None) -> Path | None:
+    """Where ``find_shared_file`` would find ``rel``, without its provenance record and its
+    fallback warning (a listing reads nothing)."""
+    from scarcelab.data.download import data_root
+
+    root = data_root(data_dir)
+    bases = [root, root.parent]
+    if not data_dir:  # the loaders fall back to the machines' shared folder only then
+        bases.append(Path(__file__).resolve().parents[3] / "shared" / "data")
+    for base in bases:
+        for cand in (base / rel, base / Path(rel).name):
+            if cand.exists():
+                return cand
+    return None
+
+
+def describe(name: str, data_dir: str | Path | None = None) -> Entry:
+    """The :class:`Entry` of a registered dataset, for the data root ``data_dir`` (None:
+    ``$SCARCELAB_DATA`` or ``~/.cache/scarcelab``)."""
+    from scarcelab.data.download import data_root
+    from scarcelab.data.sources import medmnist
+
+    root = data_root(data_dir)
+    if name in medmnist.MEDMNIST_INFO:
+        info = medmnist.MEDMNIST_INFO[name]
+        path = medmnist._find_local(name, root)
+        sizes = "/".join(str(n) for n in info.n_samples)
+        if path is not None:
+            return Entry(name, info.num_classes, sizes, "yes", str(path))
+        return Entry(name, info.num_classes, sizes, "no",
+                     f"downloaded to {root / (name + '.npz')} on first use")
+    if name.startswith("synthetic"):
+        return Entry(name, 3, SYNTHETIC_SIZES, "generated", "made in memory from the seed")
+    mod = _module(name)
+    source = getattr(mod, "SOURCE", None)
+    classes = getattr(mod, "CLASSES", None)
+    n_classes = len(classes) if classes is not None else getattr(source, "num_classes", None)
+    rels = [getattr(mod, "REL", None)] + list(getattr(mod, "ZIPS", {}).values())
+    rels = [r for r in rels if r]
+    if rels:
+        found = [_shared(r, data_dir) for r in rels]
+        if all(found):
+            return Entry(name, n_classes, "-", "yes", str(found[0]))
+        return Entry(name, n_classes, "-", "no", f"{rels[0]} under {root} or ../shared/data")
+    # the DEIC sets live in <root>/deic/<name>, the others in <root>/<name>
+    folder = root / "deic" / name if source is not None else root / name
+    if folder.is_dir() and any(folder.iterdir()):
+        return Entry(name, n_classes, "-", "yes", str(folder))
+    return Entry(name, n_classes, "-", "no", f"expected in {folder}")
