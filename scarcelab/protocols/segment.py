@@ -61,6 +61,7 @@ from scarcelab.data.nuclei import (
 )
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.metrics.segmentation import AGGREGATIONS, SegmentationEvaluator
+from scarcelab.models.classifier import for_export
 from scarcelab.models.encoder import build_encoder, check_norm
 from scarcelab.models.nucleus_maps import (
     MIN_AREA,
@@ -554,7 +555,9 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     tracker.log_checkpoint({"state_dict": best["state"], "epoch": best["epoch"],
                             "arch": arch, "n_types": model.n_types,
                             "edge_threshold": edge}, name="best.pt")
-    cpu_model = copy.deepcopy(model).to("cpu").eval()
-    tracker.log_model(cpu_model, torch.zeros(1, 3, cfg.crop, cfg.crop))
+    # a batch of 2: MLflow marks the batch dimension Dim.AUTO, and torch.export fixes a
+    # dimension whose example size is 1 (warning "0/1 specialized"), so a one-tile example
+    # gave a model that takes one tile at a time (issue 27 item 5)
+    tracker.log_model(for_export(copy.deepcopy(model)), torch.zeros(2, 3, cfg.crop, cfg.crop))
     return SegmentResult(best["epoch"], epoch, best["val"], test_res, cross, edge,
                          train_time, eval_s)
