@@ -123,15 +123,17 @@ class Display:
         if not self.show_bar or self._bar is not None:
             return
         try:
-            cols = os.get_terminal_size(self.stream.fileno()).columns
+            cols, rows = os.get_terminal_size(self.stream.fileno())
         except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-            cols = 0
-        cols = cols if cols >= 40 else 100  # unknown (0) under some pseudo-terminals
+            cols = rows = 0
+        # unknown (0) under some pseudo-terminals (`script`, some CI ttys); tqdm then reads
+        # -1 rows and draws nothing at all, so both are given
+        cols, rows = (cols if cols >= 40 else 100), (rows if rows >= 2 else 24)
         with self._lock:
             self._redirect = self._route_noise()
             self._bar = _Bar(total=1000, file=self.stream, ascii=".#", leave=False,
                              bar_format=f"[{{bar:{self.WIDTH}}}] {{percentage:3.0f}}% {{desc}}",
-                             ncols=cols - 1, mininterval=0, delay=0)
+                             ncols=cols - 1, nrows=rows, mininterval=0, delay=0)
             self._update()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="progress")
