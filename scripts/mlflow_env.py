@@ -124,6 +124,8 @@ def check_pins(project_dir: Path) -> int:
         lock = _pins(project_dir / fname)
         for req in reqs:
             name = _name(req)
+            if name == _name(meta["name"]):
+                continue  # an extra made of other extras (`all`), pinned through those
             declared_all.add(name)
             spec = re.sub(r"^\s*[A-Za-z0-9_.-]+(\[[^\]]*\])?", "", req).split(";")[0].strip()
             if name not in lock:

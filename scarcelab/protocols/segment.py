@@ -60,6 +60,7 @@ from scarcelab.data.nuclei import (
     split_validation,
 )
 from scarcelab.errors import ConfigError, TrialFailed
+from scarcelab.extras import need
 from scarcelab.metrics.segmentation import AGGREGATIONS, SegmentationEvaluator
 from scarcelab.models.classifier import for_export
 from scarcelab.models.encoder import build_encoder, check_norm
@@ -274,7 +275,7 @@ def _keyed(res: dict[str, float], prefix: str) -> dict[str, float]:
 
 def overlay(tile: NucleiTile, pred: np.ndarray) -> np.ndarray:
     """Side by side: true instance outlines (green) | predicted outlines (magenta)."""
-    from skimage.segmentation import find_boundaries
+    find_boundaries = need("skimage.segmentation", "segment (overlays)").find_boundaries
 
     panels = []
     for inst, color in ((tile.inst, (0, 255, 0)), (pred, (255, 0, 255))):
@@ -384,6 +385,7 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
     side, as ``probe`` does; ``arch`` None = the source's own); ``cfg.encoder`` stays the
     name the runs are tagged with."""
     _validate(cfg)
+    need("skimage.segmentation", "segment (watershed post-processing)")  # before training
     device = cfg.resolved_device()
     torch.manual_seed(cfg.seed)  # before the backbone: a random encoder's init is seeded too
     backbone, enc_info = resolve_backbone(cfg, backbone_factory)  # fails fast

@@ -32,8 +32,9 @@ class RayPool:
 
     def __init__(self, address: str | None = None, jobs: int | None = None,
                  cpus_per_task: float = 1.0, gpus_per_task: float | str = "auto") -> None:
-        import ray
+        from scarcelab.extras import need
 
+        ray = need("ray", "scarcelab sweep (cells as Ray tasks)")
         self._ray = ray
         if not ray.is_initialized():
             term = signal.getsignal(signal.SIGTERM)
