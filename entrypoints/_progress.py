@@ -7,7 +7,8 @@ The core reports everything through its :class:`~scarcelab.tracker.Tracker`, so 
 a tracker wrapper (:class:`ProgressTracker`) that watches the calls on their way to the real
 tracker — the search itself is not touched. The same wrapper adds the run's data provenance
 (``data_files.json``, see :mod:`scarcelab.data.provenance`), drops metrics that came out NaN
-(e.g. AUROC on a one-class test set: logged as missing, with a warning, never as NaN) and
+(e.g. AUROC on a one-class test set: logged as missing, with a warning that says why
+(:mod:`scarcelab.metrics.undefined`), never as NaN) and
 logs parameters under the names ``mlflow run`` gives them (``entrypoints.options``).
 
 Everything goes to stderr, so stdout keeps only the final summary. Levels: ``quiet`` (0)
@@ -18,12 +19,19 @@ trial lines into logs, and one line per epoch.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import math
 import os
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, TextIO
+
+from tqdm import tqdm
+from tqdm.contrib import DummyTqdmFile
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from scarcelab.tracker import DatasetInfo, DelegatingTracker, Tracker
 
@@ -45,9 +53,36 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
+class _Bar(tqdm):
+    """tqdm without its monitor thread (Display redraws on its own clock, twice a second)."""
+
+    monitor_interval = 0
+
+
+def _console_loggers() -> list[logging.Logger]:
+    """The root logger and every logger with its own handler on the terminal's streams
+    (what ``logging_redirect_tqdm`` can re-route); MLflow's handler writes to whatever
+    ``sys.stderr`` is at the time, so the stderr swap below catches it instead."""
+    def on_console(lg: logging.Logger) -> bool:
+        return any(isinstance(h, logging.StreamHandler)
+                   and h.stream in (sys.stdout, sys.stderr) for h in lg.handlers)
+
+    named = [lg for lg in logging.Logger.manager.loggerDict.values()
+             if isinstance(lg, logging.Logger) and on_console(lg)]
+    return [logging.getLogger(), *named]
+
+
 class Display:
-    """Lines and one live status bar on a stream; the bar redraws itself twice a second
-    (so elapsed / remaining move between trials) and is erased before each line."""
+    """Lines and one live status bar on a stream, drawn by tqdm (``tqdm.write`` clears the
+    bar, prints the line and redraws it). The bar redraws twice a second, so elapsed /
+    remaining move between trials.
+
+    While the bar is up on this process's stderr, everything else that writes there goes
+    above it as whole lines instead of into it (issue 27 item 5): ``sys.stderr`` is swapped
+    for tqdm's line-buffering ``DummyTqdmFile`` (Python warnings, MLflow's log stream, stray
+    prints) and console logging handlers are re-routed with ``logging_redirect_tqdm``. Writes
+    from native code to file descriptor 2 cannot be caught; the erase at the end
+    (``\\r\\033[K``, the whole line) at least leaves no bar fragment behind them."""
 
     WIDTH = 24
 
@@ -57,9 +92,10 @@ class Display:
         self.level = level
         self.show_lines = level >= VERBOSE or (level == NORMAL and self.tty)
         self.show_bar = level >= NORMAL and self.tty and os.environ.get("TERM") != "dumb"
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._status: Any = None  # () -> (fraction, text)
-        self._drawn = False
+        self._bar: _Bar | None = None
+        self._redirect: contextlib.ExitStack | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -67,38 +103,79 @@ class Display:
     def line(self, text: str, verbose_only: bool = False) -> None:
         if not self.show_lines or (verbose_only and self.level < VERBOSE):
             return
-        with self._lock:
-            self._erase()
-            print(text, file=self.stream, flush=True)
-            self._draw()
+        self._write(text)
 
     def warn(self, text: str) -> None:
         """Always shown (also when quiet), without breaking the bar."""
+        self._write(text)
+
+    def _write(self, text: str) -> None:
         with self._lock:
-            self._erase()
-            print(text, file=self.stream, flush=True)
-            self._draw()
+            if self._bar is not None:
+                _Bar.write(text, file=self.stream)  # clears the bar, writes, redraws
+            else:
+                print(text, file=self.stream, flush=True)
 
     # -- bar ----------------------------------------------------------------------------
     def start_bar(self, status: Any) -> None:
         """``status()`` returns ``(fraction done, text after the bar)``."""
         self._status = status
-        if not self.show_bar:
+        if not self.show_bar or self._bar is not None:
             return
+        try:
+            cols, rows = os.get_terminal_size(self.stream.fileno())
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            cols = rows = 0
+        # unknown (0) under some pseudo-terminals (`script`, some CI ttys); tqdm then reads
+        # -1 rows and draws nothing at all, so both are given
+        cols, rows = (cols if cols >= 40 else 100), (rows if rows >= 2 else 24)
+        with self._lock:
+            self._redirect = self._route_noise()
+            self._bar = _Bar(total=1000, file=self.stream, ascii=".#", leave=False,
+                             bar_format=f"[{{bar:{self.WIDTH}}}] {{percentage:3.0f}}% {{desc}}",
+                             ncols=cols - 1, nrows=rows, mininterval=0, delay=0)
+            self._update()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="progress")
         self._thread.start()
+
+    def _route_noise(self) -> contextlib.ExitStack:
+        """Send other writers to stderr above the bar while it is up (see the class)."""
+        stack = contextlib.ExitStack()
+        if self.stream is not sys.stderr:
+            return stack  # the bar is elsewhere (a test's stream): stderr cannot break it
+        stack.enter_context(logging_redirect_tqdm(loggers=_console_loggers(),
+                                                  tqdm_class=_Bar))
+        real, proxy = sys.stderr, DummyTqdmFile(sys.stderr)
+
+        def restore() -> None:
+            if sys.stderr is proxy:
+                sys.stderr = real
+            rest = "".join(proxy._buf)  # a last line without its newline
+            proxy._buf = []
+            if rest:
+                real.write(rest + "\n")
+                real.flush()
+
+        sys.stderr = proxy  # type: ignore[assignment]
+        stack.callback(restore)
+        return stack
 
     def _loop(self) -> None:
         while not self._stop.wait(0.5):
             self.refresh()
 
+    def _update(self) -> None:
+        frac, text = self._status()
+        assert self._bar is not None
+        self._bar.n = int(min(max(frac, 0.0), 1.0) * 1000)
+        self._bar.set_description_str(text, refresh=False)
+        self._bar.refresh()
+
     def refresh(self) -> None:
-        if not self.show_bar:
-            return
         with self._lock:
-            self._erase()
-            self._draw()
+            if self._bar is not None and self._status is not None:
+                self._update()
 
     def stop_bar(self) -> None:
         self._stop.set()
@@ -106,7 +183,15 @@ class Display:
             self._thread.join(timeout=2)
             self._thread = None
         with self._lock:
-            self._erase()
+            if self._bar is not None:
+                self._bar.close()  # leave=False: tqdm blanks its line
+                self._bar = None
+                # the whole line, also what a native write to fd 2 left beside the bar
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+            if self._redirect is not None:
+                self._redirect.close()
+                self._redirect = None
             self._status = None
 
     def bar_text(self) -> str:
@@ -114,23 +199,6 @@ class Display:
         frac = min(max(frac, 0.0), 1.0)
         n = int(frac * self.WIDTH)
         return f"[{'#' * n}{'.' * (self.WIDTH - n)}] {frac * 100:3.0f}% {text}"
-
-    def _draw(self) -> None:
-        if self.show_bar and self._status is not None:
-            try:
-                cols = os.get_terminal_size(self.stream.fileno()).columns
-            except (OSError, ValueError, AttributeError):
-                cols = 0
-            cols = cols if cols >= 40 else 100  # unknown (0) under some pseudo-terminals
-            self.stream.write(self.bar_text()[: max(cols - 1, 10)])
-            self.stream.flush()
-            self._drawn = True
-
-    def _erase(self) -> None:
-        if self._drawn:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-            self._drawn = False
 
 
 class Clock:
@@ -310,6 +378,8 @@ class ProgressTracker(DelegatingTracker):
     def _finite(self, metrics: dict[str, float]) -> dict[str, float]:
         """NaN/inf metric values (an undefined AUROC) are logged as missing, with a
         warning once per name, instead of as a silent NaN."""
+        from scarcelab.metrics.undefined import why_undefined
+
         out = {}
         for k, v in metrics.items():
             if isinstance(v, float | int) and not math.isfinite(float(v)):
@@ -317,8 +387,7 @@ class ProgressTracker(DelegatingTracker):
                     self._nan_warned.add(k)
                     self.display.warn(
                         f"[scarcelab] warning: metric {k} is undefined here ({v}) and is left "
-                        "out of the record (e.g. AUROC when the test set has one class); "
-                        "said once per metric")
+                        f"out of the record: {why_undefined(k)}; said once per metric")
                 continue
             out[k] = v
         return out

@@ -58,10 +58,36 @@ def main(verbose: bool, quiet: bool) -> None:
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    mlflow_log_level(verbose)
     from scarcelab.tracking.lifecycle import die_with_mlflow_run, skip_gc_at_exit
 
     die_with_mlflow_run()  # under `mlflow run`: do not outlive it (issue 13 item 5)
     skip_gc_at_exit()  # seconds of exit-time garbage collection (issue 28 §1)
+
+
+_OURS = "SCARCELAB_MLFLOW_LOGGING_LEVEL_SET"  # marks a level this module chose, not the user
+
+
+def mlflow_log_level(verbose: bool) -> None:
+    """MLflow's INFO lines ("Creating initial MLflow database tables...", "Started
+    monitoring system metrics.", "View run … at: …") only with ``-v``: at the normal level
+    they broke the progress bar and repeat what the closing summary says (issue 27 item 5).
+
+    MLflow sets its logger's level from ``MLFLOW_LOGGING_LEVEL`` when it is imported
+    (``mlflow.utils.logging_utils.get_mlflow_log_level``), which happens after this runs
+    (commands import it lazily), so the level goes through that documented variable; a
+    value the user set is left alone. Child processes (sweep cells) inherit it and decide
+    again from their own flags.
+    """
+    import os
+
+    if os.environ.get("MLFLOW_LOGGING_LEVEL") and not os.environ.get(_OURS):
+        return
+    level = "INFO" if verbose else "WARNING"
+    os.environ["MLFLOW_LOGGING_LEVEL"] = level
+    os.environ[_OURS] = "1"
+    if "mlflow" in sys.modules:  # already configured: change the live logger too
+        logging.getLogger("mlflow").setLevel(level)
 
 
 def _load_commands() -> None:

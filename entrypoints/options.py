@@ -574,7 +574,10 @@ def verbosity(ctx: click.Context, quiet: bool, verbose: bool) -> int:
     if quiet or root.get("quiet"):
         return 0
     if verbose or root.get("verbose"):
+        from scarcelab.entrypoints.cli import mlflow_log_level
+
         logging.getLogger().setLevel(logging.INFO)
+        mlflow_log_level(True)
         return 2
     return 1
 

@@ -69,6 +69,12 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: boo
                 f" once cell {d} finished]" for k, d in c.refs)
             click.echo(f"{c.id}  scarcelab {' '.join(c.argv())}{after}")
         return
+    from scarcelab.extras import MissingExtra, need
+
+    try:  # before the sweep run is opened: a missing extra is one line, not a failed run
+        need("ray", "scarcelab sweep (cells as Ray tasks)")
+    except MissingExtra as e:
+        raise click.ClickException(str(e)) from None
     from scarcelab.tracking.sweep.driver import run_sweep
 
     try:

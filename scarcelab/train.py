@@ -26,7 +26,7 @@ from scarcelab.data.bundle import DatasetBundle
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.methods.base import Batch, DataInfo, Method, Progress
 from scarcelab.metrics import classification_metrics
-from scarcelab.models.classifier import ExportedClassifier, normalize
+from scarcelab.models.classifier import ExportedClassifier, for_export, normalize
 from scarcelab.protocols.probe import LinearProbe
 
 #: what a study's budget counts (``StudyConfig.budget_clock``)
@@ -327,7 +327,7 @@ def export_classifier(
         backbone = m.backbone
     else:
         backbone, head = m.classifier_parts()
-    return ExportedClassifier(backbone, head, class_names).eval()
+    return for_export(ExportedClassifier(backbone, head, class_names))
 
 
 def make_optimizer(method: Method, total_steps: int, fused: bool | None = None

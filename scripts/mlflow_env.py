@@ -1,27 +1,27 @@
-"""Helpers for scripts/setup: the project's pins and the environment `mlflow run` uses.
+"""Helpers for scripts/setup: the project's pins, and the cleanup of what older setups did.
 
-Subcommands (run with the project's venv python):
+Subcommands (run with the project's venv python; standard library only):
 
-  build-deps  DIR          print python_env.yaml's build_dependencies, one per line
-                           (standard library only: runs before anything is installed)
-  check-pins  DIR          fail unless every pyproject.toml range has a pin in
+  build-deps    DIR        print python_env.yaml's build_dependencies, one per line
+                           (runs before anything is installed)
+  check-pins    DIR        fail unless every pyproject.toml range has a pin in
                            requirements*.txt (the lock) that satisfies it, and vice versa
-  env-dir     DIR          print the virtualenv path `mlflow run` would use for DIR
-  link        DIR VENV     point that path at VENV (a symlink), so `mlflow run` skips
-                           building its own environment
+  legacy-links  DIR VENV   remove the links an older scripts/setup made from MLflow's env
+                           folder to VENV (this checkout's), and name those that point at
+                           another checkout's venv without touching them
 
-How `mlflow run` (MLflow 3.17.2, local backend, mlflow/projects/backend/local.py) picks the
-environment when no --env-manager is given: MLproject declares `python_env`, so the env
-manager is virtualenv; the env directory is
+How `mlflow run` uses this checkout's .venv: with MLflow's documented local env manager,
+`mlflow run . -e semi -P method=fixmatch --env-manager local` from the activated venv (the
+entry point's command runs with the current environment, in this checkout). Without the flag
+MLflow builds its own virtualenv from python_env.yaml under $MLFLOW_ENV_ROOT (slow the first
+time, then reused; the command still runs this checkout's code).
 
-    Path(MLFLOW_ENV_ROOT.get()) / _get_virtualenv_name(_PythonEnv.from_yaml(yaml), work_dir)
-
-where MLFLOW_ENV_ROOT defaults to ~/.mlflow/envs and the name is
-"mlflow-" + sha1(str(python_env.to_dict()) + "".join(sorted(expanded requirements))).
-`-r requirements.txt` is expanded to its requirement lines, so the name does not depend on
-the project's folder (unless a requirement line itself names a path). `_create_virtualenv`
-returns at once when that directory exists, following symlinks. These are private MLflow
-APIs: mlflow is pinned, and a changed API only costs speed (MLflow builds its own env).
+Earlier versions linked that MLflow-built env's folder ($MLFLOW_ENV_ROOT/mlflow-<hash>) to
+.venv, computing <hash> with MLflow's private `_get_virtualenv_name`. The hash depends on
+python_env.yaml and the requirement lines only, not on the checkout, so every clone on a
+machine shared one link and a second clone's `mlflow run` ran in the first clone's venv
+(issue 27 item 6). Nothing here writes outside this checkout any more, except removing a
+link that points into it.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import re
 import sys
 import tomllib
 from pathlib import Path
-
-PINNED_MLFLOW = "3.17.2"
 
 
 def _say(msg: str) -> None:
@@ -126,6 +124,8 @@ def check_pins(project_dir: Path) -> int:
         lock = _pins(project_dir / fname)
         for req in reqs:
             name = _name(req)
+            if name == _name(meta["name"]):
+                continue  # an extra made of other extras (`all`), pinned through those
             declared_all.add(name)
             spec = re.sub(r"^\s*[A-Za-z0-9_.-]+(\[[^\]]*\])?", "", req).split(";")[0].strip()
             if name not in lock:
@@ -144,117 +144,43 @@ def check_pins(project_dir: Path) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- env-dir / link
-
-
-def mlflow_env_dir(project_dir: Path) -> Path:
-    """The directory `mlflow run <project_dir>` would use (same calls as the local backend)."""
-    import mlflow
-    from mlflow.projects import env_type
-    from mlflow.projects._project_spec import load_project
-    from mlflow.utils.environment import _PythonEnv
-    from mlflow.utils.virtualenv import _get_mlflow_virtualenv_root, _get_virtualenv_name
-
-    if mlflow.__version__ != PINNED_MLFLOW:
-        _say(
-            f"warning: mlflow {mlflow.__version__} installed, this helper was checked "
-            f"against {PINNED_MLFLOW}; the env name may not match what `mlflow run` uses"
-        )
-    work_dir = Path(os.path.abspath(project_dir))
-    project = load_project(str(work_dir))
-    if project.env_type != env_type.PYTHON or not project.env_config_path:
-        raise SystemExit(
-            f"{work_dir}/MLproject must declare `python_env: python_env.yaml` "
-            f"(found env type {project.env_type!r}, file {project.env_config_path!r})"
-        )
-    python_env = _PythonEnv.from_yaml(project.env_config_path)
-    name = _get_virtualenv_name(python_env, work_dir)
-    return Path(_get_mlflow_virtualenv_root()) / name
-
-
-def _check_venv_matches(project_dir: Path, venv: Path) -> None:
-    """Warn where the venv differs from what python_env.yaml asks for (cheap checks only)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from mlflow.utils.environment import _PythonEnv
-
-    py_env = _PythonEnv.from_yaml(str(project_dir / "python_env.yaml"))
-    cfg = (venv / "pyvenv.cfg").read_text() if (venv / "pyvenv.cfg").exists() else ""
-    m = re.search(r"^version(?:_info)?\s*=\s*(\S+)", cfg, re.M)
-    if m and py_env.python and m.group(1) != str(py_env.python):
-        _say(f"warning: {venv} has Python {m.group(1)}, python_env.yaml asks {py_env.python}")
-    if Path(sys.prefix).resolve() != venv.resolve():
-        return  # only the venv's own interpreter can read its package versions cheaply
-    for dep in py_env.build_dependencies or []:
-        name, sep, want = dep.partition("==")
-        if not sep:
-            continue
-        try:
-            have = version(name.strip())
-        except PackageNotFoundError:
-            have = None
-        if have != want.strip():
-            _say(f"warning: {venv} has {name.strip()} {have}, python_env.yaml pins {want}")
-
+# --------------------------------------------------------------------------- legacy-links
 
 # scripts/setup writes this file into .venv once every install step has succeeded.
 SETUP_STAMP = ".scarcelab-setup.sha256"
 
 
-def _usable_venv(path: Path) -> bool:
-    return all((path / rel).exists() for rel in ("bin/activate", "bin/python", SETUP_STAMP))
+def mlflow_env_root() -> Path:
+    """Where `mlflow run` keeps the virtualenvs it builds: MLflow's documented
+    ``MLFLOW_ENV_ROOT`` (mlflow.environment_variables), default ``~/.mlflow/envs``."""
+    return Path(os.environ.get("MLFLOW_ENV_ROOT") or Path.home() / ".mlflow" / "envs")
 
 
-def link(project_dir: Path, venv: Path) -> int:
-    venv = Path(os.path.abspath(venv))
-    if not (venv / "bin" / "activate").is_file():
-        _say(f"error: {venv}/bin/activate not found; `mlflow run` sources it")
-        return 1
-    env_dir = mlflow_env_dir(project_dir)
-    if not env_dir.is_absolute():
-        _say(
-            f"warning: MLFLOW_ENV_ROOT is relative ({env_dir.parent}); `mlflow run` resolves "
-            "it against its own working directory, so the link only helps from here"
-        )
-    _check_venv_matches(project_dir, venv)
-    _say(f"mlflow run env for this project: {env_dir}")
+def _scarcelab_venv(path: Path) -> bool:
+    return (path / SETUP_STAMP).exists() or path.name == ".venv"
 
-    if env_dir.is_symlink():
-        current = os.readlink(env_dir)
-        if os.path.realpath(env_dir) == os.path.realpath(venv):
-            _say(f"already linked -> {venv}")
-            return 0
-        if _usable_venv(env_dir) and not os.environ.get("SCARCELAB_RELINK"):
-            # Another checkout's finished venv: same env name = same python_env.yaml and the
-            # same requirement lines, so it serves this project as well. Taking it over would
-            # leave a dangling link once that checkout (e.g. CI's fresh clone) is deleted, and
-            # `mlflow run` fails on a dangling link (venv creation: "File exists").
-            _say(
-                f"kept: {env_dir} -> {current} (another checkout's venv with the same "
-                "requirements); set SCARCELAB_RELINK=1 to point it at this one"
-            )
-            return 0
-        if not env_dir.exists():
-            state = "dangling"
-        elif _usable_venv(env_dir):
-            state = "SCARCELAB_RELINK set"
-        else:
-            state = "not a finished scarcelab venv"
-        _say(f"replacing link ({state}: -> {current})")
-    elif env_dir.exists():
-        _say(
-            f"left alone: {env_dir} is a real directory (an env MLflow built itself); "
-            f"`mlflow run` will use it. Remove it and re-run scripts/setup to use {venv}"
-        )
+
+def legacy_links(project_dir: Path, venv: Path) -> int:
+    """Links ``mlflow-*`` -> a scarcelab ``.venv`` under MLflow's env root, as older setups
+    made them: the one(s) into this checkout's ``venv`` are removed (this checkout's own
+    doing); one into another checkout is reported and left as it is (never touched)."""
+    root = mlflow_env_root()
+    if not root.is_dir():
         return 0
-
-    env_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = env_dir.with_name(f".{env_dir.name}.{os.getpid()}.tmp")
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    tmp.symlink_to(venv, target_is_directory=True)
-    os.replace(tmp, env_dir)  # atomic: a concurrent `mlflow run` sees old or new, never none
-    _say(f"linked {env_dir} -> {venv}")
+    mine = Path(os.path.abspath(venv))
+    for entry in sorted(root.glob("mlflow-*")):
+        if not entry.is_symlink():
+            continue  # a real env MLflow built itself
+        target = Path(os.path.abspath(os.path.join(entry.parent, os.readlink(entry))))
+        if target == mine or os.path.realpath(entry) == os.path.realpath(mine):
+            entry.unlink()
+            _say(f"removed {entry} -> {target} (made by an older scripts/setup of this "
+                 "checkout); `mlflow run` here: add --env-manager local")
+        elif _scarcelab_venv(target) or not target.exists():
+            _say(f"note: {entry} -> {target} was made by another checkout's older "
+                 "scripts/setup and is left alone; a plain `mlflow run` (without "
+                 "--env-manager local) on any checkout would run in that venv: remove the "
+                 f"link (rm {entry}) if that checkout is not meant to serve others")
     return 0
 
 
@@ -262,7 +188,7 @@ def link(project_dir: Path, venv: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: mlflow_env.py {build-deps|check-pins|env-dir} DIR | link DIR VENV"
+    usage = "usage: mlflow_env.py {build-deps|check-pins} DIR | legacy-links DIR VENV"
     if len(argv) < 2:
         print(usage, file=sys.stderr)
         return 2
@@ -272,11 +198,8 @@ def main(argv: list[str]) -> int:
         return 0
     if cmd == "check-pins" and len(argv) == 2:
         return check_pins(project_dir)
-    if cmd == "env-dir" and len(argv) == 2:
-        print(mlflow_env_dir(project_dir))
-        return 0
-    if cmd == "link" and len(argv) == 3:
-        return link(project_dir, Path(argv[2]))
+    if cmd == "legacy-links" and len(argv) == 3:
+        return legacy_links(project_dir, Path(argv[2]))
     print(usage, file=sys.stderr)
     return 2
 

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from scipy import ndimage
 
+from scarcelab.extras import need
+
 MIN_AREA = 30  # px in the crop (HoVer-Net targets.py: remove_small_objects(..., min_size=30))
 
 
@@ -134,7 +136,7 @@ class PostProcess:
     min_marker: int = 10
 
     def __call__(self, fg_prob: np.ndarray, hv: np.ndarray) -> np.ndarray:
-        from skimage.segmentation import watershed
+        watershed = need("skimage.segmentation", "segment (watershed)").watershed
 
         blb = _drop_small(ndimage.label(fg_prob >= self.fg_threshold)[0], self.min_size) > 0
         if not blb.any():

@@ -60,7 +60,9 @@ from scarcelab.data.nuclei import (
     split_validation,
 )
 from scarcelab.errors import ConfigError, TrialFailed
+from scarcelab.extras import need
 from scarcelab.metrics.segmentation import AGGREGATIONS, SegmentationEvaluator
+from scarcelab.models.classifier import for_export
 from scarcelab.models.encoder import build_encoder, check_norm
 from scarcelab.models.nucleus_maps import (
     MIN_AREA,
@@ -278,7 +280,7 @@ def overlay(tile: NucleiTile, pred: np.ndarray, title: str = "") -> np.ndarray:
     """Side by side: true instance outlines (green) | predicted outlines (magenta), under
     a legend strip that says so (and names the tile), so the PNG reads on its own."""
     from PIL import Image, ImageDraw
-    from skimage.segmentation import find_boundaries
+    find_boundaries = need("skimage.segmentation", "segment (overlays)").find_boundaries
 
     panels = []
     for inst, color in ((tile.inst, (0, 255, 0)), (pred, (255, 0, 255))):
@@ -402,6 +404,7 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
     side, as ``probe`` does; ``arch`` None = the source's own); ``cfg.encoder`` stays the
     name the runs are tagged with."""
     _validate(cfg)
+    need("skimage.segmentation", "segment (watershed post-processing)")  # before training
     device = cfg.resolved_device()
     torch.manual_seed(cfg.seed)  # before the backbone: a random encoder's init is seeded too
     backbone, enc_info = resolve_backbone(cfg, backbone_factory)  # fails fast
@@ -576,7 +579,9 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     tracker.log_checkpoint({"state_dict": best["state"], "epoch": best["epoch"],
                             "arch": arch, "n_types": model.n_types,
                             "edge_threshold": edge}, name="best.pt")
-    cpu_model = copy.deepcopy(model).to("cpu").eval()
-    tracker.log_model(cpu_model, torch.zeros(1, 3, cfg.crop, cfg.crop))
+    # a batch of 2: MLflow marks the batch dimension Dim.AUTO, and torch.export fixes a
+    # dimension whose example size is 1 (warning "0/1 specialized"), so a one-tile example
+    # gave a model that takes one tile at a time (issue 27 item 5)
+    tracker.log_model(for_export(copy.deepcopy(model)), torch.zeros(2, 3, cfg.crop, cfg.crop))
     return SegmentResult(best["epoch"], epoch, best["val"], test_res, cross, edge,
                          train_time, eval_s)

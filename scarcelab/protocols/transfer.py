@@ -44,7 +44,7 @@ from scarcelab.data.bundle import RawDataset, resolve_positive_class
 from scarcelab.data.splits import make_split
 from scarcelab.errors import ConfigError
 from scarcelab.metrics import classification_metrics
-from scarcelab.models.classifier import ExportedClassifier
+from scarcelab.models.classifier import ExportedClassifier, for_export
 from scarcelab.models.encoder import check_norm
 from scarcelab.protocols.probe import LinearProbe
 from scarcelab.protocols.search import AutoDevice
@@ -229,8 +229,8 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
         tracker.set_tags({"scarcelab.encoding_key": key,
                           "scarcelab.features": "cached" if not where.startswith("computed")
                           else "computed"})
-        model = ExportedClassifier(copy.deepcopy(backbone).cpu(), probe.to_linear(),
-                                   raw.class_names).eval()
+        model = for_export(ExportedClassifier(copy.deepcopy(backbone), probe.to_linear(),
+                                              raw.class_names))
         tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
         status = "FINISHED"
     finally:

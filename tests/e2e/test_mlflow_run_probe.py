@@ -14,6 +14,9 @@ import pytest
 from tests.conftest import SHARED_DATA
 
 REPO = Path(__file__).resolve().parents[2]
+# `mlflow run` in this venv (MLflow's local env manager, as the README runs it)
+LOCAL = ["--env-manager", "local"]
+VENV_PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 MLFLOW = Path(sys.executable).parent / "mlflow"
 
 
@@ -21,14 +24,11 @@ MLFLOW = Path(sys.executable).parent / "mlflow"
 def test_mlflow_run_probe_linear_pathology_crops(tmp_path):
     if not (SHARED_DATA / "pathology_crops").exists():
         pytest.skip("../shared/data/pathology_crops is only on the project machines")
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "mlflow_env.py"), "env-dir",
-                          str(REPO)], capture_output=True, text=True)
-    assert out.returncode == 0 and Path(out.stdout.strip()).exists(), \
-        "MLflow's env for python_env.yaml is not linked: run scripts/setup"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "SCARCELAB_DATA": str(tmp_path / "d")}
+    env = {**os.environ, "PATH": VENV_PATH, "MLFLOW_TRACKING_URI": uri,
+           "SCARCELAB_DATA": str(tmp_path / "d")}
     env.pop("MLFLOW_RUN_ID", None)
-    cmd = [str(MLFLOW), "run", str(REPO), "-e", "probe", "--experiment-name", "e2e",
+    cmd = [str(MLFLOW), "run", str(REPO), *LOCAL, "-e", "probe", "--experiment-name", "e2e",
            "-P", "encoder=random", "-P", "protocol=linear", "-P", "probe_trials=3",
            "-P", "device=cpu"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -13,6 +13,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 REPO = Path(__file__).resolve().parents[2]
+# `mlflow run` in this venv (MLflow's local env manager, as the README runs it)
+LOCAL = ["--env-manager", "local"]
+VENV_PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 MLFLOW = Path(sys.executable).parent / "mlflow"
 SHARED = Path(os.environ.get("SCARCELAB_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -21,15 +24,11 @@ SHARED = Path(os.environ.get("SCARCELAB_SHARED_DATA", REPO.parent / "shared" / "
 def test_mlflow_run_segment_consep_patches(tmp_path):
     if not (SHARED / "consep_patches").exists():
         pytest.skip("../shared/data/consep_patches absent")
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "mlflow_env.py"), "env-dir",
-                          str(REPO)], capture_output=True, text=True)
-    assert out.returncode == 0 and Path(out.stdout.strip()).exists(), \
-        "MLflow's env for python_env.yaml is not linked: run scripts/setup"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri,
+    env = {**os.environ, "PATH": VENV_PATH, "MLFLOW_TRACKING_URI": uri,
            "SCARCELAB_SHARED_DATA": str(SHARED)}
     env.pop("MLFLOW_RUN_ID", None)
-    cmd = [str(MLFLOW), "run", str(REPO), "-e", "segment", "--experiment-name", "e2e-seg",
+    cmd = [str(MLFLOW), "run", str(REPO), *LOCAL, "-e", "segment", "--experiment-name", "e2e-seg",
            "-P", "max_epochs=2", "-P", "steps_per_epoch=2", "-P", "batch_size=2",
            "-P", "crop=32", "-P", "window=64", "-P", "scale=0.25", "-P", "max_train_tiles=4",
            "-P", "max_val_tiles=2", "-P", "max_test_tiles=3", "-P", "device=cpu"]

@@ -13,6 +13,9 @@ import mlflow
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# `mlflow run` in this venv (MLflow's local env manager, as the README runs it)
+LOCAL = ["--env-manager", "local"]
+VENV_PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 BIN = Path(sys.executable).parent
 SETTINGS = {"method": "sup", "dataset": "synthetic_tiny", "device": "cpu", "max_epochs": "1",
             "batch_size": "16", "max_steps_per_epoch": "2", "max_trials": "1",
@@ -34,9 +37,9 @@ def test_mlflow_run_and_console_script_log_the_same_params(tmp_path) -> None:  #
     if not script.exists():
         pytest.skip("the scarcelab console script is not installed")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PATH": VENV_PATH, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO)}
     env.pop("MLFLOW_RUN_ID", None)
-    cmd = [str(BIN / "mlflow"), "run", str(REPO), "-e", "supervised", "--experiment-name",
+    cmd = [str(BIN / "mlflow"), "run", str(REPO), *LOCAL, "-e", "supervised", "--experiment-name",
            "via-mlflow-run", *[a for k, v in SETTINGS.items() for a in ("-P", f"{k}={v}")]]
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
@@ -53,10 +56,10 @@ def test_mlflow_run_and_console_script_log_the_same_params(tmp_path) -> None:  #
 
 @pytest.mark.e2e
 def test_bad_value_through_mlflow_run_is_the_same_one_line_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+    env = {**os.environ, "PATH": VENV_PATH, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
            "PYTHONPATH": str(REPO)}
     env.pop("MLFLOW_RUN_ID", None)
-    cmd = [str(BIN / "mlflow"), "run", str(REPO), "-e", "semi", "-P", "budget_minutes=abc"]
+    cmd = [str(BIN / "mlflow"), "run", str(REPO), *LOCAL, "-e", "semi", "-P", "budget_minutes=abc"]
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode != 0
     assert "Error: Invalid value for '--budget-minutes': 'abc': not a number" in p.stderr

@@ -56,8 +56,9 @@ class RayPool:
 
     def __init__(self, address: str | None = None, jobs: int | None = None,
                  cpus_per_task: float = 1.0, gpus_per_task: float | str = "auto") -> None:
-        import ray
+        from scarcelab.extras import need
 
+        ray = need("ray", "scarcelab sweep (cells as Ray tasks)")
         self._ray = ray
         if not address and not ray.is_initialized() and not jobs and \
                 float(cpus_per_task) > (os.cpu_count() or 1):  # known before Ray starts

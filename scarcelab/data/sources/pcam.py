@@ -26,6 +26,7 @@ from scarcelab.data.bundle import RawDataset
 from scarcelab.data.download import data_root
 from scarcelab.data.sources._tiles import Resource, fetch
 from scarcelab.errors import DataError
+from scarcelab.extras import need
 
 HOMEPAGE = "https://zenodo.org/records/2546921"
 _URL = "https://zenodo.org/records/2546921/files/{}?download=1"
@@ -41,7 +42,7 @@ CLASSES = ("no tumour", "metastatic tumour")
 
 
 def _read(path: Path, key: str, idx: np.ndarray | None) -> np.ndarray:
-    import h5py
+    h5py = need("h5py", "the pcam dataset (PatchCamelyon's HDF5 files)")
 
     try:
         _provenance.record(path)  # the run logs which bytes it read
