@@ -192,10 +192,11 @@ def test_a_bad_run_id_is_a_one_line_error(tmp_path, store):
     ("--max-steps-per-epoch", "0")])
 def test_tune_range_errors_name_the_option(option, value, tmp_path, monkeypatch):
     """Issue 16's leftover: these were "not published" (n_trials < 0) or silently the
-    dataset's default (0). ``--dataset nosuch`` keeps the old code from training."""
+    dataset's default (0). The error comes while parsing: nothing is trained, no store is
+    made (a bad --dataset is refused while parsing too, so a valid one is given)."""
     db = tmp_path / "m.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    r = CliRunner().invoke(main, ["tune", "--method", "ce", "--dataset", "nosuch",
+    r = CliRunner().invoke(main, ["tune", "--method", "ce", "--dataset", "synthetic_tiny",
                                   option, value])
     err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
     assert r.exit_code == 2 and len(err) == 1, r.output

@@ -91,22 +91,24 @@ def _fields(run: Any) -> dict[str, Any]:
     ``mlflow run`` the plain name holds the raw string, e.g. ``default``)."""
     params, tags, rid = run.data.params, run.data.tags, run.info.run_id
 
-    def raw(k: str) -> str:
+    def raw(k: str, optional: bool = False) -> str:
         v = params.get(f"resolved.{k}", params.get(k))
+        if v is None and optional:  # a setting left unset is not logged (no `null` params)
+            return "null"
         if v is None:
             raise ResumeError(f"study run {rid} lacks the param {k!r}; it was not recorded by "
                               "the tune protocol and cannot be resumed")
         return v
 
-    def as_json(k: str) -> Any:
+    def as_json(k: str, optional: bool = False) -> Any:
         try:
-            return json.loads(raw(k))
+            return json.loads(raw(k, optional))
         except json.JSONDecodeError:
             raise ResumeError(f"study run {rid}: param {k} = {raw(k)!r} is not what the tune "
                               "protocol records") from None
 
     def as_int(k: str, none_ok: bool = False) -> int | None:
-        v = as_json(k)
+        v = as_json(k, optional=none_ok)
         if v is None and none_ok:
             return None
         if isinstance(v, bool) or not isinstance(v, int):
@@ -120,7 +122,7 @@ def _fields(run: Any) -> dict[str, Any]:
                 overrides[k[len("override."):]] = json.loads(v)
             except json.JSONDecodeError:
                 overrides[k[len("override."):]] = v
-    data_dir = as_json("data_dir")
+    data_dir = as_json("data_dir", optional=True)
     # studies recorded before the final phase had its own epoch count retrained for
     # ``epochs`` (gem's default when --epochs-f is not given)
     has_final = "resolved.epochs_final" in params or "epochs_final" in params
