@@ -299,7 +299,8 @@ grids:
     per_state = {s: states.count(s) for s in sorted(set(states))}
     names = {v.node_id: k for k, v in nodes.items()}
     print(f"CLUSTER shared study: 8 tune workers (0.25 CPU each) on nodes "
-          f"{sorted(names.get(u, u) for u in used)}, at most {overlap} running at once; Optuna trials {len(states)} "
+          f"{sorted(names.get(u, u) for u in used)}, at most {overlap} running at once; "
+          f"Optuna trials {len(states)} "
           f"(asked {n_trials}) {per_state} + {surplus} surplus; MLflow trial runs "
           f"{len(trials)}; metric points "
           f"{points}; sweep wall {wall:.0f} s")
