@@ -23,10 +23,10 @@ BASE = "name: x\n{top}grids:\n  - entry: supervised\n    method: sup\n"
 
 
 def _err(text: str, path: str = "g.yaml", **kw: object) -> str:
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: a loaded machine does not make it fail
     with pytest.raises(SpecError) as e:
         parse_spec(text, path, **kw)  # type: ignore[arg-type]
-    took = time.perf_counter() - t0
+    took = time.process_time() - t0
     msg = str(e.value)
     assert "\n" not in msg and took < 1.0, (took, msg)  # one line, within a second
     return msg

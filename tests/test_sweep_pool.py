@@ -73,10 +73,10 @@ def test_unplaceable_names_what_a_cell_asks_and_what_the_nodes_have() -> None:
 def test_embedded_pool_refuses_more_cpus_than_the_machine_before_starting_ray() -> None:
     from scarcelab.tracking.sweep.pool import RayPool, Unplaceable
 
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU: what it costs, whatever else loads the machine
     with pytest.raises(Unplaceable) as e:
         RayPool(cpus_per_task=64 * (os.cpu_count() or 1))
-    assert e.value.resource == "CPU" and time.perf_counter() - t0 < 1.0
+    assert e.value.resource == "CPU" and time.process_time() - t0 < 1.0
     assert not ray.is_initialized()
 
 

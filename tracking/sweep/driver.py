@@ -201,7 +201,20 @@ def run_cell_process(argv: list[str], env: dict[str, str], cwd: str | None,
         text = out.read().decode("utf-8", "replace")
     return {"rc": proc.returncode, "seconds": time.time() - t0, "output": text,
             "cpu_s": usage.ru_utime + usage.ru_stime,
-            "max_rss_mb": usage.ru_maxrss / 1024.0, "machine": machine()}
+            "max_rss_mb": usage.ru_maxrss / 1024.0, "machine": {**machine(), **_ray_node()}}
+
+
+def _ray_node() -> dict[str, str]:
+    """The Ray node a cell ran on (``ray_node``: its id), when it ran in a Ray task: on a
+    cluster of nodes on one host, the host alone does not say which node."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return {"ray_node": str(ray.get_runtime_context().get_node_id())}
+    except Exception:  # noqa: BLE001, S110 - not in a Ray worker
+        pass
+    return {}
 
 
 class Driver:

@@ -71,6 +71,10 @@ class RayPool:
             if address:
                 kw["address"] = address
             else:  # embedded: this machine's cores, or exactly `jobs` tasks at once
+                # "local": a private cluster even where `ray start` (or another tool's
+                # cluster) runs on this machine: plain ray.init() would join that one, and
+                # refuse num_cpus there (a sweep failed while a cluster test ran beside it)
+                kw["address"] = "local"
                 kw["num_cpus"] = jobs * cpus_per_task if jobs else os.cpu_count()
                 # Ray starts its workers at nice 15 (its `worker_niceness`), which keeps its
                 # own daemons responsive on a cluster node but, on a user's machine, makes
