@@ -259,3 +259,36 @@ def test_transfer_chart_keeps_rows_that_differ_in_arch_protocol_or_fraction_apar
     assert len(long) == 4 and long["value"].dtype.kind == "f"
     fig = P._bar_figure(long, "encoder", "task", "value", "t", "score")
     plt.close(fig)
+
+
+def test_cells_of_a_sweep_still_running_are_counted_as_running_not_failed(tmp_path):
+    """A partial page (the sweep still going): a cell whose last attempt is RUNNING is
+    'running or queued'; once the sweep has ended the same run counts as failed."""
+    import dataclasses
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
+
+    path = REPO / "suites" / "tune_it.yaml"
+    spec = load_spec(path, smoke=True)
+    spec = dataclasses.replace(spec, cells=spec.cells[:2])
+    prev = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'm.db'}")
+    c = MlflowClient()
+    exp = c.create_experiment(spec.experiment)
+    sweep = c.create_run(exp, tags={SWEEP_TAG: spec.name, "scarcelab.role": "sweep"})
+    done = c.create_run(exp, tags={SWEEP_TAG: spec.name, CELL_TAG: spec.cells[0].id})
+    c.set_terminated(done.info.run_id, "FINISHED")
+    c.create_run(exp, tags={SWEEP_TAG: spec.name, CELL_TAG: spec.cells[1].id})
+    try:
+        page = P.build_page(path, "smoke", spec=spec)
+        assert (page.counts["finished"], page.counts["running"], page.counts["failed"]) == \
+            (1, 1, 0)
+        assert "1 running or queued" in page.provenance["scale"]
+        c.set_terminated(sweep.info.run_id, "FAILED")  # the driver is gone
+        page = P.build_page(path, "smoke", spec=spec)
+        assert (page.counts["running"], page.counts["failed"]) == (0, 1)
+    finally:
+        mlflow.set_tracking_uri(prev)

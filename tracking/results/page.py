@@ -704,22 +704,33 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
     if sweep is not None:
         inv_wall = [m.value for m in client.get_metric_history(sweep.info.run_id,
                                                                INVOCATION_WALL)]
-    n_failed = sum(1 for cid in cells.attempts if cid not in finished)
+    # while the sweep runs, a cell whose last attempt is RUNNING is running or queued (the
+    # driver opens every cell's run when it queues it), not failed; once the sweep has
+    # ended such a run was left by a dead process and counts as failed
+    live = sweep is not None and sweep.info.status == "RUNNING"
+    running = {cid for cid, rs in cells.attempts.items() if cid not in finished and live
+               and rs and rs[0].info.status in ("RUNNING", "SCHEDULED")}
+    n_failed = sum(1 for cid in cells.attempts if cid not in finished and cid not in running)
     counts = {"cells": len(spec.cells), "finished": len(finished), "failed": n_failed,
-              "not_run": len(spec.cells) - len(cells.attempts)}
+              "running": len(running), "not_run": len(spec.cells) - len(cells.attempts)}
     missing = []
     for c in spec.cells:
         if c.id in finished:
             continue
         rs = cells.attempts.get(c.id, [])
         err = rs[0].data.tags.get("scarcelab.error", "") if rs else ""
+        if c.id in running:
+            missing.append(f"`{c.label}`: running or queued")
+            continue
         missing.append(f"`{c.label}`: " + (f"{len(rs)} attempt(s), last {rs[0].info.status}"
                                            + (f": {err[:300]}" if err else "")
                                            if rs else "not run"))
     prov = {
         "command": f"`{stags.get(COMMAND_TAG) or 'scarcelab sweep ' + rel(spec_path) + flag}`",
         "scale": f"{scale} ({counts['cells']} cells: {counts['finished']} finished, "
-                 f"{counts['failed']} failed, {counts['not_run']} not run)",
+                 + (f"{counts['running']} running or queued (the sweep is still going), "
+                    if counts["running"] else "")
+                 + f"{counts['failed']} failed, {counts['not_run']} not run)",
         "experiment": f"`{exp_name}` (sweep run `{sweep.info.run_id if sweep else '—'}`)",
         "tracking store": f"`{_safe_uri(uri)}`",
         "git commit": ", ".join(f"`{k[:12]}{'+dirty' if k.endswith('+dirty') else ''}` "
