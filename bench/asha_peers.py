@@ -185,8 +185,9 @@ def ray_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     configs = trial_configs(a)
     t0, c0 = time.perf_counter(), _tree_cpu()
-    # the trial workers inherit this environment (PYTHONPATH, OMP_NUM_THREADS)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # the trial workers inherit this environment (PYTHONPATH, OMP_NUM_THREADS); "local":
+    # a Ray instance of its own, never one that another user left running on the machine
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     raw = load_raw(DATASET, None)
     search_b, _, mean, std = prepare(raw)
     method_cls = get_method(METHOD)
@@ -292,8 +293,8 @@ def main() -> None:
                    help="ray = Ray's defaults (a fresh worker process per trial); "
                         "ray_reuse = reuse_actors=True (one worker for all trials)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--trials", type=int, default=8)
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--trials", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--grace", type=int, default=1)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 32, 64])
     p.add_argument("--threads", type=int, default=1)
