@@ -314,7 +314,7 @@ class MlflowTracker(RunViews, Tracker):
         self._label: dict[str, Any] = {"run_name": None, "tags": {}, "description": None}
 
     def set_identity(self, run_name: str | None = None, tags: dict[str, str] | None = None,
-              description: str | None = None) -> None:
+                     description: str | None = None) -> None:
         """The user's name, tags and description for the next study run (``--run-name``,
         ``--tags``, ``--description``); the name also prefixes its trial runs."""
         self._label = {"run_name": run_name or None, "tags": dict(tags or {}),
