@@ -155,9 +155,9 @@ def test_importance_plot_says_how_many_trials_it_stands_on() -> None:
         return study.trials
 
     few = search_figures(trials(2))["param_importances"]
-    assert any("from 2 completed trials: too few" in t.get_text() for t in few.texts)
+    assert any("from 2 completed trials: too few" in t.get_text() for t in few.axes[0].texts)
     many = search_figures(trials(FEW_TRIALS))["param_importances"]
-    texts = [t.get_text() for t in many.texts]
+    texts = [t.get_text() for t in many.axes[0].texts]
     assert any(f"from {FEW_TRIALS} completed trials" in t for t in texts)
     assert not any("too few" in t for t in texts)
 
@@ -200,3 +200,42 @@ def test_overlay_has_a_legend_and_a_readable_name() -> None:
     assert (legend != 255).any()  # text drawn on the white strip
     assert overlay_name("consep_patches", "test/test_10_000") == \
         "overlays/consep_patches-test_10_000.png"
+
+
+class _Views(RunViews):
+    """RunViews with the two tracker members it uses: a temp folder and a record sink."""
+
+    def __init__(self, tmp: Path) -> None:
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory(dir=tmp)
+        self.ops: list[dict] = []
+
+    def _submit(self, op: dict) -> None:
+        self.ops.append(op)
+
+
+def test_segment_and_tune_studies_get_the_figures_their_description_names(tmp_path) -> None:
+    seg = _Views(tmp_path)
+    st = seg._rv()
+    st.update(name="segment-consep_patches-small_cnn-s0", tags={"scarcelab.role": "study"})
+    for e, pq in enumerate((0.2, 0.35, 0.3)):
+        seg._rv_metrics({"seg/val_pq": pq, "train/loss": 1.0 / (e + 1)}, e, "study")
+    seg._rv_metrics({"seg/pq": 0.33, "seg/selected_epoch": 1}, 1, "study")
+    seg._rv_figures(st)
+    assert [o["path"].rsplit("/", 1)[-1] for o in seg.ops] == ["val_pq_by_epoch.png"]
+    assert "figures under `plots/` (val_pq_by_epoch.png)" in seg._rv_description(st, "FINISHED")
+
+    tune = _Views(tmp_path)
+    st = tune._rv()
+    st.update(name="tune-ole-cifair10-s0", tags={"scarcelab.role": "study"})
+    scores = [0.70, 0.74, 0.72]
+    for i, s in enumerate(scores):
+        tune._rv_metrics({"final/test_balanced_accuracy": s}, i, "study")
+    tune._rv_metrics({"final/test_balanced_accuracy_mean": float(np.mean(scores)),
+                      "final/test_balanced_accuracy_std": float(np.std(scores, ddof=1)),
+                      "final/n_runs": 3.0}, 0, "study")
+    tune._rv_figures(st)
+    text = tune._rv_description(st, "FINISHED")
+    assert "figures under `plots/` (final_retrains.png)" in text
+    assert "0.7200 ± 0.0200 (mean ± std over 3 retrains)" in text
