@@ -503,7 +503,10 @@ class MlflowTracker(RunViews, Tracker):
             Param(k if k not in existing else f"resolved.{k}", _param_value(v))
             for k, v in params.items()
             if (k not in existing or existing[k] != _param_value(v))
-            and v is not None and v != ""  # "not set" is no setting: no storage='' / null
+            # an empty value says nothing (storage=''); an unset one beside the entry
+            # parameter that already says "default" neither (resolved.data_dir=null). A
+            # plain None stays ("null"): tune_resume reads every setting back from the run
+            and v != "" and not (v is None and k in existing)
         ]
         new_params = [p for p in new_params if existing.get(p.key) in (None, p.value)]
         _retry(self.client.log_batch, self.study_run_id, params=new_params,
