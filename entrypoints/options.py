@@ -494,7 +494,7 @@ class Text(_Typed):
         return "TEXT"
 
     def parse(self, value: str) -> str:
-        return value
+        return "" if value.lower() in ("", "none") else value
 
 
 class Tags(_Typed):
@@ -531,7 +531,7 @@ IDENTITY_ENTRY = {"tags": "tags", "description": "description"}
 def identity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--run-name``, ``--tags k=v,...`` and ``--description`` on a command that starts a
     study run: what the MLflow UI lists it as, filters it by and says about it."""
-    fn = click.option("--description", default="", type=Text(),
+    fn = click.option("--description", default="none", show_default=True, type=Text(),
                       help="text put first in the run's description (the MLflow UI's "
                       "Description), before the one scarcelab writes")(fn)
     fn = click.option("--tags", "tags", default="none", show_default=True, type=Tags(),

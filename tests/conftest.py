@@ -17,6 +17,12 @@ torch.set_num_threads(1)
 # defaults whenever inference fails, so bounding it at 1 s changes nothing a test checks.
 # Set in os.environ so the studies the tests start as subprocesses inherit it.
 os.environ.setdefault("MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT", "1")
+# Computed encodings go to the cache folder (scarcelab.data.download.cache_root), not to
+# $SCARCELAB_DATA: one throwaway folder per test session, never the user's ~/.cache.
+if "SCARCELAB_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["SCARCELAB_CACHE"] = tempfile.mkdtemp(prefix="scarcelab-test-cache-")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SCARCELAB_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -147,6 +147,7 @@ def test_encoding_is_cached_as_an_mlflow_artifact_and_reused_elsewhere(  # type:
 
     settings = ["--set", "encoder.epochs=1,encoder.arch=small_cnn,encoder.batch_size=64"]
     monkeypatch.setenv("SCARCELAB_DATA", str(tmp_path / "machine1"))
+    monkeypatch.setenv("SCARCELAB_CACHE", str(tmp_path / "machine1"))  # encodings: a cache
     _enc_cli("al-enc", *settings)
     runs = mlflow.search_runs(experiment_names=["al-enc"])
     enc = runs[runs["tags.scarcelab.role"] == "encoding"]
@@ -162,6 +163,7 @@ def test_encoding_is_cached_as_an_mlflow_artifact_and_reused_elsewhere(  # type:
 
     # A second machine (empty local cache) downloads the artifact instead of retraining.
     monkeypatch.setenv("SCARCELAB_DATA", str(tmp_path / "machine2"))
+    monkeypatch.setenv("SCARCELAB_CACHE", str(tmp_path / "machine2"))
     _enc_cli("al-enc", *settings)
     runs = mlflow.search_runs(experiment_names=["al-enc"])
     assert (runs["tags.scarcelab.role"] == "encoding").sum() == 1

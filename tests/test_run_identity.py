@@ -66,11 +66,19 @@ def test_under_mlflow_run_the_study_gets_the_cli_name_tags_and_description(store
     c = MlflowClient()
     exp = c.create_experiment("proj")
     run = c.create_run(exp, run_name="agreeable-swan-628")  # what `mlflow run` creates
+    args = ["--method", "sup", *TINY, "--tags", "project=liver", "--description",
+            "Baseline for the liver study.", "--register-model", "auto"]
+    # ... and the entry point's parameters it logs before starting the command
+    from mlflow.entities import Param
+    from mlflow.projects import _project_spec
+
+    user = {a[2:].replace("-", "_"): b for a, b in zip(args[::2], args[1::2], strict=True)}
+    ep = _project_spec.load_project(str(Path(__file__).resolve().parents[1])) \
+        .get_entry_point("supervised")
+    final, extra = ep.compute_parameters(user, storage_dir=None)
+    c.log_batch(run.info.run_id, params=[Param(k, v) for k, v in {**final, **extra}.items()])
     env = {"MLFLOW_RUN_ID": run.info.run_id, "MLFLOW_EXPERIMENT_ID": exp}
-    res = CliRunner().invoke(main, ["-q", "supervised", "--method", "sup", *TINY,
-                                    "--tags", "project=liver", "--description",
-                                    "Baseline for the liver study.", "--register-model",
-                                    "auto"], env=env)
+    res = CliRunner().invoke(main, ["-q", "supervised", *args], env=env)
     assert res.exit_code == 0, res.output
     study = c.get_run(run.info.run_id)
     assert study.info.run_name == "sup-synthetic_tiny-s0"
@@ -81,8 +89,10 @@ def test_under_mlflow_run_the_study_gets_the_cli_name_tags_and_description(store
     arts = {a.path.removeprefix("plots/") for a in c.list_artifacts(study.info.run_id, "plots")}
     listed = note.split("figures under `plots/` (")[1].split(")")[0].split(", ")
     assert set(listed) == arts  # the description names exactly what plots/ holds
-    assert not [k for k, v in study.data.params.items() if v in ("null", "''", "")], \
-        study.data.params
+    p = study.data.params  # no empty values, no resolved.<x>=null beside "default"
+    assert not [k for k, v in p.items() if v in ("''", "")
+                or (k.startswith("resolved.") and v == "null")], p
+    assert p["data_dir"] == "default" and "resolved.data_dir" not in p
     trials = sorted(t.info.run_name for t in c.search_runs(
         [exp], "tags.`scarcelab.role` = 'trial'"))
     assert trials == ["sup-synthetic_tiny-s0/t00", "sup-synthetic_tiny-s0/t01"]
@@ -155,9 +165,9 @@ def test_importance_plot_says_how_many_trials_it_stands_on() -> None:
         return study.trials
 
     few = search_figures(trials(2))["param_importances"]
-    assert any("from 2 completed trials: too few" in t.get_text() for t in few.texts)
+    assert any("from 2 completed trials: too few" in t.get_text() for t in few.axes[0].texts)
     many = search_figures(trials(FEW_TRIALS))["param_importances"]
-    texts = [t.get_text() for t in many.texts]
+    texts = [t.get_text() for t in many.axes[0].texts]
     assert any(f"from {FEW_TRIALS} completed trials" in t for t in texts)
     assert not any("too few" in t for t in texts)
 
@@ -200,3 +210,57 @@ def test_overlay_has_a_legend_and_a_readable_name() -> None:
     assert (legend != 255).any()  # text drawn on the white strip
     assert overlay_name("consep_patches", "test/test_10_000") == \
         "overlays/consep_patches-test_10_000.png"
+
+
+class _Views(RunViews):
+    """RunViews with the two tracker members it uses: a temp folder and a record sink."""
+
+    def __init__(self, tmp: Path) -> None:
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory(dir=tmp)
+        self.ops: list[dict] = []
+
+    def _submit(self, op: dict) -> None:
+        self.ops.append(op)
+
+
+def test_segment_and_tune_studies_get_the_figures_their_description_names(tmp_path) -> None:
+    seg = _Views(tmp_path)
+    st = seg._rv()
+    st.update(name="segment-consep_patches-small_cnn-s0", tags={"scarcelab.role": "study"})
+    for e, pq in enumerate((0.2, 0.35, 0.3)):
+        seg._rv_metrics({"seg/val_pq": pq, "train/loss": 1.0 / (e + 1)}, e, "study")
+    seg._rv_metrics({"seg/pq": 0.33, "seg/selected_epoch": 1}, 1, "study")
+    seg._rv_figures(st)
+    assert [o["path"].rsplit("/", 1)[-1] for o in seg.ops] == ["val_pq_by_epoch.png"]
+    assert "figures under `plots/` (val_pq_by_epoch.png)" in seg._rv_description(st, "FINISHED")
+
+    tune = _Views(tmp_path)
+    st = tune._rv()
+    st.update(name="tune-ole-cifair10-s0", tags={"scarcelab.role": "study"})
+    scores = [0.70, 0.74, 0.72]
+    for i, s in enumerate(scores):
+        tune._rv_metrics({"final/test_balanced_accuracy": s}, i, "study")
+    tune._rv_metrics({"final/test_balanced_accuracy_mean": float(np.mean(scores)),
+                      "final/test_balanced_accuracy_std": float(np.std(scores, ddof=1)),
+                      "final/n_runs": 3.0}, 0, "study")
+    tune._rv_figures(st)
+    text = tune._rv_description(st, "FINISHED")
+    assert "figures under `plots/` (final_retrains.png)" in text
+    assert "0.7200 ± 0.0200 (mean ± std over 3 retrains)" in text
+
+
+def test_tags_and_description_do_not_split_leaderboard_rows() -> None:
+    import pandas as pd
+
+    from scarcelab.tracking.query.frame import study_settings
+
+    studies = pd.DataFrame({"run_id": ["a", "b", "c"],
+                            "params.method": ["sup", "sup", "sup"],
+                            "params.budget_minutes": ["3", "3", "3"],
+                            "params.tags": ["none", "project=liver", None],
+                            "params.description": ["none", "Baseline.", None]})
+    s = study_settings(studies)
+    assert "tags" not in s.columns and "description" not in s.columns
+    assert len(s.drop_duplicates()) == 1

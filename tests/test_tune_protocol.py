@@ -234,7 +234,8 @@ def test_tune_mlproject_parameters_match_the_cli():
     ep = _project_spec.load_project(str(Path(__file__).resolve().parents[1])) \
         .get_entry_point("tune")
     opts = {o: p for p in main.commands["tune"].params for o in p.opts}
-    names = {p.name for p in main.commands["tune"].params} - {"experiment", "quiet", "verbose"}
+    names = {p.name for p in main.commands["tune"].params} - {"experiment", "quiet", "verbose",
+                                                               "run_name"}  # mlflow run's own
     renamed = {"set": "overrides"}
     assert {renamed.get(k, k) for k in ep.parameters} == names
     for key, p in ep.parameters.items():

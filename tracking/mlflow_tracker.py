@@ -347,7 +347,7 @@ class MlflowTracker(RunViews, Tracker):
         self._label: dict[str, Any] = {"run_name": None, "tags": {}, "description": None}
 
     def set_identity(self, run_name: str | None = None, tags: dict[str, str] | None = None,
-              description: str | None = None) -> None:
+                     description: str | None = None) -> None:
         """The user's name, tags and description for the next study run (``--run-name``,
         ``--tags``, ``--description``); the name also prefixes its trial runs."""
         self._label = {"run_name": run_name or None, "tags": dict(tags or {}),
@@ -555,7 +555,10 @@ class MlflowTracker(RunViews, Tracker):
             Param(k if k not in existing else f"resolved.{k}", _param_value(v))
             for k, v in params.items()
             if (k not in existing or existing[k] != _param_value(v))
-            and v is not None and v != ""  # "not set" is no setting: no storage='' / null
+            # an empty value says nothing (storage=''); an unset one beside the entry
+            # parameter that already says "default" neither (resolved.data_dir=null). A
+            # plain None stays ("null"): tune_resume reads every setting back from the run
+            and v != "" and not (v is None and k in existing)
         ]
         new_params = [p for p in new_params if existing.get(p.key) in (None, p.value)]
         _retry(self.client.log_batch, self.study_run_id, params=new_params,

@@ -180,6 +180,50 @@ def search_figures(trials: Sequence[Any]) -> dict[str, Figure]:
     return out
 
 
+def series_figure(series: Mapping[str, Mapping[int, float]], title: str, xlabel: str,
+                  mark: int | None = None) -> Figure | None:
+    """One line per named series against its step (one axis each: their scales differ);
+    ``mark``: the selected step, drawn as a dashed line."""
+    if not series:
+        return None
+    fig, axes = plt.subplots(len(series), 1, figsize=(6.5, 2.4 * len(series)), squeeze=False,
+                             sharex=True)
+    for ax, (name, pts) in zip(axes[:, 0], series.items(), strict=True):
+        xs = sorted(pts)
+        ax.plot(xs, [pts[x] for x in xs], marker="o", ms=3, lw=1.4)
+        if mark is not None:
+            ax.axvline(mark, color="firebrick", ls="--", lw=1, label=f"selected ({mark})")
+            ax.legend(fontsize=8)
+        ax.set_ylabel(name)
+    axes[0, 0].set_title(title)
+    axes[-1, 0].set_xlabel(xlabel)
+    fig.tight_layout()
+    return fig
+
+
+def retrains_figure(scores: Mapping[int, float], title: str) -> Figure | None:
+    """tune's final retrains: each retrain's test balanced accuracy, and their mean ± std
+    (sample std, as the study's ``final/test_balanced_accuracy_std``)."""
+    if not scores:
+        return None
+    xs = sorted(scores)
+    ys = np.array([scores[x] for x in xs])
+    fig, ax = plt.subplots(figsize=(6.5, 3))
+    ax.plot(xs, ys, "o", color="tab:blue", label="retrain")
+    m = float(ys.mean())
+    sd = float(ys.std(ddof=1)) if len(ys) > 1 else float("nan")
+    ax.axhline(m, color="black", lw=1.2,
+               label=f"mean {m:.4f}" + ("" if sd != sd else f" ± {sd:.4f}"))
+    if sd == sd:
+        ax.axhspan(m - sd, m + sd, color="0.85", zorder=0)
+    ax.set_xlabel("retrain")
+    ax.set_ylabel("test balanced accuracy")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 #: below this many completed trials the importance plot says it is not to be trusted
 FEW_TRIALS = 20
 
@@ -193,8 +237,12 @@ def _importance_caveat(fig: Figure, n: int) -> None:
     if n < FEW_TRIALS:
         text += (f": too few for reliable importances (fANOVA on < {FEW_TRIALS} trials); "
                  "read as a sketch, not a ranking")
-    fig.text(0.01, 0.005, text, fontsize=8, color="firebrick" if n < FEW_TRIALS else "0.3",
-             ha="left", va="bottom")
+    ax = fig.axes[0]
+    title = ax.get_title(loc="left") or ax.get_title() or "Hyperparameter Importances"
+    ax.set_title("")  # Optuna may set the centred one; one title, on the left, above the note
+    ax.set_title(title, loc="left", pad=16)
+    ax.text(0.0, 1.01, text, transform=ax.transAxes, fontsize=8, ha="left", va="bottom",
+            color="firebrick" if n < FEW_TRIALS else "0.3")
 
 
 def learning_curves_figure(curves: Mapping[int, Sequence[tuple[int, float]]],

@@ -105,6 +105,10 @@ class RunViews:
             st["best"].update({k: v for k, v in metrics.items() if k.startswith("best/")})
             st.setdefault("final", {}).update(
                 {k: v for k, v in metrics.items() if k.startswith(("final/", "seg/"))})
+            series = st.setdefault("series", {})  # per-step study series that get a figure
+            for k in ("seg/val_pq", "train/loss", "final/test_balanced_accuracy"):
+                if k in metrics:
+                    series.setdefault(k, {})[int(step)] = float(metrics[k])
             return
         n = st["trial"]
         if n is None:
@@ -195,6 +199,17 @@ class RunViews:
                 st["history"], f"{title}: balanced accuracy over time"), "accuracy_over_time")
         for name, fig in plots.search_figures(st["trials"]).items():
             self._rv_png(fig, f"search_{name}")
+        series = st.get("series", {})
+        if "seg/val_pq" in series:  # segment: what selected the checkpoint, epoch by epoch
+            self._rv_png(plots.series_figure(
+                {"validation PQ": series["seg/val_pq"],
+                 **({"train loss": series["train/loss"]} if "train/loss" in series else {})},
+                f"{title}: by epoch", "epoch",
+                mark=int(st["final"]["seg/selected_epoch"])
+                if "seg/selected_epoch" in st.get("final", {}) else None), "val_pq_by_epoch")
+        if len(series.get("final/test_balanced_accuracy", {})) >= 1:  # tune: the retrains
+            self._rv_png(plots.retrains_figure(series["final/test_balanced_accuracy"],
+                                               f"{title}: final retrains"), "final_retrains")
         if st["curves"]:
             self._rv_png(plots.learning_curves_figure(st["curves"],
                                                       f"{title}: learning curves"),

@@ -382,6 +382,7 @@ def load(experiments: str | Iterable[str], tracking_uri: str | None = None, *,
 #: live or are named, how the command was spelled (``set`` / ``hparams_from`` are logged
 #: resolved, as ``override.*`` / ``hparams.*`` / ``hparams_source``), what to resume
 NOT_SETTINGS = frozenset({"seed", "storage", "study_name", "data_dir", "register_model",
+                          "tags", "description",  # the run's labels (--tags, --description)
                           "experiment", "set", "hparams_from", "resume", "quiet", "verbose"})
 #: ``scarcelab.*`` tags that say how a study was run (every other tag is bookkeeping that
 #: differs between seeds or attempts: owner, split hash, trial counts, digests, ...)
