@@ -205,6 +205,10 @@ class Registered(Word):
             return value
         if not idx.complete:  # a computed name: the registry decides, after import
             return value
+        from scarcelab.registry import registered_so_far
+
+        if value.lower() in registered_so_far(self.kind):  # registered by the caller's code
+            return value
         names = idx.names(self.family)
         what = f"{self.family} methods" if self.family else f"{self.kind}s"
         near = did_you_mean(value, names)

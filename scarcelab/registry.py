@@ -18,6 +18,18 @@ from scarcelab.errors import ConfigError
 T = TypeVar("T")
 
 
+#: the registry of each kind, once its package is imported (see :func:`registered_so_far`)
+_LIVE: dict[str, Registry[Any]] = {}
+
+
+def registered_so_far(kind: str) -> set[str]:
+    """The names a registry of ``kind`` holds right now, without importing its files: the
+    names registered from code outside them (a plugin or a test that registers its own
+    dataset before calling the CLI), which :class:`StaticIndex` cannot see."""
+    live = _LIVE.get(kind)
+    return set(live._entries) if live is not None else set()
+
+
 class Registry(Generic[T]):
     """A named collection of factories, filled by ``@registry.register("name")``.
 
@@ -30,6 +42,7 @@ class Registry(Generic[T]):
         self._packages = packages
         self._entries: dict[str, T] = {}
         self._loaded = False
+        _LIVE.setdefault(kind, self)
 
     def register(self, name: str) -> Callable[[T], T]:
         key = name.lower()

@@ -351,16 +351,19 @@ def test_new_options_bad_values_are_one_line_errors(args, option):
 def test_bad_encoder_norm_is_one_line_before_any_work(tmp_path):
     from scarcelab.entrypoints.cli import main
 
+    empty = tmp_path / "empty"  # an existing folder without data: nothing could be read
+    empty.mkdir()
     for cmd in ("segment", "probe"):
         r = CliRunner().invoke(main, [cmd, "--encoder-norm", "imagenet1k", "--data-dir",
-                                      str(tmp_path / "absent"), "--device", "cpu"])
+                                      str(empty), "--device", "cpu"])
         assert r.exit_code == 1 and "encoder_norm='imagenet1k'" in r.output, r.output
 
 
 @pytest.mark.parametrize("entry", ["probe", "segment"])
 def test_mlproject_parameters_match_the_cli(entry):
     """Every MLproject parameter is a CLI option with the same default and is passed as
-    its flag; every CLI option but --experiment (set by mlflow run) is a parameter."""
+    its flag; every CLI option but --experiment and --run-name (mlflow run's own) and
+    -q/-v (terminal output) is a parameter."""
     from mlflow.projects import _project_spec
 
     from scarcelab.entrypoints.cli import main
@@ -372,7 +375,8 @@ def test_mlproject_parameters_match_the_cli(entry):
         assert flag in opts, key
         assert str(p.default) == str(opts[flag].default), key
         assert f"{flag} {{{key}}}" in ep.command, key
-    cli = {p.opts[0] for p in main.commands[entry].params} - {"--experiment"}
+    cli = {p.opts[0] for p in main.commands[entry].params} - {
+        "--experiment", "--run-name", "-q", "-v"}
     assert cli == {"--" + k.replace("_", "-") for k in ep.parameters}
 
 

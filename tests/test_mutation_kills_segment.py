@@ -80,6 +80,8 @@ def test_segment_result_fields_match_what_the_run_logged(monkeypatch):
     from scarcelab.tracker import InMemoryTracker
 
     monkeypatch.setattr(seg, "load_nuclei", _synthetic_nuclei)
+    # the protocol checks names in the registry before any work: the stand-in is registered
+    monkeypatch.setitem(seg.SEG_DATASETS._entries, "synthetic_nuclei", _synthetic_nuclei)
     cfg = seg.SegmentConfig(dataset="synthetic_nuclei", max_epochs=1, steps_per_epoch=1,
                             batch_size=2, crop=32, window=32, scale=1.0, lr=0.0,
                             n_overlays=0, device="cpu", arch="small_cnn")

@@ -292,3 +292,31 @@ def test_cells_of_a_sweep_still_running_are_counted_as_running_not_failed(tmp_pa
         assert (page.counts["running"], page.counts["failed"]) == (0, 1)
     finally:
         mlflow.set_tracking_uri(prev)
+
+
+def test_transfer_protocols_become_columns_so_the_paper_claims_can_name_them():
+    # the query view keys rows on protocol / label fraction (h/path); the page's table has
+    # a row per encoder and a column per dataset x protocol x metric, which the pathology
+    # paper file's encoder_beats rules name (CI once failed: "truth value of a Series")
+    view = pd.DataFrame({
+        "encoder": ["random", "random", "@pretrain", "@pretrain", "random"],
+        "arch": ["small_cnn"] * 5,
+        "protocol": ["linear (all labels)", "finetune (all labels)", "linear (all labels)",
+                     "finetune (all labels)", "finetune"],
+        "label_fraction": [1.0, 1.0, 1.0, 1.0, 0.1],
+        "encoder_method": [np.nan, np.nan, "simclr", "simclr", np.nan],
+        "n_runs": [1, 1, 1, 1, 1],
+        "pathology_crops accuracy": [0.5, 0.6, 0.7, 0.8, np.nan],
+        "consep_patches seg/pq": [np.nan, np.nan, np.nan, np.nan, 0.2],
+    })
+    out = P.protocols_as_columns(view)
+    assert list(out["encoder"]) == ["random", "@pretrain"] and list(out["n_runs"]) == [3, 2]
+    row = out.set_index("encoder")
+    assert row.loc["@pretrain", "pathology_crops linear (all labels) accuracy"] == 0.7
+    assert row.loc["random", "pathology_crops finetune (all labels) accuracy"] == 0.6
+    assert row.loc["random", "consep_patches finetune (label fraction 0.1) seg/pq"] == 0.2
+    v = C.evaluate({"kind": "encoder_beats", "better": "@pretrain", "worse": "random",
+                    "columns": ["linear (all labels) accuracy",
+                                "finetune (all labels) accuracy"]},
+                   C.SuiteData(transfer=out))
+    assert v.status == "reproduced", v

@@ -58,6 +58,7 @@ def describe(name: str, data_dir: str | Path | None = None) -> Entry:
     ``$SCARCELAB_DATA`` or ``~/.cache/scarcelab``)."""
     from scarcelab.data.download import data_root
     from scarcelab.data.sources import medmnist
+    from scarcelab.registry import StaticIndex
 
     root = data_root(data_dir)
     if name in medmnist.MEDMNIST_INFO:
@@ -70,6 +71,8 @@ def describe(name: str, data_dir: str | Path | None = None) -> Entry:
                      f"downloaded to {root / (name + '.npz')} on first use")
     if name.startswith("synthetic"):
         return Entry(name, 3, SYNTHETIC_SIZES, "generated", "made in memory from the seed")
+    if name not in StaticIndex("dataset").where:  # registered by code outside the package
+        return Entry(name, None, "-", "-", "registered at run time (not a file of scarcelab)")
     mod = _module(name)
     source = getattr(mod, "SOURCE", None)
     classes = getattr(mod, "CLASSES", None)

@@ -254,9 +254,11 @@ def test_al_encoding_is_shared_through_the_object_store(stack, client_env, tmp_p
            "encoded_synthetic_tiny", "--query-size", "2", "--budget", "2", "--set",
            "encoder.epochs=1,encoder.arch=small_cnn,encoder.batch_size=64", "--experiment",
            exp]
-    for machine in ("one", "two"):
-        out = subprocess.run(cmd, cwd=tmp_path, env={**env, "SCARCELAB_DATA": str(
-            tmp_path / machine)}, capture_output=True, text=True, timeout=300)
+    for machine in ("one", "two"):  # each machine its own data folder and its own cache
+        out = subprocess.run(cmd, cwd=tmp_path, env={
+            **env, "SCARCELAB_DATA": str(tmp_path / machine),
+            "SCARCELAB_CACHE": str(tmp_path / machine / "cache")},
+            capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     runs = _runs(exp)
     enc = runs[runs["tags.scarcelab.role"] == "encoding"]
@@ -265,7 +267,7 @@ def test_al_encoding_is_shared_through_the_object_store(stack, client_env, tmp_p
     sweeps = runs[runs["tags.scarcelab.role"] == "al_sweep"].sort_values("start_time")
     assert list(sweeps["tags.scarcelab.encoding_source"]) == [
         f"computed mlflow-run:{enc_id}", f"mlflow-run:{enc_id}"]
-    assert (tmp_path / "two" / "encoded" / f"{key}.npz").is_file()
+    assert (tmp_path / "two" / "cache" / "encoded" / f"{key}.npz").is_file()
     keys = _bucket_keys(stack, env)
     assert any(k.endswith(f"{enc_id}/artifacts/encoding/{key}.npz") for k in keys)
 

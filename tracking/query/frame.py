@@ -383,7 +383,9 @@ def load(experiments: str | Iterable[str], tracking_uri: str | None = None, *,
 #: resolved, as ``override.*`` / ``hparams.*`` / ``hparams_source``), what to resume
 NOT_SETTINGS = frozenset({"seed", "storage", "study_name", "data_dir", "register_model",
                           "tags", "description",  # the run's labels (--tags, --description)
-                          "experiment", "set", "hparams_from", "resume", "quiet", "verbose"})
+                          "experiment", "set", "hparams_from", "resume", "quiet", "verbose",
+                          # derived from budget_minutes (the final-phase reserve kept)
+                          "final_reserve_s", "run_name"})
 #: ``scarcelab.*`` tags that say how a study was run (every other tag is bookkeeping that
 #: differs between seeds or attempts: owner, split hash, trial counts, digests, ...)
 SETTING_TAGS = ("family", "method", "dataset", "arch", "search", "val_from", "protocol",

@@ -236,7 +236,42 @@ def transfer_view(t: Any, refs: Iterable[str]) -> pd.DataFrame:
             ~probe, runs["protocol"].astype(str) + " (" + lab + ")"))
     cross = sorted(c[len("metrics."):] for c in runs.columns
                    if c.startswith("metrics.seg/cross/") and c.endswith(("/pq", "/mpq")))
-    return transfer(t.with_runs(runs), seg_metrics=("seg/pq", "seg/mpq", *cross))
+    view = transfer(t.with_runs(runs), seg_metrics=("seg/pq", "seg/mpq", *cross))
+    return protocols_as_columns(view)
+
+
+def protocols_as_columns(view: pd.DataFrame) -> pd.DataFrame:
+    """Kang et al.'s table: a row per encoder (and architecture), a column per task *and
+    protocol* (``<dataset> <protocol> <metric>``, e.g. ``pathology_crops linear (147
+    labels) accuracy``, ``consep_patches finetune seg/pq``). The query view keys its rows
+    on protocol and label fraction too (tracking/query/views.py::TRANSFER_KEYS); here they
+    move into the column names, so nothing that differs is averaged either way and the
+    paper file's claims name their columns."""
+    if view.empty or "protocol" not in view:
+        return view
+    rows = ["encoder", "arch"]
+    tasks = [c for c in view.columns
+             if c not in (*rows, "protocol", "label_fraction", "encoder_method", "n_runs")]
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    meta: dict[tuple[str, str], dict[str, Any]] = {}
+    for _, r in view.iterrows():
+        key = (r["encoder"], r["arch"])
+        proto = str(r["protocol"]) if pd.notna(r["protocol"]) else ""
+        frac = r.get("label_fraction")
+        if pd.notna(frac) and float(frac) != 1.0:
+            proto += f" (label fraction {float(frac):g})"
+        m = meta.setdefault(key, {"encoder_method": r.get("encoder_method"), "n_runs": 0})
+        m["n_runs"] += int(r.get("n_runs") or 0)
+        for c in tasks:
+            if pd.isna(r[c]):
+                continue
+            ds, _, metric = str(c).partition(" ")
+            name = " ".join(x for x in (ds, proto, metric) if x)
+            cells.setdefault(key, {})[name] = r[c]
+    out = pd.DataFrame([{"encoder": k[0], "arch": k[1], **meta[k], **cells.get(k, {})}
+                        for k in meta])
+    fixed = ["encoder", "arch", "encoder_method", "n_runs"]
+    return out[fixed + sorted(c for c in out.columns if c not in fixed)]
 
 
 def transfer_long(view: pd.DataFrame) -> pd.DataFrame:
