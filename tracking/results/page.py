@@ -236,8 +236,7 @@ def transfer_view(t: Any, refs: Iterable[str]) -> pd.DataFrame:
             ~probe, runs["protocol"].astype(str) + " (" + lab + ")"))
     cross = sorted(c[len("metrics."):] for c in runs.columns
                    if c.startswith("metrics.seg/cross/") and c.endswith(("/pq", "/mpq")))
-    view = transfer(t.with_runs(runs), seg_metrics=("seg/pq", "seg/mpq", *cross))
-    return protocols_as_columns(view)
+    return transfer(t.with_runs(runs), seg_metrics=("seg/pq", "seg/mpq", *cross))
 
 
 def protocols_as_columns(view: pd.DataFrame) -> pd.DataFrame:
@@ -500,7 +499,10 @@ def _tune_sections(t: Any, data: C.SuiteData) -> list[Section]:
 def _transfer_sections(t: Any, cells: Sequence[Any], data: C.SuiteData) -> list[Section]:
     from scarcelab.tracking.sweep.driver import REFS_TAG
 
-    view = transfer_view(t, [r.data.tags.get(REFS_TAG, "") for r in cells])
+    # the page's table: a row per encoder, protocols in the column names (the sweep's own
+    # report keeps the query view's rows keyed on protocol, tracking/sweep/driver.py)
+    view = protocols_as_columns(transfer_view(t, [r.data.tags.get(REFS_TAG, "")
+                                                  for r in cells]))
     data.transfer = view
     figs = {}
     if len(view):
