@@ -119,18 +119,25 @@ def test_startup_longer_than_the_budget_still_trains(clock):
     assert res.best_checkpoint is not None and len(clock.evals) >= 3
 
 
-def test_a_step_that_would_end_past_the_budget_is_not_started(clock, tiny_bundle):
+def _train_sup(bundle: Any, budget: Any) -> Any:
+    """One ``sup`` trial on ``bundle`` under ``budget`` (enough epochs and steps that only
+    the budget stops it)."""
     from scarcelab.methods import get_method
     from scarcelab.models import create_model
 
-    m = get_method("sup")(create_model("small_cnn", in_channels=1), tiny_bundle.num_classes,
+    m = get_method("sup")(create_model("small_cnn", in_channels=1), bundle.num_classes,
                           dict(get_method("sup").defaults))
-    budget = train_mod.Budget(10.0)
-    res = train_mod.train_trial(
-        m, tiny_bundle, train_mod.TrainConfig(max_epochs=100, patience=100,
-                                              max_steps_per_epoch=100, batch_labeled=8),
+    return train_mod.train_trial(
+        m, bundle, train_mod.TrainConfig(max_epochs=100, patience=100,
+                                         max_steps_per_epoch=100, batch_labeled=8),
         deadline=budget, generator=torch.Generator().manual_seed(0),
         probe_rng=np.random.default_rng(0))
+
+
+def test_a_step_that_would_end_past_the_budget_is_not_started(clock, tiny_bundle):
+
+    budget = train_mod.Budget(10.0)
+    res = _train_sup(tiny_bundle, budget)
     # steps at 0-2, 2-4, 4-6 s; a 4th (6-8 s) and its evaluation (to 9 s) still fit; a 5th
     # would end at 10 s with the evaluation after it: before, it ran to 11 s
     assert budget.elapsed() <= 10.0
@@ -442,18 +449,10 @@ def test_a_cpu_clock_budget_buys_the_same_training_on_a_loaded_machine(clock):
 
 
 def test_cpu_clock_step_costs_are_cpu_seconds(clock, tiny_bundle):
-    from scarcelab.methods import get_method
-    from scarcelab.models import create_model
 
     clock.process_time = lambda: clock.t / 2  # type: ignore[attr-defined]
-    m = get_method("sup")(create_model("small_cnn", in_channels=1), tiny_bundle.num_classes,
-                          dict(get_method("sup").defaults))
     budget = train_mod.Budget(10.0, clock="cpu")
-    res = train_mod.train_trial(
-        m, tiny_bundle, train_mod.TrainConfig(max_epochs=100, patience=100,
-                                              max_steps_per_epoch=100, batch_labeled=8),
-        deadline=budget, generator=torch.Generator().manual_seed(0),
-        probe_rng=np.random.default_rng(0))
+    res = _train_sup(tiny_bundle, budget)
     # a step costs 1 CPU s, the evaluation 0.5: steps to 1..8 CPU s fit with their
     # evaluation (8 + 0.5 <= 10) and a 9th would too (9 + .5); wall-second costs (2 + 1)
     # would have stopped after 8
