@@ -78,7 +78,7 @@ class Display:
     remaining move between trials.
 
     While the bar is up on this process's stderr, everything else that writes there goes
-    above it as whole lines instead of into it (issue 27 item 5): ``sys.stderr`` is swapped
+    above it as whole lines instead of into it: ``sys.stderr`` is swapped
     for tqdm's line-buffering ``DummyTqdmFile`` (Python warnings, MLflow's log stream, stray
     prints) and console logging handlers are re-routed with ``logging_redirect_tqdm``. Writes
     from native code to file descriptor 2 cannot be caught; the erase at the end
@@ -280,7 +280,7 @@ class ProgressTracker(DelegatingTracker):
 
     def _phase(self, what: str) -> None:
         """A phase after the budget (or outside any trial) begins: a line, and the bar
-        shows it with its running time (issue 27 item 1: every long phase visible)."""
+        shows it with its running time: no long phase passes in silence."""
         prev, self.phase = self.phase, (what, time.time())
         if prev is not None and prev[0] != what:
             self.display.line(f"  {prev[0]}: done in {fmt_time(time.time() - prev[1])}")

@@ -61,8 +61,8 @@ def main(verbose: bool, quiet: bool) -> None:
     mlflow_log_level(verbose)
     from scarcelab.tracking.lifecycle import die_with_mlflow_run, skip_gc_at_exit
 
-    die_with_mlflow_run()  # under `mlflow run`: do not outlive it (issue 13 item 5)
-    skip_gc_at_exit()  # seconds of exit-time garbage collection (issue 28 §1)
+    die_with_mlflow_run()  # under `mlflow run`: a killed run must not leave us training
+    skip_gc_at_exit()  # exit-time garbage collection cost seconds per command
 
 
 _OURS = "SCARCELAB_MLFLOW_LOGGING_LEVEL_SET"  # marks a level this module chose, not the user
@@ -71,7 +71,7 @@ _OURS = "SCARCELAB_MLFLOW_LOGGING_LEVEL_SET"  # marks a level this module chose,
 def mlflow_log_level(verbose: bool) -> None:
     """MLflow's INFO lines ("Creating initial MLflow database tables...", "Started
     monitoring system metrics.", "View run … at: …") only with ``-v``: at the normal level
-    they broke the progress bar and repeat what the closing summary says (issue 27 item 5).
+    they broke the progress bar and repeat what the closing summary says.
 
     MLflow sets its logger's level from ``MLFLOW_LOGGING_LEVEL`` when it is imported
     (``mlflow.utils.logging_utils.get_mlflow_log_level``), which happens after this runs
