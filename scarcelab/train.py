@@ -418,7 +418,7 @@ def train_trial(
     # budget (at the speed of the last step and evaluation): the budget ends with an
     # evaluated epoch, not with a step or an evaluation that runs past it.
     step_s = eval_s = 0.0
-    now = getattr(budget, "now", time.perf_counter)
+    now = budget.now  # always a Budget here (a float deadline became a _Deadline)
     for epoch in range(cfg.max_epochs):
         t0 = time.perf_counter()
         sums: dict[str, torch.Tensor] = {}
