@@ -163,6 +163,10 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         from scarcelab.tracking.hparams import resolve_hparams
 
         hparams, hparams_source = resolve_hparams(kw["hparams_from"], kw["method"])
+    elif kw.get("search") == "fixed":
+        # the help offers `defaults` for search=fixed: the method's literature defaults
+        # (an empty given configuration; the core refuses fixed with none given at all)
+        hparams = {}
     return StudyConfig(
         method=kw["method"], dataset=kw["dataset"], family=family,
         data_dir=kw["data_dir"], arch=kw["arch"], seed=kw["seed"],

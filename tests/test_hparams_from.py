@@ -103,3 +103,23 @@ def test_cli_options_reach_the_study_config(store):
     assert cfg.val_from == "train" and cfg.transfer_epochs == 80
     assert cfg.hparams["lr"] == pytest.approx(runs[0][1].best_checkpoint["hp"]["lr"])
     assert cfg.hparams_source.startswith(f"run {runs[0][0]}")
+
+
+@pytest.mark.parametrize("extra", [[], ["--hparams-from", "defaults"]])
+def test_cli_fixed_search_with_defaults_trains_the_literature_defaults(extra):
+    """The help offers `defaults` for search=fixed (also its default value): the CLI used to
+    refuse it with 'pass hparams_from'; it now trains the method's defaults."""
+    from scarcelab.entrypoints.cli import main
+    from scarcelab.entrypoints.study import study_config
+
+    args = ["--method", "fixmatch", "--dataset", "synthetic_tiny", "--arch", "small_cnn",
+            "--budget-minutes", "0.5", "--max-epochs", "1", "--max-steps-per-epoch", "2",
+            "--batch-size", "8", "--unlabeled-batch-size", "8", "--search", "fixed",
+            "--device", "cpu", "--diag-samples", "0", *extra]
+    kw = main.commands["semi"].make_context("semi", args).params
+    cfg = study_config("semi", kw)
+    assert cfg.hparams == {} and cfg.hparams_source == "defaults"
+    t = InMemoryTracker()
+    run_study(cfg, t)
+    assert len(t.trials) == 1
+    assert t.trials[0].params["lr"] == METHODS.get("fixmatch").defaults["lr"]
