@@ -45,7 +45,7 @@ STUDY_ENTRY = {n: n for n in (
     "max_epochs",
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
-    "hparams_from", "transfer_epochs", "positive_class")} | {"set": "overrides",
+    "hparams_from", "transfer_epochs", "positive_class", "class_weights")} | {"set": "overrides",
                                                             **IDENTITY_ENTRY}
 #: the supervised / semi / self entry points add the model registry option
 FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model"}
@@ -80,6 +80,11 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      type=Word(("wall", "cpu")),
                      help="what the budget counts: wall time, or this process's CPU time "
                      "(reproducible on a shared CPU machine; not for GPU runs)"),
+        click.option("--class-weights", default="balanced", show_default=True,
+                     type=Word(("balanced", "none")),
+                     help="the labeled loss: balanced = each class weighted by its inverse "
+                     "labeled frequency (and the probe's class_weight=balanced), as "
+                     "SSL-vs-SSL trains every method; none = unweighted"),
         click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6)),
         click.option("--patience", default="20", show_default=True, type=Int(1, 10**6),
                      help="epochs without a better validation score before a trial stops"),
@@ -179,6 +184,7 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         device=kw["device"], overrides=overrides, diag_samples=kw["diag_samples"],
         val_from=kw.get("val_from") or "auto", hparams=hparams, hparams_source=hparams_source,
         transfer_epochs=kw.get("transfer_epochs"),
+        class_weights=kw.get("class_weights") or "balanced",
         positive_class=None if kw.get("positive_class") in (None, "", "default")
         else kw["positive_class"],
     )

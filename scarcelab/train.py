@@ -24,6 +24,7 @@ import torch
 from scarcelab.data.augment import AUGMENTATIONS, to_float
 from scarcelab.data.bundle import DatasetBundle
 from scarcelab.errors import ConfigError, TrialFailed
+from scarcelab.methods._parts import balanced_class_weights
 from scarcelab.methods.base import Batch, DataInfo, Method, Progress
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export, normalize
@@ -122,6 +123,10 @@ class TrainConfig:
     # Adam kernel
     channels_last: bool = True
     fused_optimizer: bool | None = None
+    # the labeled loss: "balanced" weights each class by its inverse labeled frequency
+    # (scarcelab.methods._parts.balanced_class_weights; the probe: sklearn's
+    # class_weight="balanced"), as SSL-vs-SSL does for every method; "none" = unweighted
+    class_weights: str = "none"
 
 
 @dataclass
@@ -269,7 +274,8 @@ def evaluate(
                                                 cfg.eval_batch_size, device)
             if not (np.isfinite(fl).all() and np.isfinite(fv).all() and np.isfinite(ft).all()):
                 raise TrialFailed("non-finite features from the encoder")
-            probe = LinearProbe(bundle.num_classes).fit(fl, bundle.labeled_y, fv, bundle.val_y, rng)
+            probe = LinearProbe(bundle.num_classes, balanced=cfg.class_weights == "balanced"
+                                ).fit(fl, bundle.labeled_y, fv, bundle.val_y, rng)
             pv, pt = probe.predict_proba(fv), probe.predict_proba(ft)
         else:
             probe = None
@@ -286,6 +292,17 @@ def evaluate(
     # binary tasks: sensitivity / pAUROC of the dataset's positive class (the disease)
     test = classification_metrics(bundle.test_y, pt, bundle.meta.get("positive_class"))
     return Evaluation(val_bacc, test, probe, pt)
+
+
+CLASS_WEIGHTS = ("balanced", "none")
+
+
+def class_weights_for(kind: str, counts: list[int], device: torch.device
+                      ) -> torch.Tensor | None:
+    """The labeled loss's class weights for ``TrainConfig.class_weights``."""
+    if kind not in CLASS_WEIGHTS:
+        raise ValueError(f"TrainConfig.class_weights={kind!r}: 'balanced' or 'none'")
+    return balanced_class_weights(counts).to(device) if kind == "balanced" else None
 
 
 def data_info(bundle: DatasetBundle) -> DataInfo:
@@ -404,7 +421,10 @@ def train_trial(
     method.to(device).train()
     if cfg.channels_last:
         method.to(memory_format=torch.channels_last)
-    method.on_train_start(data_info(bundle))
+    info = data_info(bundle)
+    method.class_weights = class_weights_for(cfg.class_weights, info.labeled_class_counts,
+                                             device)
+    method.on_train_start(info)
     source = BatchSource(bundle, type(method), cfg.batch_labeled, cfg.batch_unlabeled, device,
                          generator, labeled_views=cfg.labeled_views)
     spe = steps_per_epoch(bundle, source.samples_per_step, cfg.max_steps_per_epoch)

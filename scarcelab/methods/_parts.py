@@ -125,12 +125,40 @@ class FeatureQueue(nn.Module):
 
 
 def soft_cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean",
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy against a target *distribution* (mixup targets, CoMatch's soft
-    pseudo-labels). ``reduction="none"`` keeps one value per sample for masking."""
-    per_sample = -(targets * F.log_softmax(logits, dim=-1)).sum(dim=-1)
+    pseudo-labels). ``reduction="none"`` keeps one value per sample for masking.
+
+    ``weight`` (C,) scales each class's term, ``-Σ_c w_c t_c log p_c``, and the mean is
+    over samples, not over weights: torch's ``F.cross_entropy`` with probability targets
+    and ``weight``, which SSL-vs-SSL's MixUp and MixMatch call on their mixed labels
+    (tufts-ml/SSL-vs-SSL-benchmark src/MixMatch/libml/utils/misc.py, ``labeledtrain_loss
+    = F.cross_entropy(logits_x, mixed_target[:batch_size], weights, reduction='mean')``).
+    """
+    logp = F.log_softmax(logits, dim=-1)
+    if weight is not None:
+        logp = logp * weight
+    per_sample = -(targets * logp).sum(dim=-1)
     return per_sample if reduction == "none" else per_sample.mean()
+
+
+def balanced_class_weights(counts: list[int] | torch.Tensor) -> torch.Tensor:
+    """Inverse class frequencies of the labeled set, normalised to sum to 1.
+
+    SSL-vs-SSL weights the labeled cross-entropy of every method this way: its
+    ``dataset_configs[...]['class_weights']`` (src/config.py; TissueMNIST's
+    ``[0.029, 0.195, 0.247, …]`` are ``1/n_c`` over the classes' train counts, scaled to
+    sum 1), passed as ``weight`` to each method's labeled ``F.cross_entropy``. A class with
+    no labeled sample gets 0 (no labeled term can name it).
+    """
+    n = torch.as_tensor(counts, dtype=torch.float32)
+    inv = torch.where(n > 0, 1.0 / n.clamp(min=1.0), torch.zeros_like(n))
+    total = inv.sum()
+    if total <= 0:
+        raise ValueError("balanced_class_weights: the labeled set has no sample")
+    return inv / total
 
 
 def mixup(

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from scarcelab.methods._parts import soft_cross_entropy
 from scarcelab.methods.space import Distribution
 
 
@@ -113,6 +115,9 @@ class Method(nn.Module, metaclass=ABCMeta):
         self.backbone = backbone
         self.num_classes = num_classes
         self.hp = {**self.defaults, **hp}
+        # per-class weights of the labeled loss, (C,) on the model's device, or None
+        # (unweighted); set by the trainer from the labeled set (TrainConfig.class_weights)
+        self.class_weights: torch.Tensor | None = None
         if not self.linear_probe:
             self.head = nn.Linear(backbone.num_features, num_classes)
 
@@ -136,6 +141,17 @@ class Method(nn.Module, metaclass=ABCMeta):
         return None
 
     # -- shared --------------------------------------------------------------------
+    def labeled_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the labeled batch, class-weighted when the trainer set
+        ``class_weights`` (SSL-vs-SSL: every method's labeled term; a weighted *mean*,
+        ``Σ w_{y_i} ℓ_i / Σ w_{y_i}``, as ``F.cross_entropy(..., weight)``)."""
+        return F.cross_entropy(logits, y, weight=self.class_weights)
+
+    def labeled_soft_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the labeled batch against mixed (soft) labels, class-weighted
+        when ``class_weights`` is set (:func:`scarcelab.methods._parts.soft_cross_entropy`)."""
+        return soft_cross_entropy(logits, targets, weight=self.class_weights)
+
     def pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None = None
                        ) -> PseudoTargets | None:
         """Pseudo-labels and per-sample weights the method would train on for the

@@ -37,8 +37,12 @@ C_RANGE = (1e-3, 1e3)
 
 class LinearProbe:
     def __init__(self, num_classes: int, n_trials: int = 10, max_iter: int = 100,
-                 tol: float = 1e-4) -> None:
+                 tol: float = 1e-4, balanced: bool = False) -> None:
         self.num_classes = num_classes
+        # class_weight="balanced" (n / (C·n_c) per class): SSL-vs-SSL's probe
+        # (tufts-ml/SSL-vs-SSL-benchmark Self/SimCLR/SimCLR_main.py,
+        # ``LogisticRegression(random_state=0, class_weight='balanced', C=reg)``)
+        self.balanced = balanced
         self.n_trials = n_trials
         self.max_iter = max_iter
         self.tol = tol
@@ -77,7 +81,8 @@ class LinearProbe:
         lo, hi = np.log10(C_RANGE[0]), np.log10(C_RANGE[1])
         best = -1.0
         cs = 10.0 ** rng.uniform(lo, hi, size=self.n_trials)
-        clf = LogisticRegression(max_iter=self.max_iter, tol=self.tol, warm_start=True)
+        clf = LogisticRegression(max_iter=self.max_iter, tol=self.tol, warm_start=True,
+                                 class_weight="balanced" if self.balanced else None)
         for c in np.sort(cs):  # strongest penalty first: each fit warm-starts the next
             clf.set_params(C=float(c))
             with warnings.catch_warnings():

@@ -60,6 +60,7 @@ from scarcelab.protocols.study_store import StudyStore, redact
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
 from scarcelab.train import (
     BUDGET_CLOCKS,
+    CLASS_WEIGHTS,
     Budget,
     EpochReport,
     TrainConfig,
@@ -148,6 +149,9 @@ class StudyConfig(AutoDevice):
     hparams_source: str = "defaults"  # where ``hparams`` came from, logged as a tag
     transfer_epochs: int | None = None  # search=none; None = 100 (80 for TMED-2)
     transfer_patience: int = 20  # search=none: epochs without a lower train loss
+    # the labeled loss of every trial: "balanced" (inverse labeled class frequencies, the
+    # probe's class_weight="balanced": SSL-vs-SSL, every method) or "none" (unweighted)
+    class_weights: str = "balanced"
     # which point of a sweep this study is (e.g. "mnist r=0.3"): part of the study key, so
     # that the children of a contamination sweep are never taken for one another on resume
     sweep_point: str = ""
@@ -207,6 +211,9 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
                           "search=none (transfer) or search=fixed; search=random samples its own")
     if cfg.search == "fixed" and cfg.hparams is None:
         raise ConfigError("search=fixed trains a given configuration: pass hparams_from")
+    if cfg.class_weights not in CLASS_WEIGHTS:
+        raise ConfigError(f"class_weights={cfg.class_weights!r}: valid values are "
+                          f"{', '.join(CLASS_WEIGHTS)}")
     if cfg.transfer_epochs is not None and cfg.transfer_epochs < 1:
         raise ConfigError(f"transfer_epochs must be >= 1, got {cfg.transfer_epochs}")
     if cfg.transfer_patience < 1:
@@ -278,7 +285,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
         patience=cfg.transfer_patience if transfer else cfg.patience,
         stop_on="train_loss" if transfer else "val",
         max_steps_per_epoch=cfg.max_steps_per_epoch, batch_labeled=bl, batch_unlabeled=bu,
-        device=device)
+        device=device, class_weights=cfg.class_weights)
     tags = {
         "scarcelab.role": "study",
         "scarcelab.family": method_cls.family,

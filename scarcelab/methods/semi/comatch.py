@@ -121,7 +121,7 @@ class CoMatch(SemiMethod):
         z = F.normalize(self.projector(feats), dim=1)
         l_x, l_w, l_s0, _ = logits.split(sizes)
         z_x, z_w, z_s0, z_s1 = z.split(sizes)
-        loss_l = F.cross_entropy(l_x, batch.y)
+        loss_l = self.labeled_loss(l_x, batch.y)
 
         with torch.no_grad():
             z_w_d = z_w.detach()

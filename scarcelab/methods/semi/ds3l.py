@@ -45,7 +45,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -122,7 +121,7 @@ class DS3L(SemiMethod):
         parts = [x, u1, u2] + ([batch.x[1]] if with_lc else [])
         outs = self.logits(torch.cat(parts)).split([len(t) for t in parts])
         l_x, l_u1, l_u2 = outs[:3]
-        loss_l = F.cross_entropy(l_x, batch.y)
+        loss_l = self.labeled_loss(l_x, batch.y)
         per_sample = self._consistency(l_u1, l_u2)
         # Π-model term on labeled images (off by default: zero in the authors' code)
         loss_lc = self._consistency(outs[3], l_x).mean() if with_lc else loss_l.new_zeros(())
@@ -139,7 +138,7 @@ class DS3L(SemiMethod):
             lr = float(self.hp["meta_lr"])
             fast = {k: (p - lr * g if g is not None else p)
                     for (k, p), g in zip(params.items(), grads, strict=True)}
-            meta_loss = F.cross_entropy(self._forward_with(fast, x), batch.y)
+            meta_loss = self.labeled_loss(self._forward_with(fast, x), batch.y)
             wgrads = torch.autograd.grad(meta_loss, list(self.wnet.parameters()))
             for p, g in zip(self.wnet.parameters(), wgrads, strict=True):
                 p.grad = g

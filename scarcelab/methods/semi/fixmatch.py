@@ -16,7 +16,6 @@ separate batch statistics and updates its running statistics twice per step (as 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import confidence_mask, masked_cross_entropy
@@ -55,7 +54,7 @@ class FixMatch(SemiMethod):
         else:
             logits = self.logits(torch.cat([x, u_weak, u_strong]))
             l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
-        loss_l = F.cross_entropy(l_x, batch.y)
+        loss_l = self.labeled_loss(l_x, batch.y)
         mask, pseudo = self._targets(l_w)
         loss_u = masked_cross_entropy(l_s, pseudo, mask)
         return {

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from scarcelab.methods import (
@@ -77,7 +76,7 @@ class FlexMatch(SemiMethod):
         x, (u_weak, u_strong) = batch.x[0], batch.u
         logits = self.logits(torch.cat([x, u_weak, u_strong]))
         l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
-        loss_l = F.cross_entropy(l_x, batch.y)
+        loss_l = self.labeled_loss(l_x, batch.y)
         conf, pseudo, mask, class_thr = self._targets(l_w)
         # thresholds of this step come from the status *before* this batch (USB order)
         self.status.update(batch.u_index.to(pseudo.device), pseudo, conf,

@@ -47,7 +47,7 @@ class MeanTeacher(SemiMethod):
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u1, u2) = batch.x[0], batch.u
         l_x, l_u = self.logits(torch.cat([x, u1])).split([len(x), len(u1)])
-        loss_l = F.cross_entropy(l_x, batch.y)
+        loss_l = self.labeled_loss(l_x, batch.y)
         target = torch.softmax(self.teacher(u2), dim=-1)
         loss_u = F.mse_loss(torch.softmax(l_u, dim=-1), target)
         ramp = linear_rampup(progress.fraction, float(self.hp["warmup"]))

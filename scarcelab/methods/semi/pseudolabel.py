@@ -10,7 +10,6 @@ early pseudo-labels are mostly wrong). Search space: App. F.1 (λU = 10^U(−1, 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import confidence_mask, linear_rampup, masked_cross_entropy
@@ -39,7 +38,7 @@ class PseudoLabel(SemiMethod):
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, u = batch.x[0], batch.u[0]
         l_x, l_u = self.logits(torch.cat([x, u])).split([len(x), len(u)])
-        loss_l = F.cross_entropy(l_x, batch.y)
+        loss_l = self.labeled_loss(l_x, batch.y)
         mask, pseudo, _ = confidence_mask(l_u, float(self.hp["threshold"]))
         loss_u = masked_cross_entropy(l_u, pseudo, mask)
         ramp = linear_rampup(progress.fraction, float(self.hp["warmup"]))

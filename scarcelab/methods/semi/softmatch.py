@@ -33,7 +33,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
@@ -102,7 +101,7 @@ class SoftMatch(SemiMethod):
         x, (u_weak, u_strong) = batch.x[0], batch.u
         logits = self.logits(torch.cat([x, u_weak, u_strong]))
         l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
-        loss_l = F.cross_entropy(l_x, batch.y)
+        loss_l = self.labeled_loss(l_x, batch.y)
         pseudo, weight = self._targets(l_w, update=True)
         loss_u = masked_cross_entropy(l_s, pseudo, weight)
         return {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from scarcelab.methods import Batch, Losses, Progress, SupervisedMethod, register
-from scarcelab.methods._parts import mixup, soft_cross_entropy
+from scarcelab.methods._parts import mixup
 from scarcelab.methods.space import Uniform, pow10
 
 
@@ -30,5 +30,5 @@ class Mixup(SupervisedMethod):
         x, y = batch.x[0], batch.y
         onehot = F.one_hot(y, self.num_classes).float()
         mixed_x, mixed_y, lam = mixup(x, onehot, float(self.hp["alpha"]))
-        loss = soft_cross_entropy(self.logits(mixed_x), mixed_y)
+        loss = self.labeled_soft_loss(self.logits(mixed_x), mixed_y)
         return {"loss": loss, "loss_labeled": loss, "mixup_lambda": loss.new_tensor(lam)}

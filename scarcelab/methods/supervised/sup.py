@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 from scarcelab.methods import Batch, Losses, Progress, SupervisedMethod, register
 from scarcelab.methods.space import pow10
 
@@ -16,5 +14,5 @@ class Supervised(SupervisedMethod):
     batch_sizes = {"labeled": 64, "unlabeled": 0}
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
-        loss = F.cross_entropy(self.logits(batch.x[0]), batch.y)
+        loss = self.labeled_loss(self.logits(batch.x[0]), batch.y)
         return {"loss": loss, "loss_labeled": loss}
