@@ -33,6 +33,7 @@ from tqdm import tqdm
 from tqdm.contrib import DummyTqdmFile
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from scarcelab import tags as T
 from scarcelab.tracker import DatasetInfo, DelegatingTracker, Tracker
 
 if TYPE_CHECKING:
@@ -248,7 +249,7 @@ class ProgressTracker(DelegatingTracker):
         self.data_files = provenance.used()
         provenance.reset()  # the next run of this process records its own files
         artifacts = {**artifacts, "data_files.json": {"files": self.data_files}}
-        tags = {**tags, "scarcelab.data_files": provenance.summary(self.data_files)
+        tags = {**tags, T.DATA_FILES: provenance.summary(self.data_files)
                 or "none (generated data)"}
         if self.entry is not None and not os.environ.get("MLFLOW_RUN_ID"):
             params = merge_params(self.entry, params)
@@ -290,7 +291,7 @@ class ProgressTracker(DelegatingTracker):
     # -- trials -------------------------------------------------------------------------
     def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None:
         self._trial = {"number": number, "params": dict(params), "t0": time.time(),
-                       "epochs": 0, "val": None, "role": tags.get("scarcelab.role", "trial")}
+                       "epochs": 0, "val": None, "role": tags.get(T.ROLE, "trial")}
         if self._trial["role"] == "retrain":  # tune's final phase: after the search
             self._phase(f"retrain {number}")
         self.inner.start_trial(number, tags, params)
@@ -398,11 +399,11 @@ class ProgressTracker(DelegatingTracker):
         self.inner.log_model(model, example)
 
     def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
-        if scope == "study" and tags.get("scarcelab.phase") not in (None, "done"):
-            self._phase(str(tags["scarcelab.phase"]))
-        if scope == "trial" and self._trial is not None and "scarcelab.asha_rung" in tags \
-                and tags.get("scarcelab.pruned") == "true":
-            self._trial["rung"] = tags["scarcelab.asha_rung"]
+        if scope == "study" and tags.get(T.PHASE) not in (None, "done"):
+            self._phase(str(tags[T.PHASE]))
+        if scope == "trial" and self._trial is not None and T.ASHA_RUNG in tags \
+                and tags.get(T.PRUNED) == "true":
+            self._trial["rung"] = tags[T.ASHA_RUNG]
         self.inner.set_tags(tags, scope)
 
 

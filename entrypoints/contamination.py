@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     Folder,
@@ -144,8 +145,8 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
             for c in client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{killed}'",
                                         max_results=5000):
                 client.set_tag(c.info.run_id, "mlflow.parentRunId", parent_id)
-            client.set_tag(killed, "scarcelab.resumed_by", parent_id)
-            client.set_tag(parent_id, "scarcelab.resumed_from", killed)
+            client.set_tag(killed, T.RESUMED_BY, parent_id)
+            client.set_tag(parent_id, T.RESUMED_FROM, killed)
             client.set_terminated(killed, "FAILED")
     mlflow.set_experiment(experiment_id=exp_id)
     existing = client.get_run(parent_id).data.params
@@ -159,11 +160,11 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     client.log_batch(parent_id, params=[Param(k, param_str(v)) for k, v in merged.items()
                                         if k not in existing],
                      tags=[RunTag(k, v) for k, v in {
-                         "scarcelab.role": "contamination", "scarcelab.family": "semi",
-                         "scarcelab.method": cfg.method, "scarcelab.dataset": cfg.dataset,
-                         "scarcelab.ood": ",".join(sources), "scarcelab.seed": str(cfg.seed),
-                         "scarcelab.ratios": params["ratios"], "scarcelab.sweep_key": key,
-                         "scarcelab.owner": OWNER, **ident["tags"],
+                         T.ROLE: "contamination", T.FAMILY: "semi",
+                         T.METHOD: cfg.method, T.DATASET: cfg.dataset,
+                         T.OOD: ",".join(sources), T.SEED: str(cfg.seed),
+                         T.RATIOS: params["ratios"], T.SWEEP_KEY: key,
+                         T.OWNER: OWNER, **ident["tags"],
                          **_parent_name(client, parent_id, ident["run_name"]
                                         or f"contamination-{cfg.method}-{cfg.dataset}"),
                          **({"mlflow.note.content": ident["description"]}

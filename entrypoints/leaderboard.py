@@ -17,6 +17,7 @@ import tempfile
 
 import click
 
+from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
 
 VIEW_NAMES = ("leaderboard", "gains", "profile", "significance", "ranks")
@@ -108,5 +109,5 @@ def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, out
                                 render.report_meta(names, t.reader.uri))
     click.echo(f"report: {paths['report.html']}")
     if do_log:
-        run_id = log_report(paths, names[0], tags={"scarcelab.experiments": ",".join(names)})
+        run_id = log_report(paths, names[0], tags={T.EXPERIMENTS: ",".join(names)})
         click.echo(f"report run: {run_id}")

@@ -28,6 +28,8 @@ from typing import Any
 
 import click
 
+from scarcelab import tags as T
+
 RAW = "scarcelab.raw_params"
 DEFAULT_WORDS = ("", "default")
 SEED_MAX = 2**32 - 1
@@ -520,7 +522,7 @@ class Tags(_Typed):
             k = k.strip()
             if not sep or not k:
                 raise ValueError(f"expected key=value pairs separated by commas, got {part!r}")
-            if k.startswith(("scarcelab.", "mlflow.")):
+            if k.startswith((T.PREFIX, "mlflow.")):
                 raise ValueError(f"{k}: scarcelab.* and mlflow.* tags are set by scarcelab; "
                                  "choose another key")
             out[k] = v.strip()

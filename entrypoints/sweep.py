@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import click
 
+from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
 
 
@@ -109,8 +110,8 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: boo
         from mlflow.tracking import MlflowClient
 
         c = MlflowClient()
-        for k, v in {"scarcelab.role": "sweep_launcher", "scarcelab.sweep": res.name,
-                     "scarcelab.sweep_run": res.sweep_run_id}.items():
+        for k, v in {T.ROLE: "sweep_launcher", T.SWEEP: res.name,
+                     T.SWEEP_RUN: res.sweep_run_id}.items():
             c.set_tag(os.environ["MLFLOW_RUN_ID"], k, v)
     click.echo(f"sweep {res.name}: {res.count('FINISHED')} cells run, {res.count('SKIPPED')} "
                f"already finished, {res.count('FAILED')} failed; sweep run "

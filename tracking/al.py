@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-TAG = "tags.scarcelab"
+from scarcelab import tags as T
 
 
 def al_runs(experiments: list[str], tracking_uri: str | None = None) -> pd.DataFrame:
@@ -32,10 +32,10 @@ def al_runs(experiments: list[str], tracking_uri: str | None = None) -> pd.DataF
         raise ValueError(f"experiment(s) {missing} not found at {mlflow.get_tracking_uri()}")
     df = mlflow.search_runs(
         experiment_ids=[e.experiment_id for e in exps],  # type: ignore[union-attr]
-        filter_string="tags.`scarcelab.role` = 'al' and attributes.status = 'FINISHED'",
+        filter_string=f"tags.`{T.ROLE}` = 'al' and attributes.status = 'FINISHED'",
         output_format="pandas")
-    cols = {f"{TAG}.dataset": "dataset", f"{TAG}.query_size": "query_size",
-            f"{TAG}.method": "strategy", f"{TAG}.repetition": "repetition",
+    cols = {f"tags.{T.DATASET}": "dataset", f"tags.{T.QUERY_SIZE}": "query_size",
+            f"tags.{T.METHOD}": "strategy", f"tags.{T.REPETITION}": "repetition",
             "metrics.al/auc": "auc"}
     if df.empty or not set(cols) <= set(df.columns):
         return pd.DataFrame(columns=list(cols.values()))
@@ -170,7 +170,7 @@ def al_report(experiments: list[str], tracking_uri: str | None = None, alpha: fl
         mlflow.set_experiment(experiments[0])
         with mlflow.start_run(run_name="al-report") as run, \
                 tempfile.TemporaryDirectory() as tmp:
-            mlflow.set_tags({"scarcelab.role": "al_report", "scarcelab.family": "active"})
+            mlflow.set_tags({T.ROLE: "al_report", T.FAMILY: "active"})
             for name, df in (("al_scores.csv", scores), ("al_ranks.csv", ranks),
                              ("al_pairwise.csv", pw)):
                 if df is not None:

@@ -28,6 +28,8 @@ import mlflow
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
+from scarcelab import tags as T
+
 DIAGNOSTICS = ("cci", "ple", "sem_drift", "grad_align", "ood_ff")
 VALUE_COLUMNS = ["best_test_bacc", "best_val_bacc", "cci_final", "cci_peak", "ple_final",
                  "sem_drift_final", "grad_align_final", "ood_ff_final"]
@@ -156,7 +158,7 @@ def load_points(parent_run_id: str | None = None, experiments: str | Iterable[st
         exp_ids = _experiment_ids(client, names)
     else:
         raise ValueError("give parent_run_id or experiments")
-    flt = ("tags.`scarcelab.role` = 'study' and tags.`scarcelab.ratio` != '' "
+    flt = (f"tags.`{T.ROLE}` = 'study' and tags.`{T.RATIO}` != '' "
            "and attributes.status = 'FINISHED'")
     if parent_run_id:
         flt += f" and tags.`mlflow.parentRunId` = '{parent_run_id}'"
@@ -166,12 +168,12 @@ def load_points(parent_run_id: str | None = None, experiments: str | Iterable[st
         t, m = s.data.tags, s.data.metrics
         trials = client.search_runs(
             exp_ids, f"tags.`mlflow.parentRunId` = '{s.info.run_id}' and "
-            f"tags.`scarcelab.trial` = '{t.get('scarcelab.best_trial', '0')}'", max_results=1)
+            f"tags.`{T.TRIAL}` = '{t.get(T.BEST_TRIAL, '0')}'", max_results=1)
         hist = _history(client, trials[0].info.run_id) if trials else {}
         rows.append({
-            "method": t.get("scarcelab.method"), "dataset": t.get("scarcelab.dataset"),
-            "source": t.get("scarcelab.ood"), "kind": t.get("scarcelab.ood_kind", ""),
-            "ratio": float(t["scarcelab.ratio"]), "study_run_id": s.info.run_id,
+            "method": t.get(T.METHOD), "dataset": t.get(T.DATASET),
+            "source": t.get(T.OOD), "kind": t.get(T.OOD_KIND, ""),
+            "ratio": float(t[T.RATIO]), "study_run_id": s.info.run_id,
             "best_test_bacc": m.get("best/test_balanced_accuracy", math.nan),
             "best_val_bacc": m.get("best/val_balanced_accuracy", math.nan),
             **summarise_history(hist),
@@ -228,11 +230,11 @@ def killed_sweep(client: MlflowClient, experiment_id: str, sweep_key: str) -> st
     from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     runs = client.search_runs(
-        [experiment_id], f"tags.`scarcelab.role` = 'contamination' and "
-        f"tags.`scarcelab.sweep_key` = '{sweep_key}' and attributes.status = 'RUNNING'",
+        [experiment_id], f"tags.`{T.ROLE}` = 'contamination' and "
+        f"tags.`{T.SWEEP_KEY}` = '{sweep_key}' and attributes.status = 'RUNNING'",
         max_results=100, order_by=["attributes.start_time DESC"])
     for r in runs:
-        if MlflowTracker._owner_dead(r.data.tags.get("scarcelab.owner", "")):
+        if MlflowTracker._owner_dead(r.data.tags.get(T.OWNER, "")):
             return str(r.info.run_id)
     return None
 
@@ -254,7 +256,7 @@ def finished_children(client: MlflowClient, parent_run_id: str) -> dict[str, Any
     exp = client.get_run(parent_run_id).info.experiment_id
     runs = client.search_runs(
         [exp], f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
-        "tags.`scarcelab.role` = 'study' and attributes.status = 'FINISHED'",
+        f"tags.`{T.ROLE}` = 'study' and attributes.status = 'FINISHED'",
         max_results=5000, order_by=["attributes.start_time ASC"])
     out: dict[str, Any] = {}
     for r in runs:
@@ -276,10 +278,10 @@ def finished_children(client: MlflowClient, parent_run_id: str) -> dict[str, Any
             best_val=float(m.get("best/val_balanced_accuracy", math.nan)),
             best_test={k.removeprefix("best/test_"): float(v) for k, v in m.items()
                        if k.startswith("best/test_")},
-            best_trial=int(t.get("scarcelab.best_trial", -1)),
-            n_trials=int(t.get("scarcelab.n_trials", 0)),
-            n_failed=int(t.get("scarcelab.n_failed", 0)),
-            split_hash=t.get("scarcelab.split_hash", ""), best_checkpoint=ckpt)
+            best_trial=int(t.get(T.BEST_TRIAL, -1)),
+            n_trials=int(t.get(T.N_TRIALS, 0)),
+            n_failed=int(t.get(T.N_FAILED, 0)),
+            split_hash=t.get(T.SPLIT_HASH, ""), best_checkpoint=ckpt)
         counts = {k.removeprefix("contamination."): _param(v) for k, v in p.items()
                   if k.startswith("contamination.")}
         out[point] = FinishedChild(result, counts, r.info.run_id)  # the latest one wins

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from scarcelab import tags as T
 from scarcelab.errors import ConfigError, DataError
 from scarcelab.models.encoder import backbone_from_file, build_encoder
 
@@ -117,16 +118,16 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
         if path is None:
             parent = tags.get("mlflow.parentRunId")
             hint = (f"it is a trial of study run {parent}: pass runs:/{parent}/model" if
-                    tags.get("scarcelab.role") == "trial" and parent else
+                    tags.get(T.ROLE) == "trial" and parent else
                     "pass a scarcelab study run (scarcelab.role = study)")
             raise DataError(f"encoder={spec!r}: run {run_id} has neither {CHECKPOINT} nor "
                             f"weights under {sub!r}; {hint}")
-        net, info = backbone_from_file(path, arch or tags.get("scarcelab.arch"), in_channels,
+        net, info = backbone_from_file(path, arch or tags.get(T.ARCH), in_channels,
                                        source=spec, norm=norm)
     info.update(run_id=run_id, artifact=str(path.name))
-    for k in ("method", "family", "dataset"):
-        if f"scarcelab.{k}" in tags:
-            info.setdefault(f"source_{k}", tags[f"scarcelab.{k}"])
+    for k, tag in (("method", T.METHOD), ("family", T.FAMILY), ("dataset", T.DATASET)):
+        if tag in tags:
+            info.setdefault(f"source_{k}", tags[tag])
     return net, info
 
 

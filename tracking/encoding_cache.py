@@ -19,6 +19,7 @@ from typing import Any
 
 from mlflow.entities import Metric, Param
 
+from scarcelab import tags as T
 from scarcelab.active.encoded import DiskEncodingCache, Encoded
 from scarcelab.tracking.mlflow_tracker import current_experiment_id
 
@@ -37,8 +38,8 @@ class MlflowEncodingCache:
     def _find(self, key: str) -> Any | None:
         runs = self.client.search_runs(
             [self.experiment_id],
-            filter_string=(f"tags.`scarcelab.role` = '{ROLE}' and "
-                           f"tags.`scarcelab.encoding_key` = '{key}' and "
+            filter_string=(f"tags.`{T.ROLE}` = '{ROLE}' and "
+                           f"tags.`{T.ENCODING_KEY}` = '{key}' and "
                            "attributes.status = 'FINISHED'"),
             max_results=1, order_by=["attributes.start_time DESC"])
         return runs[0] if runs else None
@@ -69,9 +70,9 @@ class MlflowEncodingCache:
         m = enc.meta
         run = self.client.create_run(
             self.experiment_id, run_name=f"encoding-{m.get('dataset')}-{key[:8]}",
-            tags={"scarcelab.role": ROLE, "scarcelab.family": "active",
-                  "scarcelab.encoding_key": key, "scarcelab.dataset": str(m.get("dataset")),
-                  "scarcelab.method": str(m.get("encoder"))})
+            tags={T.ROLE: ROLE, T.FAMILY: "active",
+                  T.ENCODING_KEY: key, T.DATASET: str(m.get("dataset")),
+                  T.METHOD: str(m.get("encoder"))})
         rid = run.info.run_id
         try:
             now = int(time.time() * 1000)

@@ -29,6 +29,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from scarcelab import tags as T
 from scarcelab.errors import ConfigError
 from scarcelab.methods import get_method
 from scarcelab.methods.space import Choice
@@ -62,7 +63,7 @@ def _reference(method_cls: Any, name: str) -> Any:
 
 def _best_study(client: MlflowClient, exp_id: str, method: str, name: str) -> Any:
     runs = client.search_runs(
-        [exp_id], f"tags.`scarcelab.role` = 'study' and tags.`scarcelab.method` = '{method}' "
+        [exp_id], f"tags.`{T.ROLE}` = 'study' and tags.`{T.METHOD}` = '{method}' "
         "and attributes.status = 'FINISHED'",
         order_by=["metrics.`best/val_balanced_accuracy` DESC"], max_results=1)
     if not runs:
@@ -72,13 +73,13 @@ def _best_study(client: MlflowClient, exp_id: str, method: str, name: str) -> An
 
 
 def _best_trial(client: MlflowClient, study: Any, spec: str) -> Any:
-    number = study.data.tags.get("scarcelab.best_trial")
+    number = study.data.tags.get(T.BEST_TRIAL)
     if number is None:
         raise ConfigError(f"hparams_from={spec!r}: study run {study.info.run_id} has no "
                           "scarcelab.best_trial tag (it did not finish)")
     trials = client.search_runs(
         [study.info.experiment_id], f"tags.`mlflow.parentRunId` = '{study.info.run_id}' and "
-        f"tags.`scarcelab.trial` = '{number}'", max_results=1)
+        f"tags.`{T.TRIAL}` = '{number}'", max_results=1)
     if not trials:
         raise ConfigError(f"hparams_from={spec!r}: the best trial ({number}) of study run "
                           f"{study.info.run_id} is not in the tracking store")
@@ -112,23 +113,23 @@ def resolve_hparams(spec: str, method: str, client: MlflowClient | None = None
         label = f"experiment {spec}: study {run.info.run_id}"
     else:
         label = f"run {run.info.run_id}"
-    role = run.data.tags.get("scarcelab.role")
+    role = run.data.tags.get(T.ROLE)
     if role == "study":
         trial = _best_trial(client, run, spec)
-        label += f", trial {trial.data.tags.get('scarcelab.trial')}"
+        label += f", trial {trial.data.tags.get(T.TRIAL)}"
     elif role == "trial":
         trial = run
     else:
         raise ConfigError(f"hparams_from={spec!r}: run {run.info.run_id} is not a scarcelab "
                           f"study or trial (scarcelab.role={role!r})")
-    theirs = trial.data.tags.get("scarcelab.method")
+    theirs = trial.data.tags.get(T.METHOD)
     if theirs != method_cls.registered_name:
         raise ConfigError(f"hparams_from={spec!r}: that configuration is for method {theirs!r}, "
                           f"not {method!r}")
     names = set(method_cls.search_space) | set(method_cls.defaults)
     hp = {k: _decode(v, _reference(method_cls, k)) for k, v in trial.data.params.items()
           if k in names}
-    src = run.data.tags.get("scarcelab.dataset")
+    src = run.data.tags.get(T.DATASET)
     if src:
         label += f" ({src})"
     return hp, label

@@ -47,6 +47,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from torch import nn
 
+from scarcelab import tags as T
 from scarcelab.errors import ScarcelabError
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
 from scarcelab.tracking.run_views import RunViews
@@ -74,7 +75,7 @@ RETRIES = 5
 FLUSH_TIMEOUT_S = float(os.environ.get("SCARCELAB_SPOOL_FLUSH_S", "60"))
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
 MLFLOW_NOTE = "mlflow.note.content"  # the run's description in the MLflow UI
-SPOOL_OP_TAG = "scarcelab.spool_op"  # the client-chosen key that makes re-delivery idempotent
+SPOOL_OP_TAG = T.SPOOL_OP  # the client-chosen key that makes re-delivery idempotent
 
 # A dead server must cost seconds, not MLflow's default ~2 minutes of backoff per call:
 # the spool retries later anyway. Users can still override these.
@@ -272,7 +273,7 @@ def _export_failed(tracker: Any, e: BaseException) -> None:
     log.error(msg)
     print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
     tracker._submit({"op": "log_batch", "key": "study",
-                     "tags": [["scarcelab.model_export_error", msg[:5000]]]})
+                     "tags": [[T.MODEL_EXPORT_ERROR, msg[:5000]]]})
 
 
 def replay_leftovers(uri: str | None = None, root: Path | None = None) -> None:
@@ -291,7 +292,7 @@ def replay_leftovers(uri: str | None = None, root: Path | None = None) -> None:
               f"{'delivered' if ok else 'still pending'}", file=sys.stderr, flush=True)
 
 
-LOST_TAGS = (RECORDS_LOST_TAG, "scarcelab.trials_lost", "scarcelab.epochs_lost")
+LOST_TAGS = (RECORDS_LOST_TAG, T.TRIALS_LOST, T.EPOCHS_LOST)
 
 
 class TrackingUnavailable(ScarcelabError):
@@ -362,7 +363,7 @@ class MlflowTracker(RunViews, Tracker):
     # -- resume ---------------------------------------------------------------------------
     def _study_runs(self, key: str, role: str, extra: str = "") -> list[Any]:
         exp = current_experiment_id(self.client, self.experiment)
-        flt = (f"tags.`scarcelab.study_key` = '{key}' and tags.`scarcelab.role` = '{role}' "
+        flt = (f"tags.`{T.STUDY_KEY}` = '{key}' and tags.`{T.ROLE}` = '{role}' "
                f"and attributes.status = 'RUNNING'{extra}")
         return list(_retry(self.client.search_runs, [exp], flt, max_results=1000,
                            order_by=["attributes.start_time DESC"]))
@@ -378,7 +379,7 @@ class MlflowTracker(RunViews, Tracker):
         self._replay_leftovers(mlflow.get_tracking_uri())  # what the dead one still had
         for run in self._study_runs(study_key, "study"):
             if run.info.run_id == mine or not self._owner_dead(
-                    run.data.tags.get("scarcelab.owner", "")):
+                    run.data.tags.get(T.OWNER, "")):
                 continue
             rid = run.info.run_id
             ckpt = self._restore_checkpoint(run)
@@ -391,9 +392,9 @@ class MlflowTracker(RunViews, Tracker):
                 self.client.search_runs, [run.info.experiment_id],
                 f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}' and attributes.status = 'RUNNING'"))
             print(f"[scarcelab] resuming study run {rid} (its process "
-                  f"{run.data.tags.get('scarcelab.owner')} died)", file=sys.stderr, flush=True)
+                  f"{run.data.tags.get(T.OWNER)} died)", file=sys.stderr, flush=True)
             return ResumeState(
-                optuna_study=run.data.tags.get("scarcelab.optuna_study", study_key),
+                optuna_study=run.data.tags.get(T.OPTUNA_STUDY, study_key),
                 elapsed_s=max((m.value for m in elapsed), default=0.0),
                 global_epoch=max((m.step for m in hist), default=-1) + 1,
                 best_checkpoint=ckpt, same_record=not mine)
@@ -417,19 +418,19 @@ class MlflowTracker(RunViews, Tracker):
                    "without its best-so-far checkpoint (nothing from the file was loaded).")
             log.error(msg)
             print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
-            _retry(self.client.set_tag, rid, "scarcelab.checkpoint_refused", str(e)[:5000])
+            _retry(self.client.set_tag, rid, T.CHECKPOINT_REFUSED, str(e)[:5000])
             return None
 
     def close_orphan_trials(self, completed: set[int]) -> None:
         for t in self._orphans:
-            number = t.data.tags.get("scarcelab.trial", "")
+            number = t.data.tags.get(T.TRIAL, "")
             if number.isdigit() and int(number) in completed:
-                _retry(self.client.set_tag, t.info.run_id, "scarcelab.reconciled",
+                _retry(self.client.set_tag, t.info.run_id, T.RECONCILED,
                        "the process died after Optuna recorded this trial as complete and "
                        "before this run was closed; closed as FINISHED on resume")
                 _retry(self.client.set_terminated, t.info.run_id, "FINISHED")
             else:
-                _retry(self.client.set_tag, t.info.run_id, "scarcelab.error",
+                _retry(self.client.set_tag, t.info.run_id, T.ERROR,
                        "the process running this trial died")
                 _retry(self.client.set_terminated, t.info.run_id, "FAILED")
         self._orphans = []
@@ -437,8 +438,8 @@ class MlflowTracker(RunViews, Tracker):
     def mark_trials_failed(self, study_key: str, numbers: list[int], reason: str) -> None:
         wanted = {str(n) for n in numbers}
         for run in self._study_runs(study_key, "trial"):
-            if run.data.tags.get("scarcelab.trial") in wanted:
-                _retry(self.client.set_tag, run.info.run_id, "scarcelab.error", reason)
+            if run.data.tags.get(T.TRIAL) in wanted:
+                _retry(self.client.set_tag, run.info.run_id, T.ERROR, reason)
                 _retry(self.client.set_terminated, run.info.run_id, "FAILED")
 
     def _take_over(self, dead: str, new: str) -> None:
@@ -463,7 +464,7 @@ class MlflowTracker(RunViews, Tracker):
                       f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{dead}'", max_results=50_000)
         for kid in kids:
             _retry(self.client.log_batch, kid.info.run_id, tags=[
-                RunTag(MLFLOW_PARENT_RUN_ID, new), RunTag("scarcelab.moved_from", dead)])
+                RunTag(MLFLOW_PARENT_RUN_ID, new), RunTag(T.MOVED_FROM, dead)])
         if batch or kids:
             log.info("study run %s continues %s: %d metric points and %d trial runs moved",
                      new, dead, len(batch), len(kids))
@@ -495,14 +496,14 @@ class MlflowTracker(RunViews, Tracker):
     # -- runs ---------------------------------------------------------------------------
     def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
                     artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
-        if "scarcelab.data_files" not in tags:  # entry points without the progress wrapper
+        if T.DATA_FILES not in tags:  # entry points without the progress wrapper
             from scarcelab.data import provenance
 
             files = provenance.used()
             provenance.reset()  # the next run of this process records its own files
             if files:
                 artifacts = {**artifacts, "data_files.json": {"files": files}}
-                tags = {**tags, "scarcelab.data_files": provenance.summary(files)}
+                tags = {**tags, T.DATA_FILES: provenance.summary(files)}
         from mlflow.tracking.context.registry import resolve_tags
 
         name = self._label["run_name"] or name
@@ -524,7 +525,7 @@ class MlflowTracker(RunViews, Tracker):
             run = _retry(self.client.create_run, exp, tags=resolve_tags({}), run_name=name)
         self.study_run_id = run.info.run_id
         self._experiment_id = run.info.experiment_id
-        all_tags = {**tags, "scarcelab.owner": OWNER}
+        all_tags = {**tags, T.OWNER: OWNER}
         if (project_run and run.info.run_id == project_run and not self._resume_run
                 and (self._label["run_name"] or _generated_name(run.info.run_name))):
             # `mlflow run` named it at random (agreeable-swan-628): the CLI's name instead;
@@ -534,19 +535,19 @@ class MlflowTracker(RunViews, Tracker):
         if commit and "mlflow.source.git.commit" not in run.data.tags:
             all_tags["mlflow.source.git.commit"] = commit
         if launcher:
-            all_tags["scarcelab.resumed_by"] = launcher
+            all_tags[T.RESUMED_BY] = launcher
             _retry(self.client.log_batch, launcher, tags=[
-                RunTag("scarcelab.role", "tune_resume"),
-                RunTag("scarcelab.resumes", self.study_run_id),
+                RunTag(T.ROLE, "tune_resume"),
+                RunTag(T.RESUMES, self.study_run_id),
                 RunTag("mlflow.note.content", "Continues the final retraining of study run "
                        f"`{self.study_run_id}`; its retrain runs and results are there.")])
         continued = self._attach_run or self._resume_run
         if continued:
             self._carry_lost(continued, all_tags, moved=continued != self.study_run_id)
         if project_run and self._resume_run:  # a new run continues the dead one
-            all_tags["scarcelab.resumed_from"] = self._resume_run
+            all_tags[T.RESUMED_FROM] = self._resume_run
             self._take_over(self._resume_run, project_run)
-            _retry(self.client.set_tag, self._resume_run, "scarcelab.resumed_by", project_run)
+            _retry(self.client.set_tag, self._resume_run, T.RESUMED_BY, project_run)
             _retry(self.client.set_terminated, self._resume_run, "FAILED")
         # Under `mlflow run` the entry point's raw strings ("default", "''") are logged
         # already and params are immutable: log the resolved value beside them.
@@ -594,7 +595,7 @@ class MlflowTracker(RunViews, Tracker):
 
         self._n += 1
         key = f"trial-{number}-{self._n}"
-        run_name = self.trial_run_name(number, str(tags.get("scarcelab.role", "trial")))
+        run_name = self.trial_run_name(number, str(tags.get(T.ROLE, "trial")))
         self._trial_key = key
         self._submit({"op": "create_run", "key": key, "parent": "study",
                       "experiment_id": self._experiment_id, "run_name": run_name,
@@ -659,7 +660,7 @@ class MlflowTracker(RunViews, Tracker):
             return
         if error:
             self._submit({"op": "log_batch", "key": self._trial_key,
-                          "tags": [["scarcelab.error", error[:5000]]]})
+                          "tags": [[T.ERROR, error[:5000]]]})
         self._submit({"op": "terminate", "key": self._trial_key, "status": status,
                       "end_time": int(time.time() * 1000)})
         self._trial_key = self.trial_run_id = None
@@ -675,7 +676,7 @@ class MlflowTracker(RunViews, Tracker):
         d = Path(self._tmp.name) / uuid.uuid4().hex[:8]
         d.mkdir()
         example = example.detach().cpu().contiguous()
-        metadata = {"scarcelab.format": "pt2"}
+        metadata = {T.MODEL_FORMAT: "pt2"}
         assert self.spool is not None and self.study_run_id is not None, "start_study first"
         if not self.spool.remote:
             # A local store has no outage to wait out, so nothing goes through the spool:

@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from scarcelab import tags as T
+
 log = logging.getLogger("scarcelab.tracking")
 
 DESCRIPTION_TAG = "mlflow.note.content"
@@ -156,9 +158,9 @@ class RunViews:
                               "tags": [[DESCRIPTION_TAG, text]]})
         except Exception as e:  # noqa: BLE001
             log.warning("run description skipped: %s", e)
-        if "scarcelab.phase" in st["tags"]:  # the phase tag of a running study: over now
+        if T.PHASE in st["tags"]:  # the phase tag of a running study: over now
             self._submit({"op": "log_batch", "key": "study",  # type: ignore[attr-defined]
-                          "tags": [["scarcelab.phase", "done" if status == "FINISHED"
+                          "tags": [[T.PHASE, "done" if status == "FINISHED"
                                     else status.lower()]]})
         if st["register"] and status == "FINISHED":
             self._submit({"op": "register_model", "key": "study",  # type: ignore[attr-defined]
@@ -217,7 +219,7 @@ class RunViews:
 
     def _rv_description(self, st: dict[str, Any], status: str) -> str:
         t, p, b = st["tags"], st["params"], st["best"]
-        role = t.get("scarcelab.role", "study")
+        role = t.get(T.ROLE, "study")
         lines = [f"**{st['name']}** — {role} ({status})", ""]
         if st.get("user_description"):
             lines += [str(st["user_description"]), ""]
@@ -228,10 +230,10 @@ class RunViews:
         if what:
             lines.append(f"Run: {what}.")
         if role == "study":
-            if "scarcelab.n_trials" in t:
-                lines.append(f"Trials: {t['scarcelab.n_trials']} "
-                             f"({t.get('scarcelab.n_failed', '0')} failed); selected trial "
-                             f"{t.get('scarcelab.best_trial', '?')} (best validation balanced "
+            if T.N_TRIALS in t:
+                lines.append(f"Trials: {t[T.N_TRIALS]} "
+                             f"({t.get(T.N_FAILED, '0')} failed); selected trial "
+                             f"{t.get(T.BEST_TRIAL, '?')} (best validation balanced "
                              "accuracy).")
             head = [(k, b[k]) for k in ("best/val_balanced_accuracy",
                                         "best/test_balanced_accuracy", "best/test_auroc",

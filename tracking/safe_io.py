@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-CHECKSUM_TAG = "scarcelab.checkpoint_sha256"
+from scarcelab import tags as T
+
+CHECKSUM_TAG = T.CHECKPOINT_SHA256
 
 
 class UnsafeArtifact(RuntimeError):

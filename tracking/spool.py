@@ -55,6 +55,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scarcelab import tags as T
+
 log = logging.getLogger("scarcelab.tracking")
 
 RETRY_INTERVAL_S = float(os.environ.get("SCARCELAB_SPOOL_RETRY_S", "5"))
@@ -175,7 +177,7 @@ def read_journal(path: Path) -> tuple[list[dict[str, Any]], str | None]:
 # -- records held in memory only (issue 25 item 12) -------------------------------------------
 LEDGER = "memory_only.json"
 LEDGER_BYTES = 4096  # one page, overwritten in place: a full disk still takes it
-RECORDS_LOST_TAG = "scarcelab.records_lost"
+RECORDS_LOST_TAG = T.RECORDS_LOST
 
 
 def _ranges(steps: list[int]) -> str:
@@ -232,8 +234,8 @@ class MemoryLedger:
         run["ops"][kind] = run["ops"].get(kind, 0) + sign
         if kind == "create_run" and sign > 0:
             tags = op.get("tags") or {}
-            run.update(parent=op.get("parent"), trial=tags.get("scarcelab.trial"),
-                       retrain=tags.get("scarcelab.retrain"))
+            run.update(parent=op.get("parent"), trial=tags.get(T.TRIAL),
+                       retrain=tags.get(T.RETRAIN))
         for m in op.get("metrics") or []:
             step = str(int(m[3]))
             run["steps"][step] = run["steps"].get(step, 0) + sign
@@ -312,7 +314,7 @@ def lost_marks(lost: dict[str, Any], ids: dict[str, str]) -> list[dict[str, Any]
         if n_steps:
             parts.append(f"the metrics of {n_steps} epoch(s)"
                          + (f", steps {_ranges(steps)}" if steps else ""))
-            tags.setdefault(key, {})["scarcelab.epochs_lost"] = str(n_steps)
+            tags.setdefault(key, {})[T.EPOCHS_LOST] = str(n_steps)
         if ops.get("terminate"):
             parts.append("its end: it was left RUNNING")
         lines.setdefault(key, []).append(
@@ -323,7 +325,7 @@ def lost_marks(lost: dict[str, Any], ids: dict[str, str]) -> list[dict[str, Any]
             f"{len(p['names'])} run(s) under it that were never created ("
             + ", ".join(p["names"]) + f": {p['records']} record(s)"
             + (f", the metrics of {p['epochs']} epoch(s)" if p["epochs"] else "") + ")")
-        tags.setdefault(parent, {})["scarcelab.trials_lost"] = str(len(p["names"]))
+        tags.setdefault(parent, {})[T.TRIALS_LOST] = str(len(p["names"]))
     if lost.get("truncated"):
         lines.setdefault("study", []).append(f"{lost.get('records')} tracking record(s)")
     out: list[dict[str, Any]] = []
@@ -554,9 +556,9 @@ class Spool:
     def _finish(self) -> bool:
         """All delivered: mark the runs that got records late (and those that lost some),
         then drop the folder. False when the marks could not be sent (folder kept)."""
-        tags = [["scarcelab.spool", "delivered_late"]]
+        tags = [[T.SPOOL, "delivered_late"]]
         if self.skipped:  # the loss is visible where the results are read, not only in a log
-            tags.append(["scarcelab.spool_skipped", self.skipped])
+            tags.append([T.SPOOL_SKIPPED, self.skipped])
         for key in sorted(self.late_keys):
             if key in self.ids:
                 try:

@@ -43,6 +43,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
+from scarcelab import tags as T
 from scarcelab.errors import ScarcelabError
 from scarcelab.protocols.study_store import redact
 from scarcelab.protocols.tune import FinalResume, PriorTrial, SearchResume, retrain_seed
@@ -73,13 +74,13 @@ def _get_study(client: MlflowClient, run_id: str) -> Any:
                               ) from None
         raise
     tags = run.data.tags
-    if tags.get("scarcelab.protocol") != "tune" or tags.get("scarcelab.role") != "study":
+    if tags.get(T.PROTOCOL) != "tune" or tags.get(T.ROLE) != "study":
         parent = tags.get(MLFLOW_PARENT_RUN_ID)
         hint = f"; did you mean its parent, the study run {parent}?" if parent else ""
         raise ResumeError(f"run {run_id} is not a tune study run (scarcelab.role="
-                          f"{tags.get('scarcelab.role')!r}, scarcelab.protocol="
-                          f"{tags.get('scarcelab.protocol')!r}){hint}")
-    owner = tags.get("scarcelab.owner", "")
+                          f"{tags.get(T.ROLE)!r}, scarcelab.protocol="
+                          f"{tags.get(T.PROTOCOL)!r}){hint}")
+    owner = tags.get(T.OWNER, "")
     if run.info.status == "RUNNING" and _owner_alive(owner):
         raise ResumeError(f"study run {run_id} is still being run by process {owner}; stop "
                           "it first (two processes must not retrain one study)")
@@ -127,8 +128,8 @@ def _fields(run: Any) -> dict[str, Any]:
     # ``epochs`` (gem's default when --epochs-f is not given)
     has_final = "resolved.epochs_final" in params or "epochs_final" in params
     epochs_final = as_int("epochs_final", none_ok=True) if has_final else None
-    return {"method": tags.get("scarcelab.method") or raw("method"),
-            "dataset": tags.get("scarcelab.dataset") or raw("dataset"),
+    return {"method": tags.get(T.METHOD) or raw("method"),
+            "dataset": tags.get(T.DATASET) or raw("dataset"),
             "arch": raw("arch"), "seed": as_int("seed"), "epochs": as_int("epochs"),
             "epochs_final": epochs_final if has_final else as_int("epochs"),
             "grace_period": as_int("grace_period"), "n_trials": as_int("n_trials"),
@@ -137,7 +138,7 @@ def _fields(run: Any) -> dict[str, Any]:
             "max_steps_per_epoch": as_int("max_steps_per_epoch", none_ok=True),
             "data_dir": data_dir if isinstance(data_dir, str) and data_dir else None,
             "overrides": overrides,
-            "study_name": tags.get("scarcelab.study_key") or None}
+            "study_name": tags.get(T.STUDY_KEY) or None}
 
 
 AVG5 = "val/balanced_accuracy_avg5"
@@ -154,7 +155,7 @@ def read_study(run_id: str, client: MlflowClient | None = None
     replay_leftovers()
     client = client or MlflowClient()
     run = _get_study(client, run_id)
-    if "scarcelab.best_params" in run.data.tags:
+    if T.BEST_PARAMS in run.data.tags:
         return read_final_phase(run_id, client, run)
     fields = _fields(run)
     if fields["phase"] == "final":
@@ -180,22 +181,22 @@ def _search_trials(client: MlflowClient, run: Any
     rid = run.info.run_id
     kids = client.search_runs(
         [run.info.experiment_id],
-        f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}' and tags.`scarcelab.role` = 'trial'",
+        f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}' and tags.`{T.ROLE}` = 'trial'",
         max_results=50_000, order_by=["attributes.start_time ASC"])
     trials: dict[int, PriorTrial] = {}
     stale: list[str] = []
     last = run.info.start_time
     for r in kids:
-        tags, number = r.data.tags, r.data.tags.get("scarcelab.trial", "")
+        tags, number = r.data.tags, r.data.tags.get(T.TRIAL, "")
         last = max(last, r.info.end_time or r.info.start_time)
-        if not number.isdigit() or tags.get("scarcelab.crashed") == "true":
+        if not number.isdigit() or tags.get(T.CRASHED) == "true":
             continue  # crashed: an earlier resume ran it again
         if r.info.status == "RUNNING":
             stale.append(r.info.run_id)
             continue
         state = ("complete" if r.info.status == "FINISHED" else
-                 "pruned" if tags.get("scarcelab.pruned") == "true" else
-                 "budget" if tags.get("scarcelab.stopped") == "budget" else "failed")
+                 "pruned" if tags.get(T.PRUNED) == "true" else
+                 "budget" if tags.get(T.STOPPED) == "budget" else "failed")
         reports = {m.step + 1: float(m.value)
                    for m in client.get_metric_history(r.info.run_id, AVG5)}
         value = r.data.metrics.get("asha/final_value") if state == "complete" else None
@@ -218,7 +219,7 @@ def read_final_phase(run_id: str, client: MlflowClient | None = None, run: Any =
     runs to close). Reads only; :func:`close_stale` writes."""
     client = client or MlflowClient()
     run = run or _get_study(client, run_id)
-    if "scarcelab.best_params" not in run.data.tags:
+    if T.BEST_PARAMS not in run.data.tags:
         raise ResumeError(f"study run {run_id} has no best configuration (tag "
                           "scarcelab.best_params): its search did not finish; "
                           "`tune --resume` continues it")
@@ -226,12 +227,12 @@ def read_final_phase(run_id: str, client: MlflowClient | None = None, run: Any =
     seed, n_final = fields["seed"], fields["n_final"]
     children = client.search_runs(
         [run.info.experiment_id],
-        f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}' and tags.`scarcelab.role` = 'retrain'",
+        f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}' and tags.`{T.ROLE}` = 'retrain'",
         max_results=10_000, order_by=["attributes.start_time ASC"])
     done: dict[int, float] = {}
     stale: list[str] = []
     for r in children:
-        index = r.data.tags.get("scarcelab.retrain", "")
+        index = r.data.tags.get(T.RETRAIN, "")
         if not index.isdigit():
             continue
         i = int(index)
@@ -255,7 +256,7 @@ def read_final_phase(run_id: str, client: MlflowClient | None = None, run: Any =
         done[i] = float(r.data.metrics[SCORE])
     logged = frozenset(m.step for m in client.get_metric_history(
         run_id, "final/test_balanced_accuracy"))
-    best = json.loads(run.data.tags["scarcelab.best_params"])
+    best = json.loads(run.data.tags[T.BEST_PARAMS])
     return fields, FinalResume(best_params=best, done=done, logged=logged,
                                recorded=dict(run.data.params)), stale
 
@@ -265,7 +266,7 @@ def close_stale(run_ids: list[str], client: MlflowClient | None = None) -> None:
     and ``scarcelab.crashed`` (a resume never counts such a record)."""
     client = client or MlflowClient()
     for rid in run_ids:
-        client.set_tag(rid, "scarcelab.error", "the process running this trial died; the "
+        client.set_tag(rid, T.ERROR, "the process running this trial died; the "
                        "resumed study runs it again (same number, same seed)")
-        client.set_tag(rid, "scarcelab.crashed", "true")
+        client.set_tag(rid, T.CRASHED, "true")
         client.set_terminated(rid, "FAILED")

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from scarcelab import tags as T
 from scarcelab.errors import ConfigError, DataError
 
 
@@ -476,7 +477,7 @@ def _encoded_loader(base: str) -> Loader:
                       x_te.astype(np.float32), enc.y_test,
                       raw.num_classes, raw.source,
                       f"{m.get('dim')}-d embeddings from {what}; encoding {key} ({where})",
-                      {"scarcelab.encoding_key": key, "scarcelab.encoding_source": where})
+                      {T.ENCODING_KEY: key, T.ENCODING_SOURCE: where})
     return load
 
 

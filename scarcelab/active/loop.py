@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from scarcelab import tags as T
 from scarcelab.active import STRATEGIES
 from scarcelab.active.base import QueryState, Strategy
 from scarcelab.active.batched import fit_many
@@ -333,11 +334,11 @@ def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
     cfg = rc.resolved()
     strategy = make_strategy(rc.strategy, rc.strategy_params, rc.max_candidates)
     name = STRATEGIES.get(rc.strategy).registered_name
-    base_tags = {"scarcelab.family": "active", "scarcelab.method": name,
-                 "scarcelab.dataset": rc.dataset, "scarcelab.query_size": str(rc.query_size),
-                 "scarcelab.seed_strategy": str(rc.seed_strategy)}
+    base_tags = {T.FAMILY: "active", T.METHOD: name,
+                 T.DATASET: rc.dataset, T.QUERY_SIZE: str(rc.query_size),
+                 T.SEED_STRATEGY: str(rc.seed_strategy)}
     if cfg.stop_on == "test":
-        base_tags["scarcelab.leak"] = "test-set early stopping (CDALBench's earlier code)"
+        base_tags[T.LEAK] = "test-set early stopping (CDALBench's earlier code)"
     params: dict[str, Any] = {"strategy": name, "dataset": rc.dataset,
                               "query_size": rc.query_size, "repetitions": rc.repetitions,
                               "seed_strategy": rc.seed_strategy, "seed_data": rc.seed_data,
@@ -349,7 +350,7 @@ def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
     first = load_for_sweep(rc, ctx)
     tracker.start_study(
         f"al-{rc.dataset}-{name}-q{rc.query_size}",
-        {**base_tags, "scarcelab.role": "al_sweep", **(first.tags if first else {})}, params,
+        {**base_tags, T.ROLE: "al_sweep", **(first.tags if first else {})}, params,
         {"al_config.json": {**params, "note": first.note if first else ""}},
         DatasetInfo(rc.dataset, first.source if first else f"synthetic:{rc.dataset}",
                     _digest(first) if first else "regenerated-per-repetition"),
@@ -358,11 +359,11 @@ def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
     try:
         for k in range(rc.repetitions):
             s_d, s_t = rc.seed_data + k, rc.seed_model + k
-            tracker.start_trial(k, {**base_tags, "scarcelab.role": "al",
-                                    "scarcelab.repetition": str(k),
-                                    "scarcelab.seed_data": str(s_d),
-                                    "scarcelab.seed_model": str(s_t),
-                                    "scarcelab.seed": str(s_d)},
+            tracker.start_trial(k, {**base_tags, T.ROLE: "al",
+                                    T.REPETITION: str(k),
+                                    T.SEED_DATA: str(s_d),
+                                    T.SEED_MODEL: str(s_t),
+                                    T.SEED: str(s_d)},
                                 {"repetition": k, "seed_data": s_d, "seed_model": s_t})
             try:
                 rep = run_one(rc, k, first, strategy, on_iteration)
@@ -383,7 +384,7 @@ def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
                           if rep.query_times else 0.0,
                           "al/final_accuracy": rep.accuracies[-1]}, 0))
             tracker.log_metrics_batch(rows)
-            tracker.set_tags({"scarcelab.split_hash": rep.split_hash}, scope="trial")
+            tracker.set_tags({T.SPLIT_HASH: rep.split_hash}, scope="trial")
             tracker.end_trial("FINISHED")
             result.repetitions.append(rep)
         if not result.repetitions:

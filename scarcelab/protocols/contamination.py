@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from scarcelab import tags as T
 from scarcelab.data.bundle import DatasetBundle
 from scarcelab.data.ood import ImageFormat, SourceContext, draw_ood, get_source
 from scarcelab.errors import ConfigError
@@ -116,8 +117,8 @@ class TaggingTracker(DelegatingTracker):
 
     def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
                     artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
-        ratio = self.tags.get("scarcelab.ratio")
-        suffix = f"{self.tags.get('scarcelab.ood', 'ood')}-r{ratio}" if ratio is not None \
+        ratio = self.tags.get(T.RATIO)
+        suffix = f"{self.tags.get(T.OOD, 'ood')}-r{ratio}" if ratio is not None \
             else "tuning-r0"
         self.inner.start_study(f"{name}-{suffix}",
                                {**tags, **self.tags}, {**params, **self.params}, artifacts,
@@ -214,9 +215,9 @@ def run_contamination(
                 seen.update(out.meta["contamination"])
                 return out
 
-            tags = {"scarcelab.ood": source, "scarcelab.ratio": f"{r:g}",
-                    "scarcelab.ood_kind": kind if r > 0 else "none",
-                    "scarcelab.tuning": tuning, "scarcelab.hparams_source": hp_source}
+            tags = {T.OOD: source, T.RATIO: f"{r:g}",
+                    T.OOD_KIND: kind if r > 0 else "none",
+                    T.TUNING: tuning, T.HPARAMS_SOURCE: hp_source}
             tracker = tracker_for(source, r)
             # the contamination counts are known only after the transform ran; they are
             # logged as params of the child study through a lazily-filled dict
@@ -256,9 +257,9 @@ def _configuration(cfg: StudyConfig, tuning: str, first_source: str,
                               "afresh (another seed or experiment)")
     else:
         inner = tracker_for(first_source, 0.0)
-        tuner = TaggingTracker(inner, {"scarcelab.sweep_role": "tuning",
-                                       "scarcelab.ood": first_source,
-                                       "scarcelab.tuning": tuning})
+        tuner = TaggingTracker(inner, {T.SWEEP_ROLE: "tuning",
+                                       T.OOD: first_source,
+                                       T.TUNING: tuning})
         res = run_study(_child(cfg, TUNING_POINT), tuner,
                         bundle_transform=lambda b: contaminate(b, first_source, 0.0,
                                                                cfg.seed, ctx))

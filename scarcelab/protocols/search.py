@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 import scarcelab
+from scarcelab import tags as T
 from scarcelab.data import load_raw
 from scarcelab.data.bundle import DatasetBundle, resolve_positive_class
 from scarcelab.data.splits import apply_split, make_split
@@ -287,23 +288,23 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
         max_steps_per_epoch=cfg.max_steps_per_epoch, batch_labeled=bl, batch_unlabeled=bu,
         device=device, class_weights=cfg.class_weights)
     tags = {
-        "scarcelab.role": "study",
-        "scarcelab.family": method_cls.family,
-        "scarcelab.method": method_cls.registered_name,
-        "scarcelab.dataset": cfg.dataset,
-        "scarcelab.seed": str(cfg.seed),
-        "scarcelab.split_hash": split["hash"],
-        "scarcelab.version": scarcelab.__version__,
-        "scarcelab.arch": arch,
-        "scarcelab.search": cfg.search,
-        "scarcelab.val_from": split["val_from"],
+        T.ROLE: "study",
+        T.FAMILY: method_cls.family,
+        T.METHOD: method_cls.registered_name,
+        T.DATASET: cfg.dataset,
+        T.SEED: str(cfg.seed),
+        T.SPLIT_HASH: split["hash"],
+        T.VERSION: scarcelab.__version__,
+        T.ARCH: arch,
+        T.SEARCH: cfg.search,
+        T.VAL_FROM: split["val_from"],
     }
     if cfg.search != "random":
-        tags["scarcelab.hparams_source"] = cfg.hparams_source
+        tags[T.HPARAMS_SOURCE] = cfg.hparams_source
     if transfer:
-        tags["scarcelab.val_in_train"] = "true"
+        tags[T.VAL_IN_TRAIN] = "true"
     if bundle.meta.get("positive_class") is not None:
-        tags["scarcelab.positive_class"] = str(bundle.meta["positive_class_name"])
+        tags[T.POSITIVE_CLASS] = str(bundle.meta["positive_class_name"])
     tags.update(extra_tags or {})
     resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": device,
                 "batch_size": bl, "unlabeled_batch_size": bu,
@@ -320,8 +321,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
     resolved["final_reserve_s"] = cfg.budget_split(0.0)[1]
     study_key = cfg.study_name or _study_key(cfg, split["hash"])
     store, resume = _open_store(cfg, tracker, study_key)
-    tags["scarcelab.study_key"] = study_key
-    tags["scarcelab.optuna_study"] = store.name
+    tags[T.STUDY_KEY] = study_key
+    tags[T.OPTUNA_STUDY] = store.name
     study_params = {k: v for k, v in resolved.items()
                     if k not in ("overrides", "search_space", "hparams")}
     study_params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
@@ -378,8 +379,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
             trial_seed = cfg.seed * 100_003 + number
             torch.manual_seed(trial_seed)  # model init; batches use their own generator
             g = torch.Generator().manual_seed(trial_seed)
-            tracker.start_trial(number, {**tags, "scarcelab.role": "trial",
-                                         "scarcelab.trial": str(number)},
+            tracker.start_trial(number, {**tags, T.ROLE: "trial",
+                                         T.TRIAL: str(number)},
                                 {**hp, "batch_size": bl, "unlabeled_batch_size": bu,
                                  "arch": arch, "trial_seed": trial_seed})
             backbone = (backbone_factory or (lambda c: create_model(arch, in_channels=c)))(
@@ -447,7 +448,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                                  "best/epoch": res.best_epoch, "epochs": res.epochs,
                                  **{f"best/test_{k}": v for k, v in res.best_test.items()}},
                                 res.epochs, scope="trial")
-            tracker.set_tags({"scarcelab.stopped": res.stopped}, scope="trial")
+            tracker.set_tags({T.STOPPED: res.stopped}, scope="trial")
             tracker.end_trial("FINISHED")
             upload_best(force=True)
             if cfg.search != "random":  # one run of the given configuration
@@ -475,9 +476,9 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
             best["method"] = _method_from_checkpoint(method_cls, best["ckpt"], bundle)
         model = export_classifier(best["method"], best["ckpt"], bundle.meta["class_names"])
         example = torch.rand(2, bundle.channels, *bundle.meta["resolution"])
-        tracker.set_tags({"scarcelab.n_trials": str(n_trials),
-                          "scarcelab.n_failed": str(n_failed),
-                          "scarcelab.best_trial": str(best["trial"])})
+        tracker.set_tags({T.N_TRIALS: str(n_trials),
+                          T.N_FAILED: str(n_failed),
+                          T.BEST_TRIAL: str(best["trial"])})
         tracker.log_model(model, example)
         _log_figures(tracker, model, bundle, store, best["test_proba"])
     except BaseException:

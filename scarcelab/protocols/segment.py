@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import scarcelab
+from scarcelab import tags as T
 from scarcelab.data.nuclei import (
     SEG_DATASETS,
     NucleiDataset,
@@ -249,7 +250,7 @@ def _pixels(tiles: list[NucleiTile]) -> int:
 def _phase(tracker: Tracker, text: str) -> None:
     """Say which phase the study is in (tag ``scarcelab.phase``: the terminal's progress
     line, and the UI of a running study)."""
-    tracker.set_tags({"scarcelab.phase": text})
+    tracker.set_tags({T.PHASE: text})
 
 
 def score_maps(maps: list[np.ndarray], tiles: list[NucleiTile], post: PostProcess,
@@ -432,13 +433,13 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    tags = {"scarcelab.role": "study", "scarcelab.family": "segment",
-            "scarcelab.method": "hovernet_unet", "scarcelab.dataset": cfg.dataset,
-            "scarcelab.seed": str(cfg.seed), "scarcelab.version": scarcelab.__version__,
+    tags = {T.ROLE: "study", T.FAMILY: "segment",
+            T.METHOD: "hovernet_unet", T.DATASET: cfg.dataset,
+            T.SEED: str(cfg.seed), T.VERSION: scarcelab.__version__,
             **encoder_tags(cfg, enc_info, task="segment"),
-            "scarcelab.arch": arch, "scarcelab.encoder": cfg.encoder,
-            "scarcelab.label_fraction": f"{cfg.label_fraction:g}",
-            "scarcelab.aggregation": cfg.aggregation}
+            T.ARCH: arch, T.ENCODER: cfg.encoder,
+            T.LABEL_FRACTION: f"{cfg.label_fraction:g}",
+            T.AGGREGATION: cfg.aggregation}
     split = {"train": [t.name for t in train], "val": [t.name for t in val],
              "test": [t.name for t in test],
              "val_source_images": sorted({t.group for t in val})}
@@ -568,8 +569,8 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     final.update({"time/train_s": train_time, "time/eval_s": eval_s,
                   "time/elapsed_s": time.time() - start})
     tracker.log_metrics(final, step=best["epoch"], scope="study")
-    tracker.set_tags({"scarcelab.selected_epoch": str(best["epoch"]),
-                      "scarcelab.edge_threshold": str(edge)})
+    tracker.set_tags({T.SELECTED_EPOCH: str(best["epoch"]),
+                      T.EDGE_THRESHOLD: str(edge)})
     _phase(tracker, "logging the checkpoint, overlays and the model")
     for tile, pred in list(zip(test, preds, strict=True))[:cfg.n_overlays]:
         name = overlay_name(cfg.dataset, tile.name)

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 import scarcelab
+from scarcelab import tags as T
 from scarcelab.data import load_raw
 from scarcelab.data.augment import to_float
 from scarcelab.data.bundle import RawDataset, resolve_positive_class
@@ -145,20 +146,20 @@ def _dataset_info(raw: RawDataset, split: dict[str, Any]) -> DatasetInfo:
 def encoder_tags(cfg: Any, enc_info: dict[str, Any], task: str = "probe") -> dict[str, str]:
     """The tags that let the transfer view put runs of one encoder on one row (``cfg``: a
     probe or segment config, which both have ``encoder`` and ``protocol``)."""
-    tags = {"scarcelab.task": task, "scarcelab.protocol": cfg.protocol,
-            "scarcelab.encoder": cfg.encoder,
-            "scarcelab.encoder_arch": str(enc_info.get("arch", "")),
-            "scarcelab.encoder_format": str(enc_info.get("format", "")),
-            "scarcelab.encoder_norm": str(enc_info.get("input_norm", "none")),
-            "scarcelab.encoder_fingerprint": str(enc_info.get("fingerprint", ""))}
+    tags = {T.TASK: task, T.PROTOCOL: cfg.protocol,
+            T.ENCODER: cfg.encoder,
+            T.ENCODER_ARCH: str(enc_info.get("arch", "")),
+            T.ENCODER_FORMAT: str(enc_info.get("format", "")),
+            T.ENCODER_NORM: str(enc_info.get("input_norm", "none")),
+            T.ENCODER_FINGERPRINT: str(enc_info.get("fingerprint", ""))}
     if enc_info.get("skipped"):  # tensors of the file that did not fit the arch
-        tags["scarcelab.encoder_skipped"] = ",".join(enc_info["skipped"])[:500]
-    tags["scarcelab.encoder_method"] = str(
+        tags[T.ENCODER_SKIPPED] = ",".join(enc_info["skipped"])[:500]
+    tags[T.ENCODER_METHOD] = str(
         enc_info.get("source_method") or enc_info.get("method")
         or ("random" if cfg.encoder == "random" else "unknown"))
-    for k in ("source_family", "run_id"):
+    for k, tag in (("source_family", T.ENCODER_FAMILY), ("run_id", T.ENCODER_RUN_ID)):
         if enc_info.get(k):
-            tags[f"scarcelab.encoder_{k.removeprefix('source_')}"] = str(enc_info[k])
+            tags[tag] = str(enc_info[k])
     return tags
 
 
@@ -178,14 +179,14 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
     device = torch.device(cfg.resolved_device())
     arch = str(enc_info.get("arch", cfg.arch))
     pos = resolve_positive_class(raw)  # a binary task's disease class, as the studies
-    tags = {"scarcelab.role": "probe", "scarcelab.family": "transfer",
-            "scarcelab.method": "linear_probe", "scarcelab.dataset": raw.name,
-            "scarcelab.seed": str(cfg.seed), "scarcelab.split_hash": split["hash"],
-            "scarcelab.version": scarcelab.__version__, "scarcelab.arch": arch,
-            "scarcelab.label_fraction": label_fraction_tag(split),
+    tags = {T.ROLE: "probe", T.FAMILY: "transfer",
+            T.METHOD: "linear_probe", T.DATASET: raw.name,
+            T.SEED: str(cfg.seed), T.SPLIT_HASH: split["hash"],
+            T.VERSION: scarcelab.__version__, T.ARCH: arch,
+            T.LABEL_FRACTION: label_fraction_tag(split),
             **encoder_tags(cfg, enc_info)}
     if pos is not None:
-        tags["scarcelab.positive_class"] = raw.class_names[pos]
+        tags[T.POSITIVE_CLASS] = raw.class_names[pos]
     resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": str(device),
                 "positive_class": pos,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
@@ -201,7 +202,7 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
     status = "FAILED"
     try:
         tf = time.time()
-        tracker.set_tags({"scarcelab.phase": f"encoding {len(raw.train_y) + len(raw.test_y)} "
+        tracker.set_tags({T.PHASE: f"encoding {len(raw.train_y) + len(raw.test_y)} "
                           "images with the frozen encoder (cached after the first run)"})
         enc, key, where = encode_dataset(raw.name, raw.train_x, raw.train_y, raw.test_x,
                                          raw.test_y, raw.num_classes, EncoderConfig(),
@@ -211,7 +212,7 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
         lab = np.asarray(split["labeled"], dtype=np.int64)
         val = np.asarray(split["val"], dtype=np.int64)
         tp = time.time()
-        tracker.set_tags({"scarcelab.phase": f"fitting the linear probe ({cfg.probe_trials} "
+        tracker.set_tags({T.PHASE: f"fitting the linear probe ({cfg.probe_trials} "
                           "L2 penalties)"})
         probe = LinearProbe(raw.num_classes, n_trials=cfg.probe_trials,
                             max_iter=cfg.probe_max_iter).fit(
@@ -226,8 +227,8 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
                              "probe/C": float(probe.C or 0.0), "time/features_s": t_feat,
                              "time/fit_s": t_fit, "time/elapsed_s": elapsed},
                             0, scope="study")
-        tracker.set_tags({"scarcelab.encoding_key": key,
-                          "scarcelab.features": "cached" if not where.startswith("computed")
+        tracker.set_tags({T.ENCODING_KEY: key,
+                          T.FEATURES: "cached" if not where.startswith("computed")
                           else "computed"})
         model = for_export(ExportedClassifier(copy.deepcopy(backbone), probe.to_linear(),
                                               raw.class_names))
@@ -289,8 +290,8 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
         return copy.deepcopy(initial).train()
 
     res = run_study(scfg, tracker, backbone_factory=factory,
-                    extra_tags={"scarcelab.family": "transfer",
-                                "scarcelab.label_fraction": label_fraction_tag(split),
+                    extra_tags={T.FAMILY: "transfer",
+                                T.LABEL_FRACTION: label_fraction_tag(split),
                                 **encoder_tags(cfg, enc_info)})
     if res.split_hash != split["hash"]:  # same builder, same seed: a mismatch is a bug
         raise RuntimeError("fine-tuning split differs from the probe split")

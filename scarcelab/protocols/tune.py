@@ -70,6 +70,7 @@ import torch
 from optuna.trial import TrialState
 
 import scarcelab
+from scarcelab import tags as T
 from scarcelab.data import DATASETS, load_raw
 from scarcelab.data.augment import AUGMENTATIONS
 from scarcelab.data.bundle import DatasetBundle, RawDataset, resolve_positive_class
@@ -569,9 +570,9 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
                             f"-s{cfg.seed}", tags=tags, params={}, artifacts={})
         kept = [t.number for t in resume.trials] if resume.shared else \
             _rebuild(store, resume, method_cls, s, cfg.overrides)
-        tracker.set_tags({"scarcelab.search_kept": ",".join(map(str, kept)),
-                          "scarcelab.search_resumed_at": str(len(kept))})
-        tags = {**tags, "scarcelab.resumed": "true"}  # on the trials run from here on
+        tracker.set_tags({T.SEARCH_KEPT: ",".join(map(str, kept)),
+                          T.SEARCH_RESUMED_AT: str(len(kept))})
+        tags = {**tags, T.RESUMED: "true"}  # on the trials run from here on
         spent = resume.elapsed_s
     else:
         digest = (f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:"
@@ -590,12 +591,13 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
             _search(cfg, s, method_cls, raw, search_b, mean, std, store, tracker, tags,
                     deadline)
         counts = _state_counts(store)
-        tracker.set_tags({f"scarcelab.n_{k}": str(v) for k, v in counts.items()})
+        tracker.set_tags({T.N_COMPLETE: str(counts["complete"]),
+                          T.N_PRUNED: str(counts["pruned"]), T.N_FAILED: str(counts["failed"])})
         best = _best(store)
         if best is not None:
-            tracker.set_tags({"scarcelab.best_trial": str(best.number),
-                              "scarcelab.best_trial_state": best.state.name.lower(),
-                              "scarcelab.best_params": json.dumps(best.params, sort_keys=True)})
+            tracker.set_tags({T.BEST_TRIAL: str(best.number),
+                              T.BEST_TRIAL_STATE: best.state.name.lower(),
+                              T.BEST_PARAMS: json.dumps(best.params, sort_keys=True)})
             tracker.log_metrics({"best/val_balanced_accuracy_avg5": last_value(best)}, 0,
                                 scope="study")
         if cfg.phase in ("all", "final"):
@@ -632,13 +634,13 @@ def _study_record(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], ra
     data's ``notes`` (e.g. ``test_set``: a stand-in for the official test set) become tags
     of the study and of every trial and retrain, so a table built from them says so."""
     notes = {"test_set": "official", **raw.notes}
-    tags = {"scarcelab.role": "study", "scarcelab.protocol": "tune",
-            "scarcelab.family": "supervised", "scarcelab.method": method_cls.registered_name,
-            "scarcelab.dataset": cfg.dataset, "scarcelab.seed": str(cfg.seed),
-            "scarcelab.version": scarcelab.__version__, "scarcelab.arch": s.arch,
-            "scarcelab.search": "asha", "scarcelab.study_key": name,
-            "scarcelab.optuna_study": name, "scarcelab.tune_phase": cfg.phase,
-            **{f"scarcelab.{k}": v for k, v in notes.items()}}
+    tags = {T.ROLE: "study", T.PROTOCOL: "tune",
+            T.FAMILY: "supervised", T.METHOD: method_cls.registered_name,
+            T.DATASET: cfg.dataset, T.SEED: str(cfg.seed),
+            T.VERSION: scarcelab.__version__, T.ARCH: s.arch,
+            T.SEARCH: "asha", T.STUDY_KEY: name,
+            T.OPTUNA_STUDY: name, T.TUNE_PHASE: cfg.phase,
+            **{T.note(k): v for k, v in notes.items()}}
     resolved = {**dataclasses.asdict(cfg), **dataclasses.asdict(s),
                 "train_images": images, "test_set": notes["test_set"],
                 "storage": redact(cfg.storage), "norm_mean": mean.round(5).tolist(),
@@ -663,8 +665,8 @@ def _resume_final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], ra
                         tags=tags, params={}, artifacts={})
     status = "FINISHED"
     try:
-        tracker.set_tags({"scarcelab.final_kept": ",".join(map(str, sorted(resume.done))),
-                          "scarcelab.final_resumed": ",".join(map(str, missing))})
+        tracker.set_tags({T.FINAL_KEPT: ",".join(map(str, sorted(resume.done))),
+                          T.FINAL_RESUMED: ",".join(map(str, missing))})
         final = _final(cfg, s, method_cls, raw, bundle, mean, std, resume.best_params,
                        tracker, tags, done=resume.done, logged=resume.logged)
     except BaseException:
@@ -770,8 +772,8 @@ def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: Raw
         trial_seed = cfg.seed * 100_003 + place
         torch.manual_seed(trial_seed)
         g = torch.Generator().manual_seed(trial_seed)
-        tracker.start_trial(place, {**tags, "scarcelab.role": "trial",
-                                    "scarcelab.trial": str(place)},
+        tracker.start_trial(place, {**tags, T.ROLE: "trial",
+                                    T.TRIAL: str(place)},
                             {**hp, "batch_size": params["batch_size"], "arch": s.arch,
                              "trial_seed": trial_seed, "epochs": s.epochs})
         history: list[float] = []
@@ -800,8 +802,8 @@ def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: Raw
             store.tell(trial, state=TrialState.PRUNED)
             tracker.log_metrics({"asha/pruned_epoch": p.epoch, "asha/rung": rung}, p.epoch,
                                 scope="trial")
-            tracker.set_tags({"scarcelab.pruned": "true", "scarcelab.asha_rung": str(rung),
-                              "scarcelab.stopped": "asha"}, scope="trial")
+            tracker.set_tags({T.PRUNED: "true", T.ASHA_RUNG: str(rung),
+                              T.STOPPED: "asha"}, scope="trial")
             tracker.end_trial("KILLED", str(p))
             errors_in_row = 0
             continue
@@ -826,14 +828,14 @@ def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: Raw
             # cut by the wall-clock cap, not by ASHA: not comparable with full trials
             trial.set_user_attr("budget_cut", res.epochs)
             store.tell(trial, state=TrialState.FAIL)
-            tracker.set_tags({"scarcelab.stopped": "budget"}, scope="trial")
+            tracker.set_tags({T.STOPPED: "budget"}, scope="trial")
             tracker.end_trial("KILLED", f"budget_minutes ran out after {res.epochs} epochs")
             break
         value = float(np.mean(history[-AVG_WINDOW:]))
         store.tell(trial, value)
         tracker.log_metrics({"asha/final_value": value, "asha/rung": asha_rung(
             res.epochs, s.grace_period)}, res.epochs, scope="trial")
-        tracker.set_tags({"scarcelab.pruned": "false", "scarcelab.stopped": res.stopped},
+        tracker.set_tags({T.PRUNED: "false", T.STOPPED: res.stopped},
                          scope="trial")
         tracker.end_trial("FINISHED")
 
@@ -848,7 +850,7 @@ def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawD
     batch = int(params.get("batch_size", s.batch_sizes[0]))
     device = torch.device(cfg.device)
     scores: dict[int, float] = dict(done or {})
-    extra_tags = {"scarcelab.resumed": "true"} if done is not None else {}
+    extra_tags = {T.RESUMED: "true"} if done is not None else {}
     for i in range(cfg.n_final):
         if i in scores:
             if i not in logged:  # finished, but the dead process had not recorded it yet
@@ -858,8 +860,8 @@ def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawD
         seed = retrain_seed(cfg.seed, i)
         torch.manual_seed(seed)
         g = torch.Generator().manual_seed(seed)
-        tracker.start_trial(i, {**tags, "scarcelab.role": "retrain",
-                                "scarcelab.retrain": str(i), **extra_tags},
+        tracker.start_trial(i, {**tags, T.ROLE: "retrain",
+                                T.RETRAIN: str(i), **extra_tags},
                             {**hp, "batch_size": batch, "arch": s.arch, "retrain_seed": seed,
                              "epochs": s.final_epochs, "train_split": "trainval"})
         method = build_method(method_cls, s.arch, raw, mean, std, hp)

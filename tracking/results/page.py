@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from scarcelab import tags as T
 from scarcelab.tracking.results import claims as C
 from scarcelab.tracking.results.papers import PaperFile, load_paper, paper_path
 from scarcelab.tracking.sweep.spec import SweepSpec, load_spec
@@ -171,7 +172,7 @@ def _read_sweep(client: Any, exp_id: str, spec: SweepSpec) -> _Cells:
 
     runs = client.search_runs([exp_id], f"tags.`{SWEEP_TAG}` = '{spec.name}'",
                               max_results=50_000, order_by=["attributes.start_time DESC"])
-    sweep = next((r for r in runs if r.data.tags.get("scarcelab.role") == "sweep"), None)
+    sweep = next((r for r in runs if r.data.tags.get(T.ROLE) == "sweep"), None)
     ids = {c.id for c in spec.cells}
     attempts: dict[str, list[Any]] = {}
     for r in runs:
@@ -511,7 +512,7 @@ def _transfer_sections(t: Any, cells: Sequence[Any], data: C.SuiteData) -> list[
             figs["transfer"] = small_png(_bar_figure(
                 long, "encoder", "task", "value", "transfer: encoder per task", "score"))
     text = ""
-    seg = [r for r in cells if r.data.tags.get("scarcelab.task") == "segment"
+    seg = [r for r in cells if r.data.tags.get(T.TASK) == "segment"
            or "seg/pq" in r.data.metrics]
     if seg:
         fig, lines = _pq_curves(seg, labels=_ref_labels(cells))
@@ -554,7 +555,7 @@ def _pq_curves(runs: Sequence[Any], labels: dict[str, str]) -> tuple[Any, list[s
     for r in runs:
         hist = sorted(client.get_metric_history(r.info.run_id, "seg/val_pq"),
                       key=lambda m: m.step)
-        enc = r.data.tags.get("scarcelab.encoder", "?")
+        enc = r.data.tags.get(T.ENCODER, "?")
         name = labels.get(enc, enc)
         sel = r.data.metrics.get("seg/selected_epoch")
         pat = r.data.params.get("patience", "")
@@ -755,7 +756,7 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
         if c.id in finished:
             continue
         rs = cells.attempts.get(c.id, [])
-        err = rs[0].data.tags.get("scarcelab.error", "") if rs else ""
+        err = rs[0].data.tags.get(T.ERROR, "") if rs else ""
         if c.id in running:
             missing.append(f"`{c.label}`: running or queued")
             continue

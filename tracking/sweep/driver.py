@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from scarcelab import tags as T
 from scarcelab.tracking.sweep.spec import (
     NAME_FORBIDDEN,
     Cell,
@@ -55,17 +56,17 @@ from scarcelab.tracking.sweep.spec import (
     env_refusal,
 )
 
-ROLE = "scarcelab.role"
-SWEEP_TAG = "scarcelab.sweep"
-CELL_TAG = "scarcelab.cell"
-DRIVER_TAG = "scarcelab.sweep_driver"
-ATTEMPT_TAG = "scarcelab.sweep_attempt"
+ROLE = T.ROLE
+SWEEP_TAG = T.SWEEP
+CELL_TAG = T.CELL
+DRIVER_TAG = T.SWEEP_DRIVER
+ATTEMPT_TAG = T.SWEEP_ATTEMPT
 #: on a dependent cell's run: {option: [reference, resolved value]} (JSON)
-REFS_TAG = "scarcelab.sweep_refs"
-INVOCATIONS_TAG = "scarcelab.sweep_invocations"  # how often the sweep was run (resumes)
-SCALE_TAG = "scarcelab.sweep_scale"  # reference | smoke | full
-COMMAND_TAG = "scarcelab.sweep_command"
-MACHINE_TAG = "scarcelab.machine"  # .host .cpu .cores .ram_gb .gpu, on each cell run
+REFS_TAG = T.SWEEP_REFS
+INVOCATIONS_TAG = T.SWEEP_INVOCATIONS  # how often the sweep was run (resumes)
+SCALE_TAG = T.SWEEP_SCALE  # reference | smoke | full
+COMMAND_TAG = T.SWEEP_COMMAND
+MACHINE_TAG = T.MACHINE  # .host .cpu .cores .ram_gb .gpu, on each cell run
 CELL_WALL = "sweep/cell_wall_s"  # per attempt, on its cell run
 CELL_CPU = "sweep/cell_cpu_s"
 CELL_RSS = "sweep/cell_max_rss_mb"
@@ -281,7 +282,7 @@ class Driver:
                 tags={ROLE: "sweep", SWEEP_TAG: self.spec.name,
                       MLFLOW_RUN_NAME: f"sweep-{self.spec.name}"}).info.run_id
         self.client.set_tag(rid, DRIVER_TAG, self.owner)
-        self.client.set_tag(rid, "scarcelab.sweep_spec_digest", self.spec.digest)
+        self.client.set_tag(rid, T.SWEEP_SPEC_DIGEST, self.spec.digest)
         from mlflow.entities import RunTag
 
         prev = self.client.get_run(rid).data.tags.get(INVOCATIONS_TAG, "0")
@@ -289,7 +290,7 @@ class Driver:
         self.client.log_batch(rid, tags=[
             RunTag(INVOCATIONS_TAG, str(self.invocation)),
             RunTag(SCALE_TAG, self.spec.scale), RunTag(COMMAND_TAG, self.command[:5000]),
-            RunTag("scarcelab.sweep_spec_path", self.spec.path),
+            RunTag(T.SWEEP_SPEC_PATH, self.spec.path),
             *([RunTag("mlflow.source.git.commit", self.commit)] if self.commit else [])])
         self.client.log_text(rid, self.spec.text, f"sweep/spec-{self.spec.digest}.yaml")
         self.client.log_text(rid, "\n".join(f"{c.id}\t{c.label}" for c in self.spec.cells),
@@ -314,7 +315,7 @@ class Driver:
                 continue
             drv = r.data.tags.get(DRIVER_TAG, "")
             if drv != self.owner:
-                self.client.set_tag(r.info.run_id, "scarcelab.error",
+                self.client.set_tag(r.info.run_id, T.ERROR,
                                     f"the sweep driver {drv} died while this cell ran; "
                                     "the cell was run again by the next sweep run")
                 self.client.set_terminated(r.info.run_id, "FAILED")
@@ -326,7 +327,7 @@ class Driver:
         from scarcelab.tracking.run_views import cell_run_name
 
         name = cell_run_name(cell.entry, cell.options)
-        tags = {SWEEP_TAG: self.spec.name, CELL_TAG: cell.id, "scarcelab.cell_label": cell.label,
+        tags = {SWEEP_TAG: self.spec.name, CELL_TAG: cell.id, T.CELL_LABEL: cell.label,
                 DRIVER_TAG: self.owner, ATTEMPT_TAG: str(attempt),
                 MLFLOW_PARENT_RUN_ID: sweep_run, MLFLOW_RUN_NAME: name}
         if self.commit:  # the study's tracker keeps a commit already there
@@ -553,19 +554,19 @@ class Driver:
 
     def _fail(self, rid: str, err: str) -> None:
         run = self.client.get_run(rid)
-        self.client.set_tag(rid, "scarcelab.error", err[:5000])
+        self.client.set_tag(rid, T.ERROR, err[:5000])
         if run.info.status in ("RUNNING", "SCHEDULED"):
             self.client.set_terminated(rid, "FAILED")
 
     def _finish(self, sweep_run: str, result: SweepResult, status: str,
                 report: bool = True) -> None:
         c = self.client
-        c.set_tag(sweep_run, "scarcelab.sweep_cells", str(len(self.spec.cells)))
+        c.set_tag(sweep_run, T.SWEEP_CELLS, str(len(self.spec.cells)))
         from mlflow.entities import Metric
 
         c.log_batch(sweep_run, metrics=[Metric(INVOCATION_WALL, result.wall_s,
                                                int(time.time() * 1000), self.invocation)])
-        c.set_tag(sweep_run, "scarcelab.sweep_failed", str(result.count("FAILED")))
+        c.set_tag(sweep_run, T.SWEEP_FAILED, str(result.count("FAILED")))
         if report and result.count("FINISHED") + result.count("SKIPPED"):
             # not when interrupted: the grid is not done, and a supervisor's SIGKILL may
             # follow its SIGTERM within seconds

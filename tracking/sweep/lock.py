@@ -30,10 +30,12 @@ import time
 import uuid
 from typing import Any
 
+from scarcelab import tags as T
+
 LOCK_PREFIX = ".scarcelab-sweep-lock"
-OWNER_TAG = "scarcelab.lock_owner"
-BEAT_TAG = "scarcelab.lock_heartbeat"
-SWEEP_TAG = "scarcelab.lock_sweep"
+OWNER_TAG = T.LOCK_OWNER
+BEAT_TAG = T.LOCK_HEARTBEAT
+SWEEP_TAG = T.LOCK_SWEEP
 #: a holder whose heartbeat is older than this is dead (seconds)
 TTL_S = 120.0
 #: how often the holder rewrites its heartbeat (seconds)
