@@ -15,6 +15,7 @@ import click
 
 from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
+from scarcelab.entrypoints.options import Bool, Int
 
 
 @main.command(name="sweep", short_help="Run a benchmark grid (YAML spec) on Ray.")
@@ -22,36 +23,31 @@ from scarcelab.entrypoints.cli import main
 @click.option("--address", default="", help="Ray cluster address (ray://head:10001, or "
               "'auto' for a cluster started on this machine with `ray start`); default: an "
               "embedded Ray on this machine")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
+@click.option("--jobs", type=Int(1, None), default=None,
               help="embedded Ray: cells at once (default: one per cpus_per_cell CPUs)")
-@click.option("--retries", default="default",
+@click.option("--retries", default="default", type=Int(0, None, default_ok=True),
               help="attempts after a cell's first failure (default: the spec's, else 1)")
 @click.option("--full", is_flag=True, help="merge the spec's `full:` section (the paper's "
               "scale) into every grid")
-@click.option("--full-scale", default="", hidden=True,
+@click.option("--full-scale", default="", hidden=True, type=Bool(),
               help="--full as a true/false value (for mlflow run -P full=…)")
 @click.option("--smoke", is_flag=True, help="merge the spec's `smoke:` sections (every "
               "method at a trivial size, into the experiment <experiment>-smoke)")
-@click.option("--smoke-scale", default="", hidden=True,
+@click.option("--smoke-scale", default="", hidden=True, type=Bool(),
               help="--smoke as a true/false value (for mlflow run -P smoke=…)")
 @click.option("--dry-run", is_flag=True, help="print the cells and what a run would do")
-@click.option("--max-cells", type=click.IntRange(min=1), default=None,
+@click.option("--max-cells", type=Int(1, None), default=None,
               help="refuse a spec of more cells than this (default 10000), counted before "
               "any cell is built")
-def sweep_cmd(spec: str, address: str, jobs: int | None, retries: str, full: bool,
-              full_scale: str, smoke: bool, smoke_scale: str, dry_run: bool,
+def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, full: bool,
+              full_scale: bool, smoke: bool, smoke_scale: bool, dry_run: bool,
               max_cells: int | None) -> None:
     """Run every cell of a grid spec as a Ray task; one sweep run in MLflow records them."""
     import os
 
-    from scarcelab.entrypoints.options import bool_option, opt_int
     from scarcelab.tracking.sweep.spec import MAX_CELLS, SpecError, load_spec
 
-    full = full or (bool_option(full_scale) if full_scale else False)
-    smoke = smoke or (bool_option(smoke_scale) if smoke_scale else False)
-    n_retries = opt_int(retries, "--retries")
-    if n_retries is not None and n_retries < 0:
-        raise click.BadParameter("must be >= 0", param_hint="--retries")
+    full, smoke, n_retries = full or full_scale, smoke or smoke_scale, retries
 
     try:
         sp = load_spec(spec, full=full, smoke=smoke, max_cells=max_cells or MAX_CELLS)

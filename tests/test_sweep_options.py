@@ -1,0 +1,52 @@
+"""``sweep``'s options go through the typed option layer: ``mlflow run -P`` strings parse as
+the CLI's own values, and a bad value is a click usage error that names the option."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from scarcelab.entrypoints.cli import main
+
+SPEC = ("name: mini\nretries: 2\ngrids:\n"
+        "  - {entry: supervised, method: sup, dataset: two_moons, seed: [0, 1]}\n"
+        "smoke:\n  max_epochs: 1\n")
+
+
+@pytest.fixture
+def spec(tmp_path):
+    p = tmp_path / "mini.yaml"
+    p.write_text(SPEC)
+    return str(p)
+
+
+def _dry(spec: str, *args: str):
+    return CliRunner().invoke(main, ["sweep", spec, "--dry-run", *args])
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--retries", "-1"], "--retries"), (["--retries", "2.5"], "--retries"),
+    (["--retries", "many"], "--retries"), (["--jobs", "0"], "--jobs"),
+    (["--jobs", "default"], "--jobs"), (["--max-cells", "0"], "--max-cells"),
+    (["--full-scale", "maybe"], "--full-scale"), (["--smoke-scale", "2"], "--smoke-scale"),
+])
+def test_a_bad_value_names_its_option(spec, args, option):
+    r = _dry(spec, *args)
+    assert r.exit_code == 2, r.output
+    assert f"Invalid value for '{option}'" in r.output
+
+
+def test_mlflow_run_strings_parse_as_the_cli_values(spec):
+    """What MLproject's sweep entry passes (``--full-scale false --retries default``) is the
+    plain command; ``2.0`` (MLflow's rendering of a float) is 2."""
+    plain = _dry(spec)
+    assert plain.exit_code == 0, plain.output
+    assert "retries=2)" in plain.output and "reference scale" in plain.output
+    mlflow_style = _dry(spec, "--address", "", "--full-scale", "false", "--smoke-scale",
+                        "false", "--retries", "default")
+    assert mlflow_style.output == plain.output
+    assert "retries=0)" in _dry(spec, "--retries", "0").output
+    assert "retries=3)" in _dry(spec, "--retries", "3.0").output
+    smoke = _dry(spec, "--smoke-scale", "true")
+    assert smoke.exit_code == 0 and "smoke scale" in smoke.output
+    assert smoke.output == _dry(spec, "--smoke").output
