@@ -1,4 +1,5 @@
-"""``segment``: nuclei instance segmentation with an encoder under test (issue 14).
+"""``segment``: nuclei instance segmentation with an encoder under test: how well an
+encoder's features transfer to a dense pathology task (docs/pathology.md).
 
     scarcelab segment --dataset consep_patches --encoder random --budget-minutes 5
     mlflow run . -e segment -P encoder=/path/backbone.pt -P cross_test=nuclei_cpm15

@@ -1,8 +1,8 @@
 """Optional dependencies: which extra of ``pip install scarcelab[...]`` brings a module.
 
 Ray (sweeps), scikit-image and h5py (pathology) are heavy and serve one command each, so a
-researcher installing scarcelab into an existing environment is not made to take them
-(issue 27 item 10). The code imports them where they are used, through :func:`need`, so a
+researcher installing scarcelab into an existing environment is not made to take them.
+The code imports them where they are used, through :func:`need`, so a
 missing one is a one-line error naming the command, the extra and the pip command instead
 of a ``ModuleNotFoundError`` from deep inside a run. ``scarcelab[all]`` is everything;
 scripts/setup and ``mlflow run`` install the full lock (requirements.txt) regardless.

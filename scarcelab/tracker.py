@@ -8,8 +8,8 @@ Wrappers (a tracker that adds tags, shows progress, links runs to a parent) deri
 :class:`DelegatingTracker`, which forwards *every* method of the interface, so a wrapper
 overrides only what it changes. A wrapper written against :class:`Tracker` directly
 inherits the base class's no-op optional methods and silently drops them — how the
-contamination sweep's child studies once lost their figures and their resume
-(issue 23 item 21); ``tests/test_tracker_contract.py`` runs one contract over every Tracker
+contamination sweep's child studies once lost their figures and their resume;
+``tests/test_tracker_contract.py`` runs one contract over every Tracker
 class of the product code and fails on a new one it does not cover.
 """
 

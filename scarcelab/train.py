@@ -39,7 +39,7 @@ class Budget:
 
     Diagnostics (``diag/*``) are computed for semi-supervised methods only; counting them
     would give those methods less training time than supervised and self-supervised ones
-    under the same ``budget_minutes`` (issue 12 item 9). :meth:`paused` excludes a block
+    under the same ``budget_minutes``. :meth:`paused` excludes a block
     from :meth:`elapsed`; ``spent_s`` is time already spent (by an earlier process on
     resume, by this process's start-up). ``reserve_s`` is kept at the end for what must
     follow the training (a study's final model logging): the budget counts as
@@ -117,7 +117,7 @@ class TrainConfig:
     # Protocols whose augmentation depends on the dataset (``scarcelab.protocols.tune``)
     # replace the method's ``labeled_views`` here; None keeps the method's own.
     labeled_views: tuple[str, ...] | None = None
-    # speed levers of issue 18 that leave the mathematics unchanged (docs/performance.md):
+    # speed levers that leave the mathematics unchanged (docs/performance.md):
     # NHWC weights (convolutions then run channels-last: 1.10x per FixMatch WRN-28-2 step
     # on CPU, on by default; 2-D weights of MLPs are left as they are) and torch's fused
     # Adam kernel

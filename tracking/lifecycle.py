@@ -1,4 +1,5 @@
-"""A training process started by ``mlflow run`` ends with it (issue 13 item 5).
+"""A training process started by ``mlflow run`` ends with it, so that a killed
+launcher leaves no orphan training on beside the study its re-run starts.
 
 ``mlflow run`` starts the entry point as ``bash -c "<activate env> && python -m
 entrypoints.cli …"``. When ``mlflow run`` is killed, that child is orphaned and trains on

@@ -176,7 +176,7 @@ def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
 
 
 def _deliver_model(client: MlflowClient, op: dict[str, Any], run_id: str) -> None:
-    """Log the exported model in MLflow's ``pt2`` format (no pickle: DESIGN, issue 13)."""
+    """Log the exported model in MLflow's ``pt2`` format (no pickle: DESIGN §4.4)."""
     exp_id = client.get_run(run_id).info.experiment_id
     op_id = op.get("_id")
     if op_id and op.get("_replay"):
@@ -449,7 +449,7 @@ class MlflowTracker(RunViews, Tracker):
         them), and ``dead``'s trial runs move under ``new`` (tag ``scarcelab.moved_from``).
         Otherwise a study resumed with nothing left to train had no ``best/*`` of its own
         and was missing from the leaderboard, and every view that groups trials by their
-        parent saw them under a FAILED run (issue 25 item 8). Per-process system metrics
+        parent saw them under a FAILED run. Per-process system metrics
         stay where they were measured."""
         old = _retry(self.client.get_run, dead)
         batch: list[Metric] = []
@@ -470,8 +470,8 @@ class MlflowTracker(RunViews, Tracker):
                      new, dead, len(batch), len(kids))
 
     def _carry_lost(self, continued: str, all_tags: dict[str, Any], moved: bool) -> None:
-        """A continued study run that lost records (marked by the spool replay, issue 25
-        item 12) keeps saying so: its description is rewritten at the end of the study, so
+        """A continued study run that lost records (marked by the spool replay)
+        keeps saying so: its description is rewritten at the end of the study, so
         the line is appended again then (``end_study``); a new run that takes the study
         over gets the tags too."""
         tags = _retry(self.client.get_run, continued).data.tags

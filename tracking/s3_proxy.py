@@ -1,4 +1,5 @@
-"""A SigV4-verifying reverse proxy in front of the local stack's S3 store (issue 13 item 2).
+"""A SigV4-verifying reverse proxy in front of the local stack's S3 store: the store
+itself checks no signature, so without it anyone who can reach the port writes artifacts.
 
 npm's ``s3rver@3`` (the stack's store, because it persists to disk) does not check
 signatures: its ``lib/middleware/authentication.js`` lets any request without an

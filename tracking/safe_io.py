@@ -1,4 +1,5 @@
-"""Checkpoints and models that load without running code (issue 13 item 1).
+"""Checkpoints and models that load without running code: a store
+anyone can write to must not be a way to run code on the machine that reads it.
 
 A study's best checkpoint travels through the artifact store and comes back on resume.
 ``torch.load(weights_only=False)`` on such a file runs whatever its pickle says, so anyone

@@ -14,7 +14,7 @@ server) delivers it; runs completed that way are tagged ``scarcelab.spool=delive
 Operations the server *rejects* (HTTP 4xx: a bug, not an outage) are written to
 ``rejected.jsonl`` and reported, not retried forever — but never dropped silently.
 
-Crash safety (issue 13 item 3):
+Crash safety:
 
 * The journal is append-only JSON lines, one record per operation, each with a sequence
   number, an operation id and a SHA-256 of its content. A record is written with a single
@@ -174,7 +174,7 @@ def read_journal(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     return out, None
 
 
-# -- records held in memory only (issue 25 item 12) -------------------------------------------
+# -- records held in memory only (a full disk) --------------------------------------------------
 LEDGER = "memory_only.json"
 LEDGER_BYTES = 4096  # one page, overwritten in place: a full disk still takes it
 RECORDS_LOST_TAG = T.RECORDS_LOST
@@ -577,9 +577,9 @@ class Spool:
         return True
 
     def _mark_lost(self) -> bool:
-        """Mark the runs whose records the dead writer held in memory only (issue 25 item
-        12): otherwise such a run stays RUNNING with part of its trials and nothing says
-        so. False when the server failed meanwhile (the folder is kept for the next try)."""
+        """Mark the runs whose records the dead writer held in memory only: otherwise such
+        a run stays RUNNING with part of its trials and nothing says so.
+        False when the server failed meanwhile (the folder is kept for the next try)."""
         assert self.lost is not None
         marks = lost_marks(self.lost, self.ids)
         try:

@@ -290,8 +290,8 @@ def _dna(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
 
 
 #: USPS: budget 900, as CDALBench's ``configs/usps.yaml`` (``dataset: budget: 900`` in both
-#: stored versions, commits 112bb9b6 and c564afd6). Until issue 23 scarcelab used 400, which
-#: put every USPS AUC ~0.06 under their Table 8 (measured: docs/active.md, issue 23).
+#: stored versions, commits 112bb9b6 and c564afd6). A budget of 400, used before,
+#: put every USPS AUC ~0.06 under their Table 8 (measured: docs/active.md).
 @_register("usps", ALConfig(budget=900, hidden=(24, 24, 12), fitting="finetune",
                             optimizer="adam", lr=8.1e-3, weight_decay=1.5e-6, batch_size=43,
                             val_fraction=0.2, **_TABULAR_FIT))  # type: ignore[arg-type]

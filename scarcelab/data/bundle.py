@@ -101,7 +101,7 @@ def resolve_positive_class(raw: RawDataset, given: int | str | None = None) -> i
     that is not binary (multi-class scores are one-vs-rest over every class). Why a
     per-dataset default: label order says nothing about meaning — MedMNIST's BreastMNIST
     stores malignant as 0 and calls "normal, benign" its positive class, so a silent
-    "class 1" reports how well benign tissue is found (issue 23 item 20)."""
+    "class 1" reports how well benign tissue is found."""
     default_words = (None, "", "default")
     if raw.num_classes != 2 or raw.task != "multi-class":
         if given not in default_words:

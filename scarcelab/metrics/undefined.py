@@ -3,7 +3,7 @@
 The tracker leaves such a value out of the record and says so once per metric
 (``entrypoints._progress``); the reason has to fit the metric. One generic example ("AUROC
 when the test set has one class") was printed for ``diag/sem_drift`` too, where it means
-nothing (issue 27 item 5). Each reason restates the condition under which the metric's own
+nothing. Each reason restates the condition under which the metric's own
 code returns NaN/inf: :func:`scarcelab.metrics.diagnostics.semantic_drift`,
 ``gradient_alignment``, ``ood_filtration_failure``, the ROC-based metrics of
 :mod:`scarcelab.metrics.classification` (a class with no samples gives no curve), and the

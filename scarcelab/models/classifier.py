@@ -39,7 +39,7 @@ def for_export(model: M) -> M:
 
     Training runs in ``channels_last`` (``TrainConfig.channels_last``); torch's pt2 archive
     writer cannot place a non-contiguous weight in its storage and warns "No complete
-    tensor found in the group!" for each such conv weight (issue 27 item 5: twice per run
+    tensor found in the group!" for each such conv weight (twice per run
     with ``small_cnn``). The exported graph is the same either way; the contiguous copy is
     what the archive stores without guessing.
     """

@@ -457,7 +457,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                 best["ckpt"] is not None:
             # resumed with nothing left to train (killed after its last trial): the record
             # that owns the study now ends its best/* series with the answer it reports, the
-            # restored checkpoint, which the leaderboard reads (issue 25 item 8)
+            # restored checkpoint, which the leaderboard reads
             final = {"best/val_balanced_accuracy": best["val"], "time/elapsed_s":
                      budget.elapsed(), "time/diag_s": budget.excluded_s,
                      **{f"best/test_{k}": v for k, v in best["test"].items()}}

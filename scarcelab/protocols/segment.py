@@ -1,4 +1,5 @@
-"""``segment``: nuclei instance segmentation with an encoder under test (issue 14).
+"""``segment``: nuclei instance segmentation with an encoder under test: how well an
+encoder's features transfer to a dense pathology task (docs/pathology.md).
 
 One training run of a HoVer-Net-style U-Net (:mod:`scarcelab.models.unet`) under a
 wall-clock budget: random crops of the training tiles, validation on held-out *source
@@ -582,7 +583,7 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                             "edge_threshold": edge}, name="best.pt")
     # a batch of 2: MLflow marks the batch dimension Dim.AUTO, and torch.export fixes a
     # dimension whose example size is 1 (warning "0/1 specialized"), so a one-tile example
-    # gave a model that takes one tile at a time (issue 27 item 5)
+    # gave a model that takes one tile at a time
     tracker.log_model(for_export(copy.deepcopy(model)), torch.zeros(2, 3, cfg.crop, cfg.crop))
     return SegmentResult(best["epoch"], epoch, best["val"], test_res, cross, edge,
                          train_time, eval_s)

@@ -126,7 +126,7 @@ SETTINGS: dict[str, TuneSettings] = {
     "clamm": TuneSettings("resnet50_imagenet", 500, 25, 100, (8, 16, 32), "deic_rrc20"),
     # ImageNet (50/class) is in the ICCV paper but not in gem's scripts (gem dropped it):
     # the paper's Table 2 trains 200 epochs in the search, 500 in the final training,
-    # with 100 trials and a grace period of 10 (as issue 23 quotes it)
+    # with 100 trials and a grace period of 10
     "imagenet50": TuneSettings("resnet50_imagenet", 200, 10, 100, (8, 16, 32),
                                "deic_rrc10_hflip", source="paper Table 2",
                                epochs_final=500),

@@ -5,7 +5,7 @@ machine, a laptop and a CI job against one server), so a file lock or Ray's own 
 would not see them all. Why an experiment: MLflow keeps experiment names unique in every
 backend (a database constraint in SQLite and PostgreSQL, behind the server too), so
 ``create_experiment(<lock name>)`` is an atomic test-and-set that needs no new service.
-Before (issue 25 item 7), the driver searched for a RUNNING sweep run and then created
+Before this lock, the driver searched for a RUNNING sweep run and then created
 one: two drivers started together both found none, and each ran every cell.
 
 The lock experiment is named from the sweep's experiment id and a hash of its name, and

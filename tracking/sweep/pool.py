@@ -29,7 +29,7 @@ class Unplaceable(ValueError):
 def unplaceable(nodes: list[dict[str, Any]], cpus: float, gpus: float) -> str | None:
     """Why a task of ``cpus`` CPUs and ``gpus`` GPUs fits on no alive node of ``nodes``
     (``ray.nodes()``' records), or None when one can hold it. Ray does not refuse such a
-    task: it waits for a node that never comes, silently (issue 25: ``cpus_per_cell: 64``
+    task: it waits for a node that never comes, silently (``cpus_per_cell: 64``
     on 2 cores hung). The check reads the nodes alive now: an autoscaling cluster whose
     bigger nodes are not up yet must start them first."""
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", n.get("alive", True))]
@@ -86,7 +86,7 @@ class RayPool:
                 os.environ.setdefault("RAY_worker_niceness", "0")
                 # Ray's memory monitor kills tasks when the *node* passes 95 % of its
                 # memory, whoever uses it: on a shared machine other users' jobs got cells
-                # killed (OutOfMemoryError, twice, then FAILED; issue 24's smoke run at
+                # killed (OutOfMemoryError, twice, then FAILED; a smoke run at
                 # 21.7 of 23.5 GB). Embedded, the kernel decides what is out of memory.
                 os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
             ray.init(**kw)

@@ -77,7 +77,7 @@ GRID_KEYS = {"entry", "id", "full", "smoke"}
 REF = "@"
 
 #: Cells one spec may expand to unless ``--max-cells`` says more: the largest shipped suite
-#: has 104 at its reference scale; a few hundred bytes of axes can ask for 10^8 (issue 25).
+#: has 104 at its reference scale; a few hundred bytes of axes can ask for 10^8.
 MAX_CELLS = 10_000
 #: YAML nodes that aliases may add beyond those written: a "billion laughs" of 400 bytes
 #: (nine levels of ten aliases each) expands to 10^9 values and hung the driver.
@@ -87,7 +87,7 @@ MAX_ALIAS_EXPANSION = 10_000
 NAME_FORBIDDEN = re.compile(r"['\"`\\\x00-\x1f\x7f]")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Environment variables that make a process load code named by their value: a spec's
-#: ``env:`` is data, so it may not set them (issue 25 item 1: ``PYTHONPATH`` ran a folder's
+#: ``env:`` is data, so it may not set them (``PYTHONPATH`` once ran a folder's
 #: ``sitecustomize.py`` in every cell). Variables that start with one of the prefixes are
 #: refused too, except those in ``ENV_PYTHON_SAFE``.
 ENV_CODE = {

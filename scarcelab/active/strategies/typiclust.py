@@ -37,7 +37,7 @@ class TypiClust(Strategy):
     def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
         # Imported here, not at the top: the registry imports every strategy file to look
         # one name up, and sklearn's import was 1.2-1.7 of the 3.8-4.4 CPU-seconds that
-        # importing the loop and looking up any strategy took (issue 28, bench/al_peers.py).
+        # importing the loop and looking up any strategy took (measured with bench/al_peers.py).
         from sklearn.cluster import KMeans
 
         n_lab = len(state.labeled)
