@@ -9,6 +9,13 @@ The learning core (``scarcelab.data``, ``.methods``, ``.models``, ``.active``, `
 under this package (setup.py maps them), so nothing is installed as a top-level
 ``tracking`` or ``entrypoints`` module that could shadow another distribution. In a source
 checkout the two folders sit beside this package and are found through ``__path__``.
+
+An editable install (``pip install -e .``, as ``scripts/setup`` does per checkout) maps them
+too, but the extension stays for the checkouts that are not installed into the interpreter
+that runs them: ``mlflow run``'s own environment (``python_env.yaml`` installs the
+requirements, not the project), and several checkouts sharing one environment, where the
+editable finder would hand out the *installed* checkout's ``tracking/`` beside this
+checkout's core.
 """
 
 from pathlib import Path as _Path
