@@ -28,6 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SCARCELAB_SHARED_DATA", REPO.parent / "shared" / "data"))
 MEDMNIST_DIR = SHARED_DATA / "medmnist"
 
+#: the strategies CDALBench compares (12 heuristics and the greedy oracle), which
+#: the cdalbench suite runs; a newcomer's strategy is added beside them, never counted
+CDALBENCH_STRATEGIES = {"random", "margin", "entropy", "least_confident", "bald", "badge",
+                        "coreset", "typiclust", "coregcn", "dsa", "lsa", "galaxy", "oracle"}
+
 
 @pytest.fixture
 def medmnist_dir() -> Path:

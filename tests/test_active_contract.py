@@ -135,9 +135,9 @@ def _instantiate() -> None:
 _instantiate()
 
 
-def test_all_thirteen_strategies_registered() -> None:
+def test_cdalbench_strategies_are_registered() -> None:
+    from conftest import CDALBENCH_STRATEGIES
+
     from scarcelab.active import STRATEGIES
 
-    assert set(STRATEGIES.names()) == {
-        "random", "margin", "entropy", "least_confident", "bald", "badge", "coreset",
-        "typiclust", "coregcn", "dsa", "lsa", "galaxy", "oracle"}
+    assert CDALBENCH_STRATEGIES <= set(STRATEGIES.names())

@@ -210,25 +210,135 @@ def _mlproject(entry: str) -> dict:  # type: ignore[type-arg]
             "command": ep.command}
 
 
-@pytest.mark.parametrize("entry", ["supervised", "semi", "self", "contamination", "al"])
-def test_mlproject_parameters_and_defaults_match_the_cli(entry: str) -> None:
+def _entry_points() -> list[str]:
+    """Every entry point MLproject declares, read from the file (a new one is checked without
+    being named here)."""
+    import yaml
+
+    return sorted(yaml.safe_load((REPO / "MLproject").read_text())["entry_points"])
+
+
+#: CLI options no entry point passes, by entry point ("*": all), and why
+CLI_ONLY = {
+    "*": {"--experiment": "`mlflow run --experiment-name` chooses it",
+          "--run-name": "`mlflow run --run-name` chooses it",
+          "-q": "terminal output only", "-v": "terminal output only"},
+    **{family: {"--diag-samples": "the per-epoch diagnostics' sample count, a debugging "
+                "knob the family entry points have never exposed (contamination does)"}
+       for family in ("supervised", "semi", "self")},
+    "leaderboard": {"--format": "terminal rendering", "--view": "the query views; the "
+                    "entry point logs the leaderboard", "--include-failed": "terminal use",
+                    "--log": "the entry point always logs", "--tracking-uri": "mlflow run "
+                    "sets MLFLOW_TRACKING_URI"},
+    "sweep": {"--full": "MLproject passes --full-scale true|false (it cannot omit a flag)",
+              "--smoke": "MLproject passes --smoke-scale true|false",
+              "--dry-run": "terminal use", "--jobs": "the pool size of a local run",
+              "--max-cells": "a debugging cap"},
+    "results": {"--full": "MLproject passes --scale", "--smoke": "MLproject passes --scale",
+                "--index": "MLproject passes --write-index true|false",
+                "--suites": "the page's suite list; the entry point renders one --spec",
+                "--tracking-uri": "mlflow run sets MLFLOW_TRACKING_URI",
+                "specs": "positional specs; the entry point passes --spec"},
+    "stack": {"args": "the pass-through to scripts/stack, whose own flags MLproject passes"},
+}
+#: MLproject defaults that differ from the CLI's on purpose, and why (each still differs:
+#: a stale entry fails)
+DEFAULT_DIFFERS = {
+    ("tune", "method"): "`mlflow run . -e tune` runs the CE baseline; the CLI asks for "
+                        "--method (or --resume)",
+    ("sweep", "full"): "'false' (MLproject) and '' (the CLI's 'not given') both mean no",
+    ("sweep", "smoke"): "as full",
+}
+
+
+def _cli_param(cmd, command: str, key: str):  # type: ignore[no-untyped-def]
+    """The CLI parameter an MLproject parameter reaches: the option whose flag precedes
+    ``{key}`` in the command, else the positional argument of that name."""
+    import re
+
+    import click
+
+    m = re.search(r"(--[\w-]+) \{" + key + r"\}", command)
+    if m:
+        return m.group(1), next((p for p in cmd.params if m.group(1) in p.opts), None)
+    assert f"{{{key}}}" in command, f"{key} is declared but never passed"
+    return key, next((p for p in cmd.params if isinstance(p, click.Argument)
+                      and p.name == key), None)
+
+
+@pytest.mark.parametrize("entry", _entry_points())
+def test_every_mlproject_entry_point_matches_its_cli_command(entry: str) -> None:
+    """MLproject and the CLI are one set of parameters: each entry point runs the command of
+    its name, passes each parameter to an option (or argument) of it, with the same default
+    where the CLI has one, and leaves out no CLI option but the listed ones."""
+    import click
+    from mlflow.projects import _project_spec
+
+    from scarcelab.entrypoints.cli import main
+
+    ep = _project_spec.load_project(str(REPO)).get_entry_point(entry)
+    assert ep.command.startswith(f"python -m scarcelab.entrypoints.cli {entry} "), ep.command
+    cmd = main.commands[entry]
+    passed: set[str] = set()
+    for key, p in ep.parameters.items():
+        flag, par = _cli_param(cmd, ep.command, key)
+        if par is None and cmd.params and any(q.nargs == -1 for q in cmd.params
+                                              if isinstance(q, click.Argument)):
+            continue  # forwarded to a pass-through (stack): checked by its own test
+        assert par is not None, f"{entry}: {flag} (parameter {key}) is no CLI option"
+        passed |= set(par.opts)
+        if par.required:  # the CLI insists (method, strategy); mlflow run has a default
+            continue
+        same = str(p.default) == str(par.default)
+        if (entry, key) in DEFAULT_DIFFERS:
+            assert not same, f"stale DEFAULT_DIFFERS entry {(entry, key)}"
+        else:
+            assert same, (entry, key, p.default, par.default)
+    exempt = set(CLI_ONLY["*"]) | set(CLI_ONLY.get(entry, {}))
+    left_out = {q.opts[0] for q in cmd.params if not set(q.opts) & passed} - exempt
+    assert not left_out, f"{entry}: CLI options MLproject never passes: {sorted(left_out)}"
+    stale = set(CLI_ONLY.get(entry, {})) - {o for q in cmd.params for o in q.opts}
+    assert not stale, f"{entry}: CLI_ONLY names options the command lacks: {stale}"
+
+
+def test_stack_entry_point_passes_only_what_was_given(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`mlflow run . -e stack` passes every port; its 'default' means 'not given', so
+    scripts/stack sees only the action unless a port was set."""
+    from mlflow.projects import _project_spec
+
+    import scarcelab.tracking.stack as stack_mod
+    from scarcelab.entrypoints.cli import main
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(stack_mod, "main", lambda argv: seen.append(argv) or 0)
+    ep = _project_spec.load_project(str(REPO)).get_entry_point("stack")
+    defaults = {k: str(p.default) for k, p in ep.parameters.items()}
+    argv = shlex.split(ep.command.format(**defaults))[3:]
+    assert CliRunner().invoke(main, argv).exit_code == 0
+    argv = shlex.split(ep.command.format(**{**defaults, "s3_port": "9100"}))[3:]
+    assert CliRunner().invoke(main, argv).exit_code == 0
+    assert seen == [["start"], ["start", "--s3-port", "9100"]]
+
+
+def test_entry_maps_agree_with_mlproject() -> None:
+    """The parameter -> option maps the merge under `mlflow run` uses (``merge_params``)
+    name exactly the entry points' parameters."""
+    from mlflow.projects import _project_spec
+
     from scarcelab.entrypoints.al import AL_ENTRY
     from scarcelab.entrypoints.cli import main
     from scarcelab.entrypoints.contamination import CONTAMINATION_ENTRY
     from scarcelab.entrypoints.study import FAMILY_ENTRY
 
-    names = {"al": AL_ENTRY, "contamination": CONTAMINATION_ENTRY}.get(entry, FAMILY_ENTRY)
-    spec = _mlproject(entry)
-    assert set(spec["parameters"]) == set(names)
-    cmd = main.commands[entry]
-    opts = {p.name: p for p in cmd.params}
-    for key in spec["parameters"]:
-        opt = opts[names[key]]
-        if not opt.required:  # method / strategy: required on the CLI
-            assert str(spec["parameters"][key]["default"]) == opt.default, key
-        flag = "--" + key.replace("_", "-")
-        assert f"{flag} {{{key}}}" in spec["command"], key
-        assert flag in opt.opts, key
+    project = _project_spec.load_project(str(REPO))
+    maps = {"al": AL_ENTRY, "contamination": CONTAMINATION_ENTRY, "supervised": FAMILY_ENTRY,
+            "semi": FAMILY_ENTRY, "self": FAMILY_ENTRY}
+    for entry, names in maps.items():
+        ep = project.get_entry_point(entry)
+        assert set(ep.parameters) == set(names), entry
+        opts = {p.name: p for p in main.commands[entry].params}
+        for key in ep.parameters:
+            assert "--" + key.replace("_", "-") in opts[names[key]].opts, (entry, key)
 
 
 def test_merge_params_follows_the_trackers_rule_under_mlflow_run() -> None:

@@ -100,23 +100,3 @@ def test_tune_typed_set_values_reach_the_protocol(monkeypatch):
     assert seen == {"lambda_ole": 0.5, "lr": 0.001, "batch_sizes": (8, 16)}
 
 
-@pytest.mark.parametrize("entry", ["tune", "segment"])
-def test_tune_and_segment_mlproject_parameters_match_the_cli(entry):
-    """CLI <-> MLproject parity for the newer commands: the same parameters, defaults and
-    flags (tune's method: MLproject runs ``ce`` by default, the CLI asks for one)."""
-    from mlflow.projects import _project_spec
-
-    from tests.conftest import REPO
-
-    ep = _project_spec.load_project(str(REPO)).get_entry_point(entry)
-    opts = {p.name: p for p in main.commands[entry].params}
-    names = {k: ("overrides" if k == "set" else k) for k in ep.parameters}
-    # run_name: under mlflow run it is MLflow's own --run-name, not a parameter
-    assert set(names.values()) == set(opts) - {"experiment", "quiet", "verbose",
-                                               "run_name"}, entry
-    for key, p in ep.parameters.items():
-        opt = opts[names[key]]
-        if (entry, key) != ("tune", "method"):
-            assert str(p.default) == opt.default, key
-        flag = "--" + key.replace("_", "-")
-        assert f"{flag} {{{key}}}" in ep.command and flag in opt.opts, key

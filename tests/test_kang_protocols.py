@@ -359,27 +359,6 @@ def test_bad_encoder_norm_is_one_line_before_any_work(tmp_path):
         assert r.exit_code == 1 and "encoder_norm='imagenet1k'" in r.output, r.output
 
 
-@pytest.mark.parametrize("entry", ["probe", "segment"])
-def test_mlproject_parameters_match_the_cli(entry):
-    """Every MLproject parameter is a CLI option with the same default and is passed as
-    its flag; every CLI option but --experiment and --run-name (mlflow run's own) and
-    -q/-v (terminal output) is a parameter."""
-    from mlflow.projects import _project_spec
-
-    from scarcelab.entrypoints.cli import main
-
-    ep = _project_spec.load_project(str(REPO)).get_entry_point(entry)
-    opts = {o: p for p in main.commands[entry].params for o in p.opts}
-    for key, p in ep.parameters.items():
-        flag = "--" + key.replace("_", "-")
-        assert flag in opts, key
-        assert str(p.default) == str(opts[flag].default), key
-        assert f"{flag} {{{key}}}" in ep.command, key
-    cli = {p.opts[0] for p in main.commands[entry].params} - {
-        "--experiment", "--run-name", "-q", "-v"}
-    assert cli == {"--" + k.replace("_", "-") for k in ep.parameters}
-
-
 def test_segment_cli_logs_protocol_and_fraction_into_mlflow(tmp_path, monkeypatch):
     import mlflow
 

@@ -112,7 +112,7 @@ def _toy_real(monkeypatch, name: str = "toy_real"):  # type: ignore[no-untyped-d
     data = ds.ALData(name, x[::2].astype(np.float32), y[::2], x[1::2].astype(np.float32),
                      y[1::2], 2, "toy:source", "a note for the run",
                      {"scarcelab.encoding_key": "k0"})
-    monkeypatch.setitem(ds.AL_DATASETS, name, ds.ALDatasetSpec(
+    monkeypatch.setitem(ds.AL_DATASETS._entries, name, ds.ALDatasetSpec(
         lambda d, r, c: data, ds.dataset_config("honeypot").replace(budget=4, max_epochs=3)))
     return data
 
@@ -134,10 +134,11 @@ def test_real_dataset_sweep_records_its_params_digest_note_and_tags(monkeypatch)
 def test_registered_kinds_follow_the_registration():
     from scarcelab.active.datasets import AL_DATASETS
 
-    assert AL_DATASETS["splice"].synthetic is False and AL_DATASETS["splice"].kind == "tabular"
-    assert AL_DATASETS["mnist_5k"].kind == "image"
-    assert AL_DATASETS["honeypot"].synthetic is True
-    assert AL_DATASETS["honeypot"].kind == "synthetic"
+    splice = AL_DATASETS.get("splice")
+    assert splice.synthetic is False and splice.kind == "tabular"
+    assert AL_DATASETS.get("mnist_5k").kind == "image"
+    assert AL_DATASETS.get("honeypot").synthetic is True
+    assert AL_DATASETS.get("honeypot").kind == "synthetic"
 
 
 def test_shared_data_fallback_notes_the_folder_that_lacked_the_file(tmp_path, monkeypatch):

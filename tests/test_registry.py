@@ -38,3 +38,27 @@ def test_builtin_entries_found_without_central_list():
     assert get_method("fixmatch").family == "semi"
     assert get_method("simclr").family == "self"
     assert get_method("sup").family == "supervised"
+
+
+def test_al_datasets_live_on_the_shared_registry():
+    """The fixed AL sets use the shared Registry (its lookup, listing and double-registration
+    guard), and a loader registered from outside the module is listed and looked up like the
+    built-in ones."""
+    from scarcelab.active import datasets as ds
+
+    assert isinstance(ds.AL_DATASETS, Registry)
+    assert {"splice", "honeypot", "mnist_5k"} <= set(ds.AL_DATASETS.names())
+    assert ds.spec("SPLICE") is ds.AL_DATASETS.get("splice")
+    with pytest.raises(ConfigError, match="registered twice"):
+        ds.register_al_dataset("honeypot", ds.dataset_config("splice"))(lambda d, r, c: None)
+
+    def toy(data_dir, rng, ctx):  # type: ignore[no-untyped-def]
+        raise AssertionError("not loaded here")
+
+    name = "toy_registered_from_a_test"
+    try:
+        assert ds.register_al_dataset(name, ds.dataset_config("splice"), kind="text")(toy) is toy
+        assert name in ds.list_al_datasets()
+        assert ds.spec(name).loader is toy and ds.spec(name).kind == "text"
+    finally:
+        ds.AL_DATASETS._entries.pop(name, None)

@@ -221,33 +221,6 @@ def test_final_training_has_its_own_epoch_count():
     assert t.study.params["epochs"] == 1 and t.study.params["epochs_final"] == 3
 
 
-def test_tune_mlproject_parameters_match_the_cli():
-    """Every MLproject ``tune`` parameter is a CLI option with the same default and is
-    passed as ``--<name> {<name>}``; every CLI option but --experiment and -q/-v is a parameter
-    (--device: ``auto`` in both since issue 23, it was ``cpu`` on the CLI)."""
-    from pathlib import Path
-
-    from mlflow.projects import _project_spec
-
-    from scarcelab.entrypoints.cli import main
-
-    ep = _project_spec.load_project(str(Path(__file__).resolve().parents[1])) \
-        .get_entry_point("tune")
-    opts = {o: p for p in main.commands["tune"].params for o in p.opts}
-    names = {p.name for p in main.commands["tune"].params} - {"experiment", "quiet", "verbose",
-                                                               "run_name"}  # mlflow run's own
-    renamed = {"set": "overrides"}
-    assert {renamed.get(k, k) for k in ep.parameters} == names
-    for key, p in ep.parameters.items():
-        flag = "--" + key.replace("_", "-")
-        assert flag in opts, key
-        assert f"{flag} {{{key}}}" in ep.command, key
-        if key == "method":  # `mlflow run . -e tune` runs the CE baseline; the CLI asks
-            assert (p.default, opts[flag].default) == ("ce", "")  # for --method (or --resume)
-            continue
-        assert str(p.default) == str(opts[flag].default), key
-
-
 def test_tune_device_option_is_checked_like_the_other_entry_points():
     from click.testing import CliRunner
 

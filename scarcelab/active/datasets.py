@@ -22,6 +22,7 @@ import numpy as np
 
 from scarcelab import tags as T
 from scarcelab.errors import ConfigError, DataError
+from scarcelab.registry import Registry
 
 
 @dataclass
@@ -119,14 +120,19 @@ class ALDatasetSpec:
     kind: str = "tabular"  # tabular | text | synthetic | image | encoded
 
 
-AL_DATASETS: dict[str, ALDatasetSpec] = {}
+#: The fixed AL sets, on the same :class:`~scarcelab.registry.Registry` as every other
+#: pluggable kind, so lookup, listing, the unknown-name message and the double-registration
+#: guard are the shared ones; :func:`spec` adds the image and ``encoded_`` forms on the fly.
+AL_DATASETS: Registry[ALDatasetSpec] = Registry("al dataset")
 
 
-def _register(name: str, config: ALConfig, synthetic: bool = False,
-              kind: str = "tabular") -> Callable[[Loader], Loader]:
+def register_al_dataset(name: str, config: ALConfig, synthetic: bool = False,
+                        kind: str = "tabular") -> Callable[[Loader], Loader]:
+    """Register ``loader`` under ``name`` with its protocol settings (a loader stays a plain
+    function; the registry holds its :class:`ALDatasetSpec`)."""
     def deco(fn: Loader) -> Loader:
-        AL_DATASETS[name] = ALDatasetSpec(fn, config, synthetic,
-                                          "synthetic" if synthetic else kind)
+        AL_DATASETS.register(name)(ALDatasetSpec(fn, config, synthetic,
+                                                 "synthetic" if synthetic else kind))
         return fn
     return deco
 
@@ -198,7 +204,7 @@ def spec(name: str) -> ALDatasetSpec:
 
     key = name.lower()
     if key in AL_DATASETS:
-        return AL_DATASETS[key]
+        return AL_DATASETS.get(key)
     base = key.removeprefix("encoded_")
     if base in DATASETS.names():
         if key.startswith("encoded_"):
@@ -213,7 +219,7 @@ def list_al_datasets() -> list[str]:
     from scarcelab.data import DATASETS
 
     images = [n for n in DATASETS.names() if n != "chestmnist"]  # multi-label: not for AL
-    return sorted(set(AL_DATASETS) | set(images) | {f"encoded_{n}" for n in images})
+    return sorted(set(AL_DATASETS.names()) | set(images) | {f"encoded_{n}" for n in images})
 
 
 def load_al_dataset(name: str, data_dir: str | Path | None,
@@ -264,7 +270,7 @@ _SPLICE = ALConfig(budget=400, hidden=(24, 24, 12), fitting="finetune", optimize
                    **_TABULAR_FIT)  # type: ignore[arg-type]
 
 
-@_register("splice", _SPLICE)
+@register_al_dataset("splice", _SPLICE)
 def _splice(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     from scarcelab.data.libsvm import read_libsvm_pair
 
@@ -278,7 +284,7 @@ def _splice(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALDat
     return ALData("splice", x_tr, tr.y, x_te, te.y, tr.num_classes, str(tr_p), note)
 
 
-@_register("dna", dataclasses.replace(_SPLICE, budget=300))
+@register_al_dataset("dna", dataclasses.replace(_SPLICE, budget=300))
 def _dna(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     """LibSVM ``dna`` / ``dna.t`` (not in the shared data here; the settings are splice's,
     since both are DNA-sequence tasks of the same encoding — override as needed)."""
@@ -292,9 +298,10 @@ def _dna(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
 #: USPS: budget 900, as CDALBench's ``configs/usps.yaml`` (``dataset: budget: 900`` in both
 #: stored versions, commits 112bb9b6 and c564afd6). A budget of 400, used before,
 #: put every USPS AUC ~0.06 under their Table 8 (measured: docs/active.md).
-@_register("usps", ALConfig(budget=900, hidden=(24, 24, 12), fitting="finetune",
-                            optimizer="adam", lr=8.1e-3, weight_decay=1.5e-6, batch_size=43,
-                            val_fraction=0.2, **_TABULAR_FIT))  # type: ignore[arg-type]
+@register_al_dataset("usps", ALConfig(budget=900, hidden=(24, 24, 12), fitting="finetune",
+                                      optimizer="adam", lr=8.1e-3, weight_decay=1.5e-6,
+                                      batch_size=43, val_fraction=0.2,
+                                      **_TABULAR_FIT))  # type: ignore[arg-type]
 def _usps(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     """USPS from an npz of 16x16 uint8 images, scaled to LibSVM's [-1, 1] (x/127.5 - 1), or
     from LibSVM text files ``usps`` / ``usps.t``."""
@@ -313,9 +320,10 @@ def _usps(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     return ALData("usps", xs["train"], ys["train"], xs["test"], ys["test"], 10, str(p))
 
 
-@_register("sms", kind="text", config=ALConfig(budget=100, hidden=(), fitting="scratch",
-                                               optimizer="nadam", lr=1e-3, batch_size=64,
-                                               val_fraction=0.1))
+@register_al_dataset("sms", kind="text",
+                     config=ALConfig(budget=100, hidden=(), fitting="scratch",
+                                     optimizer="nadam", lr=1e-3, batch_size=64,
+                                     val_fraction=0.1))
 def _sms(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     """SMS spam as pre-computed MiniLM sentence embeddings (the encoded-text stand-in).
     The collection has no official split: a fixed 30 % test split (seed 0) is used so that
@@ -403,9 +411,9 @@ def _synthetic(name: str, gen: Callable[[np.random.Generator], tuple[np.ndarray,
     return load
 
 
-_register("honeypot", _SYNTH, synthetic=True)(_synthetic("honeypot", honeypot))
-_register("diverging_sine", _SYNTH, synthetic=True)(_synthetic("diverging_sine",
-                                                                diverging_sine))
+register_al_dataset("honeypot", _SYNTH, synthetic=True)(_synthetic("honeypot", honeypot))
+register_al_dataset("diverging_sine", _SYNTH, synthetic=True)(
+    _synthetic("diverging_sine", diverging_sine))
 
 
 # -- images ---------------------------------------------------------------------------------
@@ -481,13 +489,13 @@ def _encoded_loader(base: str) -> Loader:
     return load
 
 
-_register("mnist_5k", dataclasses.replace(_IMAGE, budget=400), kind="image")(
+register_al_dataset("mnist_5k", dataclasses.replace(_IMAGE, budget=400), kind="image")(
     _image_loader("mnist_5k"))
 # CIFAR-10: budget 2000 after 100 seed images per class, validation 1 % (their config).
-_register("cifar10_5k", dataclasses.replace(_IMAGE, budget=2000, seed_per_class=100,
-                                            val_fraction=0.01, query_sizes=(200,)),
-          kind="image")(_image_loader("cifar10_5k"))
-_register("encoded_mnist_5k", _ENCODED, kind="encoded")(_encoded_loader("mnist_5k"))
-_register("encoded_cifar10_5k", dataclasses.replace(_ENCODED, lr=4.22e-3, weight_decay=1.6e-8,
-                                                    dropout=0.0), kind="encoded")(
-    _encoded_loader("cifar10_5k"))
+register_al_dataset("cifar10_5k", dataclasses.replace(_IMAGE, budget=2000, seed_per_class=100,
+                                                     val_fraction=0.01, query_sizes=(200,)),
+                    kind="image")(_image_loader("cifar10_5k"))
+register_al_dataset("encoded_mnist_5k", _ENCODED, kind="encoded")(_encoded_loader("mnist_5k"))
+register_al_dataset("encoded_cifar10_5k",
+                    dataclasses.replace(_ENCODED, lr=4.22e-3, weight_decay=1.6e-8, dropout=0.0),
+                    kind="encoded")(_encoded_loader("cifar10_5k"))
