@@ -5,10 +5,12 @@
     leaderboard(t, dataset="pathmnist", sort_by="test_auroc_mean")
     gains(t); profile(t); significance(t); ranks(t)
 
-See docs/query.md for what every column means and how each view is computed.
+See docs/query.md for what every column means and how each view is computed; a new view
+is one ``@view(name, note=...)`` function in a module of this package (registry.py).
 """
 
 from scarcelab.tracking.query.frame import Tracked, load, tidy_runs
+from scarcelab.tracking.query.registry import View, view, view_names
 from scarcelab.tracking.query.report import log_report, sections
 from scarcelab.tracking.query.store import ApiReader, SqlReader, open_reader
 from scarcelab.tracking.query.views import (
@@ -29,4 +31,4 @@ from scarcelab.tracking.query.views import (
 __all__ = ["VIEWS", "ApiReader", "SqlReader", "Tracked", "al_ranks", "al_scores",
            "filter_frame", "gains", "leaderboard", "load", "log_report", "open_reader",
            "per_study", "profile", "ranks", "sections", "significance", "study_scores",
-           "tidy_runs", "transfer"]
+           "tidy_runs", "transfer", "View", "view", "view_names"]
