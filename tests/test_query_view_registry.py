@@ -130,11 +130,16 @@ def test_the_registry_holds_every_view_that_was_in_a_list():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_view_template(name: str, store: str, tracked: query.Tracked):
-    """Every view: builds a non-empty table from the store, has a note, draws every
-    figure it declares (a PNG), and ``leaderboard --view <name>`` prints that table."""
+    """Every view: builds a non-empty table from the store (leaving the process's
+    tracking URI alone), has a note, draws every figure it declares (a PNG), and
+    ``leaderboard --view <name>`` prints that table."""
+    import mlflow
+
     v = registry.get(name)
     assert len(v.note.split()) >= 8, f"{name}: a note says how the view is computed"
+    before = mlflow.get_tracking_uri()
     table = report.compute(tracked, name, source="auto")
+    assert mlflow.get_tracking_uri() == before, "a query moved the process's tracking URI"
     assert isinstance(table, pd.DataFrame) and len(table), f"{name}: no rows"
     (sec,) = report.sections(tracked, [name])
     assert sec.title == name and sec.note.startswith(v.note)

@@ -9,6 +9,7 @@ from the same store and experiments; registering it here puts it with the other 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pandas as pd
@@ -41,7 +42,12 @@ def contamination(t: Tracked, **filters: Any) -> pd.DataFrame:
     from scarcelab.tracking.contamination import contamination_table
 
     uri = getattr(t.reader, "uri", None)
-    table = contamination_table(experiments=list(t.experiments), tracking_uri=uri)
+    # read from t's store without making it the process's tracking URI (a query must not
+    # redirect the runs a caller logs next); contamination_table would set it globally
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    with _use_tracking_uri(uri) if uri else contextlib.nullcontext():
+        table = contamination_table(experiments=list(t.experiments))
     if filters.get("dataset") is not None and "dataset" in table and len(table):
         from scarcelab.tracking.query.views import filter_frame
 
