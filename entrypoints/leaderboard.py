@@ -30,9 +30,9 @@ class ViewChoice(click.Choice):
 
     @property  # type: ignore[override]
     def choices(self) -> tuple[str, ...]:
-        from scarcelab.tracking.query.registry import view_names
+        from scarcelab.tracking.query.registry import static_view_names
 
-        return tuple(view_names())
+        return tuple(static_view_names())
 
     @choices.setter
     def choices(self, value: object) -> None:

@@ -10,7 +10,10 @@ registered — a new view is tested here without being named.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -227,3 +230,22 @@ def test_a_view_without_a_note_or_twice_is_refused():
         registry.view("leaderboard", note="another leaderboard")(lambda t: t)
     with pytest.raises(ValueError, match="unknown view 'nope'.*transfer"):
         report.sections(query.Tracked(pd.DataFrame(), None, []), ["nope"])  # type: ignore[arg-type]
+
+
+def test_the_cli_parses_view_without_importing_the_query_layer():
+    """``--view`` is checked before pandas, scipy or MLflow are imported (the house rule
+    of every command's options): the names come from the view files' ``@view`` calls,
+    read with ``ast``, and are the registry's own, in its order."""
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from scarcelab.entrypoints.cli import main\n"
+        "r = CliRunner().invoke(main, ['leaderboard', '--experiment', 'x', '--view', 'no'])\n"
+        "heavy = sorted(m for m in ('pandas', 'scipy', 'mlflow') if m in sys.modules)\n"
+        "from scarcelab.tracking.query.registry import static_view_names, view_names\n"
+        "static = static_view_names()\n"
+        "print(r.exit_code, heavy, static == view_names(), static)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         check=True).stdout.strip()
+    assert out == f"2 [] True {NAMES}", out

@@ -103,6 +103,41 @@ def view(name: str, *, note: str, figures: Mapping[str, FigureFn] | None = None,
     return deco
 
 
+def static_view_names() -> list[str]:
+    """The view names, in order, read from this package's files' ``@view("name", ...)``
+    calls with ``ast`` instead of importing them, plus any view registered from outside
+    (a plugin, a test) so far; once the registry is loaded, simply its names.
+
+    Why: the CLI validates ``--view`` while parsing, and every command checks its options
+    before importing MLflow, pandas or scipy (seconds); the registry's own lookup imports
+    every view module. ``tests/test_query_view_registry.py`` checks both lists agree.
+    """
+    if REGISTRY._loaded:
+        return view_names()
+    import ast
+    from pathlib import Path
+
+    order: dict[str, float] = {}
+    base = Path(__file__).resolve().parent
+    for path in sorted(base.rglob("*.py")):
+        if any(p.startswith("_") for p in path.relative_to(base).parts):
+            continue  # as the registry's import walk: private modules and __init__
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            f = node.func
+            fname = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            arg = node.args[0]
+            if fname == "view" and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                pos = [k.value.value for k in node.keywords
+                       if k.arg == "order" and isinstance(k.value, ast.Constant)]
+                order[arg.value.lower()] = float(pos[0]) if pos else 100.0
+    for name, v in REGISTRY._entries.items():  # registered from code outside these files
+        order.setdefault(name, float(v.order))
+    return sorted(order, key=lambda n: (order[n], n))
+
+
 def registered() -> list[View]:
     """Every view, in report order (then by name)."""
     return sorted((v for _, v in REGISTRY.items()), key=lambda v: (v.order, v.name))
