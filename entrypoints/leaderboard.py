@@ -20,7 +20,24 @@ import click
 from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
 
-VIEW_NAMES = ("leaderboard", "gains", "profile", "significance", "ranks")
+
+class ViewChoice(click.Choice):
+    """The registered views (tracking/query/registry.py), read when the option is first
+    parsed or shown: importing the query layer (pandas, scipy) at CLI start-up would slow
+    every other command, and a list written here would drift from the registry."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        from scarcelab.tracking.query.registry import static_view_names
+
+        return tuple(static_view_names())
+
+    @choices.setter
+    def choices(self, value: object) -> None:
+        pass  # always the registry's
 
 
 def _on_terminal() -> bool:
@@ -35,8 +52,8 @@ def _opt(s: str) -> str | None:
 @main.command(name="leaderboard", short_help="Leaderboard and other views of tracked studies.")
 @click.option("--experiment", required=True, help="experiment name(s), comma-separated")
 @click.option("--tracking-uri", default="", help="default: MLFLOW_TRACKING_URI / MLflow's")
-@click.option("--view", type=click.Choice(VIEW_NAMES), default="leaderboard",
-              help="the view printed on stdout")
+@click.option("--view", type=ViewChoice(), default="leaderboard",
+              help="the view printed on stdout (any registered view)")
 @click.option("--format", "fmt", default="auto", show_default=True,
               type=click.Choice(["auto", "table", "csv", "markdown", "json", "html"]),
               help="auto = an aligned table (mean ± std, rounded) on a terminal, CSV (every "
@@ -57,8 +74,9 @@ def _opt(s: str) -> str | None:
 def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, output: str,
                     family: str, dataset: str, n_labeled: str, sort_by: str, source: str,
                     include_failed: bool, do_log: bool) -> None:
-    """Leaderboard, gains, accuracy-over-time profile, significance and ranks of the
-    studies in EXPERIMENT(s)."""
+    """Leaderboard, gains, accuracy-over-time profile, significance, ranks and the other
+    registered views (transfer, Table 3, contamination, AL ranks) of the runs in
+    EXPERIMENT(s); the full report (--output) has the report's sections."""
     import mlflow
 
     from scarcelab.tracking.query import load, log_report, render, report
@@ -99,7 +117,7 @@ def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, out
         return
     if out_dir is None:
         out_dir = tempfile.mkdtemp(prefix="scarcelab-report-")
-    secs = report.sections(t, VIEW_NAMES, **kw)
+    secs = report.sections(t, None, **kw)  # the report's views; the leaderboard first
     if sort_by != "test_balanced_accuracy_mean":
         from scarcelab.tracking.query import leaderboard
 

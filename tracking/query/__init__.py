@@ -5,28 +5,45 @@
     leaderboard(t, dataset="pathmnist", sort_by="test_auroc_mean")
     gains(t); profile(t); significance(t); ranks(t)
 
-See docs/query.md for what every column means and how each view is computed.
+See docs/query.md for what every column means and how each view is computed; a new view
+is one ``@view(name, note=...)`` function in a module of this package (registry.py).
+
+The names below are imported on first use (PEP 562), so that the CLI can read the view
+registry's names (``registry.static_view_names``) when it parses ``--view`` without
+importing pandas, scipy and MLflow: every command checks its options before those.
 """
 
-from scarcelab.tracking.query.frame import Tracked, load, tidy_runs
-from scarcelab.tracking.query.report import log_report, sections
-from scarcelab.tracking.query.store import ApiReader, SqlReader, open_reader
-from scarcelab.tracking.query.views import (
-    VIEWS,
-    al_ranks,
-    al_scores,
-    filter_frame,
-    gains,
-    leaderboard,
-    per_study,
-    profile,
-    ranks,
-    significance,
-    study_scores,
-    transfer,
-)
+from __future__ import annotations
 
-__all__ = ["VIEWS", "ApiReader", "SqlReader", "Tracked", "al_ranks", "al_scores",
-           "filter_frame", "gains", "leaderboard", "load", "log_report", "open_reader",
-           "per_study", "profile", "ranks", "sections", "significance", "study_scores",
-           "tidy_runs", "transfer"]
+import importlib
+from typing import Any
+
+#: exported name -> the module that defines it
+_EXPORTS = {
+    "Tracked": "frame", "load": "frame", "tidy_runs": "frame",
+    "View": "registry", "view": "registry", "view_names": "registry",
+    "log_report": "report", "sections": "report",
+    "ApiReader": "store", "SqlReader": "store", "open_reader": "store",
+    **{n: "views" for n in ("VIEWS", "al_ranks", "al_scores", "filter_frame", "gains",
+                            "leaderboard", "per_study", "profile", "ranks", "significance",
+                            "study_scores", "transfer")},
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    try:  # a submodule: ``query.render`` after ``import scarcelab.tracking.query as query``
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

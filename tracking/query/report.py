@@ -13,61 +13,56 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scarcelab.tracking.query import render, views
+from scarcelab.tracking.query import registry, render
 from scarcelab.tracking.query.frame import Tracked
 
-ALL_VIEWS = ("leaderboard", "gains", "profile", "significance", "ranks")
-NOTES = {
-    "leaderboard": "Per study, the checkpoint best on validation balanced accuracy; its "
-                   "metrics averaged over seeds (std: sample std; n: distinct seeds). "
-                   "Studies run with different settings are different rows (setting: "
-                   "what else differs); a repeated seed counts once, the latest study "
-                   "(repeats: which was kept; n_runs: studies found).",
-    "gains": "Mean test balanced accuracy minus that of the best labeled-only method "
-             "(sup, mixup, supcon) on each dataset; median and worst across datasets.",
-    "profile": "Score of the checkpoint best on validation by time t since the study "
-               "started; mean and min/max over seeds (rows: every t on the grid).",
-    "significance": "Welch's two-sided t-test of each method against the best mean per "
-                    "dataset; significantly_worse = p < 0.05.",
-    "ranks": "Average rank (1 = best) over datasets (study) and over dataset x query size "
-             "(al), with Friedman's test; CD diagrams use Wilcoxon-Holm cliques.",
-}
+
+def __getattr__(name: str) -> Any:
+    """``ALL_VIEWS`` (the report's sections) and ``NOTES`` (each view's note) are read
+    from the view registry when asked for, so they cannot drift from it."""
+    if name == "ALL_VIEWS":
+        return tuple(registry.report_views())
+    if name == "NOTES":
+        return {v.name: v.note for v in registry.registered()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def compute(t: Tracked, view: str, **filters: Any) -> Any:
-    if view not in views.VIEWS:
-        raise ValueError(f"unknown view {view!r}; choose from {', '.join(views.VIEWS)}")
-    return views.VIEWS[view](t, **filters)
+    if view not in registry.REGISTRY:
+        raise ValueError(f"unknown view {view!r}; choose from "
+                         f"{', '.join(registry.view_names())}")
+    return registry.get(view).build(t, **filters)
 
 
-def sections(t: Tracked, which: Sequence[str] = ALL_VIEWS, **filters: Any
+def section(t: Tracked, view: str, **filters: Any) -> render.Section:
+    """The section of one view: its table, its declared figures and its note (and, where
+    the view says so, a shorter table for the page)."""
+    spec = registry.get(view)
+    df = spec.build(t, **filters)
+    figs = {name: draw(t, df, filters) for name, draw in spec.figures.items()}
+    sec = render.Section(spec.name, df, figs, spec.note)
+    if spec.display is not None:
+        sec.display = spec.display(df)
+        sec.note += spec.display_note
+    return sec
+
+
+def sections(t: Tracked, which: Sequence[str] | None = None, **filters: Any
              ) -> list[render.Section]:
-    """One section per view, with its plots; a view that cannot be computed on these runs
-    (e.g. gains with no labeled-only baseline) becomes an empty table with a warning."""
+    """One section per view (default: the report's, :func:`registry.report_views`), with
+    its plots; a view that cannot be computed on these runs (e.g. gains with no
+    labeled-only baseline) becomes an empty table with a warning."""
+    if which is None:
+        which = registry.report_views()
+    for v in which:
+        if v not in registry.REGISTRY:
+            raise ValueError(f"unknown view {v!r}; choose from "
+                             f"{', '.join(registry.view_names())}")
     out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # said once per section, below
         for v in which:
-            df = compute(t, v, **filters)
-            figs: dict[str, Any] = {}
-            if v == "leaderboard":
-                figs["leaderboard"] = render.plot_leaderboard(df)
-            elif v == "gains":
-                figs["gains"] = render.plot_gains(df)
-            elif v == "profile":
-                figs["profile"] = render.plot_profile(df)
-            elif v == "ranks":
-                figs["cd_study"] = render.cd_figure(views.study_scores(t, **filters),
-                                                    "methods over datasets")
-                if len(t.role("al")):
-                    al_filters = {k: v for k, v in filters.items() if k != "source"}
-                    figs["cd_al"] = render.cd_figure(views.al_scores(t, **al_filters),
-                                                     "AL strategies")
-            sec = render.Section(v, df, figs, NOTES.get(v, ""))
-            if v == "profile":
-                sec.display = render.condense_profile(df)
-                sec.note += f" The page shows a few time points; {v}.csv has all."
-            out.append(sec)
+            out.append(section(t, v, **filters))
     return out
 
 

@@ -23,11 +23,14 @@ has every column of the table.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
 from scarcelab.tracking.query.frame import Tracked
+from scarcelab.tracking.query.registry import view
 
 SCORE = "metrics.test/balanced_accuracy"
 ALTERNATIVES = {"less": "one-sided", "two-sided": "two-sided"}
@@ -156,4 +159,20 @@ def render_table3(long: pd.DataFrame, percent: bool = True) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["column_label", "render_table3", "retrain_scores", "table3"]
+@view("table3", order=70, entries=["tune"], section=False, markdown=render_table3,
+      heading="Table 3",
+      note="Tune It or Don't Use It, Table 3: per method and dataset, mean ± std of the "
+           "final retrains' test balanced accuracy (one study per cell); best bold, not "
+           "significantly worse than the best (Welch's one-sided t-test, p >= 0.05) italic.")
+def table3_view(t: Tracked, **filters: Any) -> pd.DataFrame:
+    """:func:`table3` of the retrains in ``t``; only the ``dataset`` filter applies (the
+    others are about studies with a test score of their own, which tune studies lack)."""
+    scores = retrain_scores(t)
+    if filters.get("dataset") is not None and len(scores):
+        from scarcelab.tracking.query.views import filter_frame
+
+        scores = filter_frame(scores, dataset=filters["dataset"])
+    return table3(scores)
+
+
+__all__ = ["column_label", "render_table3", "retrain_scores", "table3", "table3_view"]

@@ -31,6 +31,7 @@ from scipy import stats as sps
 
 from scarcelab.tracking import stats
 from scarcelab.tracking.query.frame import VAL, Tracked, study_settings
+from scarcelab.tracking.query.registry import EVERY_ENTRY, SweepContext, ViewFunctions, view
 
 TEST = "test_balanced_accuracy"
 LABELED_ONLY = ("sup", "mixup", "supcon")
@@ -176,6 +177,54 @@ def _repeats(s: pd.DataFrame, keys: list[str]) -> pd.Series:
     return texts.groupby([*keys, "config"], dropna=False)["_t"].agg("; ".join)
 
 
+# -- figures (render imports matplotlib: only when a figure is drawn) -------------------
+def _fig_leaderboard(t: Tracked, df: pd.DataFrame, filters: dict[str, Any]) -> Any:
+    from scarcelab.tracking.query import render
+
+    return render.plot_leaderboard(df)
+
+
+def _fig_gains(t: Tracked, df: pd.DataFrame, filters: dict[str, Any]) -> Any:
+    from scarcelab.tracking.query import render
+
+    return render.plot_gains(df)
+
+
+def _fig_profile(t: Tracked, df: pd.DataFrame, filters: dict[str, Any]) -> Any:
+    from scarcelab.tracking.query import render
+
+    return render.plot_profile(df)
+
+
+def _fig_cd_study(t: Tracked, df: pd.DataFrame, filters: dict[str, Any]) -> Any:
+    from scarcelab.tracking.query import render
+
+    return render.cd_figure(study_scores(t, **filters), "methods over datasets")
+
+
+def _fig_cd_al(t: Tracked, df: pd.DataFrame, filters: dict[str, Any]) -> Any:
+    """None without AL runs: a CD diagram of no strategies says nothing."""
+    from scarcelab.tracking.query import render
+
+    if not len(t.role("al")):
+        return None
+    al_filters = {k: v for k, v in filters.items() if k != "source"}
+    return render.cd_figure(al_scores(t, **al_filters), "AL strategies")
+
+
+def _condense_profile(df: pd.DataFrame) -> pd.DataFrame:
+    from scarcelab.tracking.query import render
+
+    return render.condense_profile(df)
+
+
+@view("leaderboard", order=10, in_report=True, entries=[EVERY_ENTRY], needs="study",
+      figures={"leaderboard": _fig_leaderboard},
+      note="Per study, the checkpoint best on validation balanced accuracy; its "
+           "metrics averaged over seeds (std: sample std; n: distinct seeds). "
+           "Studies run with different settings are different rows (setting: "
+           "what else differs); a repeated seed counts once, the latest study "
+           "(repeats: which was kept; n_runs: studies found).")
 def leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = False,
                 source: str = "auto", **filters: Any) -> pd.DataFrame:
     """Mean, std (sample, ddof=1) and n over seeds of the selected checkpoint's metrics per
@@ -231,6 +280,9 @@ def _block_label(row: pd.Series, multi_budget: set[str]) -> str:
     return str(row["dataset"])
 
 
+@view("gains", order=20, in_report=True, figures={"gains": _fig_gains},
+      note="Mean test balanced accuracy minus that of the best labeled-only method "
+           "(sup, mixup, supcon) on each dataset; median and worst across datasets.")
 def gains(t: Tracked, labeled_only: Sequence[str] = LABELED_ONLY, metric: str = TEST,
           source: str = "auto", **filters: Any) -> pd.DataFrame:
     """Rows: methods (a method run with several settings: one row per variant, named as in
@@ -266,6 +318,9 @@ def gains(t: Tracked, labeled_only: Sequence[str] = LABELED_ONLY, metric: str = 
     return out
 
 
+@view("significance", order=40, in_report=True,
+      note="Welch's two-sided t-test of each method against the best mean per "
+           "dataset; significantly_worse = p < 0.05.")
 def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: str = "auto",
                  **filters: Any) -> pd.DataFrame:
     """Per dataset block, every method's per-seed ``metric`` against the best method's
@@ -302,6 +357,11 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
                            kind="stable").reset_index(drop=True)
 
 
+@view("profile", order=30, in_report=True, figures={"profile": _fig_profile},
+      display=_condense_profile,
+      display_note=" The page shows a few time points; profile.csv has all.",
+      note="Score of the checkpoint best on validation by time t since the study "
+           "started; mean and min/max over seeds (rows: every t on the grid).")
 def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
             metric: str = TEST, source: str = "auto", **filters: Any) -> pd.DataFrame:
     """Accuracy over time: for each (dataset, n_labeled, method) and time ``t_s`` on a grid
@@ -430,6 +490,10 @@ def al_block_scores(t: Tracked, metric: str = "al/auc", **filters: Any) -> pd.Da
     return cd_blocks(long[[*BLOCK, "strategy", "auc"]])
 
 
+@view("ranks", order=50, in_report=True, entries=[EVERY_ENTRY],
+      figures={"cd_study": _fig_cd_study, "cd_al": _fig_cd_al},
+      note="Average rank (1 = best) over datasets (study) and over dataset x query size "
+           "(al), with Friedman's test; CD diagrams use Wilcoxon-Holm cliques.")
 def ranks(t: Tracked, metric: str = TEST, al_metric: str = "al/auc", source: str = "auto",
           **filters: Any) -> pd.DataFrame:
     """Average ranks (1 = best) of methods over dataset blocks (scope ``study``) and of AL
@@ -450,13 +514,43 @@ def al_ranks(t: Tracked, metric: str = "al/auc", **kw: Any) -> pd.DataFrame:
     return _rank_table(al_block_scores(t, metric, **kw), "al")
 
 
-VIEWS = {"leaderboard": leaderboard, "gains": gains, "profile": profile,
-         "significance": significance, "ranks": ranks}
+@view("al_ranks", order=55,
+      note="Average rank (1 = best) of the AL strategies over (dataset, query size, "
+           "repetition) blocks of their final AUC, with Friedman's test (CDALBench's "
+           "blocks, as al-report ranks them).")
+def _al_ranks_view(t: Tracked, metric: str = "al/auc", **filters: Any) -> pd.DataFrame:
+    """:func:`al_ranks` as a view: only the ``dataset`` filter is about AL runs (as in
+    :func:`ranks`); the study filters and ``source`` are not."""
+    return al_ranks(t, metric, **{k: v for k, v in filters.items() if k == "dataset"})
+
+
+#: name -> function of every registered view (read from the registry)
+VIEWS = ViewFunctions()
 
 
 TRANSFER_KEYS = ("encoder", "arch", "protocol", "label_fraction")
 
 
+def _transfer_for_sweep(t: Tracked, ctx: SweepContext) -> pd.DataFrame:
+    """The sweep's transfer table names an encoder a dependency resolved by the spec's
+    reference, so its seeds are one row (tracking/results/page.py, ``transfer_view``)."""
+    from scarcelab.tracking.results.page import transfer_view
+
+    return transfer_view(t, ctx.refs())
+
+
+def _transfer_markdown(df: pd.DataFrame) -> str:
+    from scarcelab.tracking.query.render import to_markdown
+
+    return to_markdown(df)
+
+
+@view("transfer", order=80, entries=["probe", "segment"], section=False,
+      markdown=_transfer_markdown, heading="Transfer", sweep_build=_transfer_for_sweep,
+      note="Kang et al. (2022)'s comparison of encoders: a row per (encoder, "
+           "architecture, protocol, label fraction), a column per task (probe accuracy "
+           "and balanced accuracy, segmentation PQ / mPQ); means over the runs (seeds) of "
+           "a cell, n_runs: how many.")
 def transfer(t: Tracked, seg_metrics: Sequence[str] = ("seg/pq", "seg/mpq"),
              **filters: Any) -> pd.DataFrame:
     """Kang et al. (2022)'s comparison of encoders. A row is one (encoder source — the
@@ -516,6 +610,3 @@ def transfer(t: Tracked, seg_metrics: Sequence[str] = ("seg/pq", "seg/mpq"),
     wide.insert(1, "n_runs", long.groupby(keys)["run_id"].nunique().reindex(wide.index)
                 .to_numpy())
     return wide.reset_index()
-
-
-VIEWS["transfer"] = transfer

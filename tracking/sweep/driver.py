@@ -581,24 +581,26 @@ class Driver:
                   f"failed, in {_fmt_s(result.wall_s)} — sweep run {sweep_run}")
 
     def _log_report(self, sweep_run: str) -> bool:
-        """The grid's report under ``report/`` on the sweep run: leaderboard and ranks, and
-        the source study's own table where the grid has its cells (contamination: Table
-        A1; tune: Table 3; probe / segment: the transfer view). Each part is built on its
-        own, so one that cannot be built (logged as a warning) does not lose the others.
-        Returns whether any part was logged."""
+        """The grid's report under ``report/`` on the sweep run: the views registered for
+        the entry points of its cells (tracking/query/registry.py, ``entries``) — the
+        leaderboard and ranks of every grid as one page of sections, and a table file of
+        its own for the source study of the cells it has (contamination: Table A1; tune:
+        Table 3; probe / segment: the transfer view). Each part is built on its own, so one
+        that cannot be built (logged as a warning) does not lose the others. Returns
+        whether any part was logged."""
         import warnings
 
         from scarcelab.tracking.query import load
+        from scarcelab.tracking.query.registry import sweep_views
 
         t = load(self.spec.experiment)
-        entries = {c.entry for c in self.spec.cells}
-        parts: list[tuple[str, Callable[[str, Any], None]]] = [("leaderboard", self._report_views)]
-        if "contamination" in entries:
-            parts.append(("contamination", self._report_contamination))
-        if "tune" in entries:
-            parts.append(("table3", self._report_table3))
-        if entries & {"probe", "segment"}:
-            parts.append(("transfer", self._report_transfer))
+        chosen = sweep_views({c.entry for c in self.spec.cells})
+        pages = [v for v in chosen if v.section]
+        parts: list[tuple[str, Callable[[str, Any], None]]] = []
+        if pages:  # the sections page is named by its first view (the leaderboard)
+            parts.append((pages[0].name, self._report_views))
+        parts += [(v.name, lambda run, t, v=v: self._report_table(run, t, v))
+                  for v in chosen if not v.section]
         logged = False
         for what, build in parts:
             try:
@@ -612,13 +614,17 @@ class Driver:
         return logged
 
     def _report_views(self, sweep_run: str, t: Any) -> None:
+        """The sections page (report.html, a CSV / markdown per view, the PNG figures) of
+        the section views this grid reports whose runs exist."""
         from scarcelab.tracking.query import sections
+        from scarcelab.tracking.query.registry import sweep_views
         from scarcelab.tracking.query.render import report_meta, write_report
 
+        pages = [v for v in sweep_views({c.entry for c in self.spec.cells}) if v.section]
         runs = t.runs
         if "protocol" in runs and "role" in runs:
             # tune studies log their test score per retrain, not per study: their table is
-            # Table 3 (_report_table3); the leaderboard and ranks are of the other studies
+            # Table 3; the leaderboard and ranks are of the other studies
             tune = set(runs.loc[(runs["role"] == "study") & (runs["protocol"] == "tune"),
                                 "run_id"])
             if tune:
@@ -630,7 +636,7 @@ class Driver:
                     self.echo(f"[sweep {self.spec.name}] the grid's studies are tune studies: "
                               "their leaderboard is report/table3.md")
                     return
-        which = ["leaderboard", "ranks"] if len(t.role("study")) else ["ranks"]
+        which = [v.name for v in pages if not v.needs or len(t.role(v.needs))]
         secs = sections(t, which)
         with tempfile.TemporaryDirectory() as d:
             paths = write_report(secs, d, title=f"sweep {self.spec.name}",
@@ -638,40 +644,26 @@ class Driver:
             for p in paths.values():
                 self.client.log_artifact(sweep_run, str(p), "report")
 
-    def _report_contamination(self, sweep_run: str, t: Any) -> None:
-        from scarcelab.tracking.contamination import contamination_table, to_markdown
-
-        table = contamination_table(experiments=[self.spec.experiment])
-        self.client.log_text(sweep_run, to_markdown(table), "report/contamination.md")
-        self.client.log_text(sweep_run, table.to_csv(index=False), "report/contamination.csv")
-
-    def _report_table3(self, sweep_run: str, t: Any) -> None:
-        """Tune It or Don't Use It, Table 3: methods x datasets, mean ± std of the final
-        retrains' test balanced accuracy, best bold, not-significantly-worse italic."""
-        from scarcelab.tracking.query.table3 import render_table3, retrain_scores, table3
-
-        long = table3(retrain_scores(t))
-        self.client.log_text(sweep_run, f"# Table 3: {self.spec.name}\n\n"
-                             + render_table3(long) + "\n", "report/table3.md")
-        self.client.log_text(sweep_run, long.to_csv(index=False), "report/table3.csv")
-
-    def _report_transfer(self, sweep_run: str, t: Any) -> None:
-        """Kang et al.'s comparison: rows = encoder source, columns = tasks (probe
-        accuracies, segmentation PQ / mPQ, also on ``cross_test`` sets). An encoder that
-        a dependency resolved (``runs:/<id>/model`` of a cell of this sweep) is shown as
-        the spec's reference (``@pretrain``), so its seeds average into one row — the same
-        table as the results page's (tracking/results/page.py, ``transfer_view``)."""
+    def _report_table(self, sweep_run: str, t: Any, view: Any) -> None:
+        """A view with a file pair of its own: ``report/<name>.md`` (its markdown, under
+        ``# <heading>: <sweep>`` when it has a heading) and ``report/<name>.csv``."""
+        from scarcelab.tracking.query.registry import SweepContext
         from scarcelab.tracking.query.render import to_markdown
-        from scarcelab.tracking.results.page import transfer_view
 
+        ctx = SweepContext(self.spec.name, self.spec.experiment, self._sweep_refs)
+        table = view.for_sweep(t, ctx)
+        text = (view.markdown or to_markdown)(table)
+        if view.heading:
+            text = f"# {view.heading}: {self.spec.name}\n\n{text}\n"
+        self.client.log_text(sweep_run, text, f"report/{view.name}.md")
+        self.client.log_text(sweep_run, table.to_csv(index=False), f"report/{view.name}.csv")
+
+    def _sweep_refs(self) -> list[str]:
+        """The REFS tags of this sweep's cells (what each ``@reference`` resolved to)."""
         exp = self.client.get_experiment_by_name(self.spec.experiment)
-        refs = [r.data.tags.get(REFS_TAG, "") for r in self.client.search_runs(
+        return [r.data.tags.get(REFS_TAG, "") for r in self.client.search_runs(
             [exp.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.spec.name}'",
             max_results=50_000)]
-        view = transfer_view(t, refs)
-        self.client.log_text(sweep_run, f"# Transfer: {self.spec.name}\n\n"
-                             + to_markdown(view) + "\n", "report/transfer.md")
-        self.client.log_text(sweep_run, view.to_csv(index=False), "report/transfer.csv")
 
 
 def _last_error(output: str, rc: int) -> str:
