@@ -42,7 +42,7 @@ from scarcelab.methods._parts import (
     ProjectionHead,
     soft_cross_entropy,
 )
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 def graph_contrastive_loss(
@@ -68,12 +68,11 @@ def graph_contrastive_loss(
 class CoMatch(SemiMethod):
     paper = "Li, Xiong & Hoi 2021, CoMatch, arXiv:2011.11183"
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
         "lambda_c": pow10(5, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "lambda_c": 1.0,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "lambda_c": 1.0,
                 "threshold": 0.95, "temperature": 0.2, "contrast_threshold": 0.8,
                 "alpha": 0.9, "proj_dim": 64, "memory_size": 2560, "da_window": 32}
     views = ("weak", "strong", "simclr")

@@ -50,7 +50,7 @@ from torch.func import functional_call
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import sigmoid_rampup
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 def weighted_mean(losses: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -64,11 +64,10 @@ class DS3L(SemiMethod):
     paper = ("Guo et al. 2020, Safe Deep Semi-Supervised Learning for Unseen-Class Unlabeled "
              "Data, ICML (PMLR 119)")
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 10.0, "warmup": 1.0,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 10.0, "warmup": 1.0,
                 "meta_lr": 1e-3, "wnet_lr": 6e-5, "wnet_hidden": 100,
                 "labeled_consistency": False}
     batch_sizes = {"labeled": 64, "unlabeled": 64}  # authors' code: 50/50; see docstring

@@ -19,18 +19,17 @@ import torch
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import confidence_mask, masked_cross_entropy
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 @register("fixmatch")
 class FixMatch(SemiMethod):
     paper = "Sohn et al. 2020, FixMatch, arXiv:2001.07685"
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "threshold": 0.95,
                 "temperature": 1.0, "weak_no_grad": False}
     views = ("weak", "strong")
 

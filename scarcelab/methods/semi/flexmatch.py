@@ -31,18 +31,17 @@ from scarcelab.methods import (
     register,
 )
 from scarcelab.methods._parts import LearningStatus, masked_cross_entropy
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 @register("flexmatch")
 class FlexMatch(SemiMethod):
     paper = "Zhang et al. 2021, FlexMatch, arXiv:2110.08263"
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "threshold": 0.95,
                 "temperature": 1.0, "threshold_warmup": True}
     views = ("weak", "strong")
 

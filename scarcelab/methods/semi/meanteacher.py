@@ -20,18 +20,17 @@ from torch import nn
 
 from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
 from scarcelab.methods._parts import EMATeacher, linear_rampup
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 @register("meanteacher")
 class MeanTeacher(SemiMethod):
     paper = "Tarvainen & Valpola 2017, Mean teachers are better role models, arXiv:1703.01780"
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(8, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 8.0, "ema_decay": 0.999,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 8.0, "ema_decay": 0.999,
                 "warmup": 0.4}
     batch_sizes = {"labeled": 64, "unlabeled": 64}
     views = ("weak", "weak")

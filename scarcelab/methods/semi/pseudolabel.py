@@ -13,7 +13,7 @@ import torch
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import confidence_mask, linear_rampup, masked_cross_entropy
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 @register("pseudolabel")
@@ -21,11 +21,10 @@ class PseudoLabel(SemiMethod):
     paper = ("Lee 2013, Pseudo-Label: The Simple and Efficient Semi-Supervised Learning "
              "Method for Deep Neural Networks, ICML Workshop")
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "threshold": 0.95,
                 "warmup": 0.4}
     batch_sizes = {"labeled": 64, "unlabeled": 64}
     views = ("weak",)

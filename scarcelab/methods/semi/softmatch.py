@@ -37,7 +37,7 @@ from torch import nn
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import DistributionAlignment, masked_cross_entropy
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 class TruncatedGaussianWeight(nn.Module):
@@ -67,11 +67,10 @@ class TruncatedGaussianWeight(nn.Module):
 class SoftMatch(SemiMethod):
     paper = "Chen et al. 2023, SoftMatch, arXiv:2301.10921"
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "n_sigma": 2.0,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "n_sigma": 2.0,
                 "ema": 0.999, "uniform_alignment": True}
     views = ("weak", "strong")
 
