@@ -125,3 +125,16 @@ def test_cosine_ce_loss_reference_value() -> None:
     assert cos.item() == pytest.approx(0.1, rel=1e-6)
     assert ce.item() == pytest.approx(math.log(2), rel=1e-6)
     assert total.item() == pytest.approx(0.1 + 0.5 * math.log(2), rel=1e-6)
+
+
+def test_joint_forward_normalises_the_parts_together() -> None:
+    """The parts go through one pass (BatchNorm sees their joint statistics) and come back
+    in order with their own lengths: BN of [0, 2] ∪ [4] is (x − 2) / √(8/3 + ε), ε = 1e-5."""
+    from scarcelab.methods._parts import joint_forward
+
+    bn = torch.nn.BatchNorm1d(1, affine=False).train()
+    a, b = torch.tensor([[0.0], [2.0]]), torch.tensor([[4.0]])
+    out_a, out_b = joint_forward(bn, a, b)
+    sd = math.sqrt(8 / 3 + 1e-5)
+    torch.testing.assert_close(out_a, torch.tensor([[-2 / sd], [0.0]]))
+    torch.testing.assert_close(out_b, torch.tensor([[2 / sd]]))

@@ -49,7 +49,7 @@ from torch import nn
 from torch.func import functional_call
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
-from scarcelab.methods._parts import sigmoid_rampup
+from scarcelab.methods._parts import joint_forward, sigmoid_rampup
 from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
@@ -118,7 +118,7 @@ class DS3L(SemiMethod):
         x, (u1, u2) = batch.x[0], batch.u
         with_lc = bool(self.hp["labeled_consistency"])
         parts = [x, u1, u2] + ([batch.x[1]] if with_lc else [])
-        outs = self.logits(torch.cat(parts)).split([len(t) for t in parts])
+        outs = joint_forward(self.logits, *parts)
         l_x, l_u1, l_u2 = outs[:3]
         loss_l = self.labeled_loss(l_x, batch.y)
         per_sample = self._consistency(l_u1, l_u2)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
-from scarcelab.methods._parts import confidence_mask, masked_cross_entropy
+from scarcelab.methods._parts import confidence_mask, joint_forward, masked_cross_entropy
 from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
@@ -49,10 +49,9 @@ class FixMatch(SemiMethod):
         if self.hp["weak_no_grad"]:
             with torch.no_grad():
                 l_w = self.logits(u_weak)
-            l_x, l_s = self.logits(torch.cat([x, u_strong])).split([len(x), len(u_strong)])
+            l_x, l_s = joint_forward(self.logits, x, u_strong)
         else:
-            logits = self.logits(torch.cat([x, u_weak, u_strong]))
-            l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
+            l_x, l_w, l_s = joint_forward(self.logits, x, u_weak, u_strong)
         loss_l = self.labeled_loss(l_x, batch.y)
         mask, pseudo = self._targets(l_w)
         loss_u = masked_cross_entropy(l_s, pseudo, mask)

@@ -30,7 +30,7 @@ from scarcelab.methods import (
     SemiMethod,
     register,
 )
-from scarcelab.methods._parts import LearningStatus, masked_cross_entropy
+from scarcelab.methods._parts import LearningStatus, joint_forward, masked_cross_entropy
 from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
@@ -73,8 +73,7 @@ class FlexMatch(SemiMethod):
         if len(self.status.selected) == 0:
             raise RuntimeError("flexmatch: on_train_start(DataInfo) was not called")
         x, (u_weak, u_strong) = batch.x[0], batch.u
-        logits = self.logits(torch.cat([x, u_weak, u_strong]))
-        l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
+        l_x, l_w, l_s = joint_forward(self.logits, x, u_weak, u_strong)
         loss_l = self.labeled_loss(l_x, batch.y)
         conf, pseudo, mask, class_thr = self._targets(l_w)
         # thresholds of this step come from the status *before* this batch (USB order)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
-from scarcelab.methods._parts import EMATeacher, linear_rampup
+from scarcelab.methods._parts import EMATeacher, joint_forward, linear_rampup
 from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
@@ -45,7 +45,7 @@ class MeanTeacher(SemiMethod):
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u1, u2) = batch.x[0], batch.u
-        l_x, l_u = self.logits(torch.cat([x, u1])).split([len(x), len(u1)])
+        l_x, l_u = joint_forward(self.logits, x, u1)
         loss_l = self.labeled_loss(l_x, batch.y)
         target = torch.softmax(self.teacher(u2), dim=-1)
         loss_u = F.mse_loss(torch.softmax(l_u, dim=-1), target)

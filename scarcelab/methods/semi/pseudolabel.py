@@ -12,7 +12,12 @@ from __future__ import annotations
 import torch
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
-from scarcelab.methods._parts import confidence_mask, linear_rampup, masked_cross_entropy
+from scarcelab.methods._parts import (
+    confidence_mask,
+    joint_forward,
+    linear_rampup,
+    masked_cross_entropy,
+)
 from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
@@ -36,7 +41,7 @@ class PseudoLabel(SemiMethod):
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, u = batch.x[0], batch.u[0]
-        l_x, l_u = self.logits(torch.cat([x, u])).split([len(x), len(u)])
+        l_x, l_u = joint_forward(self.logits, x, u)
         loss_l = self.labeled_loss(l_x, batch.y)
         mask, pseudo, _ = confidence_mask(l_u, float(self.hp["threshold"]))
         loss_u = masked_cross_entropy(l_u, pseudo, mask)

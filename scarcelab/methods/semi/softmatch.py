@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
-from scarcelab.methods._parts import DistributionAlignment, masked_cross_entropy
+from scarcelab.methods._parts import DistributionAlignment, joint_forward, masked_cross_entropy
 from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
@@ -98,8 +98,7 @@ class SoftMatch(SemiMethod):
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u_weak, u_strong) = batch.x[0], batch.u
-        logits = self.logits(torch.cat([x, u_weak, u_strong]))
-        l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
+        l_x, l_w, l_s = joint_forward(self.logits, x, u_weak, u_strong)
         loss_l = self.labeled_loss(l_x, batch.y)
         pseudo, weight = self._targets(l_w, update=True)
         loss_u = masked_cross_entropy(l_s, pseudo, weight)
