@@ -50,6 +50,7 @@ from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 @register("comatch")
 class CoMatch(SemiMethod):
     paper = "Li, Xiong & Hoi 2021, CoMatch, arXiv:2011.11183"
+    has_pseudo_labels = True
     search_space = {
         **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),

@@ -63,6 +63,7 @@ def weighted_mean(losses: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 class DS3L(SemiMethod):
     paper = ("Guo et al. 2020, Safe Deep Semi-Supervised Learning for Unseen-Class Unlabeled "
              "Data, ICML (PMLR 119)")
+    has_pseudo_labels = True
     search_space = {
         **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),

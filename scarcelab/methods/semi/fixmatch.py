@@ -25,6 +25,7 @@ from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 @register("fixmatch")
 class FixMatch(SemiMethod):
     paper = "Sohn et al. 2020, FixMatch, arXiv:2001.07685"
+    has_pseudo_labels = True
     search_space = {
         **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),

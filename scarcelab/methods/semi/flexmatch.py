@@ -37,6 +37,7 @@ from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 @register("flexmatch")
 class FlexMatch(SemiMethod):
     paper = "Zhang et al. 2021, FlexMatch, arXiv:2110.08263"
+    has_pseudo_labels = True
     search_space = {
         **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),

@@ -31,6 +31,7 @@ from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, Unifo
 @register("mixmatch")
 class MixMatch(SemiMethod):
     paper = "Berthelot et al. 2019, MixMatch, arXiv:1905.02249"
+    has_pseudo_labels = True
     search_space = {
         **CLASSIFIER_SPACE,
         "alpha": Uniform(0.1, 1.0),

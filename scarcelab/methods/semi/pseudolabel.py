@@ -25,6 +25,7 @@ from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 class PseudoLabel(SemiMethod):
     paper = ("Lee 2013, Pseudo-Label: The Simple and Efficient Semi-Supervised Learning "
              "Method for Deep Neural Networks, ICML Workshop")
+    has_pseudo_labels = True
     search_space = {
         **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),

@@ -66,6 +66,7 @@ class TruncatedGaussianWeight(nn.Module):
 @register("softmatch")
 class SoftMatch(SemiMethod):
     paper = "Chen et al. 2023, SoftMatch, arXiv:2301.10921"
+    has_pseudo_labels = True
     search_space = {
         **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
