@@ -147,6 +147,21 @@ class MethodContract:
         if m.family == "supervised":
             assert "loss_labeled" in out
 
+    def test_pseudo_label_declaration_matches_behaviour(self, tiny_bundle):
+        """``has_pseudo_labels`` is what diagnostics and contamination studies read to use
+        the method's own filter: a declaring method returns targets of the right shapes
+        with weights in [0, 1], any other returns ``None``; only semi methods declare."""
+        m = build(self.method, tiny_bundle)
+        u = to_float(torch.as_tensor(tiny_bundle.unlabeled_x[:8]))
+        t = m.pseudo_targets(u, torch.arange(8))
+        assert (t is not None) == self.cls.has_pseudo_labels
+        if t is None:
+            return
+        assert self.cls.family == "semi"
+        c = tiny_bundle.num_classes
+        assert t.logits.shape == (8, c) and t.labels.shape == (8,) and t.weights.shape == (8,)
+        assert bool(((t.weights >= 0) & (t.weights <= 1)).all())
+
     def test_nothing_passes_threshold(self, tiny_bundle):
         """Uniform predictions (confidence 1/C everywhere) must still give a finite loss
         with finite gradients everywhere (masked terms are zero, not NaN from dividing by

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from scarcelab.losses import nt_xent
@@ -67,3 +68,73 @@ def test_feature_queue_fifo():
     assert sorted(labels.flatten().tolist()) == [2, 3, 4, 5]  # the oldest (1) overwritten
     q.push(torch.arange(20.0).reshape(10, 2))
     assert q.filled == 4 and set(q.get()[0][:, 0].tolist()) == {12.0, 14.0, 16.0, 18.0}
+
+
+# -- classifier losses that used to live in method files (issue 26 item 5) --------------
+
+
+def test_graph_contrastive_loss_reference_value_and_cutoff() -> None:
+    """q = (0.9, 0.1) for both samples: q·qᵀ off-diagonal 0.82; z orthonormal, T = 0.5,
+    so every row of log softmax(z zᵀ / T) is (2 − L, −L) with L = ln(e² + 1).
+
+    cut-off 0.8 keeps the edge: row target (1, 0.82) / 1.82 -> loss L − 2 / 1.82.
+    cut-off 0.85 drops it: identity target -> loss L − 2."""
+    from scarcelab.losses import graph_contrastive_loss
+
+    q = torch.tensor([[0.9, 0.1], [0.9, 0.1]])
+    z = torch.eye(2)
+    big_l = math.log(math.exp(2) + 1)
+    assert graph_contrastive_loss(q, z, z, 0.5, 0.8).item() == pytest.approx(
+        big_l - 2 / 1.82, rel=1e-6)
+    assert graph_contrastive_loss(q, z, z, 0.5, 0.85).item() == pytest.approx(
+        big_l - 2, rel=1e-6)
+    # the two views enter asymmetrically: z1 · z2ᵀ, so swapping z2's rows swaps the
+    # positives and the loss becomes L − 2·0.82/1.82 (the edge now sits on the diagonal)
+    swapped = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    assert graph_contrastive_loss(q, z, swapped, 0.5, 0.8).item() == pytest.approx(
+        big_l - 2 * 0.82 / 1.82, rel=1e-6)
+
+
+def test_ole_loss_reference_value_and_subgradient() -> None:
+    """Nuclear norms by hand, labels (0, 1).
+
+    F = [[1, 0], [1, 0]] (two classes on one line): each class has norm 1 (= Δ), the
+    union √2 -> (1 + 1 − √2) / 2.
+    F = 0.1·I: each class (norm 0.1) is clamped to Δ = 1 and gets no gradient; the union
+    has singular values (0.1, 0.1) -> (2 − 0.2) / 2, and dL/dF = −U Vᵀ / N = −I / 2
+    (the reference code's subgradient of −‖F‖_* / N)."""
+    from scarcelab.losses import ole_loss
+
+    y = torch.tensor([0, 1])
+    line = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    assert ole_loss(line, y).item() == pytest.approx((2 - math.sqrt(2)) / 2, rel=1e-6)
+    f = (0.1 * torch.eye(2)).requires_grad_(True)
+    loss = ole_loss(f, y)
+    assert loss.item() == pytest.approx(0.9, rel=1e-6)
+    loss.backward()
+    torch.testing.assert_close(f.grad, -torch.eye(2) / 2)
+
+
+def test_cosine_ce_loss_reference_value() -> None:
+    """e = (0.6, 0.8) and e = (1, 0), zero logits over 2 classes, labels (1, 0), λ = 0.5:
+    cosine terms 1 − 0.8 and 1 − 1 -> mean 0.1; CE ln 2; total 0.1 + 0.5·ln 2."""
+    from scarcelab.losses import cosine_ce_loss
+
+    emb = torch.tensor([[0.6, 0.8], [1.0, 0.0]])
+    total, cos, ce = cosine_ce_loss(emb, torch.zeros(2, 2), torch.tensor([1, 0]), 0.5)
+    assert cos.item() == pytest.approx(0.1, rel=1e-6)
+    assert ce.item() == pytest.approx(math.log(2), rel=1e-6)
+    assert total.item() == pytest.approx(0.1 + 0.5 * math.log(2), rel=1e-6)
+
+
+def test_joint_forward_normalises_the_parts_together() -> None:
+    """The parts go through one pass (BatchNorm sees their joint statistics) and come back
+    in order with their own lengths: BN of [0, 2] ∪ [4] is (x − 2) / √(8/3 + ε), ε = 1e-5."""
+    from scarcelab.methods._parts import joint_forward
+
+    bn = torch.nn.BatchNorm1d(1, affine=False).train()
+    a, b = torch.tensor([[0.0], [2.0]]), torch.tensor([[4.0]])
+    out_a, out_b = joint_forward(bn, a, b)
+    sd = math.sqrt(8 / 3 + 1e-5)
+    torch.testing.assert_close(out_a, torch.tensor([[-2 / sd], [0.0]]))
+    torch.testing.assert_close(out_b, torch.tensor([[2 / sd]]))

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from scarcelab.losses.graph_contrastive import graph_contrastive_loss
 from scarcelab.methods import Batch, DataInfo, Progress, get_method
 from scarcelab.methods._parts import (
     DistributionAlignment,
@@ -17,7 +18,6 @@ from scarcelab.methods._parts import (
     sharpen,
     sigmoid_rampup,
 )
-from scarcelab.methods.semi.comatch import graph_contrastive_loss
 from scarcelab.methods.semi.ds3l import weighted_mean
 from scarcelab.methods.semi.softmatch import TruncatedGaussianWeight
 from scarcelab.models import create_model

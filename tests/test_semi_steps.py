@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
+from scarcelab.losses.graph_contrastive import graph_contrastive_loss
 from scarcelab.methods import Batch, DataInfo, Progress, get_method
 from scarcelab.methods._parts import LearningStatus, confidence_mask
-from scarcelab.methods.semi.comatch import graph_contrastive_loss
 
 C = 3
 WEAK = [1.0, 0.2, -1.0, 0.05]

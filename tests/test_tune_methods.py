@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from scarcelab.losses.cosine_ce import cosine_ce_loss
+from scarcelab.losses.ole import ole_loss
 from scarcelab.methods import get_method
 from scarcelab.methods.base import Batch, Progress
 from scarcelab.methods.supervised.cosine import one_hot_cosine_loss
-from scarcelab.methods.supervised.cosine_ce import CosineCEHead, cosine_ce_loss
+from scarcelab.methods.supervised.cosine_ce import CosineCEHead
 from scarcelab.methods.supervised.gradl2 import grad_l2_penalty
-from scarcelab.methods.supervised.ole import ole_loss
 from scarcelab.methods.supervised.tvmf import TvMFHead, tvmf_similarity
 from scarcelab.models.standardize import Standardized
 from scarcelab.train import make_optimizer

@@ -158,8 +158,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 @dataclass
-class FitConfig:
-    """Per-dataset optimiser settings (CDALBench Table 7) and the early-stopping rule."""
+class FitSettings:
+    """Per-dataset optimiser settings (CDALBench Table 7) and the early-stopping rule.
+
+    Declared once and inherited by :class:`FitConfig` (what one :func:`fit` takes) and by
+    the per-dataset :class:`scarcelab.active.datasets.ALConfig` (what a user sees, changes
+    with ``--set`` and the AL loop logs as ``al.<field>``).
+    """
 
     optimizer: str = "nadam"
     lr: float = 1e-3
@@ -167,13 +172,20 @@ class FitConfig:
     batch_size: int = 32
     max_epochs: int = 50
     patience: int = 2
-    eval_batch_size: int = 1024
     #: Keep the weights of the lowest validation loss (True) or those of the last epoch run
     #: (False: CDALBench's code, whose ``EarlyStopping`` only stops).
     restore_best: bool = True
     #: Drop the last incomplete mini-batch once the labeled set exceeds one batch (CDALBench's
     #: ``drop_last = batch_size < len(x_labeled)``).
     drop_last: bool = False
+
+
+@dataclass
+class FitConfig(FitSettings):
+    """:class:`FitSettings` plus how many samples to score per forward pass, a memory
+    setting that is not part of a dataset's protocol."""
+
+    eval_batch_size: int = 1024
 
 
 def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,

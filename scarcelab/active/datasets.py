@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from scarcelab import tags as T
+from scarcelab.active.classifier import FitConfig, FitSettings
 from scarcelab.errors import ConfigError, DataError
 from scarcelab.registry import Registry
 
@@ -41,10 +42,13 @@ class ALData:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class ALConfig:
-    """Protocol settings for one dataset. ``fitting`` is ``scratch`` (re-initialise each
-    iteration to the repetition's initial weights) or ``finetune`` (warm start)."""
+@dataclass(kw_only=True)
+class ALConfig(FitSettings):
+    """Protocol settings for one dataset: the optimiser and early-stopping settings of
+    :class:`~scarcelab.active.classifier.FitSettings` (inherited, so declared once) and
+    the protocol's own. ``fitting`` is ``scratch`` (re-initialise each iteration to the
+    repetition's initial weights) or ``finetune`` (warm start). The protocol's fields are
+    keyword-only, since ``budget`` has no default."""
 
     budget: int
     seed_per_class: int = 1
@@ -54,18 +58,9 @@ class ALConfig:
     hidden: tuple[int, ...] = (24, 12)
     dropout: float = 0.0
     fitting: str = "finetune"
-    optimizer: str = "nadam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    batch_size: int = 32
-    max_epochs: int = 50
-    patience: int = 2
-    #: Early-stopping details (see docs/active.md, "Fitting"): keep the best-validation
-    #: weights or the last epoch's; drop the incomplete last batch; one optimiser per
-    #: repetition whose state carries across fits; the seed-set fit's fixed epoch count
+    #: Fitting details beyond FitSettings' (see docs/active.md, "Fitting"): one optimiser
+    #: per repetition whose state carries across fits; the seed-set fit's fixed epoch count
     #: (0 = the same rule as every other fit).
-    restore_best: bool = True
-    drop_last: bool = False
     keep_optimizer: bool = False
     first_fit_epochs: int = 0
     #: Which split early stopping watches: ``val`` (the validation split; honest) or
@@ -77,6 +72,11 @@ class ALConfig:
     fit_per_label: bool = False
     query_sizes: tuple[int, ...] = (1, 5)
     extra: dict[str, float] = field(default_factory=dict)
+
+    def fit_config(self) -> FitConfig:
+        """What one :func:`~scarcelab.active.classifier.fit` of this protocol takes."""
+        return FitConfig(**{f.name: getattr(self, f.name)
+                            for f in dataclasses.fields(FitSettings)})
 
     def replace(self, **changes: object) -> ALConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

@@ -182,8 +182,7 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     net = build_net(cfg.arch, tuple(data.x_train.shape), data.num_classes, cfg.hidden,
                     cfg.dropout, model_gen).to(dev)
     init_state = copy.deepcopy(net.state_dict())
-    fcfg = FitConfig(cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.batch_size, cfg.max_epochs,
-                     cfg.patience, restore_best=cfg.restore_best, drop_last=cfg.drop_last)
+    fcfg = cfg.fit_config()
     # The seed-set fit: a fixed number of epochs when first_fit_epochs > 0 (a patience
     # longer than the run never stops it).
     first_cfg = (dataclasses.replace(fcfg, max_epochs=cfg.first_fit_epochs,

@@ -13,3 +13,10 @@ from scarcelab.losses.swav import swapped_prediction  # noqa: E402
 
 __all__ += ["barlow_twins", "dino_loss", "info_nce", "negative_cosine", "swapped_prediction",
             "update_center"]
+
+# losses of classifier methods (issue 26: moved out of their method files)
+from scarcelab.losses.cosine_ce import cosine_ce_loss  # noqa: E402
+from scarcelab.losses.graph_contrastive import graph_contrastive_loss  # noqa: E402
+from scarcelab.losses.ole import ole_loss  # noqa: E402
+
+__all__ += ["cosine_ce_loss", "graph_contrastive_loss", "ole_loss"]

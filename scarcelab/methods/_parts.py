@@ -7,6 +7,7 @@ confidence mask treats ties) lands in every method at once.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -59,9 +60,16 @@ class ProjectionHead(nn.Module):
         return self.net(x)
 
 
-def split_logits(logits: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
-    """Undo a concatenated forward pass (one pass keeps BatchNorm statistics joint)."""
-    return tuple(logits.split(sizes))
+def joint_forward(fn: Callable[[torch.Tensor], torch.Tensor], *parts: torch.Tensor
+                  ) -> tuple[torch.Tensor, ...]:
+    """``fn`` over the concatenation of ``parts``, split back into one output per part.
+
+    Semi-supervised methods pass the labeled batch and the unlabeled views through the
+    network *together* so that BatchNorm normalises them with joint batch statistics (the
+    FixMatch and USB reference implementations concatenate ``x`` and ``u`` the same way);
+    this keeps that one pass and the bookkeeping of where each part's rows are in one place.
+    """
+    return tuple(fn(torch.cat(parts)).split([len(p) for p in parts]))
 
 
 @torch.no_grad()

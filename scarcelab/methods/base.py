@@ -97,6 +97,9 @@ class Method(nn.Module, metaclass=ABCMeta):
     - ``labeled_views`` / ``views``: augmentation names (``scarcelab.data.augment``).
     - ``linear_probe``: evaluate with a linear probe on frozen features every epoch
       instead of the method's own head (self-supervised methods, supcon).
+    - ``has_pseudo_labels``: the method trains on pseudo-labels of its own (and implements
+      ``_pseudo_targets``); diagnostics and contamination studies read its filter through
+      :meth:`pseudo_targets`, and use a generic one for methods that declare none.
     """
 
     family: ClassVar[str] = ""
@@ -108,7 +111,20 @@ class Method(nn.Module, metaclass=ABCMeta):
     labeled_views: ClassVar[tuple[str, ...]] = ("weak",)
     views: ClassVar[tuple[str, ...]] = ()
     linear_probe: ClassVar[bool] = False
+    has_pseudo_labels: ClassVar[bool] = False
     optimizer: ClassVar[str] = "adam"  # or "sgd" (momentum 0.9); see train.make_optimizer
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Declaration and implementation of pseudo-labels must agree: a method whose
+        ``_pseudo_targets`` were silently skipped would have its diagnostics computed with
+        the generic filter instead of its own."""
+        super().__init_subclass__(**kwargs)
+        implements = cls._pseudo_targets is not Method._pseudo_targets
+        if implements != cls.has_pseudo_labels:
+            raise TypeError(
+                f"{cls.__name__}: has_pseudo_labels = {cls.has_pseudo_labels} but it "
+                f"{'implements' if implements else 'does not implement'} _pseudo_targets; "
+                "set has_pseudo_labels = True exactly when it does")
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__()
@@ -136,8 +152,9 @@ class Method(nn.Module, metaclass=ABCMeta):
                         ) -> PseudoTargets | None:
         """Subclass part of :meth:`pseudo_targets`: the targets from the method's *current*
         state (thresholds, running statistics, memory) without updating any of it.
-        ``None`` (the default) means the method has no pseudo-labels (supervised and
-        self-supervised methods, Mean Teacher)."""
+        Called only for a method that declares ``has_pseudo_labels``; ``None`` (the
+        default) means the method has no pseudo-labels (supervised and self-supervised
+        methods, Mean Teacher)."""
         return None
 
     # -- shared --------------------------------------------------------------------
@@ -163,6 +180,8 @@ class Method(nn.Module, metaclass=ABCMeta):
         and subclasses read, never update, their thresholds, running statistics and
         memory banks. The training mode is restored afterwards.
         """
+        if not self.has_pseudo_labels:
+            return None
         was_training = self.training
         self.eval()
         try:

@@ -89,6 +89,21 @@ def int_pow10(a: float, b: float) -> IntLogUniform:
     return IntLogUniform(int(round(10.0**a)), int(round(10.0**b)), label=f"int 10^U({a:g},{b:g})")
 
 
+# -- ranges several methods share (declared once; a method adds only its own entries) ----
+
+#: SSL-vs-SSL (Huang et al., CVPR 2024) App. F.1: the optimiser ranges of every classifier
+#: method it compares — the supervised baselines (``sup``, ``mixup``) and every
+#: semi-supervised method. Listed first in each space, since :func:`sample` draws in order.
+CLASSIFIER_SPACE: dict[str, Distribution] = {"lr": pow10(3, -5, -2),
+                                             "weight_decay": pow10(4, -6, -3)}
+#: Their literature-free defaults: roughly the centres of those ranges (docs/methods-semi.md).
+CLASSIFIER_DEFAULTS: dict[str, Any] = {"lr": 3e-3, "weight_decay": 5e-4}
+#: SSL-vs-SSL App. F.1: the optimiser ranges of every self-supervised method
+#: (docs/methods-self.md: "All seven draw lr ~ 10^U(-4.5, -1.5) and ...").
+SELFSUP_SPACE: dict[str, Distribution] = {"lr": pow10(1, -4.5, -1.5),
+                                          "weight_decay": pow10(1, -6.5, -3.5)}
+
+
 def sample(space: dict[str, Distribution], trial: _Trial) -> dict[str, Any]:
     """Draw one configuration; the order of keys fixes the order of RNG draws."""
     return {name: dist.suggest(trial, name) for name, dist in space.items()}

@@ -19,16 +19,13 @@ from scarcelab.losses import barlow_twins
 from scarcelab.methods import Batch, Losses, Progress, SelfSupMethod, register
 from scarcelab.methods._parts import ProjectionHead
 from scarcelab.methods._ssl import embedding_std
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import SELFSUP_SPACE
 
 
 @register("barlowtwins")
 class BarlowTwins(SelfSupMethod):
     paper = "Zbontar et al. 2021, Barlow Twins, arXiv:2103.03230"
-    search_space = {
-        "lr": pow10(1, -4.5, -1.5),
-        "weight_decay": pow10(1, -6.5, -3.5),
-    }
+    search_space = dict(SELFSUP_SPACE)
     defaults = {"lr": 1e-3, "weight_decay": 1e-6, "lambd": 5e-3, "proj_dim": 512}
     views = ("simclr", "simclr")
 

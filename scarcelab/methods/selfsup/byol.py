@@ -24,15 +24,14 @@ from scarcelab.methods._ssl import (
     momentum_update,
     prediction_head,
 )
-from scarcelab.methods.space import Uniform, pow10
+from scarcelab.methods.space import SELFSUP_SPACE, Uniform
 
 
 @register("byol")
 class BYOL(SelfSupMethod):
     paper = "Grill et al. 2020, BYOL, arXiv:2006.07733"
     search_space = {
-        "lr": pow10(1, -4.5, -1.5),
-        "weight_decay": pow10(1, -6.5, -3.5),
+        **SELFSUP_SPACE,
         "momentum": Uniform(0.99, 0.9999),
     }
     defaults = {"lr": 1e-3, "weight_decay": 1e-6, "momentum": 0.996, "proj_dim": 256}

@@ -27,15 +27,14 @@ from scarcelab.methods._ssl import (
     momentum_copy,
     momentum_update,
 )
-from scarcelab.methods.space import Uniform, pow10
+from scarcelab.methods.space import SELFSUP_SPACE, Uniform
 
 
 @register("dino")
 class DINO(SelfSupMethod):
     paper = "Caron et al. 2021, DINO, arXiv:2104.14294"
     search_space = {
-        "lr": pow10(1, -4.5, -1.5),
-        "weight_decay": pow10(1, -6.5, -3.5),
+        **SELFSUP_SPACE,
         "temperature": Uniform(0.07, 0.12),
         "momentum": Uniform(0.99, 0.9999),
     }

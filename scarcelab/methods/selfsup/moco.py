@@ -23,15 +23,14 @@ from scarcelab.losses import info_nce
 from scarcelab.methods import Batch, DataInfo, Losses, Progress, SelfSupMethod, register
 from scarcelab.methods._parts import FeatureQueue, ProjectionHead
 from scarcelab.methods._ssl import embedding_std, momentum_copy, momentum_update
-from scarcelab.methods.space import Uniform, pow10
+from scarcelab.methods.space import SELFSUP_SPACE, Uniform
 
 
 @register("moco")
 class MoCo(SelfSupMethod):
     paper = "He et al. 2020, MoCo, arXiv:1911.05722; Chen et al. 2020, MoCo v2, arXiv:2003.04297"
     search_space = {
-        "lr": pow10(1, -4.5, -1.5),
-        "weight_decay": pow10(1, -6.5, -3.5),
+        **SELFSUP_SPACE,
         "temperature": Uniform(0.07, 0.12),
         "momentum": Uniform(0.99, 0.9999),
     }

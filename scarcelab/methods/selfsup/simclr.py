@@ -15,15 +15,14 @@ from torch import nn
 from scarcelab.losses import nt_xent
 from scarcelab.methods import Batch, Losses, Progress, SelfSupMethod, register
 from scarcelab.methods._parts import ProjectionHead
-from scarcelab.methods.space import Uniform, pow10
+from scarcelab.methods.space import SELFSUP_SPACE, Uniform
 
 
 @register("simclr")
 class SimCLR(SelfSupMethod):
     paper = "Chen et al. 2020, SimCLR, arXiv:2002.05709"
     search_space = {
-        "lr": pow10(1, -4.5, -1.5),
-        "weight_decay": pow10(1, -6.5, -3.5),
+        **SELFSUP_SPACE,
         "temperature": Uniform(0.07, 0.12),
     }
     defaults = {"lr": 1e-3, "weight_decay": 1e-6, "temperature": 0.1, "proj_dim": 128}

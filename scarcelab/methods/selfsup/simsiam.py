@@ -19,16 +19,13 @@ from scarcelab.losses import negative_cosine
 from scarcelab.methods import Batch, Losses, Progress, SelfSupMethod, register
 from scarcelab.methods._parts import ProjectionHead
 from scarcelab.methods._ssl import embedding_std, prediction_head
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import SELFSUP_SPACE
 
 
 @register("simsiam")
 class SimSiam(SelfSupMethod):
     paper = "Chen & He 2021, SimSiam, arXiv:2011.10566"
-    search_space = {
-        "lr": pow10(1, -4.5, -1.5),
-        "weight_decay": pow10(1, -6.5, -3.5),
-    }
+    search_space = dict(SELFSUP_SPACE)
     defaults = {"lr": 1e-3, "weight_decay": 1e-5}
     views = ("simclr", "simclr")
 

@@ -21,15 +21,14 @@ from scarcelab.losses import swapped_prediction
 from scarcelab.methods import Batch, Losses, Progress, SelfSupMethod, register
 from scarcelab.methods._parts import ProjectionHead
 from scarcelab.methods._ssl import CosinePrototypes, embedding_std, sinkhorn_knopp
-from scarcelab.methods.space import Uniform, int_pow10, pow10
+from scarcelab.methods.space import SELFSUP_SPACE, Uniform, int_pow10
 
 
 @register("swav")
 class SwAV(SelfSupMethod):
     paper = "Caron et al. 2020, SwAV, arXiv:2006.09882"
     search_space = {
-        "lr": pow10(1, -4.5, -1.5),
-        "weight_decay": pow10(1, -6.5, -3.5),
+        **SELFSUP_SPACE,
         "temperature": Uniform(0.07, 0.12),
         "n_prototypes": int_pow10(1, 3),
     }

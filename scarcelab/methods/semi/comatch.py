@@ -19,7 +19,8 @@ unlabeled images (weak; strong = RandAugment; SimCLR-style, as in the paper's CI
    ``max q ≥ τ`` (0.95);
 4. graph contrastive loss: the pseudo-label graph ``W = q qᵀ`` (self-loops 1, edges
    below 0.8 removed, rows normalised) is the target for the embedding graph
-   ``softmax(z_s0 · z_s1ᵀ / T)`` of the two strong views (T = 0.2).
+   ``softmax(z_s0 · z_s1ᵀ / T)`` of the two strong views (T = 0.2)
+   (:mod:`scarcelab.losses.graph_contrastive`).
 
 Defaults are the paper's CIFAR-10 values (λc = 1, memory K = 2560 = 5 batches of
 64 + 448, 64-d projection). Search space: SSL-vs-SSL App. F.1 (λU = 10^U(−1,1),
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scarcelab.losses.graph_contrastive import graph_contrastive_loss
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import (
     DistributionAlignment,
@@ -42,38 +44,19 @@ from scarcelab.methods._parts import (
     ProjectionHead,
     soft_cross_entropy,
 )
-from scarcelab.methods.space import pow10
-
-
-def graph_contrastive_loss(
-    q: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor, temperature: float, cutoff: float
-) -> torch.Tensor:
-    """Cross-entropy between the row-normalised pseudo-label graph of ``q`` (edges below
-    ``cutoff`` dropped, self-loops kept) and the embedding graph ``softmax(z1 z2ᵀ / T)``.
-
-    ``z1``/``z2`` must be L2-normalised. Each *row* of the graph is normalised to sum 1
-    (the authors' ``Q = Q / Q.sum(1, keepdim=True)``): row i is the target distribution
-    over the samples j that sample i should be close to. With uncertain ``q`` (every
-    ``q_i·q_j`` below the cut-off) the graph is the identity and this reduces to an
-    instance-contrastive (SimCLR-like) loss."""
-    graph = q @ q.t()
-    graph.fill_diagonal_(1.0)
-    graph = graph * (graph >= cutoff).float()
-    graph = graph / graph.sum(dim=1, keepdim=True)
-    log_sim = F.log_softmax(z1 @ z2.t() / temperature, dim=1)
-    return -(graph * log_sim).sum(dim=1).mean()
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 @register("comatch")
 class CoMatch(SemiMethod):
     paper = "Li, Xiong & Hoi 2021, CoMatch, arXiv:2011.11183"
+    has_pseudo_labels = True
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
         "lambda_c": pow10(5, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "lambda_c": 1.0,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "lambda_c": 1.0,
                 "threshold": 0.95, "temperature": 0.2, "contrast_threshold": 0.8,
                 "alpha": 0.9, "proj_dim": 64, "memory_size": 2560, "da_window": 32}
     views = ("weak", "strong", "simclr")

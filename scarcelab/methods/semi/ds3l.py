@@ -49,8 +49,8 @@ from torch import nn
 from torch.func import functional_call
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
-from scarcelab.methods._parts import sigmoid_rampup
-from scarcelab.methods.space import pow10
+from scarcelab.methods._parts import joint_forward, sigmoid_rampup
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 def weighted_mean(losses: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -63,12 +63,12 @@ def weighted_mean(losses: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 class DS3L(SemiMethod):
     paper = ("Guo et al. 2020, Safe Deep Semi-Supervised Learning for Unseen-Class Unlabeled "
              "Data, ICML (PMLR 119)")
+    has_pseudo_labels = True
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 10.0, "warmup": 1.0,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 10.0, "warmup": 1.0,
                 "meta_lr": 1e-3, "wnet_lr": 6e-5, "wnet_hidden": 100,
                 "labeled_consistency": False}
     batch_sizes = {"labeled": 64, "unlabeled": 64}  # authors' code: 50/50; see docstring
@@ -119,7 +119,7 @@ class DS3L(SemiMethod):
         x, (u1, u2) = batch.x[0], batch.u
         with_lc = bool(self.hp["labeled_consistency"])
         parts = [x, u1, u2] + ([batch.x[1]] if with_lc else [])
-        outs = self.logits(torch.cat(parts)).split([len(t) for t in parts])
+        outs = joint_forward(self.logits, *parts)
         l_x, l_u1, l_u2 = outs[:3]
         loss_l = self.labeled_loss(l_x, batch.y)
         per_sample = self._consistency(l_u1, l_u2)

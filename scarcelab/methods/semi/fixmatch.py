@@ -18,19 +18,19 @@ from __future__ import annotations
 import torch
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
-from scarcelab.methods._parts import confidence_mask, masked_cross_entropy
-from scarcelab.methods.space import pow10
+from scarcelab.methods._parts import confidence_mask, joint_forward, masked_cross_entropy
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 @register("fixmatch")
 class FixMatch(SemiMethod):
     paper = "Sohn et al. 2020, FixMatch, arXiv:2001.07685"
+    has_pseudo_labels = True
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "threshold": 0.95,
                 "temperature": 1.0, "weak_no_grad": False}
     views = ("weak", "strong")
 
@@ -50,10 +50,9 @@ class FixMatch(SemiMethod):
         if self.hp["weak_no_grad"]:
             with torch.no_grad():
                 l_w = self.logits(u_weak)
-            l_x, l_s = self.logits(torch.cat([x, u_strong])).split([len(x), len(u_strong)])
+            l_x, l_s = joint_forward(self.logits, x, u_strong)
         else:
-            logits = self.logits(torch.cat([x, u_weak, u_strong]))
-            l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
+            l_x, l_w, l_s = joint_forward(self.logits, x, u_weak, u_strong)
         loss_l = self.labeled_loss(l_x, batch.y)
         mask, pseudo = self._targets(l_w)
         loss_u = masked_cross_entropy(l_s, pseudo, mask)

@@ -30,19 +30,19 @@ from scarcelab.methods import (
     SemiMethod,
     register,
 )
-from scarcelab.methods._parts import LearningStatus, masked_cross_entropy
-from scarcelab.methods.space import pow10
+from scarcelab.methods._parts import LearningStatus, joint_forward, masked_cross_entropy
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 @register("flexmatch")
 class FlexMatch(SemiMethod):
     paper = "Zhang et al. 2021, FlexMatch, arXiv:2110.08263"
+    has_pseudo_labels = True
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "threshold": 0.95,
                 "temperature": 1.0, "threshold_warmup": True}
     views = ("weak", "strong")
 
@@ -74,8 +74,7 @@ class FlexMatch(SemiMethod):
         if len(self.status.selected) == 0:
             raise RuntimeError("flexmatch: on_train_start(DataInfo) was not called")
         x, (u_weak, u_strong) = batch.x[0], batch.u
-        logits = self.logits(torch.cat([x, u_weak, u_strong]))
-        l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
+        l_x, l_w, l_s = joint_forward(self.logits, x, u_weak, u_strong)
         loss_l = self.labeled_loss(l_x, batch.y)
         conf, pseudo, mask, class_thr = self._targets(l_w)
         # thresholds of this step come from the status *before* this batch (USB order)

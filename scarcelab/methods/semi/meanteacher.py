@@ -19,19 +19,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from scarcelab.methods import Batch, Losses, Progress, SemiMethod, register
-from scarcelab.methods._parts import EMATeacher, linear_rampup
-from scarcelab.methods.space import pow10
+from scarcelab.methods._parts import EMATeacher, joint_forward, linear_rampup
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 @register("meanteacher")
 class MeanTeacher(SemiMethod):
     paper = "Tarvainen & Valpola 2017, Mean teachers are better role models, arXiv:1703.01780"
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(8, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 8.0, "ema_decay": 0.999,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 8.0, "ema_decay": 0.999,
                 "warmup": 0.4}
     batch_sizes = {"labeled": 64, "unlabeled": 64}
     views = ("weak", "weak")
@@ -46,7 +45,7 @@ class MeanTeacher(SemiMethod):
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u1, u2) = batch.x[0], batch.u
-        l_x, l_u = self.logits(torch.cat([x, u1])).split([len(x), len(u1)])
+        l_x, l_u = joint_forward(self.logits, x, u1)
         loss_l = self.labeled_loss(l_x, batch.y)
         target = torch.softmax(self.teacher(u2), dim=-1)
         loss_u = F.mse_loss(torch.softmax(l_u, dim=-1), target)

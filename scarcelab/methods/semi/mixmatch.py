@@ -25,19 +25,19 @@ import torch.nn.functional as F
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
 from scarcelab.methods._parts import linear_rampup, mixup, sharpen
-from scarcelab.methods.space import Uniform, pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, Uniform, pow10
 
 
 @register("mixmatch")
 class MixMatch(SemiMethod):
     paper = "Berthelot et al. 2019, MixMatch, arXiv:1905.02249"
+    has_pseudo_labels = True
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "alpha": Uniform(0.1, 1.0),
         "lambda_u": pow10(7.5, 0, 2),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "alpha": 0.75, "lambda_u": 75.0,
+    defaults = {**CLASSIFIER_DEFAULTS, "alpha": 0.75, "lambda_u": 75.0,
                 "temperature": 0.5, "warmup": 0.4}
     batch_sizes = {"labeled": 64, "unlabeled": 64}
     views = ("weak", "weak")  # K = 2 augmentations for label guessing

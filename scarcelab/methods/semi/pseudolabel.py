@@ -12,20 +12,25 @@ from __future__ import annotations
 import torch
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
-from scarcelab.methods._parts import confidence_mask, linear_rampup, masked_cross_entropy
-from scarcelab.methods.space import pow10
+from scarcelab.methods._parts import (
+    confidence_mask,
+    joint_forward,
+    linear_rampup,
+    masked_cross_entropy,
+)
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 @register("pseudolabel")
 class PseudoLabel(SemiMethod):
     paper = ("Lee 2013, Pseudo-Label: The Simple and Efficient Semi-Supervised Learning "
              "Method for Deep Neural Networks, ICML Workshop")
+    has_pseudo_labels = True
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "threshold": 0.95,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "threshold": 0.95,
                 "warmup": 0.4}
     batch_sizes = {"labeled": 64, "unlabeled": 64}
     views = ("weak",)
@@ -37,7 +42,7 @@ class PseudoLabel(SemiMethod):
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, u = batch.x[0], batch.u[0]
-        l_x, l_u = self.logits(torch.cat([x, u])).split([len(x), len(u)])
+        l_x, l_u = joint_forward(self.logits, x, u)
         loss_l = self.labeled_loss(l_x, batch.y)
         mask, pseudo, _ = confidence_mask(l_u, float(self.hp["threshold"]))
         loss_u = masked_cross_entropy(l_u, pseudo, mask)

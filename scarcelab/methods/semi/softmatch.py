@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
-from scarcelab.methods._parts import DistributionAlignment, masked_cross_entropy
-from scarcelab.methods.space import pow10
+from scarcelab.methods._parts import DistributionAlignment, joint_forward, masked_cross_entropy
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 
 
 class TruncatedGaussianWeight(nn.Module):
@@ -66,12 +66,12 @@ class TruncatedGaussianWeight(nn.Module):
 @register("softmatch")
 class SoftMatch(SemiMethod):
     paper = "Chen et al. 2023, SoftMatch, arXiv:2301.10921"
+    has_pseudo_labels = True
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "lambda_u": pow10(1, -1, 1),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "lambda_u": 1.0, "n_sigma": 2.0,
+    defaults = {**CLASSIFIER_DEFAULTS, "lambda_u": 1.0, "n_sigma": 2.0,
                 "ema": 0.999, "uniform_alignment": True}
     views = ("weak", "strong")
 
@@ -99,8 +99,7 @@ class SoftMatch(SemiMethod):
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u_weak, u_strong) = batch.x[0], batch.u
-        logits = self.logits(torch.cat([x, u_weak, u_strong]))
-        l_x, l_w, l_s = logits.split([len(x), len(u_weak), len(u_strong)])
+        l_x, l_w, l_s = joint_forward(self.logits, x, u_weak, u_strong)
         loss_l = self.labeled_loss(l_x, batch.y)
         pseudo, weight = self._targets(l_w, update=True)
         loss_u = masked_cross_entropy(l_s, pseudo, weight)

@@ -2,7 +2,7 @@
 ``CosineXentModel`` / ``OneHotCosineXentLoss``). An extra layer sits on top of the cosine
 embedding: ``e = f(x)/‖f(x)‖`` (C-dimensional), ``logits = W · BN(ReLU(e)) + b``, and
 
-    L = (1 − e_y) + λ_xent · CE(logits, y).
+    L = (1 − e_y) + λ_xent · CE(logits, y)   (:mod:`scarcelab.losses.cosine_ce`).
 
 Prediction uses the extra layer's logits (what gem's model returns first). ``λ_xent``
 (gem ``xent_weight``; the paper uses 0.1) is searched in ``logU(0.01, 10)`` — our range.
@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scarcelab.losses.cosine_ce import cosine_ce_loss
 from scarcelab.methods import Batch, Losses, Progress, register
 from scarcelab.methods.space import LogUniform
 from scarcelab.methods.supervised._deic import COMMON_DEFAULTS, COMMON_SPACE, DEICMethod
@@ -38,15 +39,6 @@ class CosineCEHead(nn.Module):
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         return self.classify(self.embedding(feats))
-
-
-def cosine_ce_loss(emb: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
-                   xent_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(total, cosine term, cross-entropy term), all means over the batch; ``emb`` is
-    already L2-normalised."""
-    cos = (1.0 - emb.gather(1, labels[:, None]).squeeze(1)).mean()
-    ce = F.cross_entropy(logits, labels)
-    return cos + xent_weight * ce, cos, ce
 
 
 @register("cosine_ce")

@@ -12,18 +12,17 @@ import torch.nn.functional as F
 
 from scarcelab.methods import Batch, Losses, Progress, SupervisedMethod, register
 from scarcelab.methods._parts import mixup
-from scarcelab.methods.space import Uniform, pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, Uniform
 
 
 @register("mixup")
 class Mixup(SupervisedMethod):
     paper = "Zhang et al. 2018, mixup: Beyond Empirical Risk Minimization, arXiv:1710.09412"
     search_space = {
-        "lr": pow10(3, -5, -2),
-        "weight_decay": pow10(4, -6, -3),
+        **CLASSIFIER_SPACE,
         "alpha": Uniform(0.1, 10.0),
     }
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4, "alpha": 1.0}
+    defaults = {**CLASSIFIER_DEFAULTS, "alpha": 1.0}
     batch_sizes = {"labeled": 64, "unlabeled": 0}
 
     def step(self, batch: Batch, progress: Progress) -> Losses:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from scarcelab.methods import Batch, Losses, Progress, SupervisedMethod, register
-from scarcelab.methods.space import pow10
+from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE
 
 
 @register("sup")
 class Supervised(SupervisedMethod):
     paper = "cross-entropy baseline (SSL-vs-SSL, Huang et al. 2024, App. F.1)"
-    search_space = {"lr": pow10(3, -5, -2), "weight_decay": pow10(4, -6, -3)}
-    defaults = {"lr": 3e-3, "weight_decay": 5e-4}
+    search_space = dict(CLASSIFIER_SPACE)
+    defaults = dict(CLASSIFIER_DEFAULTS)
     batch_sizes = {"labeled": 64, "unlabeled": 0}
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
