@@ -51,7 +51,9 @@ class _Typed(click.ParamType):
             self.fail(f"{value!r}: {e}", param, ctx)
 
     def parse(self, value: str) -> Any:
-        raise NotImplementedError
+        """The option's value from its stripped text (each option type overrides this);
+        raise ``ValueError`` with a message that says what is accepted."""
+        raise NotImplementedError(f"{type(self).__name__} must implement parse")
 
 
 def _range_text(lo: float | None, hi: float | None, lo_open: bool = False) -> str:

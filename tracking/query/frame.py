@@ -414,7 +414,8 @@ def _canonical(v: object) -> object:
 def study_settings(studies: pd.DataFrame) -> pd.DataFrame:
     """Everything a study was run with, one column per setting (index ``run_id``), values
     canonical strings (NaN: not set) — the key that keeps a leaderboard from pooling runs
-    that differ (issue 23 item 19).
+    that differ (a leaderboard that averaged two label budgets or two batch sizes would
+    report a method no run ever was).
 
     Settings are every param except :data:`NOT_SETTINGS` — so a new parameter separates
     rows without anyone listing it — with ``resolved.<name>`` (what ``mlflow run`` logs

@@ -12,7 +12,7 @@
   strategies over (dataset, query size, repetition) blocks, as ``tracking.al``.
 
 Label budgets never mix: a "dataset" block is (dataset, n_labeled) whenever the studies
-carry ``n_labeled``. Nor does anything else (issue 23 item 19): studies of one method that
+carry ``n_labeled``. Nor does anything else: studies of one method that
 were run with different settings — any param but the seed and a few names of places
 (``frame.study_settings``) — are different *variants* of it, each with its own leaderboard
 row, gains row, Welch test and profile; and a seed repeated with the same settings is one

@@ -5,7 +5,7 @@ Defaults follow the paper (τ = 0.95, λU = 1, hard labels, T = 1); the search s
 SSL-vs-SSL App. F.1 (λU = 10^U(−1, 1), no warm-up). Labeled and both unlabeled views go
 through the network in one concatenated pass so BatchNorm sees one joint batch.
 
-``weak_no_grad`` (off by default; issue 18 lever): the weak view, which only yields
+``weak_no_grad`` (off by default; a speed lever): the weak view, which only yields
 detached pseudo-labels, is forwarded separately under ``torch.no_grad()`` and only
 labeled + strong go through the graph. That saves the weak third of the backward pass but
 changes the mathematics: BatchNorm normalises the weak and the labeled+strong images with
