@@ -317,3 +317,63 @@ def test_transfer_protocols_become_columns_so_the_paper_claims_can_name_them():
                                 "finetune (all labels) accuracy"]},
                    C.SuiteData(transfer=out))
     assert v.status == "reproduced", v
+
+
+def test_an_attempt_a_dead_driver_left_counts_until_its_last_record_not_its_takeover(
+        tmp_path):
+    """The cdalbench page once said 5h19m: the attempts that a killed driver left RUNNING
+    were closed by the next driver hours later, and their intervals spanned the dead time.
+    Such an attempt now ends at its last nested record (the store's, and on the page for
+    stores written before), and a queued one that never started counts nothing."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab.tracking.sweep.driver import CELL_TAG, DRIVER_TAG, SWEEP_TAG, Driver
+
+    path = REPO / "suites" / "tune_it.yaml"
+    spec = load_spec(path, smoke=True)
+    spec = dataclasses.replace(spec, cells=spec.cells[:3])
+    prev = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'm.db'}")
+    c = MlflowClient()
+    exp = c.create_experiment(spec.experiment)
+    t0 = 1_700_000_000_000
+    sweep = c.create_run(exp, start_time=t0, tags={SWEEP_TAG: spec.name,
+                                                   "scarcelab.role": "sweep"})
+    cell = {SWEEP_TAG: spec.name, DRIVER_TAG: "dead"}
+    done = c.create_run(exp, start_time=t0, tags={**cell, CELL_TAG: spec.cells[0].id})
+    c.set_terminated(done.info.run_id, "FINISHED", end_time=t0 + 100_000)
+    # the dead driver's running cell: its study ran 300 s, then everything died
+    ran = c.create_run(exp, start_time=t0, tags={**cell, CELL_TAG: spec.cells[1].id})
+    study = c.create_run(exp, start_time=t0 + 1_000,
+                         tags={"mlflow.parentRunId": ran.info.run_id})
+    trial = c.create_run(exp, start_time=t0 + 2_000,
+                         tags={"mlflow.parentRunId": study.info.run_id})
+    c.set_terminated(trial.info.run_id, "FINISHED", end_time=t0 + 300_000)
+    queued = c.create_run(exp, start_time=t0, tags={**cell, CELL_TAG: spec.cells[2].id})
+    try:
+        # a store written by the old driver: closed at takeover, 4 hours later
+        for r in (ran, queued):
+            c.set_tag(r.info.run_id, "scarcelab.error",
+                      "the sweep driver dead died while this cell ran; the cell was run "
+                      "again by the next sweep run")
+            c.set_terminated(r.info.run_id, "FAILED", end_time=t0 + 4 * 3600_000)
+        c.set_terminated(sweep.info.run_id, "FAILED", end_time=t0 + 4 * 3600_000)
+        page = P.build_page(path, "smoke", spec=spec)
+        assert page.wall_s == pytest.approx(300.0)
+
+        # the driver now closes such runs at their last record
+        for r in (ran, queued):
+            c.delete_tag(r.info.run_id, "scarcelab.error")
+            c.update_run(r.info.run_id, status="RUNNING")
+        drv = SimpleNamespace(client=c, owner="alive")
+        Driver._close_stale(drv, [c.get_run(ran.info.run_id),
+                                       c.get_run(queued.info.run_id)])
+        assert c.get_run(ran.info.run_id).info.end_time == t0 + 300_000
+        assert c.get_run(queued.info.run_id).info.end_time == t0
+        assert c.get_run(ran.info.run_id).info.status == "FAILED"
+    finally:
+        mlflow.set_tracking_uri(prev)

@@ -35,6 +35,7 @@ import pandas as pd
 from scarcelab import tags as T
 from scarcelab.tracking.results import claims as C
 from scarcelab.tracking.results.papers import PaperFile, load_paper, paper_path
+from scarcelab.tracking.sweep.driver import STALE_MARK, last_record_ms
 from scarcelab.tracking.sweep.spec import SweepSpec, load_spec
 
 #: a page's figures stay below this (bytes): the PNGs live in the repository
@@ -210,6 +211,17 @@ def _union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
         total += b - max(a, end)
         end = b
     return total
+
+
+def _attempt_interval(client: Any, run: Any) -> tuple[float, float]:
+    """A cell attempt's run interval (s). One that a dead driver left RUNNING was closed by
+    the next driver, at takeover time in stores written before the driver bounded it: it
+    ends at its last nested record instead (its start when it was only queued), so the
+    hours the sweep lay dead do not count as wall time."""
+    start, end = run.info.start_time, run.info.end_time
+    if STALE_MARK in run.data.tags.get(T.ERROR, ""):
+        end = min(end, last_record_ms(client, run) or start)
+    return start / 1000, end / 1000
 
 
 # -- the tables -------------------------------------------------------------------------
@@ -723,7 +735,7 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
 
     # provenance
     all_attempts = [r for rs in cells.attempts.values() for r in rs]
-    ends = [(r.info.start_time / 1000, r.info.end_time / 1000) for r in all_attempts
+    ends = [_attempt_interval(client, r) for r in all_attempts
             if r.info.start_time and r.info.end_time]
     wall = _union_seconds(ends) if ends else None
     cpu_vals = [r.data.metrics.get(CELL_CPU) for r in all_attempts]

@@ -57,6 +57,25 @@ from scarcelab.tracking.sweep.spec import (
 )
 
 ROLE = T.ROLE
+#: in the error of a cell attempt that a dead driver left RUNNING (see ``_close_stale``)
+STALE_MARK = "died while this cell ran"
+
+
+def last_record_ms(client: Any, run: Any, depth: int = 2) -> int | None:
+    """The latest start or end time (ms) of the runs nested under ``run`` down to
+    ``depth`` levels (its studies or repetitions, and their trials), or None when nothing
+    ran under it (a queued cell): where a cell that a dead driver left RUNNING really
+    stopped. One search per parent (MLflow's filter has no ``IN`` for tags)."""
+    exp = run.info.experiment_id
+    frontier, last = [run.info.run_id], None
+    for _ in range(depth):
+        kids = [k for rid in frontier for k in client.search_runs(
+            [exp], f"tags.`mlflow.parentRunId` = '{rid}'", max_results=50_000)]
+        for k in kids:
+            t = max(k.info.end_time or 0, k.info.start_time or 0)
+            last = t if last is None else max(last, t)
+        frontier = [k.info.run_id for k in kids]
+    return last
 SWEEP_TAG = T.SWEEP
 CELL_TAG = T.CELL
 DRIVER_TAG = T.SWEEP_DRIVER
@@ -309,16 +328,22 @@ class Driver:
 
     def _close_stale(self, runs: list[Any]) -> None:
         """RUNNING cell runs of another driver: this one holds the sweep's lock, so that
-        driver is dead (on any host) and its cells died with its Ray job; close them."""
+        driver is dead (on any host) and its cells died with its Ray job; close them.
+
+        A run closed now would end now, and the hours the sweep lay dead would count as
+        its wall time (a results page sums the attempts' intervals): it ends at its last
+        record instead, or at its start when it was only queued."""
         for r in runs:
             if r.info.status != "RUNNING":
                 continue
             drv = r.data.tags.get(DRIVER_TAG, "")
             if drv != self.owner:
                 self.client.set_tag(r.info.run_id, T.ERROR,
-                                    f"the sweep driver {drv} died while this cell ran; "
+                                    f"the sweep driver {drv} {STALE_MARK}; "
                                     "the cell was run again by the next sweep run")
-                self.client.set_terminated(r.info.run_id, "FAILED")
+                end = last_record_ms(self.client, r)
+                self.client.set_terminated(r.info.run_id, "FAILED",
+                                           end_time=end or r.info.start_time)
 
     def _new_cell_run(self, exp: str, sweep_run: str, cell: Cell, attempt: int,
                       resolved: dict[str, str] | None = None) -> str:
