@@ -16,6 +16,8 @@ class of the product code and fails on a new one it does not cover.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +82,26 @@ class Tracker(ABC):
 
     @abstractmethod
     def end_study(self, status: str) -> None: ...
+
+    @contextmanager
+    def open_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
+                   artifacts: dict[str, Any], dataset: DatasetInfo | None = None
+                   ) -> Iterator[Tracker]:
+        """``with tracker.open_study(...):`` opens the study record and closes it
+        FINISHED, or FAILED when anything escapes the block — ``KeyboardInterrupt``
+        included, which every protocol has always recorded as FAILED. (Not ``study``:
+        :class:`InMemoryTracker` keeps its study record under that name.) The record is
+        closed whatever happens, and what escaped is re-raised. Built on :meth:`start_study` and
+        :meth:`end_study`, so a wrapper that overrides those is honoured."""
+        self.start_study(name, tags, params, artifacts, dataset)
+        status = "FINISHED"
+        try:
+            yield self
+        except BaseException:
+            status = "FAILED"
+            raise
+        finally:
+            self.end_study(status)
 
     def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:  # noqa: B027
         """Optional: add tags after the fact (e.g. the resolved number of trials)."""
@@ -168,6 +190,10 @@ class DelegatingTracker(Tracker):
 
     def end_study(self, status: str) -> None:
         self.inner.end_study(status)
+
+    # not forwarded to ``inner.open_study``: that would call the inner tracker's
+    # start_study and end_study, past this wrapper's overrides of them
+    open_study = Tracker.open_study
 
     def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
         self.inner.set_tags(tags, scope)

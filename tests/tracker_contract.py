@@ -33,7 +33,7 @@ from scarcelab.tracker import DatasetInfo, InMemoryTracker, ResumeState, Tracker
 EXERCISED = frozenset({
     "start_study", "start_trial", "log_metrics", "log_metrics_batch", "log_checkpoint",
     "end_trial", "log_model", "end_study", "set_tags", "log_evaluation", "log_search",
-    "resume_state", "mark_trials_failed", "close_orphan_trials", "log_image"})
+    "resume_state", "mark_trials_failed", "close_orphan_trials", "log_image", "open_study"})
 
 KEY = "study-contract-0001"
 
@@ -229,6 +229,24 @@ class TrackerContract:
         assert t0.params["trial_seed"] == "7" and t1.params["lr"] == "0.01"
         assert (t0.status, t1.status) == ("FINISHED", "FAILED")
         assert t1.error is not None and "diverged" in t1.error
+
+    def test_study_context_records_the_study_and_fails_it_on_an_exception(
+            self, supplier: Supplier) -> None:
+        t = supplier.tracker
+        try:
+            with t.open_study("contract-study", dict(STUDY_TAGS), dict(STUDY_PARAMS),
+                         {"config.json": {"lr": 0.1}}) as opened:
+                assert opened is t
+                t.log_metrics({"best/val_balanced_accuracy": 0.5}, 0, scope="study")
+                raise RuntimeError("the study's body failed")
+        except RuntimeError as e:
+            assert "body failed" in str(e)  # re-raised, unchanged
+        else:
+            raise AssertionError("the exception was swallowed")
+        s = supplier.seen()
+        assert {**s.study_tags, **STUDY_TAGS} == s.study_tags
+        assert s.study_metrics["best/val_balanced_accuracy"] == [(0, 0.5)]
+        assert s.study_status == "FAILED"
 
     def test_metrics_batch_equals_the_rows(self, supplier: Supplier) -> None:
         t = supplier.tracker
