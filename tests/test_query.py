@@ -9,6 +9,7 @@ the profile's best-so-far, the rank averages.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import statistics
 import subprocess
@@ -21,12 +22,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from matplotlib.collections import PolyCollection
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from scipy import stats as sps
 
 from scarcelab.tracking import query
-from scarcelab.tracking.query import views
+from scarcelab.tracking.query import render, views
 
 T0 = 1_700_000_000_000  # ms; all timestamps derive from the spec, so the store is fixed
 
@@ -640,3 +642,109 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     header = (np.abs(top - np.array([0xEE, 0xEE, 0xFF]) / 255).max(axis=2) < 0.02).mean()
     assert dark > 0.002 and header > 0.001, (dark, header)
     assert Path(shot).stat().st_size > 10_000
+
+
+# -- render and report sections (mutation sample, docs/mutation.md) --------------------
+def test_markdown_of_an_empty_view_says_no_rows():
+    assert render.to_markdown(pd.DataFrame()) == "_(no rows)_"
+    assert render.to_markdown(pd.DataFrame(columns=["method", "x"])) == "_(no rows)_"
+
+
+def test_html_tables_carry_no_index_column():
+    """The frame's index (a row number after filtering) is not a column of the report: the
+    header has exactly the frame's columns and no row has a header cell."""
+    df = pd.DataFrame({"method": ["sup", "fixmatch"], "score": [0.5, 0.75]},
+                      index=[17, 42])
+    page = render.html_report([render.Section("leaderboard", df)])
+    table = page[page.index("<table"):page.index("</table>")]
+    assert re.findall(r"<th[^>]*>([^<]*)</th>", table) == ["method", "score"]
+    assert "17" not in table and "42" not in table
+    assert "<td>sup</td>" in table and "<td>0.7500</td>" in table
+
+
+def test_leaderboard_error_bars_are_the_seed_std():
+    """Each bar carries a horizontal error bar mean ± std; a missing std (one seed) is 0."""
+    import matplotlib.pyplot as plt
+
+    lb = pd.DataFrame({"dataset": ["d", "d", "d"], "n_labeled": [40, 40, 40],
+                       "method": ["sup", "fixmatch", "mixup"],
+                       "test_balanced_accuracy_mean": [0.6, 0.8, 0.7],
+                       "test_balanced_accuracy_std": [0.05, 0.02, np.nan]})
+    fig = render.plot_leaderboard(lb)
+    ax = fig.axes[0]
+    (bars,) = [c for c in ax.containers if hasattr(c, "errorbar")]
+    assert bars.errorbar is not None
+    (segs,) = [lc.get_segments() for lc in bars.errorbar.lines[2]]
+    # bars sorted by mean ascending: sup (0.6), mixup (0.7), fixmatch (0.8)
+    got = sorted((float(s[:, 0].min()), float(s[:, 0].max())) for s in segs)
+    want = [(0.55, 0.65), (0.7, 0.7), (0.78, 0.82)]
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    plt.close(fig)
+
+
+def test_profile_lines_step_and_bands_span_min_to_max():
+    """Best-so-far scores hold until the next checkpoint: lines are drawn steps-post; the
+    band is the min..max over seeds (not 0..max)."""
+    import matplotlib.pyplot as plt
+
+    t = np.array([0.0, 60.0, 120.0])
+    prof = pd.DataFrame({"dataset": "d", "n_labeled": 40, "method": "sup", "t_s": t,
+                         "test_balanced_accuracy_mean": [0.5, 0.6, 0.7],
+                         "test_balanced_accuracy_min": [0.45, 0.55, 0.65],
+                         "test_balanced_accuracy_max": [0.55, 0.65, 0.75],
+                         "val_balanced_accuracy_mean": [0.52, 0.62, 0.72],
+                         "val_balanced_accuracy_min": [0.5, 0.6, 0.7],
+                         "val_balanced_accuracy_max": [0.54, 0.64, 0.74]})
+    fig = render.plot_profile(prof)
+    axes = fig.axes
+    assert len(axes) == 2  # test on top, validation below
+    for ax, lo, hi in ((axes[0], 0.45, 0.75), (axes[1], 0.5, 0.74)):
+        (line,) = ax.get_lines()
+        assert line.get_drawstyle() == "steps-post"
+        (band,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        ys = np.concatenate([p.vertices[:, 1] for p in band.get_paths()])
+        assert ys.min() == pytest.approx(lo) and ys.max() == pytest.approx(hi)
+    plt.close(fig)
+
+
+# -- report sections ------------------------------------------------------------------
+def _al_tracked():  # type: ignore[no-untyped-def]
+    """AL runs only (no studies), as the tidy frame: 3 strategies on 2 datasets x 3
+    repetitions; s1 > s2 > s3 everywhere."""
+    from scarcelab.tracking.query.frame import Tracked
+
+    rows = []
+    for s, aucs in {"s1": [0.9, 0.8, 0.85], "s2": [0.7, 0.6, 0.65],
+                    "s3": [0.5, 0.4, 0.45]}.items():
+        for rep, a in enumerate(aucs):
+            for ds in ("d", "e"):
+                rows.append({"run_id": f"{s}-{rep}-{ds}", "role": "al", "status": "FINISHED",
+                             "dataset": ds, "query_size": 2, "repetition": rep,
+                             "strategy": s, "metrics.al/auc": a})
+    return Tracked(pd.DataFrame(rows), None, ["0"])  # type: ignore[arg-type]
+
+
+def test_ranks_section_titles_the_al_cd_diagram():
+    import matplotlib.pyplot as plt
+
+    from scarcelab.tracking.query import report
+
+    (sec,) = report.sections(_al_tracked(), ["ranks"])
+    assert sec.note == report.NOTES["ranks"]
+    assert sec.figures["cd_study"] is None  # no studies: no methods-over-datasets diagram
+    fig = sec.figures["cd_al"]
+    assert fig.axes[0].texts[0].get_text().startswith("AL strategies  (Friedman p = ")
+    plt.close(fig)
+
+
+def test_a_section_without_a_note_gets_no_note_paragraph():
+    """A section with an empty note gets no note paragraph on the page (not a
+    placeholder). Every registered view has a note (the registry refuses one without), so
+    ``transfer``'s section, which had none, now shows its own."""
+    from scarcelab.tracking.query import report
+
+    (sec,) = report.sections(_al_tracked(), ["transfer"])
+    assert sec.note == report.NOTES["transfer"] and sec.note
+    assert "class='note'" in render.html_report([sec])
+    sec.note = ""
+    assert "class='note'" not in render.html_report([sec])
