@@ -198,3 +198,77 @@ def test_oracle_falls_back_to_margin_when_nothing_improves() -> None:
 def test_unknown_strategy_parameter_is_rejected() -> None:
     with pytest.raises(TypeError, match="no parameter"):
         make_strategy("oracle", {"taux": 3})
+
+
+# -- each strategy parameter changes what it names (tests/test_hparams_exercised.py) -------
+class _RecordingMC(FixedProba):
+    """Records the MC-dropout request a strategy makes."""
+
+    asked: tuple[int, float | None] | None = None
+
+    def mc_predict_proba(self, x, passes, generator, p=None):  # type: ignore[no-untyped-def]
+        self.asked = (passes, p)
+        return super().mc_predict_proba(x, passes, generator, p)
+
+
+@pytest.mark.parametrize(("params", "asked"), [({}, (5, 0.2)),
+                                               ({"passes": 3, "dropout": 0.4}, (3, 0.4))])
+def test_bald_passes_and_dropout_reach_the_mc_dropout_model(params, asked) -> None:  # type: ignore[no-untyped-def]
+    st = _state(PROBA)
+    model = _RecordingMC(PROBA)
+    st.model = model
+    make_strategy("bald", params).query(st, 1, np.random.default_rng(0))
+    assert model.asked == asked
+
+
+def test_typiclust_knn_is_the_typicality_neighbourhood() -> None:
+    """Typicality = 1 / mean distance to the ``knn`` nearest neighbours; on the line
+    0, 1, 3: knn=1 gives 1, 1, 1/2 and knn=2 gives 1/2, 2/3, 2/5."""
+    from scarcelab.active.strategies.typiclust import typicality
+
+    emb = np.array([[0.0], [1.0], [3.0]])
+    for knn, want in ((1, [1.0, 1.0, 0.5]), (2, [0.5, 2 / 3, 0.4])):
+        strat = make_strategy("typiclust", {"knn": knn})
+        np.testing.assert_allclose(typicality(emb, strat.knn), want, rtol=1e-5)
+
+
+def _two_blobs_and_a_speck() -> QueryState:
+    """Blobs of 30 around (0, 0) and (10, 0), one labeled point in each, and an unlabeled
+    cluster of 3 points far away at (0, 10)."""
+    r = np.random.default_rng(0)
+    x = np.concatenate([c + r.normal(scale=0.3, size=(k, 2)) for c, k in
+                        (((0.0, 0.0), 30), ((10.0, 0.0), 30), ((0.0, 10.0), 3))])
+    st = make_state(n=len(x), identity=True)
+    st.x = x.astype(np.float32)
+    st.model = NumpyModel(2, 3, identity=True)
+    st.labeled, st.y_labeled = np.array([0, 30]), np.array([0, 1])
+    st.candidates = np.setdiff1d(np.arange(len(x)), st.labeled)
+    return st
+
+
+def test_typiclust_min_cluster_size_ignores_small_clusters() -> None:
+    """The 3-point cluster is the only uncovered one: taken when clusters of 3 count
+    (min_cluster_size=1), skipped at the default 5 for a covered but large blob."""
+    st = _two_blobs_and_a_speck()
+    small = make_strategy("typiclust", {"min_cluster_size": 1}).query(
+        st, 1, np.random.default_rng(0))
+    default = make_strategy("typiclust").query(st, 1, np.random.default_rng(0))
+    assert small.tolist()[0] >= 60
+    assert default.tolist()[0] < 60
+
+
+def test_typiclust_max_clusters_caps_the_clustering(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import sklearn.cluster
+
+    seen: list[int] = []
+    real = sklearn.cluster.KMeans
+
+    def spy(n_clusters, **kw):  # type: ignore[no-untyped-def]
+        seen.append(n_clusters)
+        return real(n_clusters=n_clusters, **kw)
+
+    monkeypatch.setattr(sklearn.cluster, "KMeans", spy)
+    st = _two_blobs_and_a_speck()
+    for params in ({}, {"max_clusters": 2}):
+        make_strategy("typiclust", params).query(st, 3, np.random.default_rng(0))
+    assert seen == [5, 2]  # |L| + q = 5 clusters, unless capped

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -204,3 +208,82 @@ def test_encoder_can_be_a_logged_scarcelab_model(store: str, tmp_path, monkeypat
                                   "encoded_synthetic_tiny", "--encoder", uri, "--set",
                                   "encoder.epochs=3", "--experiment", "al-pre"])
     assert r.exit_code != 0 and "not to a logged model" in r.output
+
+
+# -- al_report, al_runs, log_report (mutation sample, docs/mutation.md) ----------------
+@pytest.fixture(scope="module")
+def al_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A sqlite store with experiment ``al-uri``: strategies s1 > s2 > s3 on one dataset and
+    query size, repetitions 0 and 1 (AUCs logged as by ``scarcelab.active.loop``)."""
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    shm = Path("/dev/shm")  # sqlite on tmpfs when there is one: MLflow commits every call
+    tmp = Path(tempfile.mkdtemp(prefix="scarcelab-alq-", dir=shm)) if shm.is_dir() \
+        else tmp_path_factory.mktemp("alq")
+    uri = f"sqlite:///{tmp / 'a.db'}"
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.create_experiment("al-uri", artifact_location=str(tmp / "art"))
+    for s, aucs in {"s1": [0.9, 0.8], "s2": [0.7, 0.6], "s3": [0.5, 0.4]}.items():
+        for rep, a in enumerate(aucs):
+            r = c.create_run(exp, tags={
+                "scarcelab.role": "al", "scarcelab.dataset": "honeypot",
+                "scarcelab.query_size": "2", "scarcelab.method": s,
+                "scarcelab.repetition": str(rep)})
+            c.log_batch(r.info.run_id, metrics=[Metric("al/auc", a, 0, 0)])
+            c.set_terminated(r.info.run_id, "FINISHED")
+    prev = mlflow.get_tracking_uri()
+    yield {"uri": uri, "tmp": str(tmp)}
+    mlflow.set_tracking_uri(prev)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_al_runs_repetition_is_an_integer_column(al_store):
+    from scarcelab.tracking.al import al_runs
+
+    runs = al_runs(["al-uri"], al_store["uri"])
+    assert pd.api.types.is_integer_dtype(runs["repetition"])
+    assert pd.api.types.is_integer_dtype(runs["query_size"])
+    assert sorted(runs["repetition"].unique().tolist()) == [0, 1]
+
+
+def test_al_report_reads_the_store_it_is_given(al_store, tmp_path):
+    """``tracking_uri`` names the store to read even when the process points elsewhere."""
+    import mlflow
+
+    from scarcelab.tracking.al import al_report
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    rep = al_report(["al-uri"], tracking_uri=al_store["uri"], log=False)
+    assert list(rep.scores.columns) == ["s1", "s2", "s3"]
+    assert rep.scores.to_numpy().tolist() == [[0.9, 0.7, 0.5], [0.8, 0.6, 0.4]]
+    assert rep.run_id is None
+
+
+def test_log_report_logs_into_the_run_mlflow_projects_opened(al_store, tmp_path, monkeypatch):
+    """Under ``mlflow run`` (MLFLOW_RUN_ID set) the report goes into that run, which keeps
+    the name MLflow Projects gave it; no new run named ``report`` appears."""
+    import mlflow
+    import mlflow.tracking.fluent as fluent
+    from mlflow import MlflowClient
+
+    from scarcelab.tracking.query.report import log_report
+
+    c = MlflowClient(tracking_uri=al_store["uri"])
+    exp = c.create_experiment("projects", artifact_location=str(Path(al_store["tmp"]) / "pa"))
+    run = c.create_run(exp, run_name="projects-run")
+    mlflow.set_tracking_uri(al_store["uri"])
+    monkeypatch.setattr(fluent, "_active_experiment_id", None)  # as in a fresh process
+    monkeypatch.setenv("MLFLOW_RUN_ID", run.info.run_id)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", exp)
+    (tmp_path / "report.html").write_text("<html></html>")
+    got = log_report({"report.html": tmp_path / "report.html"}, "ignored-under-projects",
+                     run_name="report")
+    assert got == run.info.run_id
+    after = c.get_run(got)
+    assert after.info.run_name == "projects-run"
+    assert after.data.tags["scarcelab.role"] == "report"
+    assert [a.path for a in c.list_artifacts(got, "report")] == ["report/report.html"]
+    assert [r.info.run_id for r in c.search_runs([exp])] == [run.info.run_id]
+    assert c.get_experiment_by_name("ignored-under-projects") is None

@@ -408,3 +408,17 @@ def test_same_id_subsample_at_every_contamination_ratio(tiny_bundle):
         gu = d.gu.numpy()
         assert images(xs[gu][~ood[gu]]) == ref_grad  # Grad-Align batch: same ID images
         assert np.array_equal(d.l_idx, clean.l_idx)
+
+
+# -- a loss with no path to the weight (found by the mutation sample, docs/mutation.md) ---
+def test_gradient_alignment_is_nan_when_a_loss_has_no_path_to_the_weight():
+    w = torch.tensor([[1.0, 2.0]], requires_grad=True)
+    other = torch.tensor([3.0], requires_grad=True)
+    x = torch.tensor([1.0, -1.0])
+    loss_l = (w @ x).sum() ** 2
+    loss_u = (other * 2).sum()  # differentiable, but not through w
+    assert math.isnan(gradient_alignment(loss_l, loss_u, w))
+    # and a real pair: w.x = -1, so d/dw (w.x)^2 = 2 (w.x) x = (-2, 2) and d/dw (w.x) = x =
+    # (1, -1): opposite directions, cosine -1
+    loss_u2 = (w @ x).sum()
+    assert gradient_alignment(loss_l, loss_u2, w) == pytest.approx(-1.0)

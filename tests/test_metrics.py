@@ -417,3 +417,9 @@ def test_large_input_is_consistent():
     assert out["auroc"] == pytest.approx(ref, abs=1e-12)
     sk_pa = np.mean([skm.roc_auc_score(y == k, proba[:, k], max_fpr=0.1) for k in range(4)])
     assert _mcclish(0.1 * out["pauroc_spec90"], 0.1) == pytest.approx(sk_pa, abs=1e-10)
+
+
+# -- the dtype check's message (found by the mutation sample, docs/mutation.md) --------
+def test_non_numeric_scores_are_rejected_with_a_message_naming_the_dtype():
+    with pytest.raises(ValueError, match="real-valued.*<U"):
+        auroc(np.array([0, 1]), np.array([["a", "b"], ["b", "a"]]))

@@ -5,6 +5,7 @@ hand-built masks with hand-computed values and on perturbed real CoNSeP masks.""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from scipy import ndimage
 
 from scarcelab.metrics.segmentation import (
+    SegmentationEvaluator,
     aji,
     dice,
     evaluate,
@@ -410,3 +412,53 @@ def test_perturbations_move_the_metrics_the_expected_way():
         assert split["pq"] < 0.5  # a half keeps IoU > 0.5 only when it holds most pixels
         eroded = panoptic_quality(m, _erode(m))
         assert eroded["sq"] < 1.0 and eroded["dq"] > 0.5
+
+
+# -- the evaluator's Dice, empty cases, typed path (mutation sample, docs/mutation.md) --
+def _tiles() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Tile A: true 4x4 (16 px), predicted shifted by a row (12 px overlap, 16 px); tile B:
+    true 2x2 (4 px), predicted 2x3 covering it (6 px); tile C: nothing at all."""
+    a_t = np.zeros((10, 10), np.int32)
+    _square(a_t, 0, 0, 4, 4, 1)
+    a_p = np.zeros_like(a_t)
+    _square(a_p, 1, 0, 4, 4, 5)
+    b_t = np.zeros((10, 10), np.int32)
+    _square(b_t, 5, 5, 2, 2, 3)
+    b_p = np.zeros_like(b_t)
+    _square(b_p, 5, 5, 2, 3, 9)
+    c = np.zeros((10, 10), np.int32)
+    return [a_t, b_t, c], [a_p, b_p, c.copy()]
+
+
+def test_evaluator_reports_dice_pooled_and_per_image():
+    trues, preds = _tiles()
+    r = evaluate(trues, preds)
+    # pooled: (2 * (12 + 4)) / ((16 + 16) + (4 + 6)) = 32 / 42; tile C has |A|+|B| = 0
+    assert r["dice_pooled"] == pytest.approx(32 / 42)
+    # per image: mean(24/32, 8/10) over the two tiles whose truth holds a nucleus
+    assert r["dice"] == pytest.approx((24 / 32 + 8 / 10) / 2)
+    assert set(r) == {"pq", "dq", "sq", "aji", "dice", "pq_pooled", "dq_pooled",
+                      "sq_pooled", "aji_pooled", "dice_pooled", "f1_d"}
+
+
+def test_empty_tiles_give_nan_not_a_number_or_a_crash():
+    e = np.zeros((6, 6), np.int32)
+    assert math.isnan(dice(e, e)) and math.isnan(aji(e, e))
+    r = evaluate([e, e], [e, e])
+    assert all(math.isnan(v) for v in r.values()), r
+    r = SegmentationEvaluator().result()  # no tile at all
+    assert all(math.isnan(v) for v in r.values()), r
+
+
+def test_evaluate_passes_the_predicted_types_through():
+    true = np.zeros((12, 12), np.int32)
+    _square(true, 0, 0, 4, 4, 1)
+    _square(true, 6, 6, 4, 4, 2)
+    r = evaluate([true], [true.copy()], type_ids={1: "a", 2: "b"},
+                 true_types=[{1: 1, 2: 2}], pred_types=[{1: 1, 2: 1}])
+    # nucleus 2 predicted as type a: a has TP 1 + FP 1 -> 1 / 1.5; b has FN 1 -> 0
+    assert r["pq_type/a"] == pytest.approx(2 / 3) and r["pq_type/b"] == 0.0
+    assert r["pq_type_conic/a"] == pytest.approx(2 / 3) and r["pq_type_conic/b"] == 0.0
+    assert r["mpq"] == pytest.approx(1 / 3) and r["mpq_conic"] == pytest.approx(1 / 3)
+    with pytest.raises(TypeError, match="drop the aggregation argument"):
+        evaluate([true], [true.copy()], "pooled")  # type: ignore[arg-type]

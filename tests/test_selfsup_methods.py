@@ -10,11 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from method_contract import build, run_steps
+from torch import nn
 
 from scarcelab.data.augment import AUGMENTATIONS, to_float
 from scarcelab.methods import Progress, get_method
 from scarcelab.methods._ssl import embedding_std
-from scarcelab.methods.space import IntLogUniform, LogUniform, Uniform
+from scarcelab.methods.space import (
+    IntLogUniform,
+    LogUniform,
+    Uniform,
+)
 from scarcelab.models import create_model
 from scarcelab.models.classifier import normalize
 from scarcelab.train import BatchSource
@@ -116,3 +121,24 @@ def test_search_spaces_follow_the_study_table():
     for n in ("moco", "byol", "dino"):
         mom = get_method(n).search_space["momentum"]
         assert isinstance(mom, Uniform) and (mom.low, mom.high) == (0.99, 0.9999)
+
+
+# -- BYOL's head width (mutation sample, docs/mutation.md) -----------------------------
+C = 3  # classes of the hand-built case
+
+
+def test_byol_heads_hidden_width_is_twice_the_backbone_features():
+    """byol.py's docstring: heads are scaled to the backbone, hidden = 2·features (BYOL
+    uses 4096 hidden / 256 out on ResNet-50's 2048 features, i.e. 2×)."""
+    class Feats(nn.Module):
+        num_features = 4
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.flatten(1)[:, :4]
+
+    torch.manual_seed(0)
+    m = get_method("byol")(Feats(), C, {"proj_dim": 6})
+    lin = [mod for mod in m.projector.modules() if isinstance(mod, nn.Linear)]
+    assert [(x.in_features, x.out_features) for x in lin] == [(4, 8), (8, 6)]
+    t_lin = [mod for mod in m.target_projector.modules() if isinstance(mod, nn.Linear)]
+    assert [(x.in_features, x.out_features) for x in t_lin] == [(4, 8), (8, 6)]

@@ -17,6 +17,7 @@ from scarcelab.methods._parts import (
     linear_rampup,
     sharpen,
     sigmoid_rampup,
+    soft_cross_entropy,
 )
 from scarcelab.methods.semi.ds3l import weighted_mean
 from scarcelab.methods.semi.softmatch import TruncatedGaussianWeight
@@ -286,3 +287,20 @@ def test_ds3l_uniform_predictions_have_zero_consistency() -> None:
     out = m.step(_batch(m), Progress(0, 10, 0))
     assert out["loss_unlabeled"].item() == pytest.approx(0.0, abs=1e-12)
     assert out["loss"].item() == pytest.approx(math.log(3), rel=1e-6)
+
+
+# -- soft cross-entropy on a 3-d batch (mutation sample, docs/mutation.md) -------------
+def test_soft_cross_entropy_normalises_over_the_last_axis_of_a_3d_batch():
+    """Classes are the last axis (the sum is over dim=-1), whatever the leading shape; for
+    a 3-D input torch's implicit softmax dim would be 0, not the class axis."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 4, generator=g)
+    targets = torch.softmax(torch.randn(2, 3, 4, generator=g), dim=-1)
+    got = soft_cross_entropy(logits, targets, reduction="none")
+    assert got.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            row, t = logits[i, j].tolist(), targets[i, j].tolist()
+            lse = math.log(sum(math.exp(v) for v in row))
+            want = -sum(tk * (lk - lse) for tk, lk in zip(t, row, strict=True))
+            assert got[i, j].item() == pytest.approx(want, rel=1e-5)

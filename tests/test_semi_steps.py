@@ -28,6 +28,9 @@ Y = [0, 1, 2]
 
 
 class MeanPixel(nn.Module):
+    """Features ``(mean pixel, 1)``, no BatchNorm: an image of constant value ``m`` under
+    the head ``W = [[10, 0], [0, 0], [-10, 0]]`` has logits ``(10m, 0, -10m)``."""
+
     num_features = 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -309,3 +312,78 @@ def test_comatch_pseudo_targets_are_the_memory_smoothed_labels() -> None:
     t = m.pseudo_targets(_images([1.0] * 4))
     assert t.labels.tolist() == [2] * 4 and t.weights.tolist() == [1.0] * 4
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
+# -- ds3l, fixmatch's weak_no_grad, mixmatch targets (mutation sample, docs/mutation.md) ---
+def _semi(name: str, backbone: nn.Module | None = None, **hp: object):
+    torch.manual_seed(0)
+    cls = get_method(name)
+    m = cls(backbone if backbone is not None else MeanPixel(), C, {**cls.defaults, **hp})
+    with torch.no_grad():
+        m.head.weight.copy_(torch.tensor([[10.0, 0.0], [0.0, 0.0], [-10.0, 0.0]]))
+        m.head.bias.zero_()
+    m.on_train_start(DataInfo(n_labeled=3, n_unlabeled=4, num_classes=C,
+                              labeled_class_counts=[1, 1, 1]))
+    return m
+
+
+def _ce(logits: list[float], y: int) -> float:
+    return math.log(sum(math.exp(v) for v in logits)) - logits[y]
+
+
+class MeanPixelWithSpare(MeanPixel):
+    """MeanPixel plus a parameter the forward pass never uses (a frozen-out branch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spare = nn.Parameter(torch.zeros(2))
+
+
+def test_ds3l_virtual_step_tolerates_a_parameter_without_gradient():
+    """The virtual step differentiates with ``allow_unused=True``: a backbone parameter
+    the loss does not reach gets no gradient and stays as it is in θ̂, so the meta step
+    (WNet's update) is the same as for the backbone without that parameter."""
+    batch = Batch(x=[_images([1.0, 0.0, -1.0])], y=torch.tensor([0, 1, 2]),
+                  u=[_images([1.0, 0.2, -1.0, 0.05]), _images([0.0, 1.0, 0.5, -1.0])])
+    outs, wnets = [], []
+    for bb in (MeanPixel(), MeanPixelWithSpare()):
+        m = _semi("ds3l", bb, wnet_lr=1e-2)
+        outs.append(m.step(batch, Progress(5, 10, 0)))
+        wnets.append([p.detach().clone() for p in m.wnet.parameters()])
+    assert outs[1]["loss"].item() == pytest.approx(outs[0]["loss"].item(), rel=1e-6)
+    for a, b in zip(*wnets, strict=True):
+        torch.testing.assert_close(a, b)
+    assert not all(torch.equal(a, b) for a, b in zip(
+        wnets[0], [p for p in _semi("ds3l", MeanPixel()).wnet.parameters()], strict=True))
+
+
+def test_fixmatch_weak_no_grad_step_by_hand():
+    """With ``weak_no_grad`` labeled (3) and strong (4) images share one pass and must be
+    split back by their sizes. MeanPixel has no BatchNorm, so the result is the paper's
+    loss worked out by hand: weak 1.0 and -1.0 pass τ = 0.95 (0.99995) with labels 0 and
+    2, 0.2 (0.867) and 0.05 do not; loss_u = (CE(strong 0.0, 0) + CE(strong 0.5, 2)) / 4."""
+    m = _semi("fixmatch", weak_no_grad=True, lambda_u=2.0)
+    batch = Batch(x=[_images([1.0, 0.0, -1.0])], y=torch.tensor([0, 1, 2]),
+                  u=[_images([1.0, 0.2, -1.0, 0.05]), _images([0.0, 1.0, 0.5, -1.0])])
+    out = m.step(batch, Progress(0, 10, 0))
+
+    def lg(v: float) -> list[float]:
+        return [10 * v, 0.0, -10 * v]
+
+    loss_l = (_ce(lg(1.0), 0) + _ce(lg(0.0), 1) + _ce(lg(-1.0), 2)) / 3
+    loss_u = (_ce(lg(0.0), 0) + _ce(lg(0.5), 2)) / 4
+    assert out["mask_rate"].item() == pytest.approx(0.5)
+    assert out["loss_labeled"].item() == pytest.approx(loss_l, rel=1e-5)
+    assert out["loss_unlabeled"].item() == pytest.approx(loss_u, rel=1e-5)
+    assert out["loss"].item() == pytest.approx(loss_l + 2.0 * loss_u, rel=1e-5)
+
+
+def test_mixmatch_pseudo_targets_are_the_sharpened_argmax_with_unit_weights():
+    """MixMatch filters nothing: every guess has weight 1, the label is the arg-max of
+    the sharpened prediction (= the arg-max of the logits (10m, 0, -10m))."""
+    m = _semi("mixmatch")
+    pt = m.pseudo_targets(_images([1.0, -1.0, 0.2, -0.3]))
+    assert pt is not None
+    assert pt.labels.tolist() == [0, 2, 0, 2]
+    assert pt.weights.tolist() == [1.0, 1.0, 1.0, 1.0]
+    torch.testing.assert_close(pt.logits[:, 0], torch.tensor([10.0, -10.0, 2.0, -3.0]))

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import re
 
+import matplotlib
+import matplotlib.colors as mcolors
 import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from scipy import stats as sps
 
+from scarcelab.tracking import stats
+from scarcelab.tracking.query import render
 from scarcelab.tracking.stats import (
     average_ranks,
     cd_diagram,
@@ -141,3 +147,189 @@ def test_missing_rows_dropped_with_warning_and_bad_input():
         friedman_test(SCORES[["a"]])
     with pytest.raises(TypeError, match="DataFrame"):
         average_ranks(np.zeros((2, 2)))  # type: ignore[arg-type]
+
+
+# -- the CD diagram's geometry, dropped problems (mutation sample, docs/mutation.md) ---
+K, N = 4, 10
+
+
+NAMES = ["A", "B", "C", "D"]
+
+
+def _ordered_scores() -> pd.DataFrame:
+    """A beats B beats C beats D on every one of 10 problems, by distinct margins: every
+    pair's Wilcoxon signed-rank test is exact with all 10 differences of one sign, so
+    p = 2 / 2**10 = 0.001953 for each of the 6 pairs and Holm makes every adjusted p
+    6 * 0.001953 = 0.0117 (the running max of (6 - i) * p). At alpha = 0.05 every pair
+    differs (no clique); at alpha = 0.01 none does (one clique A-D). Ranks are 1, 2, 3, 4."""
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.2, 0.3, size=(N, 1))
+    offsets = np.array([3.0, 2.0, 1.0, 0.0]) * 0.1
+    noise = rng.uniform(0.0, 0.05, size=(N, K))
+    return pd.DataFrame(base + offsets + noise, columns=NAMES)
+
+
+def _lines(fig) -> list[Line2D]:  # type: ignore[no-untyped-def]
+    return list(fig.axes[0].get_lines())
+
+
+def _axis_line(fig) -> Line2D:  # type: ignore[no-untyped-def]
+    """The rank axis: the longest thin horizontal black line (clique bars are thick)."""
+    cands = [ln for ln in _lines(fig) if mcolors.same_color(ln.get_color(), "black")
+             and ln.get_linewidth() < 2 and len(ln.get_xdata()) == 2
+             and ln.get_ydata()[0] == ln.get_ydata()[1]]
+    return max(cands, key=lambda ln: abs(ln.get_xdata()[1] - ln.get_xdata()[0]))
+
+
+def _xpos(fig, rank: float) -> float:  # type: ignore[no-untyped-def]
+    """x of a rank on the drawn axis (rank 1 at its left end, rank K at its right end)."""
+    x0, x1 = sorted(_axis_line(fig).get_xdata())
+    return x0 + (rank - 1) / (K - 1) * (x1 - x0)
+
+
+def _clique_bars(fig) -> list[Line2D]:  # type: ignore[no-untyped-def]
+    return [ln for ln in _lines(fig) if ln.get_linewidth() == 3.5]
+
+
+def _labels(fig) -> dict[str, matplotlib.text.Text]:  # type: ignore[no-untyped-def]
+    pat = re.compile(r"^([A-D]) \(\d\.\d\d\)$")
+    return {m.group(1): t for t in fig.axes[0].texts if (m := pat.match(t.get_text()))}
+
+
+def _data_bbox(fig, artist):  # type: ignore[no-untyped-def]
+    """An artist's rendered extent in data units (the axes fill the figure, y in inches)."""
+    fig.canvas.draw()
+    bb = artist.get_window_extent(fig.canvas.get_renderer())
+    return bb.transformed(fig.axes[0].transData.inverted())
+
+
+def _half_lw(fig, line: Line2D) -> float:  # type: ignore[no-untyped-def]
+    """Half a line's thickness in data y units (points -> pixels -> data)."""
+    ax = fig.axes[0]
+    px = line.get_linewidth() / 72.0 * fig.dpi / 2
+    return float(ax.transData.inverted().transform((0, px))[1]
+                 - ax.transData.inverted().transform((0, 0))[1])
+
+
+@pytest.fixture(scope="module")
+def cd_fig_clique():  # type: ignore[no-untyped-def]
+    import matplotlib.pyplot as plt
+
+    fig = stats.cd_diagram(_ordered_scores(), alpha=0.01, title="t")
+    yield fig
+    plt.close(fig)
+
+
+@pytest.fixture(scope="module")
+def cd_fig_no_clique():  # type: ignore[no-untyped-def]
+    import matplotlib.pyplot as plt
+
+    fig = stats.cd_diagram(_ordered_scores(), alpha=0.05)
+    yield fig
+    plt.close(fig)
+
+
+def test_cd_diagram_cliques_follow_the_alpha_passed(cd_fig_clique, cd_fig_no_clique):
+    """At alpha = 0.01 no Holm-adjusted p (0.0117) is significant: one bar joins A..D; at
+    0.05 all pairs differ and no bar is drawn. The bar starts at its first member's rank
+    and ends at its last member's (a hair beyond each end, never at another member)."""
+    assert _clique_bars(cd_fig_no_clique) == []
+    bars = _clique_bars(cd_fig_clique)
+    assert len(bars) == 1
+    xs, ys = bars[0].get_xdata(), bars[0].get_ydata()
+    assert ys[0] == ys[1]
+    step = _xpos(cd_fig_clique, 2) - _xpos(cd_fig_clique, 1)
+    assert _xpos(cd_fig_clique, 1) - 0.1 * step < xs[0] <= _xpos(cd_fig_clique, 1)
+    assert _xpos(cd_fig_clique, K) <= xs[1] < _xpos(cd_fig_clique, K) + 0.1 * step
+    assert "α = 0.01" in cd_fig_clique.axes[0].texts[0].get_text()
+
+
+def test_cd_bar_spans_the_nemenyi_cd_above_the_rank_axis(cd_fig_clique):
+    """The scale bar is a horizontal dimgray segment starting at rank 1 whose length, in
+    rank units of the drawn axis, is nemenyi_cd(k, N, alpha) of this diagram (k = 4,
+    N = 10, alpha = 0.01: 1.80), placed between the axis and the title."""
+    cd = stats.nemenyi_cd(K, N, 0.01)
+    assert 1.5 < cd < K - 1  # drawn only when shorter than the axis
+    fig = cd_fig_clique
+    cand = [ln for ln in _lines(fig) if mcolors.same_color(ln.get_color(), "dimgray")
+            and ln.get_linewidth() == 1.2]
+    assert len(cand) == 1
+    xs, ys = cand[0].get_xdata(), cand[0].get_ydata()
+    assert len(ys) == 2 and ys[0] == ys[1]  # horizontal
+    axis = _axis_line(fig)
+    assert ys[0] > axis.get_ydata()[0]
+    assert xs[0] == pytest.approx(_xpos(fig, 1))
+    step = _xpos(fig, 2) - _xpos(fig, 1)
+    assert (xs[1] - xs[0]) / step == pytest.approx(cd, rel=1e-9)
+    assert any(t.get_text() == f"Nemenyi CD = {cd:.2f}" for t in fig.axes[0].texts)
+
+
+@pytest.mark.parametrize("which", ["cd_fig_clique", "cd_fig_no_clique"])
+def test_cd_diagram_draws_everything_inside_the_figure(which, request):
+    """The axes span the figure with y in [0, height]: every line point and text anchor
+    lies inside, so nothing (axis, bars, bottom labels) is cut off the saved image."""
+    fig = request.getfixturevalue(which)
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    assert lo == 0 and hi == pytest.approx(fig.get_figheight())
+    for ln in _lines(fig):
+        assert np.all((np.asarray(ln.get_ydata()) >= lo) & (np.asarray(ln.get_ydata()) <= hi))
+        assert np.all((np.asarray(ln.get_xdata()) >= 0) & (np.asarray(ln.get_xdata()) <= 1))
+    for t in ax.texts:
+        x, y = t.get_position()
+        assert 0 <= x <= 1 and lo <= y <= hi, t.get_text()
+
+
+def test_cd_labels_sit_below_the_axis_and_the_clique_bars(cd_fig_clique, cd_fig_no_clique):
+    """Methods are labelled below the axis and below the clique bars: each label's rendered
+    top edge is under the bottom edge of the axis line and of every bar."""
+    for fig in (cd_fig_clique, cd_fig_no_clique):
+        axis = _axis_line(fig)
+        floor = axis.get_ydata()[0] - _half_lw(fig, axis)
+        for bar in _clique_bars(fig):
+            floor = min(floor, bar.get_ydata()[0] - _half_lw(fig, bar))
+        labels = _labels(fig)
+        assert sorted(labels) == NAMES
+        for name, t in labels.items():
+            assert _data_bbox(fig, t).y1 < floor, name
+
+
+def test_cd_labels_point_away_from_the_axis(cd_fig_clique):
+    """The best half is labelled in the left margin, right-aligned so the text ends where
+    its leader line ends; the rest in the right margin, left-aligned from the leader's end.
+    Neither reaches into the rank axis."""
+    fig = cd_fig_clique
+    x0, x1 = sorted(_axis_line(fig).get_xdata())
+    leaders = [ln for ln in _lines(fig) if len(ln.get_xdata()) == 3]
+    for name, t in _labels(fig).items():
+        rank = NAMES.index(name) + 1
+        y = t.get_position()[1]
+        (lead,) = [ln for ln in leaders if ln.get_xdata()[0] == pytest.approx(_xpos(fig, rank))]
+        assert lead.get_ydata()[-1] == pytest.approx(y)
+        end = lead.get_xdata()[-1]
+        bb = _data_bbox(fig, t)
+        if rank <= (K + 1) // 2:
+            assert t.get_horizontalalignment() == "right"
+            assert bb.x1 <= end < x0
+        else:
+            assert t.get_horizontalalignment() == "left"
+            assert x1 < end <= bb.x0
+
+
+def test_incomplete_problems_are_dropped_with_the_reason():
+    df = pd.DataFrame({"a": [0.9, 0.8, np.nan], "b": [0.5, 0.4, 0.3]})
+    with pytest.warns(UserWarning) as rec:
+        r = stats.average_ranks(df)
+    assert [str(w.message) for w in rec] == [
+        "dropped 1 of 3 problems with a missing score: rank tests need every method scored "
+        "on every problem"]
+    assert r.to_dict() == {"a": 1.0, "b": 2.0}
+
+
+def test_cd_figure_skips_a_single_block_instead_of_crashing():
+    """One complete problem is one block: no rank test, so no diagram (found while writing
+    these tests: a report over AL runs of one dataset and query size crashed)."""
+    one = pd.DataFrame({"a": [0.8], "b": [0.7]}, index=["p1"])
+    assert render.cd_figure(one, "t") is None
+    two = pd.DataFrame({"a": [0.8, 0.6], "b": [0.7, 0.5]}, index=["p1", "p2"])
+    assert render.cd_figure(two, "t") is not None

@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from scarcelab.losses import nt_xent
 from scarcelab.methods import Batch, Progress, get_method
@@ -120,3 +122,81 @@ def test_supcon_method_is_probe_evaluated_and_supervised() -> None:
     x = torch.rand(4, 1, 16, 16)
     out = m.step(Batch(x=[x, x], y=torch.tensor([0, 0, 1, 1]), u=[]), Progress(0, 1, 0))
     assert out["loss"].requires_grad and out["loss_labeled"] is out["loss"]
+
+
+# -- DEIC methods' structure and losses (mutation sample, docs/mutation.md) ------------
+def test_sk_branches_end_in_relu():
+    """SK convolution (Li et al. 2019, §3.1): each branch is conv → BN → ReLU, so each
+    branch's output is non-negative (BN alone is zero-mean, half negative)."""
+    from scarcelab.methods.supervised.dsk import SKConv
+
+    torch.manual_seed(0)
+    sk = SKConv(4, 8, 1, 4).train()
+    x = torch.randn(3, 4, 6, 6)
+    for b in sk.branches:
+        y = b(x)
+        assert y.min().item() >= 0.0 and y.max().item() > 0.0
+
+
+def test_full_convolution_counts_the_kxk_convs_it_widens():
+    """WideBlock: conv1 and conv2 (3×3) widen, the 1×1 shortcut does not; a torchvision
+    BasicBlock has two 3×3 convolutions, a Bottleneck one; a loose 3×3 counts 1."""
+    from scarcelab.methods.supervised.fconv import full_convolution
+    from scarcelab.models.wrn_deic import WideBlock
+
+    wrn = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), WideBlock(4, 8, 2))
+    assert full_convolution(wrn) == 3
+    assert wrn[1].shortcut.padding == (0, 0) and wrn[1].conv1.padding == (2, 2)
+    down = nn.Sequential(nn.Conv2d(4, 8, 1, 2, bias=False), nn.BatchNorm2d(8))
+    assert full_convolution(nn.Sequential(BasicBlock(4, 8, 2, downsample=down))) == 2
+    assert full_convolution(nn.Sequential(BasicBlock(8, 8))) == 2
+    assert full_convolution(nn.Sequential(Bottleneck(32, 8))) == 1
+
+
+def test_harmonize_makes_only_the_first_conv_a_harmonic_block_with_bn():
+    from scarcelab.methods.supervised.harmonic import Harm2d, HarmBlockBN, harmonize
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 1),
+                        nn.Conv2d(4, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1))
+    assert harmonize(net) == 3
+    assert [type(m) for m in net] == [HarmBlockBN, nn.Conv2d, Harm2d, Harm2d]
+    assert net(torch.randn(2, 3, 5, 5)).shape == (2, 6, 5, 5)
+
+
+@pytest.mark.parametrize("h,w", [(8, 8), (8, 6)])
+def test_gabor_lowpass_is_centred_at_the_origin(h, w):
+    """Filters are periodised with their origin at index (0, 0) (kymatio's convention):
+    the Gaussian low-pass peaks there and is symmetric, φ[y, x] = φ[-y, -x]."""
+    from scarcelab.methods.supervised.scattering import gabor
+
+    phi = gabor(h, w, 1.6, 0.0, 0.0, 1.0).real
+    assert divmod(int(phi.argmax()), w) == (0, 0)
+    flipped = torch.roll(torch.flip(phi, dims=(0, 1)), shifts=(1, 1), dims=(0, 1))
+    torch.testing.assert_close(phi, flipped)
+
+
+def test_supcon_averages_over_each_anchors_positives():
+    """Khosla et al. 2020, Eq. 2 (L_out), T = 1, z = e1, e1, e2, e2 with labels 0, 0, 0, 1.
+    Anchor 0 (and 1): positives {1, 2} with logits 1 and 0 among {1, 0, 0}:
+    -(1 - 2 ln(e + 2)) / 2. Anchor 2: positives {0, 1}, logits 0, 0 among {0, 0, 1}:
+    ln(e + 2). Anchor 3 has no positive and is skipped."""
+    from scarcelab.methods.supervised.supcon import supcon_loss
+
+    z = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    lse = math.log(math.e + 2)
+    a0 = -(1 - 2 * lse) / 2
+    want = (2 * a0 + lse) / 3
+    got = supcon_loss(z, torch.tensor([0, 0, 0, 1]), 1.0)
+    assert got.item() == pytest.approx(want, rel=1e-6)
+
+
+def test_tvmf_head_uses_nn_linears_initialisation_bound():
+    """nn.Linear's init (kaiming_uniform_ with a = √5) draws U(-1/√fan_in, 1/√fan_in);
+    with a = 0 the bound would be √(6/fan_in), 2.45× wider."""
+    from scarcelab.methods.supervised.tvmf import TvMFHead
+
+    torch.manual_seed(0)
+    w = TvMFHead(400, 50, 16.0).weight.detach()
+    bound = 1 / math.sqrt(400)
+    assert w.abs().max().item() <= bound
+    assert w.abs().max().item() > 0.95 * bound
