@@ -10,15 +10,7 @@ import torch
 
 from scarcelab.methods import get_method
 from scarcelab.train import make_optimizer
-
-
-class _Feat(torch.nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.num_features = d
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.flatten(1)
+from tests.test_tune_methods import _Feat  # a flattening "backbone" with num_features
 
 
 @pytest.mark.parametrize(("name", "kind"), [("sup", torch.optim.Adam), ("ce", torch.optim.SGD)])

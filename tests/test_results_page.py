@@ -258,23 +258,31 @@ def test_transfer_chart_keeps_rows_that_differ_in_arch_protocol_or_fraction_apar
     plt.close(fig)
 
 
-def test_cells_of_a_sweep_still_running_are_counted_as_running_not_failed(tmp_path):
-    """A partial page (the sweep still going): a cell whose last attempt is RUNNING is
-    'running or queued'; once the sweep has ended the same run counts as failed."""
+def _sweep_store(tmp_path, n_cells):  # type: ignore[no-untyped-def]
+    """A sqlite store for the first ``n_cells`` smoke cells of tune_it.yaml, made the
+    tracking URI (the caller restores ``prev``): (spec path, spec, client, experiment, prev)."""
     import dataclasses
 
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
-
     path = REPO / "suites" / "tune_it.yaml"
     spec = load_spec(path, smoke=True)
-    spec = dataclasses.replace(spec, cells=spec.cells[:2])
+    spec = dataclasses.replace(spec, cells=spec.cells[:n_cells])
     prev = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'm.db'}")
     c = MlflowClient()
-    exp = c.create_experiment(spec.experiment)
+    return path, spec, c, c.create_experiment(spec.experiment), prev
+
+
+def test_cells_of_a_sweep_still_running_are_counted_as_running_not_failed(tmp_path):
+    """A partial page (the sweep still going): a cell whose last attempt is RUNNING is
+    'running or queued'; once the sweep has ended the same run counts as failed."""
+    import mlflow
+
+    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
+
+    path, spec, c, exp, prev = _sweep_store(tmp_path, 2)
     sweep = c.create_run(exp, tags={SWEEP_TAG: spec.name, "scarcelab.role": "sweep"})
     done = c.create_run(exp, tags={SWEEP_TAG: spec.name, CELL_TAG: spec.cells[0].id})
     c.set_terminated(done.info.run_id, "FINISHED")
@@ -325,21 +333,13 @@ def test_an_attempt_a_dead_driver_left_counts_until_its_last_record_not_its_take
     were closed by the next driver hours later, and their intervals spanned the dead time.
     Such an attempt now ends at its last nested record (the store's, and on the page for
     stores written before), and a queued one that never started counts nothing."""
-    import dataclasses
     from types import SimpleNamespace
 
     import mlflow
-    from mlflow.tracking import MlflowClient
 
     from scarcelab.tracking.sweep.driver import CELL_TAG, DRIVER_TAG, SWEEP_TAG, Driver
 
-    path = REPO / "suites" / "tune_it.yaml"
-    spec = load_spec(path, smoke=True)
-    spec = dataclasses.replace(spec, cells=spec.cells[:3])
-    prev = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'm.db'}")
-    c = MlflowClient()
-    exp = c.create_experiment(spec.experiment)
+    path, spec, c, exp, prev = _sweep_store(tmp_path, 3)
     t0 = 1_700_000_000_000
     sweep = c.create_run(exp, start_time=t0, tags={SWEEP_TAG: spec.name,
                                                    "scarcelab.role": "sweep"})
