@@ -127,10 +127,16 @@ def test_reference_grids_cover_their_sources():
     # the 10 methods of docs/tune.md (Brigato et al.'s Table 3), each a registered method
     assert axis("tune_it.yaml", "method") == TUNE_IT_METHODS
     assert TUNE_IT_METHODS <= set(METHODS.names())
-    tr = {(c.entry, dict(c.options).get("encoder"), dict(c.options).get("protocol"))
-          for c in load_spec(REPO / "suites/pathology.yaml").cells}
-    assert {("probe", e, p) for e in ("random", "@pretrain") for p in ("linear", "finetune")
-            } | {("segment", e, None) for e in ("random", "@pretrain")} <= tr
+    # Kang et al.'s protocols on both encoders: probes (linear, fine-tuned; all labels and
+    # 10 %), segmentation fine-tuned and frozen on all tiles and fine-tuned on 10 %
+    tr = {(c.entry, o.get("encoder"), o.get("protocol"),
+           o.get("n_labeled") or o.get("label_fraction"))
+          for c in load_spec(REPO / "suites/pathology.yaml").cells
+          for o in [dict(c.options)]}
+    assert {("probe", e, p, n) for e in ("random", "@pretrain") for p in ("linear", "finetune")
+            for n in ("all", "147")} | {("segment", e, p, f) for e in ("random", "@pretrain")
+                                      for p, f in (("finetune", "1.0"), ("frozen", "1.0"),
+                                                   ("finetune", "0.1"))} <= tr, tr
 
 
 def test_dry_run_of_every_suite_and_scale():

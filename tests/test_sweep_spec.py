@@ -173,8 +173,9 @@ def test_shipped_dependency_suites_expand_and_show_their_dependencies():
     from pathlib import Path
 
     suites = Path(__file__).resolve().parents[1] / "suites"
-    # per seed: linear and finetune probes at two label budgets, and a segmentation
-    for flags, n_pre, per in (({}, 1, 5), ({"full": True}, 3, 5), ({"smoke": True}, 1, 3)):
+    # per seed: linear and finetune probes at two label budgets (the smoke: one), and
+    # segmentations fine-tuned and frozen on all tiles and fine-tuned on 10 %
+    for flags, n_pre, per in (({}, 1, 7), ({"full": True}, 3, 7), ({"smoke": True}, 1, 5)):
         sp = load_spec(suites / "pathology.yaml", **flags)
         pre = [c for c in sp.cells if c.entry == "self"]
         deps = [c for c in sp.cells if c.refs]
