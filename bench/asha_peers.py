@@ -15,7 +15,8 @@ drive one trainable, in alternating rounds, each system in a fresh process:
   batch size with :class:`~scarcelab.protocols.study_store.TrialSeededSampler` (seed 0);
   Ray runs the same list (``tune.grid_search`` over the trial index, which it schedules in
   order), and trial ``n`` trains with the seed ``_search`` gives it
-  (``seed * 100_003 + n``), so both sides train the same networks on the same batches;
+  (``scarcelab.protocols.trials.trial_seed``), so both sides train the same networks on
+  the same batches;
 * **ours**: :func:`scarcelab.protocols.tune.run_tune` with ``phase="search"`` — the code
   ``scarcelab tune`` runs — with its MLflow tracker on a fresh SQLite store
   (``ours_mlflow``: what a user runs) and with the in-memory tracker (``ours_memory``: the
@@ -180,6 +181,7 @@ def ray_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     from scarcelab.data import load_raw
     from scarcelab.methods import get_method
+    from scarcelab.protocols.trials import trial_seed
     from scarcelab.protocols.tune import AVG_WINDOW, _hp, build_method, prepare
     from scarcelab.train import TrainConfig, train_trial
 
@@ -199,9 +201,9 @@ def ray_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         n = int(config["trial"])
         params = configs[n]
         hp = _hp(method_cls, params, {})
-        trial_seed = SEED * 100_003 + n  # what scarcelab's _search seeds trial n with
-        torch.manual_seed(trial_seed)
-        g = torch.Generator().manual_seed(trial_seed)
+        seed_n = trial_seed(SEED, n)  # what scarcelab's _search seeds trial n with
+        torch.manual_seed(seed_n)
+        g = torch.Generator().manual_seed(seed_n)
         history: list[float] = []
         timing = {"callback_s": 0.0, "callback_cpu_s": 0.0}
 
@@ -220,7 +222,7 @@ def ray_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         method = build_method(method_cls, settings.arch, raw, mean, std, hp)
         t_train, c_train = time.perf_counter(), time.thread_time()
         train_trial(method, bundle, cfg, deadline=float("inf"), generator=g,
-                    probe_rng=np.random.default_rng(trial_seed), on_epoch=on_epoch)
+                    probe_rng=np.random.default_rng(seed_n), on_epoch=on_epoch)
 
     sched = ASHAScheduler(time_attr="training_iteration", metric="score", mode="max",
                           max_t=settings.epochs, grace_period=settings.grace_period,

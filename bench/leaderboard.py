@@ -57,6 +57,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from scarcelab.protocols.trials import trial_seed
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -127,7 +129,7 @@ def generate(n_trials: int, epochs: int, seeds: int, exp_id: int, rng: np.random
     for k, v in (("lr", fmt(10 ** rng.uniform(-4, -1, n))),
                  ("weight_decay", fmt(10 ** rng.uniform(-6, -3, n))),
                  ("batch_size", "64"), ("arch", "resnet18"),
-                 ("trial_seed", (seed_of * 100_003 + np.tile(tr, S)).astype(str))):
+                 ("trial_seed", trial_seed(seed_of, np.tile(tr, S)).astype(str))):
         params.append(pd.DataFrame({"key": k, "value": v, "run_uuid": tid.ravel()}))
     trial_ids = np.repeat(tid.ravel(), E)
     steps_t = np.tile(ep, S * P)

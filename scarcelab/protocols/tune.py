@@ -82,6 +82,7 @@ from scarcelab.metrics import classification_metrics
 from scarcelab.models import create_model
 from scarcelab.models.standardize import Standardized, channel_stats
 from scarcelab.protocols.study_store import StudyStore, TrialSeededSampler, redact
+from scarcelab.protocols.trials import trial_seed
 from scarcelab.tracker import DatasetInfo, Tracker
 from scarcelab.train import (
     EpochReport,
@@ -769,13 +770,13 @@ def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: Raw
             break
         params = _draw(trial, method_cls, s)
         hp = _hp(method_cls, params, cfg.overrides)
-        trial_seed = cfg.seed * 100_003 + place
-        torch.manual_seed(trial_seed)
-        g = torch.Generator().manual_seed(trial_seed)
+        seed_n = trial_seed(cfg.seed, place)
+        torch.manual_seed(seed_n)
+        g = torch.Generator().manual_seed(seed_n)
         tracker.start_trial(place, {**tags, T.ROLE: "trial",
                                     T.TRIAL: str(place)},
                             {**hp, "batch_size": params["batch_size"], "arch": s.arch,
-                             "trial_seed": trial_seed, "epochs": s.epochs})
+                             "trial_seed": seed_n, "epochs": s.epochs})
         history: list[float] = []
 
         def on_epoch(rep: EpochReport, improved: bool, snap: Any, trial: Any = trial,
@@ -796,7 +797,7 @@ def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: Raw
         try:
             method = build_method(method_cls, s.arch, raw, mean, std, hp)
             res = train_trial(method, bundle, train_cfg, deadline=deadline, generator=g,
-                              probe_rng=np.random.default_rng(trial_seed), on_epoch=on_epoch)
+                              probe_rng=np.random.default_rng(seed_n), on_epoch=on_epoch)
         except _Pruned as p:
             rung = asha_rung(p.epoch, s.grace_period)
             store.tell(trial, state=TrialState.PRUNED)
