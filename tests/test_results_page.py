@@ -383,3 +383,39 @@ def test_an_attempt_a_dead_driver_left_counts_until_its_last_record_not_its_take
         assert c.get_run(ran.info.run_id).info.status == "FAILED"
     finally:
         mlflow.set_tracking_uri(prev)
+
+
+def _index_page(suite: str, wall: float, status: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        verdicts=[SimpleNamespace(id="claim1", status=status)],
+        paper=SimpleNamespace(title=suite.upper()),
+        commits=["0123456789abcdef"], counts={"finished": 3, "cells": 4}, wall_s=wall,
+        cpu_s=2 * wall)
+
+
+def test_the_index_keeps_the_row_of_a_suite_whose_sweep_this_store_lacks(tmp_path):
+    # suites run on different machines into different stores: an index written from a
+    # store with only suite b must not lose suite a's row (its page is still there)
+    first = P.write_index([("a", _index_page("a", 3600, "reproduced")),
+                           ("b", _index_page("b", 60, "not reproduced"))], tmp_path)
+    a_row = next(ln for ln in first.read_text().splitlines() if ln.startswith("| [a]"))
+    assert "| 1h00m |" in a_row
+    (tmp_path / "a.md").write_text("# page a\n")  # write_index writes no pages itself
+    for _ in range(2):  # carried twice: still one mark, the same numbers
+        text = P.write_index([("a", "no reference-scale sweep in the store"),
+                              ("b", _index_page("b", 120, "reproduced")),
+                              ("c", "no reference-scale sweep in the store")],
+                             tmp_path).read_text()
+        rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines()
+                if ln.startswith("| ") and not ln.startswith("| suite")}
+        assert rows[f"[a](a.md) {P.CARRIED}"] == a_row.replace(
+            "| [a](a.md) |", f"| [a](a.md) {P.CARRIED} |")
+        assert "| 2m00s |" in rows["[b](b.md)"]  # b is rebuilt from its new page
+        assert "no reference-scale sweep" in rows["c"]  # no page, no earlier row: said so
+        assert f"{P.CARRIED} a: this store holds no sweep of it" in text
+    # a suite whose page is gone is not carried: the row would link nothing
+    (tmp_path / "a.md").unlink()
+    text = P.write_index([("a", "no sweep here")], tmp_path).read_text()
+    assert "| a | | no sweep here |" in text and P.CARRIED not in text

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -887,11 +888,38 @@ def _summary(verdicts: Sequence[Verdict]) -> str:
     return ", ".join(f"{n[s]} {s}" for s in C.STATUSES if n[s]) or "no claims"
 
 
+#: marks an index row carried over from the previous index (see :func:`write_index`)
+CARRIED = "†"
+
+
+def _previous_rows(path: Path) -> tuple[dict[str, str], str]:
+    """The page rows of an index written before (suite -> its line) and when it was
+    written; nothing if there is no such file."""
+    if not path.is_file():
+        return {}, ""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    when = re.search(r" on (\d{4}-\d\d-\d\d \d\d:\d\d UTC) from the tracking store", text)
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"\| \[([^\]]+)\]\(\1\.md\)", line)
+        if m:
+            rows[m.group(1)] = line
+    return rows, when.group(1) if when else "an earlier run"
+
+
 def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | Path,
                 scale: str = "reference") -> Path:
-    """``<out>/README.md``: one row per suite (a page, or why there is none)."""
+    """``<out>/README.md``: one row per suite (a page, or why there is none).
+
+    A suite with no sweep in this store keeps the row the previous index gave its page,
+    marked :data:`CARRIED`: suites are run on different machines into different stores
+    (a 2-hour suite fits one machine's session, five do not), and its page, which this
+    command leaves as it was, still holds what that row summarises. The row is the earlier
+    command's output, moved, never rebuilt or edited."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    previous, previous_when = _previous_rows(out / "README.md")
+    carried = []
     lines = [f"# Results of the suites ({scale} scale)", ""]
     if scale == "smoke":
         lines += [SMOKE_BANNER, ""]
@@ -904,7 +932,15 @@ def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | P
               "|:--|:--|:--|--:|--:|:--|:--|"]
     for suite, entry in entries:
         if isinstance(entry, str):
-            lines.append(f"| {suite} | | {entry} | | | | |")
+            row = previous.get(suite)
+            if row is not None and (out / f"{suite}.md").is_file():
+                if f"| [{suite}]({suite}.md) {CARRIED} |" not in row:
+                    row = row.replace(f"| [{suite}]({suite}.md) |",
+                                      f"| [{suite}]({suite}.md) {CARRIED} |", 1)
+                lines.append(row)
+                carried.append(suite)
+            else:
+                lines.append(f"| {suite} | | {entry} | | | | |")
             continue
         p = entry
         heads = "; ".join(f"{v.id}: **{v.status}**" for v in p.verdicts)
@@ -912,6 +948,11 @@ def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | P
         lines.append(f"| [{suite}]({suite}.md) | {p.paper.title} | {heads} "
                      f"({_summary(p.verdicts)}) | {_fmt_s(p.wall_s)} | {_fmt_s(p.cpu_s)} | "
                      f"{commit} | {p.counts['finished']}/{p.counts['cells']} finished |")
+    if carried:
+        lines += ["", f"{CARRIED} {', '.join(carried)}: this store holds no sweep of "
+                  f"{'it' if len(carried) == 1 else 'them'}; the row is the one the index of "
+                  f"{previous_when} gave the page, which was generated from the store of that "
+                  "run and is left as it was."]
     path = out / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path
