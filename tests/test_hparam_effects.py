@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from scarcelab.methods import Progress, get_method
+from scarcelab.active.loop import make_strategy
+from scarcelab.methods import Batch, DataInfo, Progress, get_method
 from tests.test_semi_steps import (
     LOSS_L,
     STRONG,
@@ -33,6 +35,7 @@ from tests.test_semi_steps import (
     logits,
     softmax,
 )
+from tests.test_tune_methods import _Feat
 
 DONE = Progress(10, 10, 0)  # past every warm-up: the ramps are 1
 
@@ -304,3 +307,323 @@ def test_ds3l_wnet_hidden_is_the_meta_network_width(wnet_hidden: int) -> None:
     assert m.wnet[2].weight.shape == (1, wnet_hidden)
     out = m.step(_batch(m, [WEAK, STRONG]), DONE)  # and it trains at that width
     assert math.isfinite(out["loss"].item())
+
+
+# ---------------------------------------------------------------------------------------
+# self-supervised and supervised methods on a flattening backbone: 4 "pixels" -> 4 features
+
+N = 6
+
+
+def _flat(name: str, **hp: object):
+    torch.manual_seed(0)
+    cls = get_method(name)
+    return cls(_Feat(4), C, {**cls.defaults, **hp})
+
+
+def _views(n_views: int = 2, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(N, 1, 2, 2, generator=g) for _ in range(n_views)]
+
+
+def _selfsup_batch(seed: int = 0) -> Batch:
+    return Batch(x=[], y=torch.zeros(0, dtype=torch.long), u=_views(seed=seed))
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    ("simclr", "proj_dim"), ("moco", "proj_dim"), ("swav", "proj_dim"),
+    ("barlowtwins", "proj_dim"), ("supcon", "proj_dim"),
+])
+@pytest.mark.parametrize("width", [5, 9])
+def test_proj_dim_is_the_projection_width(name: str, key: str, width: int) -> None:
+    m = _flat(name, **{key: width})
+    z = m.projector(m.backbone(torch.cat(_views())))
+    assert z.shape == (2 * N, width)
+    if name == "moco":  # the queue holds projections of that width
+        assert m.queue.feats.shape[1] == width
+        assert m.key_projector(m.backbone(torch.cat(_views()))).shape == (2 * N, width)
+    if name == "swav":
+        assert m.prototypes.weight.shape[1] == width
+    if name == "barlowtwins":  # 3 layers, all of that width
+        assert all(lin.out_features == width for lin in m.projector.net
+                   if isinstance(lin, torch.nn.Linear))
+    if name == "supcon":
+        out = m.step(Batch(x=_views(), y=torch.tensor([0, 1, 2, 0, 1, 2]), u=[]), DONE)
+    else:
+        out = m.step(_selfsup_batch(), DONE)
+    assert math.isfinite(out["loss"].item())
+
+
+def _standardise(z: torch.Tensor) -> torch.Tensor:
+    return (z - z.mean(0)) / torch.sqrt(z.var(0, unbiased=False) + 1e-5)
+
+
+@pytest.mark.parametrize("lambd", [0.0, 5e-3, 1.0])
+def test_barlowtwins_lambd_weighs_the_off_diagonal(lambd: float) -> None:
+    """Loss = Σ_i (1 − C_ii)² + λ Σ_{i≠j} C_ij², C the cross-correlation of the two
+    views' standardised projections."""
+    m = _flat("barlowtwins", lambd=lambd, proj_dim=8)
+    b = _selfsup_batch()
+    with torch.no_grad():
+        z1, z2 = m.projector(m.backbone(torch.cat(b.u))).split([N, N])
+    c = _standardise(z1).t() @ _standardise(z2) / N
+    on = ((1 - c.diagonal()) ** 2).sum().item()
+    off = (c**2).sum().item() - (c.diagonal() ** 2).sum().item()
+    assert off > 0.1  # the weight has something to weigh
+    assert m.step(b, DONE)["loss"].item() == pytest.approx(on + lambd * off, rel=1e-4)
+
+
+def _dino_outputs(m, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(student, teacher) logits as DINO's step computes them (training mode)."""
+    with torch.no_grad():
+        student = m.head_last(m.head_mlp(m.backbone(x)))
+        teacher = m.teacher_last(m.teacher_mlp(m.teacher_backbone(x)))
+    return student, teacher
+
+
+@pytest.mark.parametrize(("out_dim", "bottleneck_dim"), [(16, 3), (40, 7)])
+def test_dino_out_dim_and_bottleneck_dim_are_the_head_widths(out_dim: int,
+                                                             bottleneck_dim: int) -> None:
+    m = _flat("dino", out_dim=out_dim, bottleneck_dim=bottleneck_dim)
+    x = torch.cat(_views())
+    assert m.head_mlp(m.backbone(x)).shape == (2 * N, bottleneck_dim)
+    assert m.head_last.weight.shape == (out_dim, bottleneck_dim)
+    student, teacher = _dino_outputs(m, x)
+    assert student.shape == teacher.shape == (2 * N, out_dim)
+    m.step(_selfsup_batch(), DONE)
+    assert m.center.shape == (1, out_dim)
+
+
+@pytest.mark.parametrize("center_momentum", [0.0, 0.5, 0.9])
+def test_dino_center_momentum_mixes_the_batch_means(center_momentum: float) -> None:
+    """The centre starts at the first batch's teacher mean; after a second batch it is
+    m·mean₁ + (1 − m)·mean₂ (no optimiser step, so the teacher is unchanged)."""
+    m = _flat("dino", center_momentum=center_momentum, out_dim=16, bottleneck_dim=4)
+    b1, b2 = _selfsup_batch(0), _selfsup_batch(1)
+    mean1 = _dino_outputs(m, torch.cat(b1.u))[1].mean(0, keepdim=True)
+    mean2 = _dino_outputs(m, torch.cat(b2.u))[1].mean(0, keepdim=True)
+    assert (mean1 - mean2).abs().max() > 1e-3
+    m.step(b1, DONE)
+    torch.testing.assert_close(m.center, mean1)
+    m.step(b2, DONE)
+    torch.testing.assert_close(m.center, center_momentum * mean1
+                               + (1 - center_momentum) * mean2)
+
+
+def _cross_entropy_pairs(targets: list[torch.Tensor], logps: list[torch.Tensor]) -> float:
+    """Mean over ordered view pairs s ≠ t of −Σ_k target_t log p_s, averaged over rows."""
+    total, pairs = 0.0, 0
+    for t, p in enumerate(targets):
+        for s, lq in enumerate(logps):
+            if s != t:
+                total -= (p * lq).sum(1).mean().item()
+                pairs += 1
+    return total / pairs
+
+
+@pytest.mark.parametrize("teacher_temperature", [0.04, 0.2])
+def test_dino_teacher_temperature_sharpens_the_target(teacher_temperature: float) -> None:
+    """First step: centre = the batch's teacher mean; loss = cross-entropy of the student
+    (T = 0.1) to softmax((teacher − centre) / τt), over the two view pairs."""
+    m = _flat("dino", teacher_temperature=teacher_temperature, out_dim=16, bottleneck_dim=4)
+    b = _selfsup_batch()
+    student, teacher = _dino_outputs(m, torch.cat(b.u))
+    center = teacher.mean(0, keepdim=True)
+    targets = [torch.softmax((t - center) / teacher_temperature, 1) for t in teacher.split(N)]
+    logps = [torch.log_softmax(s / 0.1, 1) for s in student.split(N)]
+    expected = _cross_entropy_pairs(targets, logps)
+    other = [torch.softmax((t - center) / (0.24 - teacher_temperature), 1)
+             for t in teacher.split(N)]
+    assert abs(_cross_entropy_pairs(other, logps) - expected) > 1e-3  # 0.04 vs 0.2 differ
+    assert m.step(b, DONE)["loss"].item() == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("queue_size", [3, 8, 40, 1000])
+def test_moco_queue_size_bounds_the_queue(queue_size: int) -> None:
+    """The queue holds min(queue_size, n_unlabeled / 2) keys; one step enqueues 2N = 12."""
+    m = _flat("moco", queue_size=queue_size)
+    m.on_train_start(DataInfo(n_labeled=0, n_unlabeled=100, num_classes=C,
+                              labeled_class_counts=[0] * C))
+    assert m.queue.size == min(queue_size, 50)
+    m.step(_selfsup_batch(), DONE)
+    m.after_optimizer_step(DONE)
+    assert m.queue.filled == min(queue_size, 50, 2 * N)
+    m.step(_selfsup_batch(1), DONE)
+    m.after_optimizer_step(DONE)
+    assert m.queue.filled == min(queue_size, 50, 4 * N)
+
+
+def _sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int) -> torch.Tensor:
+    """SwAV's Algorithm (plain, not log-domain): exp(S/ε), then alternately every
+    prototype to mass 1/K and every sample to mass 1/N; rows rescaled to sum to 1."""
+    q = torch.exp(scores.double() / epsilon).t()
+    k, n = q.shape
+    for _ in range(iterations):
+        q = q / q.sum(1, keepdim=True) / k
+        q = q / q.sum(0, keepdim=True) / n
+    return (q * n).t()
+
+
+@pytest.mark.parametrize(("epsilon", "sinkhorn_iterations"), [(0.05, 3), (0.5, 1), (0.05, 12)])
+def test_swav_epsilon_and_sinkhorn_iterations_shape_the_codes(
+        epsilon: float, sinkhorn_iterations: int) -> None:
+    m = _flat("swav", epsilon=epsilon, sinkhorn_iterations=sinkhorn_iterations,
+              n_prototypes=5, proj_dim=8)
+    b = _selfsup_batch()
+    with torch.no_grad():
+        scores = m.prototypes(m.projector(m.backbone(torch.cat(b.u)))).split([N, N])
+    logps = [torch.log_softmax(s.double() / 0.1, 1) for s in scores]
+
+    def loss(eps: float, iters: int) -> float:  # view t predicts the other view's code
+        return _cross_entropy_pairs([_sinkhorn(s, eps, iters) for s in scores], logps)
+
+    expected = loss(epsilon, sinkhorn_iterations)
+    others = [loss(e, i) for e, i in [(0.05, 3), (0.5, 1), (0.05, 12)]
+              if (e, i) != (epsilon, sinkhorn_iterations)]
+    assert all(abs(o - expected) > 1e-4 for o in others)  # the cases differ
+    assert m.step(b, DONE)["loss"].item() == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize(("freeze_prototypes_frac", "frozen"), [(0.5, True), (0.1, False)])
+def test_swav_freeze_prototypes_frac_freezes_them_early(freeze_prototypes_frac: float,
+                                                        frozen: bool) -> None:
+    """At 30 % of training the prototypes get a gradient only once that fraction is past."""
+    m = _flat("swav", freeze_prototypes_frac=freeze_prototypes_frac, n_prototypes=5)
+    m.step(_selfsup_batch(), Progress(3, 10, 0))["loss"].backward()
+    grad = m.prototypes.weight.grad
+    if frozen:
+        assert grad is None
+    else:
+        assert grad is not None and grad.abs().max() > 0
+    assert m.projector.net[0].weight.grad.abs().max() > 0  # the encoder trains either way
+
+
+def _supcon_by_hand(z: torch.Tensor, labels: list[int], temperature: float) -> float:
+    zn = F.normalize(z.double(), dim=1).tolist()
+    n, total, anchors = len(zn), 0.0, 0
+    for i in range(n):
+        sims = [sum(a * b for a, b in zip(zn[i], zn[j], strict=True)) / temperature
+                for j in range(n)]
+        lse = math.log(sum(math.exp(sims[j]) for j in range(n) if j != i))
+        pos = [j for j in range(n) if j != i and labels[j] == labels[i]]
+        if pos:
+            total += -sum(sims[j] - lse for j in pos) / len(pos)
+            anchors += 1
+    return total / anchors
+
+
+@pytest.mark.parametrize("temperature", [0.1, 0.5])
+def test_supcon_temperature_scales_the_similarities(temperature: float) -> None:
+    m = _flat("supcon", temperature=temperature, proj_dim=8)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    x = _views()
+    with torch.no_grad():
+        z = m.projector(m.backbone(torch.cat(x)))
+    labels = y.tolist() * 2
+    expected = _supcon_by_hand(z, labels, temperature)
+    assert abs(_supcon_by_hand(z, labels, 0.6 - temperature) - expected) > 1e-3
+    out = m.step(Batch(x=x, y=y, u=[]), DONE)
+    assert out["loss"].item() == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("xent_weight", [0.01, 1.0, 10.0])
+def test_cosine_ce_xent_weight_weighs_the_cross_entropy(xent_weight: float) -> None:
+    """L = (1 − cos) + λ_xent · CE: the total moves with λ by exactly the CE term."""
+    m = _flat("cosine_ce", xent_weight=xent_weight)
+    out = m.step(Batch(x=[_views(1)[0]], y=torch.tensor([0, 1, 2, 0, 1, 2]), u=[]), DONE)
+    assert out["xent"].item() > 0.1
+    assert out["loss"].item() == pytest.approx(
+        out["cosine"].item() + xent_weight * out["xent"].item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("kappa", [0.0, 4.0, 16.0])
+def test_tvmf_kappa_sharpens_the_similarity(kappa: float) -> None:
+    """Class directions (1, 0), (0, 1), (−1, 0) and the feature (1, 1): cosines
+    (0.7071, 0.7071, −0.7071), φ_κ(c) = (1 + c) / (1 + κ(1 − c)) − 1; κ = 0 is the cosine."""
+    torch.manual_seed(0)
+    m = get_method("tvmf")(_Feat(2), C, {**get_method("tvmf").defaults, "kappa": kappa})
+    with torch.no_grad():
+        m.head.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]))
+    x = torch.tensor([[[[1.0, 1.0]]]])
+    c = [1 / math.sqrt(2), 1 / math.sqrt(2), -1 / math.sqrt(2)]
+    phi = [(1 + v) / (1 + kappa * (1 - v)) - 1 for v in c]
+    assert m.logits(x)[0].tolist() == pytest.approx(phi, rel=1e-5, abs=1e-6)
+    s = 1 + math.log(2)  # the learned scale starts at 1 + softplus(0)
+    out = m.step(Batch(x=[x], y=torch.tensor([2]), u=[]), DONE)
+    assert out["loss"].item() == pytest.approx(ce([s * v for v in phi], 2), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------
+# CoreGCN's graph network (the strategy's parameters)
+
+
+def _pool_embeddings() -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+
+
+def _gcn_features(name: str, n_labeled: int = 3, **params: object) -> np.ndarray:
+    strat = make_strategy(name, params)
+    return strat.gcn_features(_pool_embeddings(), n_labeled, torch.Generator().manual_seed(0))
+
+
+def _untrained_features(hidden: int) -> np.ndarray:
+    """relu(Â X W1) with W1 the generator's first draw, U(−1/√d, 1/√d); Â = the cosine
+    graph without self-loops, negative edges cut, rows normalised, plus the identity."""
+    x = torch.from_numpy(_pool_embeddings())
+    e = F.normalize(x, dim=1)
+    adj = (e @ e.t()).fill_diagonal_(0.0).clamp_min(0.0)
+    adj = adj / adj.sum(1, keepdim=True) + torch.eye(len(x))
+    w1 = (torch.rand(4, hidden, generator=torch.Generator().manual_seed(0)) * 2 - 1) / 2.0
+    return torch.relu(adj @ x @ w1).numpy()
+
+
+@pytest.mark.parametrize("hidden", [3, 16])
+def test_coregcn_hidden_is_the_feature_width(hidden: int) -> None:
+    assert _gcn_features("coregcn", hidden=hidden, epochs=2).shape == (8, hidden)
+
+
+def test_coregcn_epochs_and_lr_train_the_first_layer() -> None:
+    """No epoch, or epochs at lr 0, leave W1 at its initial draw (features computed by
+    hand); some epochs at lr > 0 move it."""
+    untrained = _untrained_features(64)
+    np.testing.assert_allclose(_gcn_features("coregcn", epochs=0), untrained, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_gcn_features("coregcn", epochs=5, lr=0.0), untrained,
+                               rtol=1e-5, atol=1e-6)
+    trained = _gcn_features("coregcn", epochs=5, lr=1e-2)
+    assert np.abs(trained - untrained).max() > 1e-3
+    assert np.abs(_gcn_features("coregcn", epochs=20, lr=1e-2) - trained).max() > 1e-3
+
+
+def test_coregcn_weight_decay_shrinks_the_first_layer() -> None:
+    """Adam with L2 decay: a decay that dwarfs the loss's gradient pulls W1 to ~0 (Adam
+    steps of size ≈ lr against its sign), so the features shrink; without it they do not."""
+    plain = np.abs(_gcn_features("coregcn", epochs=30, lr=5e-2, weight_decay=0.0)).sum()
+    decayed = np.abs(_gcn_features("coregcn", epochs=30, lr=5e-2, weight_decay=1e3)).sum()
+    assert decayed < 0.3 * plain
+
+
+def test_coregcn_lambda_u_and_dropout_change_the_training() -> None:
+    """The unlabeled nodes' weight and the dropout rate both enter each epoch's loss: a
+    different value gives different features from the same seed."""
+    base = _gcn_features("coregcn", epochs=10, lr=1e-2)
+    for params in ({"lambda_u": 0.0}, {"lambda_u": 10.0}, {"dropout": 0.0},
+                   {"dropout": 0.8}):
+        other = _gcn_features("coregcn", epochs=10, lr=1e-2, **params)
+        assert np.abs(other - base).max() > 1e-4, params
+
+
+def test_coregcn_lambda_u_weighs_the_unlabeled_nodes() -> None:
+    """With no labeled node the loss is λU times the unlabeled BCE: λU = 0 leaves nothing
+    to learn (features stay at the initial draw, no weight decay), and λU = 1 vs 5 only
+    rescale the loss, which Adam's normalised step ignores (the same features)."""
+    untrained = _untrained_features(64)
+    kw = {"n_labeled": 0, "epochs": 10, "lr": 1e-2, "weight_decay": 0.0}
+    np.testing.assert_allclose(_gcn_features("coregcn", lambda_u=0.0, **kw), untrained,
+                               rtol=1e-5, atol=1e-6)
+    one = _gcn_features("coregcn", lambda_u=1.0, **kw)
+    assert np.abs(one - untrained).max() > 1e-3
+    np.testing.assert_allclose(_gcn_features("coregcn", lambda_u=5.0, **kw), one, rtol=1e-3,
+                               atol=1e-5)
+    # with labeled nodes λU = 0 still trains (the labeled term), unlike above
+    assert np.abs(_gcn_features("coregcn", lambda_u=0.0, **{**kw, "n_labeled": 3})
+                  - untrained).max() > 1e-3
