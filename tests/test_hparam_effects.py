@@ -627,3 +627,32 @@ def test_coregcn_lambda_u_weighs_the_unlabeled_nodes() -> None:
     # with labeled nodes λU = 0 still trains (the labeled term), unlike above
     assert np.abs(_gcn_features("coregcn", lambda_u=0.0, **{**kw, "n_labeled": 3})
                   - untrained).max() > 1e-3
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_coregcn_dropout_is_inverted_dropout_at_that_rate(dropout: float) -> None:
+    """Against the paper's two-layer GCN written out here (3 epochs, Adam, BCE with
+    labeled nodes 1 and weight 1, unlabeled 0 and weight λU): each epoch drops hidden
+    units with probability p and scales the kept ones by 1/(1 − p), drawing the mask from
+    the same generator after the two weight draws."""
+    emb = torch.from_numpy(_pool_embeddings())
+    e = F.normalize(emb, dim=1)
+    adj = (e @ e.t()).fill_diagonal_(0.0).clamp_min(0.0)
+    adj = adj / adj.sum(1, keepdim=True) + torch.eye(8)
+    gen = torch.Generator().manual_seed(0)
+    w1 = ((torch.rand(4, 5, generator=gen) * 2 - 1) / 2.0).requires_grad_()
+    w2 = ((torch.rand(5, 1, generator=gen) * 2 - 1) / math.sqrt(5)).requires_grad_()
+    opt = torch.optim.Adam([w1, w2], lr=1e-2, weight_decay=0.0)
+    target = torch.tensor([[1.0]] * 3 + [[0.0]] * 5)
+    weight = torch.tensor([[1.0]] * 3 + [[1.2]] * 5)
+    for _ in range(3):
+        h = torch.relu(adj @ emb @ w1)
+        keep = (torch.rand(h.shape, generator=gen) >= dropout).float()
+        out = adj @ ((h * keep / (1 - dropout)) @ w2)
+        opt.zero_grad()
+        F.binary_cross_entropy_with_logits(out, target, weight=weight).backward()
+        opt.step()
+    expected = torch.relu(adj @ emb @ w1).detach().numpy()
+    got = _gcn_features("coregcn", hidden=5, epochs=3, lr=1e-2, weight_decay=0.0,
+                        lambda_u=1.2, dropout=dropout)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
