@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +57,7 @@ from scarcelab.methods.space import sample
 from scarcelab.metrics.diagnostics import DiagnosticsConfig, EpochDiagnostics
 from scarcelab.models import create_model
 from scarcelab.protocols.study_store import StudyStore, redact
+from scarcelab.protocols.trials import COMPLETE, MAX_CONSECUTIVE_ERRORS, TrialRunner, trial_seed
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
 from scarcelab.train import (
     BUDGET_CLOCKS,
@@ -72,7 +72,6 @@ from scarcelab.train import (
 
 log = logging.getLogger("scarcelab")
 
-MAX_CONSECUTIVE_ERRORS = 3
 CHECKPOINT_MIN_INTERVAL_S = 30.0
 # Seconds the search leaves at the end of the budget for the final phase (the selected
 # model exported and logged, figures, the run closed): measured at 2-5 s idle and up to
@@ -278,15 +277,46 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
     diagnostics = EpochDiagnostics(bundle, device, DiagnosticsConfig(
         n_unlabeled=cfg.diag_samples, seed=cfg.seed)) if (
         method_cls.family == "semi" and cfg.diag_samples > 0) else None
-    bl = cfg.batch_size or method_cls.batch_sizes["labeled"]
-    bu = cfg.unlabeled_batch_size or method_cls.batch_sizes["unlabeled"]
+    train_cfg = _train_config(cfg, method_cls, device)
+    tags = _study_tags(cfg, method_cls, arch, split, bundle, extra_tags)
+    resolved = _resolved_config(cfg, method_cls, arch, train_cfg, split, bundle)
+    study_key = cfg.study_name or _study_key(cfg, split["hash"])
+    store, resume = _open_store(cfg, tracker, study_key)
+    tags[T.STUDY_KEY] = study_key
+    tags[T.OPTUNA_STUDY] = store.name
+    with tracker.open_study(
+            name=f"{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
+            params=_study_params(cfg, resolved),
+            artifacts={"split.json": split, "config.json": resolved},
+            dataset=_dataset_info(bundle)):
+        try:
+            search = _Search(cfg, tracker, method_cls, bundle, split, train_cfg, tags, store,
+                             study_key, resume, _study_budget(cfg, tracker, store, resume),
+                             backbone_factory, diagnostics)
+            search.run_trials()
+            return search.finish()
+        finally:
+            store.close()
+
+
+def _train_config(cfg: StudyConfig, method_cls: type[Method], device: str) -> TrainConfig:
+    """The trials' training: the search's protocol (validation early stopping), or the
+    transfer strategy's (fixed epochs, stopping on the train loss)."""
     transfer = cfg.search == "none"
-    train_cfg = TrainConfig(
+    return TrainConfig(
         max_epochs=cfg.resolved_transfer_epochs() if transfer else cfg.max_epochs,
         patience=cfg.transfer_patience if transfer else cfg.patience,
         stop_on="train_loss" if transfer else "val",
-        max_steps_per_epoch=cfg.max_steps_per_epoch, batch_labeled=bl, batch_unlabeled=bu,
+        max_steps_per_epoch=cfg.max_steps_per_epoch,
+        batch_labeled=cfg.batch_size or method_cls.batch_sizes["labeled"],
+        batch_unlabeled=cfg.unlabeled_batch_size or method_cls.batch_sizes["unlabeled"],
         device=device, class_weights=cfg.class_weights)
+
+
+def _study_tags(cfg: StudyConfig, method_cls: type[Method], arch: str, split: dict[str, Any],
+                bundle: DatasetBundle, extra_tags: dict[str, str] | None) -> dict[str, str]:
+    """The study record's tags (its trials' too, with their role and number); the study
+    key and Optuna study are added once the store is open."""
     tags = {
         T.ROLE: "study",
         T.FAMILY: method_cls.family,
@@ -301,13 +331,22 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
     }
     if cfg.search != "random":
         tags[T.HPARAMS_SOURCE] = cfg.hparams_source
-    if transfer:
+    if cfg.search == "none":
         tags[T.VAL_IN_TRAIN] = "true"
     if bundle.meta.get("positive_class") is not None:
         tags[T.POSITIVE_CLASS] = str(bundle.meta["positive_class_name"])
     tags.update(extra_tags or {})
-    resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": device,
-                "batch_size": bl, "unlabeled_batch_size": bu,
+    return tags
+
+
+def _resolved_config(cfg: StudyConfig, method_cls: type[Method], arch: str,
+                     train_cfg: TrainConfig, split: dict[str, Any], bundle: DatasetBundle
+                     ) -> dict[str, Any]:
+    """``config.json``: the settings with every ``auto`` and default resolved, as run."""
+    transfer = cfg.search == "none"
+    resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": train_cfg.device,
+                "batch_size": train_cfg.batch_labeled,
+                "unlabeled_batch_size": train_cfg.batch_unlabeled,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
                 "n_unlabeled": len(split["unlabeled"]), "n_test": len(bundle.test_y),
                 "val_from": split["val_from"],
@@ -319,177 +358,231 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
     # time/startup_s, and the reserve actually kept is what is recorded
     resolved.pop("started_at")
     resolved["final_reserve_s"] = cfg.budget_split(0.0)[1]
-    study_key = cfg.study_name or _study_key(cfg, split["hash"])
-    store, resume = _open_store(cfg, tracker, study_key)
-    tags[T.STUDY_KEY] = study_key
-    tags[T.OPTUNA_STUDY] = store.name
-    study_params = {k: v for k, v in resolved.items()
-                    if k not in ("overrides", "search_space", "hparams")}
-    study_params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
-    study_params.update({f"hparams.{k}": v for k, v in (cfg.hparams or {}).items()})
-    tracker.start_study(
-        name=f"{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
-        params=study_params, artifacts={"split.json": split, "config.json": resolved},
-        dataset=_dataset_info(bundle))
+    return resolved
 
+
+def _study_params(cfg: StudyConfig, resolved: dict[str, Any]) -> dict[str, Any]:
+    """The study's params: flat, so nested settings become one param per key."""
+    params = {k: v for k, v in resolved.items()
+              if k not in ("overrides", "search_space", "hparams")}
+    params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
+    params.update({f"hparams.{k}": v for k, v in (cfg.hparams or {}).items()})
+    return params
+
+
+def _study_budget(cfg: StudyConfig, tracker: Tracker, store: StudyStore,
+                  resume: ResumeState | None) -> Budget:
+    """The budget clock, charged with the time already spent: an earlier (killed)
+    process's, and this one's start-up."""
     spent = resume.elapsed_s if resume else 0.0
     if resume is not None:  # a killed trial's time, recorded between its logged epochs
         spent = max(spent, store.spent_by_dead_processes())
     startup, reserve = cfg.budget_split(time.time())
-    # time already spent counts: an earlier process's, and this one's start-up
     budget = Budget(cfg.budget_minutes * 60.0, spent_s=spent + startup, reserve_s=reserve,
                     clock=cfg.budget_clock)
-    last: dict[str, float] = {"step_s": 0.0, "eval_s": 0.0}  # the last trial's step cost
     if cfg.started_at is not None:
         tracker.log_metrics({"time/startup_s": startup}, 0, scope="study")
-    best: dict[str, Any] = {"val": -1.0, "test": {}, "trial": -1, "ckpt": None, "method": None,
-                            "test_proba": None}
-    state = {"global_epoch": 0, "last_upload": 0.0, "dirty": False}
-    if resume is not None:
-        _restore(resume, best, state)
-    n_failed = errors_in_row = n_trials = 0
-    last_error = ""
-    status = "FINISHED"
+    return budget
 
-    def upload_best(force: bool) -> None:
-        if state["dirty"] and (force or time.time() - state["last_upload"]
-                               >= CHECKPOINT_MIN_INTERVAL_S):
-            tracker.log_checkpoint(best["ckpt"])
-            state["last_upload"], state["dirty"] = time.time(), False
 
-    _reap(store, tracker, study_key)  # before counting: a dead trial must not hold a slot
-    try:
+@dataclass
+class _BestSoFar:
+    """The study's answer as it is found: the checkpoint with the best validation score
+    over all trials and epochs, and whether the tracker's copy of it is stale. Uploads
+    are rate-limited (CHECKPOINT_MIN_INTERVAL_S) except when forced at a trial's end,
+    so that a killed study loses at most that much of its best."""
+
+    val: float = -1.0
+    test: dict[str, float] = field(default_factory=dict)
+    trial: int = -1
+    ckpt: dict[str, Any] | None = None
+    method: Method | None = None  # None with a checkpoint: restored by a resumed study
+    test_proba: np.ndarray | None = None
+    dirty: bool = False
+    last_upload: float = 0.0
+
+    def restore(self, resume: ResumeState) -> None:
+        ck = resume.best_checkpoint
+        if ck is not None:
+            self.val, self.test = float(ck["val_balanced_accuracy"]), dict(
+                ck.get("test_metrics", {}))
+            self.trial, self.ckpt = int(ck["trial"]), ck
+            self.dirty = not resume.same_record  # a new record gets its own copy
+        log.warning("resuming study %s: %.0f s of the budget already spent, best val %.4f",
+                    resume.optuna_study, resume.elapsed_s, self.val)
+
+    def upload(self, tracker: Tracker, force: bool) -> None:
+        if self.dirty and (force or time.time() - self.last_upload
+                           >= CHECKPOINT_MIN_INTERVAL_S):
+            tracker.log_checkpoint(self.ckpt)  # type: ignore[arg-type]
+            self.last_upload, self.dirty = time.time(), False
+
+    def series(self, elapsed: float, diag_s: float) -> dict[str, float]:
+        """The study's ``best/*`` metrics at one point of the search, with its clocks."""
+        return {"best/val_balanced_accuracy": self.val, "time/elapsed_s": elapsed,
+                "time/diag_s": diag_s, **{f"best/test_{k}": v for k, v in self.test.items()}}
+
+
+class _Search:
+    """One study's trial loop and final phase, over the state they share: the budget,
+    the best-so-far, the study-level epoch counter and the trial runner (which keeps the
+    count of unexpected errors in a row)."""
+
+    def __init__(self, cfg: StudyConfig, tracker: Tracker, method_cls: type[Method],
+                 bundle: DatasetBundle, split: dict[str, Any], train_cfg: TrainConfig,
+                 tags: dict[str, str], store: StudyStore, study_key: str,
+                 resume: ResumeState | None, budget: Budget,
+                 backbone_factory: Callable[[int], nn.Module] | None,
+                 diagnostics: EpochDiagnostics | None) -> None:
+        self.cfg, self.tracker, self.method_cls = cfg, tracker, method_cls
+        self.bundle, self.split, self.train_cfg, self.tags = bundle, split, train_cfg, tags
+        self.store, self.study_key, self.resume, self.budget = store, study_key, resume, budget
+        self.arch = cfg.resolved_arch()
+        self.backbone_factory = backbone_factory or (
+            lambda c: create_model(self.arch, in_channels=c))
+        self.diagnostics = diagnostics
+        self.transfer = cfg.search == "none"
+        self.runner = TrialRunner(tracker, max_consecutive_errors=MAX_CONSECUTIVE_ERRORS)
+        self.best = _BestSoFar()
+        self.global_epoch = 0
+        self.last_error = ""
+        self.next_trial_s = 0.0  # the last trial's step + evaluation: what one more costs
+        if resume is not None:
+            self.global_epoch = resume.global_epoch
+            self.best.restore(resume)
+
+    def run_trials(self) -> None:
+        """Trials until the budget or ``max_trials`` is spent (one for a given
+        configuration)."""
+        cfg = self.cfg
+        _reap(self.store, self.tracker, self.study_key)  # a dead trial must not hold a slot
         # a new trial must have time for at least one step and its evaluation (at the
         # last trial's speed): otherwise it would only run past the budget
-        while budget.remaining() > last["step_s"] + last["eval_s"] and (
-                cfg.max_trials <= 0 or _started(store) < cfg.max_trials):
-            _reap(store, tracker, study_key)
-            trial = store.ask(budget.elapsed)
-            number = trial.number
-            if cfg.max_trials > 0 and store.started_before(number) >= cfg.max_trials:
-                store.tell(trial, state=optuna.trial.TrialState.PRUNED)  # a worker took the slot
+        while self.budget.remaining() > self.next_trial_s and (
+                cfg.max_trials <= 0 or _started(self.store) < cfg.max_trials):
+            _reap(self.store, self.tracker, self.study_key)
+            trial = self.store.ask(self.budget.elapsed)
+            if cfg.max_trials > 0 and self.store.started_before(trial.number) >= cfg.max_trials:
+                # a worker took the slot
+                self.store.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 break
-            if cfg.search == "random":
-                fixed = {k: v for k, v in method_cls.defaults.items()
-                         if k not in method_cls.search_space}
-                hp = {**fixed, **sample(method_cls.search_space, trial), **cfg.overrides}
-            else:  # transfer / fixed: the given configuration, else the literature defaults
-                hp = {**method_cls.defaults, **(cfg.hparams or {}), **cfg.overrides}
-            n_trials += 1
-            trial_seed = cfg.seed * 100_003 + number
-            torch.manual_seed(trial_seed)  # model init; batches use their own generator
-            g = torch.Generator().manual_seed(trial_seed)
-            tracker.start_trial(number, {**tags, T.ROLE: "trial",
-                                         T.TRIAL: str(number)},
-                                {**hp, "batch_size": bl, "unlabeled_batch_size": bu,
-                                 "arch": arch, "trial_seed": trial_seed})
-            backbone = (backbone_factory or (lambda c: create_model(arch, in_channels=c)))(
-                bundle.channels)
-            method = method_cls(backbone, bundle.num_classes, hp)
+            if not self._run_trial(trial):
+                break
 
-            def on_epoch(rep: EpochReport, improved: bool, snap: Any, number: int = number,
-                         hp: dict[str, Any] = hp, method: Method = method,
-                         trial: Any = trial) -> None:
-                elapsed = budget.elapsed()
-                store.record_elapsed(trial, elapsed)
-                tracker.log_metrics({**rep.metrics, "time/elapsed_s": elapsed}, rep.epoch)
-                # strict ">": of tied checkpoints the first one (earliest trial / epoch) wins
-                if rep.val_balanced_accuracy > best["val"] or (
-                        transfer):  # transfer: the latest epoch is the answer
-                    best.update(val=rep.val_balanced_accuracy, test=rep.test_metrics,
-                                trial=number, ckpt={**snap(), "method": cfg.method,
-                                                    "arch": arch, "hp": hp, "trial": number,
-                                                    "num_classes": bundle.num_classes,
-                                                    "in_channels": bundle.channels,
-                                                    "split_hash": split["hash"],
-                                                    "test_metrics": dict(rep.test_metrics)},
-                                method=method, test_proba=rep.test_proba)
-                    state["dirty"] = True
-                study_metrics = {"best/val_balanced_accuracy": best["val"],
-                                 "time/elapsed_s": elapsed, "time/diag_s": budget.excluded_s}
-                study_metrics.update({f"best/test_{k}": v for k, v in best["test"].items()})
-                tracker.log_metrics(study_metrics, state["global_epoch"], scope="study")
-                state["global_epoch"] += 1
-                upload_best(force=False)
+    def _hparams(self, trial: Any) -> dict[str, Any]:
+        m = self.method_cls
+        if self.cfg.search == "random":
+            fixed = {k: v for k, v in m.defaults.items() if k not in m.search_space}
+            return {**fixed, **sample(m.search_space, trial), **self.cfg.overrides}
+        # transfer / fixed: the given configuration, else the literature defaults
+        return {**m.defaults, **(self.cfg.hparams or {}), **self.cfg.overrides}
 
-            try:
-                res = train_trial(method, bundle, train_cfg, deadline=budget, generator=g,
-                                  probe_rng=np.random.default_rng(trial_seed),
-                                  on_epoch=on_epoch, diagnostics=diagnostics)
-            except TrialFailed as e:
-                n_failed += 1
-                last_error = str(e)
-                store.tell(trial, state=optuna.trial.TrialState.FAIL)
-                tracker.end_trial("FAILED", str(e))
-                log.warning("trial %d failed: %s", number, e)
-                continue
-            except (ConfigError, KeyboardInterrupt):
-                tracker.end_trial("FAILED", traceback.format_exc(limit=3))
-                raise
-            except Exception as e:  # noqa: BLE001 - recorded, then re-raised if systematic
-                n_failed += 1
-                errors_in_row += 1
-                last_error = f"{type(e).__name__}: {e}"
-                store.tell(trial, state=optuna.trial.TrialState.FAIL)
-                tracker.end_trial("FAILED", traceback.format_exc(limit=5))
-                log.error("trial %d raised %s: %s", number, type(e).__name__, e)
-                if errors_in_row >= MAX_CONSECUTIVE_ERRORS:
-                    raise
-                continue
-            errors_in_row = 0
-            last.update(step_s=res.step_s, eval_s=res.eval_s)
-            if res.epochs == 0:  # budget ran out before one epoch: not a real trial
-                store.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                tracker.end_trial("KILLED", "budget exhausted before the first epoch")
-                n_trials -= 1
-                break
-            store.tell(trial, res.best_val)
-            tracker.log_metrics({"best/val_balanced_accuracy": res.best_val,
-                                 "best/epoch": res.best_epoch, "epochs": res.epochs,
-                                 **{f"best/test_{k}": v for k, v in res.best_test.items()}},
-                                res.epochs, scope="trial")
-            tracker.set_tags({T.STOPPED: res.stopped}, scope="trial")
-            tracker.end_trial("FINISHED")
-            upload_best(force=True)
-            if cfg.search != "random":  # one run of the given configuration
-                break
-        if resume is not None and state["global_epoch"] == resume.global_epoch and \
-                best["ckpt"] is not None:
+    def _run_trial(self, trial: Any) -> bool:
+        """Train and record one trial; False when the search must stop after it."""
+        number, hp, tc = trial.number, self._hparams(trial), self.train_cfg
+        seed = trial_seed(self.cfg.seed, number)
+        torch.manual_seed(seed)  # model init; batches use their own generator
+        g = torch.Generator().manual_seed(seed)
+        self.tracker.start_trial(number, {**self.tags, T.ROLE: "trial", T.TRIAL: str(number)},
+                                 {**hp, "batch_size": tc.batch_labeled,
+                                  "unlabeled_batch_size": tc.batch_unlabeled,
+                                  "arch": self.arch, "trial_seed": seed})
+        method = self.method_cls(self.backbone_factory(self.bundle.channels),
+                                 self.bundle.num_classes, hp)
+
+        def on_epoch(rep: EpochReport, improved: bool, snap: Any) -> None:
+            self._on_epoch(trial, hp, method, rep, snap)
+
+        outcome = self.runner.run(
+            number, lambda: train_trial(method, self.bundle, tc, deadline=self.budget,
+                                        generator=g, probe_rng=np.random.default_rng(seed),
+                                        on_epoch=on_epoch, diagnostics=self.diagnostics),
+            on_fail=lambda: self.store.tell(trial, state=optuna.trial.TrialState.FAIL),
+            fail_fatal=False)
+        if outcome.state != COMPLETE:
+            self.last_error = outcome.error or ""
+            return True
+        res = outcome.value
+        assert res is not None
+        self.next_trial_s = res.step_s + res.eval_s
+        if res.epochs == 0:  # budget ran out before one epoch: not a real trial
+            self.store.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            self.tracker.end_trial("KILLED", "budget exhausted before the first epoch")
+            return False
+        self.store.tell(trial, res.best_val)
+        self.tracker.log_metrics({"best/val_balanced_accuracy": res.best_val,
+                                  "best/epoch": res.best_epoch, "epochs": res.epochs,
+                                  **{f"best/test_{k}": v for k, v in res.best_test.items()}},
+                                 res.epochs, scope="trial")
+        self.tracker.set_tags({T.STOPPED: res.stopped}, scope="trial")
+        self.tracker.end_trial("FINISHED")
+        self.best.upload(self.tracker, force=True)
+        return self.cfg.search == "random"  # else one run of the given configuration
+
+    def _on_epoch(self, trial: Any, hp: dict[str, Any], method: Method, rep: EpochReport,
+                  snap: Callable[[], dict[str, Any]]) -> None:
+        """Each epoch: the trial's metrics, the budget clock in the storage, and the
+        study's best-so-far (a new best checkpoint taken and, rate-limited, uploaded)."""
+        elapsed = self.budget.elapsed()
+        self.store.record_elapsed(trial, elapsed)
+        self.tracker.log_metrics({**rep.metrics, "time/elapsed_s": elapsed}, rep.epoch)
+        best = self.best
+        # strict ">": of tied checkpoints the first one (earliest trial / epoch) wins;
+        # transfer: the latest epoch is the answer
+        if rep.val_balanced_accuracy > best.val or self.transfer:
+            b = self.bundle
+            ckpt = {**snap(), "method": self.cfg.method, "arch": self.arch, "hp": hp,
+                    "trial": trial.number, "num_classes": b.num_classes,
+                    "in_channels": b.channels, "split_hash": self.split["hash"],
+                    "test_metrics": dict(rep.test_metrics)}
+            best.val, best.test, best.trial = rep.val_balanced_accuracy, rep.test_metrics, \
+                trial.number
+            best.ckpt, best.method, best.test_proba = ckpt, method, rep.test_proba
+            best.dirty = True
+        self.tracker.log_metrics(best.series(elapsed, self.budget.excluded_s),
+                                 self.global_epoch, scope="study")
+        self.global_epoch += 1
+        best.upload(self.tracker, force=False)
+
+    def finish(self) -> StudyResult:
+        """The study's counts and answer: the best checkpoint uploaded, exported as the
+        study's model, with its figures."""
+        resume, best, cfg = self.resume, self.best, self.cfg
+        if resume is not None and self.global_epoch == resume.global_epoch and \
+                best.ckpt is not None:
             # resumed with nothing left to train (killed after its last trial): the record
             # that owns the study now ends its best/* series with the answer it reports, the
             # restored checkpoint, which the leaderboard reads
-            final = {"best/val_balanced_accuracy": best["val"], "time/elapsed_s":
-                     budget.elapsed(), "time/diag_s": budget.excluded_s,
-                     **{f"best/test_{k}": v for k, v in best["test"].items()}}
-            tracker.log_metrics(final, state["global_epoch"], scope="study")
-        counts = store.counts()  # the whole study: earlier (killed) runs and other workers
+            self.tracker.log_metrics(best.series(self.budget.elapsed(), self.budget.excluded_s),
+                                     self.global_epoch, scope="study")
+        counts = self.store.counts()  # the whole study: earlier (killed) runs, other workers
         n_trials, n_failed = counts["complete"] + counts["failed"], counts["failed"]
-        if best["ckpt"] is None:
+        if best.ckpt is None:
             if n_failed and n_failed == n_trials:
                 raise TrialFailed(f"all {n_trials} trials of {cfg.method} failed; last error: "
-                                  f"{last_error}")
+                                  f"{self.last_error}")
             raise TrialFailed(
                 f"no trial of {cfg.method} completed an epoch within {cfg.budget_minutes} min; "
                 "raise budget_minutes or lower max_steps_per_epoch")
-        upload_best(force=True)
-        if best["method"] is None:  # the best is the checkpoint a resumed study restored
-            best["method"] = _method_from_checkpoint(method_cls, best["ckpt"], bundle)
-        model = export_classifier(best["method"], best["ckpt"], bundle.meta["class_names"])
+        best.upload(self.tracker, force=True)
+        self._export(n_trials, n_failed)
+        return StudyResult(best_val=best.val, best_test=best.test, best_trial=best.trial,
+                           n_trials=n_trials, n_failed=n_failed, split_hash=self.split["hash"],
+                           best_checkpoint=best.ckpt)
+
+    def _export(self, n_trials: int, n_failed: int) -> None:
+        """The selected checkpoint as the study's model, its counts as tags, its figures."""
+        best, bundle = self.best, self.bundle
+        assert best.ckpt is not None
+        if best.method is None:  # the best is the checkpoint a resumed study restored
+            best.method = _method_from_checkpoint(self.method_cls, best.ckpt, bundle)
+        model = export_classifier(best.method, best.ckpt, bundle.meta["class_names"])
         example = torch.rand(2, bundle.channels, *bundle.meta["resolution"])
-        tracker.set_tags({T.N_TRIALS: str(n_trials),
-                          T.N_FAILED: str(n_failed),
-                          T.BEST_TRIAL: str(best["trial"])})
-        tracker.log_model(model, example)
-        _log_figures(tracker, model, bundle, store, best["test_proba"])
-    except BaseException:
-        status = "FAILED"
-        raise
-    finally:
-        store.close()
-        tracker.end_study(status)
-    return StudyResult(best_val=best["val"], best_test=best["test"], best_trial=best["trial"],
-                       n_trials=n_trials, n_failed=n_failed, split_hash=split["hash"],
-                       best_checkpoint=best["ckpt"])
+        self.tracker.set_tags({T.N_TRIALS: str(n_trials),
+                               T.N_FAILED: str(n_failed),
+                               T.BEST_TRIAL: str(best.trial)})
+        self.tracker.log_model(model, example)
+        _log_figures(self.tracker, model, bundle, self.store, best.test_proba)
 
 
 def _log_figures(tracker: Tracker, model: torch.nn.Module, bundle: DatasetBundle,
@@ -555,17 +648,6 @@ def _reap(store: StudyStore, tracker: Tracker, key: str) -> None:
 def _started(store: StudyStore) -> int:
     c = store.counts()
     return c["complete"] + c["failed"] + c["running"]
-
-
-def _restore(resume: ResumeState, best: dict[str, Any], state: dict[str, Any]) -> None:
-    state["global_epoch"] = resume.global_epoch
-    ck = resume.best_checkpoint
-    if ck is not None:
-        best.update(val=float(ck["val_balanced_accuracy"]), test=dict(ck.get("test_metrics", {})),
-                    trial=int(ck["trial"]), ckpt=ck)
-        state["dirty"] = not resume.same_record  # a new record gets its own copy
-    log.warning("resuming study %s: %.0f s of the budget already spent, best val %.4f",
-                resume.optuna_study, resume.elapsed_s, best["val"])
 
 
 def _method_from_checkpoint(method_cls: type[Method], ckpt: dict[str, Any],
