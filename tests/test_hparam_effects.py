@@ -186,6 +186,24 @@ def test_comatch_contrast_threshold_cuts_the_pseudo_label_graph(cutoff: float) -
         assert abs(out["loss_contrastive"].item() - instance) > 1e-4
 
 
+@pytest.mark.parametrize("cutoff", [1.5, -0.1])
+def test_comatch_refuses_a_contrast_threshold_that_cuts_every_edge(cutoff: float) -> None:
+    """Above 1 even the self-loops go and the row normalisation divides by zero (the loss
+    was NaN); refused when the method is built and, for a user's override, before any
+    data is loaded, naming the key and the valid range."""
+    from scarcelab.errors import ConfigError
+    from scarcelab.protocols.search import StudyConfig, _validate
+
+    with pytest.raises(ConfigError, match=r"comatch: contrast_threshold=.* outside \[0, 1\]"):
+        _method("comatch", contrast_threshold=cutoff)
+    cfg = StudyConfig(method="comatch", dataset="synthetic_tiny",
+                      overrides={"contrast_threshold": cutoff})
+    with pytest.raises(ConfigError, match="contrast_threshold"):
+        _validate(cfg, get_method("comatch"))
+    _validate(StudyConfig(method="comatch", dataset="synthetic_tiny",
+                          overrides={"contrast_threshold": 1.0}), get_method("comatch"))
+
+
 # ---------------------------------------------------------------------------------------
 # SoftMatch's weighting
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scarcelab.errors import ConfigError
 from scarcelab.methods._parts import soft_cross_entropy
 from scarcelab.methods.space import Distribution
 
@@ -131,11 +132,24 @@ class Method(nn.Module, metaclass=ABCMeta):
         self.backbone = backbone
         self.num_classes = num_classes
         self.hp = {**self.defaults, **hp}
+        self.check_hparams(self.hp)
         # per-class weights of the labeled loss, (C,) on the model's device, or None
         # (unweighted); set by the trainer from the labeled set (TrainConfig.class_weights)
         self.class_weights: torch.Tensor | None = None
         if not self.linear_probe:
             self.head = nn.Linear(backbone.num_features, num_classes)
+
+    @classmethod
+    def check_hparams(cls, hp: dict[str, Any]) -> None:
+        """Refuse, with a :class:`~scarcelab.errors.ConfigError` naming the key, values
+        the mathematics cannot take (a search space only draws sound ones, but a user's
+        override or given configuration may not): called before any data is loaded and
+        again by every construction. Most methods take anything their types allow."""
+
+    @staticmethod
+    def _require(ok: bool, method: str, key: str, value: Any, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"{method}: {key}={value!r} {why}")
 
     # -- what subclasses implement -------------------------------------------------
     @abstractmethod

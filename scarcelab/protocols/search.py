@@ -235,6 +235,8 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
         valid = sorted(set(method_cls.search_space) | set(method_cls.defaults))
         raise ConfigError(f"unknown hyperparameter(s) {sorted(unknown)} for {cfg.method}; "
                           f"valid: {valid}")
+    # the given values, checked before any data is loaded (sampled ones are the space's)
+    method_cls.check_hparams({**method_cls.defaults, **(cfg.hparams or {}), **cfg.overrides})
 
 
 def prepare_data(cfg: StudyConfig) -> tuple[DatasetBundle, dict[str, Any]]:

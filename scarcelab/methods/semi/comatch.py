@@ -61,6 +61,16 @@ class CoMatch(SemiMethod):
                 "alpha": 0.9, "proj_dim": 64, "memory_size": 2560, "da_window": 32}
     views = ("weak", "strong", "simclr")
 
+    @classmethod
+    def check_hparams(cls, hp: dict[str, Any]) -> None:
+        # the pseudo-label graph's self-loops are 1 (Li et al.'s Train_CoMatch.py sets
+        # the diagonal to 1 before the cut-off, as graph_contrastive_loss does): a
+        # cut-off above 1 removes every edge and the row normalisation divides by zero
+        c = float(hp["contrast_threshold"])
+        cls._require(0.0 <= c <= 1.0, "comatch", "contrast_threshold", hp["contrast_threshold"],
+                     "is outside [0, 1]: above 1 even the pseudo-label graph's self-loops are "
+                     "cut and the contrastive loss is NaN; use a value in [0, 1] (default 0.8)")
+
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
         d = backbone.num_features
