@@ -19,6 +19,7 @@ import click
 
 from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
+from scarcelab.entrypoints.options import identity_options
 
 
 class ViewChoice(click.Choice):
@@ -71,9 +72,11 @@ def _opt(s: str) -> str | None:
 @click.option("--include-failed", is_flag=True, help="also count unfinished studies")
 @click.option("--log/--no-log", "do_log", default=True,
               help="log a written report as a `report` run")
+@identity_options
 def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, output: str,
                     family: str, dataset: str, n_labeled: str, sort_by: str, source: str,
-                    include_failed: bool, do_log: bool) -> None:
+                    include_failed: bool, do_log: bool, run_name: str, tags: dict[str, str],
+                    description: str) -> None:
     """Leaderboard, gains, accuracy-over-time profile, significance, ranks and the other
     registered views (transfer, Table 3, contamination, AL ranks) of the runs in
     EXPERIMENT(s); the full report (--output) has the report's sections."""
@@ -127,5 +130,7 @@ def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, out
                                 render.report_meta(names, t.reader.uri))
     click.echo(f"report: {paths['report.html']}")
     if do_log:
-        run_id = log_report(paths, names[0], tags={T.EXPERIMENTS: ",".join(names)})
+        run_id = log_report(paths, names[0], run_name=run_name or "report",
+                            tags={**tags, T.EXPERIMENTS: ",".join(names)},
+                            description=description or None)
         click.echo(f"report run: {run_id}")

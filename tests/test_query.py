@@ -1054,3 +1054,31 @@ def test_significance_of_studies_without_a_dataset_tag_is_one_block(tmp_path):
     b = sig.set_index("method").loc["b"]
     want = sps.ttest_ind([0.50, 0.54], [0.80, 0.82], equal_var=False).pvalue
     assert b["best_method"] == "a" and b["p_value"] == pytest.approx(want)
+
+
+def test_the_report_run_takes_the_identity_options(store, tmp_path):
+    """`leaderboard --output` logs a run like every other command: --run-name, --tags and
+    --description name, tag and describe it (the MLflow UI's Description); reserved tag
+    keys are refused before anything is read. Last in this module: it adds a report run
+    to the shared store."""
+    from scarcelab.entrypoints.cli import main
+
+    bad = CliRunner().invoke(main, ["leaderboard", "--experiment", "qa", "--tracking-uri",
+                                    store["uri"], "--output", str(tmp_path / "x"),
+                                    "--tags", "scarcelab.role=study"])
+    assert bad.exit_code == 2 and "scarcelab." in bad.output
+    res = CliRunner().invoke(main, ["leaderboard", "--experiment", "qa,qb", "--tracking-uri",
+                                    store["uri"], "--output", str(tmp_path / "rep"),
+                                    "--run-name", "weekly board", "--tags",
+                                    "project=liver,owner=ana", "--description",
+                                    "for the Monday meeting"])
+    assert res.exit_code == 0, res.output
+    c = MlflowClient(tracking_uri=store["uri"])
+    exp = c.get_experiment_by_name("qa")
+    runs = [r for r in c.search_runs([exp.experiment_id], "tags.`scarcelab.role` = 'report'")
+            if r.info.run_name == "weekly board"]
+    assert len(runs) == 1 and runs[0].info.run_id in res.output
+    tags = runs[0].data.tags
+    assert tags["project"] == "liver" and tags["owner"] == "ana"
+    assert tags["mlflow.note.content"] == "for the Monday meeting"
+    assert tags["scarcelab.experiments"] == "qa,qb"

@@ -67,10 +67,13 @@ def sections(t: Tracked, which: Sequence[str] | None = None, **filters: Any
 
 
 def log_report(paths: dict[str, Path], experiment: str | None, run_name: str = "report",
-               tags: dict[str, str] | None = None) -> str:
+               tags: dict[str, str] | None = None, description: str | None = None) -> str:
     """Log the written files as artifacts of a ``report`` run and return its id. Under
-    ``mlflow run`` the run MLflow Projects opened is used (``MLFLOW_RUN_ID``)."""
+    ``mlflow run`` the run MLflow Projects opened is used (``MLFLOW_RUN_ID``), so its
+    name is MLflow's. ``description`` is the MLflow UI's Description of the run."""
     import mlflow
+
+    from scarcelab.tracking.run_views import DESCRIPTION_TAG
 
     active = mlflow.active_run()
     own = active is None
@@ -79,7 +82,8 @@ def log_report(paths: dict[str, Path], experiment: str | None, run_name: str = "
             mlflow.set_experiment(experiment)
         active = mlflow.start_run(run_name=None if os.environ.get("MLFLOW_RUN_ID") else run_name)
     try:
-        mlflow.set_tags({"scarcelab.role": "report", **(tags or {})})
+        mlflow.set_tags({"scarcelab.role": "report", **(tags or {}),
+                         **({DESCRIPTION_TAG: description} if description else {})})
         folder = Path(next(iter(paths.values()))).parent
         mlflow.log_artifacts(str(folder), artifact_path="report")
         run_id = active.info.run_id
