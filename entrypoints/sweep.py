@@ -15,7 +15,7 @@ import click
 
 from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
-from scarcelab.entrypoints.options import Bool, Int
+from scarcelab.entrypoints.options import Bool, Int, identity_options
 
 
 @main.command(name="sweep", short_help="Run a benchmark grid (YAML spec) on Ray.")
@@ -39,9 +39,11 @@ from scarcelab.entrypoints.options import Bool, Int
 @click.option("--max-cells", type=Int(1, None), default=None,
               help="refuse a spec of more cells than this (default 10000), counted before "
               "any cell is built")
+@identity_options
 def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, full: bool,
               full_scale: bool, smoke: bool, smoke_scale: bool, dry_run: bool,
-              max_cells: int | None) -> None:
+              max_cells: int | None, run_name: str, tags: dict[str, str],
+              description: str) -> None:
     """Run every cell of a grid spec as a Ray task; one sweep run in MLflow records them."""
     import os
 
@@ -72,7 +74,7 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
         need("ray", "scarcelab sweep (cells as Ray tasks)")
     except MissingExtra as e:
         raise click.ClickException(str(e)) from None
-    from scarcelab.tracking.sweep.driver import run_sweep
+    from scarcelab.tracking.sweep.driver import Identity, run_sweep
 
     try:
         from scarcelab.tracking.results.page import rel
@@ -95,7 +97,8 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
         signal.signal(signal.SIGTERM, _terminate)
         try:
             res = run_sweep(sp, address=address or None, jobs=jobs, retries=n_retries,
-                            echo=lambda s: click.echo(s, err=True), command=command)
+                            echo=lambda s: click.echo(s, err=True), command=command,
+                            identity=Identity(run_name, tags, description))
         except SystemExit:
             if got:  # Ray turns a signal inside ray.wait into SystemExit(1): say which
                 raise SystemExit(128 + got[0]) from None

@@ -50,3 +50,36 @@ def test_mlflow_run_strings_parse_as_the_cli_values(spec):
     smoke = _dry(spec, "--smoke-scale", "true")
     assert smoke.exit_code == 0 and "smoke scale" in smoke.output
     assert smoke.output == _dry(spec, "--smoke").output
+
+
+def test_the_sweep_run_takes_the_identity_options(spec, tmp_path, monkeypatch):
+    """--run-name, --tags and --description name, tag and describe the sweep run, as on
+    every command that logs a run; a resumed sweep (found by its role and sweep tags,
+    never its name) keeps its name unless a new one is given. Reserved keys are refused
+    while parsing."""
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab.tracking.sweep.driver import Driver, Identity
+    from scarcelab.tracking.sweep.spec import load_spec
+
+    bad = _dry(spec, "--tags", "scarcelab.role=study")
+    assert bad.exit_code == 2 and "scarcelab." in bad.output
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    sp = load_spec(spec)
+
+    def opened(identity: Identity | None) -> dict[str, str]:
+        drv = Driver(sp, identity=identity, echo=lambda s: None)
+        rid = drv._open_sweep_run(drv._experiment_id())
+        return {"run_id": rid, **MlflowClient(uri).get_run(rid).data.tags}
+
+    first = opened(Identity("nightly mini", {"project": "liver"}, "for the board"))
+    assert first["mlflow.runName"] == "nightly mini" and first["project"] == "liver"
+    assert first["mlflow.note.content"] == "for the board"
+    again = opened(None)  # the same sweep resumed without options: nothing renamed
+    assert again["run_id"] == first["run_id"] and again["mlflow.runName"] == "nightly mini"
+    renamed = opened(Identity(run_name="mini, second night"))
+    assert renamed["run_id"] == first["run_id"]
+    assert renamed["mlflow.runName"] == "mini, second night"
+    plain = Driver(load_spec(spec), echo=lambda s: None)  # no identity: the default name
+    assert plain.identity == Identity()

@@ -237,17 +237,28 @@ def _ray_node() -> dict[str, str]:
     return {}
 
 
+@dataclass(frozen=True)
+class Identity:
+    """What ``--run-name``, ``--tags`` and ``--description`` give the sweep run (the cells'
+    runs keep their own names: they are the studies)."""
+
+    run_name: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+
+
 class Driver:
     """One invocation of a sweep. ``echo`` receives the progress lines."""
 
     def __init__(self, spec: SweepSpec, address: str | None = None, jobs: int | None = None,
                  retries: int | None = None, echo: Callable[[str], None] = print,
                  cwd: str | None = None, python: str = sys.executable,
-                 command: str = "") -> None:
+                 command: str = "", identity: Identity | None = None) -> None:
         import mlflow
         from mlflow.tracking import MlflowClient
 
         self.spec = spec
+        self.identity = identity or Identity()
         self.address = address
         self.jobs = jobs
         self.retries = spec.retries if retries is None else retries
@@ -296,10 +307,12 @@ class Driver:
             rid = run.info.run_id
             self.client.update_run(rid, status="RUNNING")
         else:
+            name = self.identity.run_name or f"sweep-{self.spec.name}"
             rid = self.client.create_run(
-                exp, run_name=f"sweep-{self.spec.name}",
+                exp, run_name=name,
                 tags={ROLE: "sweep", SWEEP_TAG: self.spec.name,
-                      MLFLOW_RUN_NAME: f"sweep-{self.spec.name}"}).info.run_id
+                      MLFLOW_RUN_NAME: name}).info.run_id
+        self._apply_identity(rid)
         self.client.set_tag(rid, DRIVER_TAG, self.owner)
         self.client.set_tag(rid, T.SWEEP_SPEC_DIGEST, self.spec.digest)
         from mlflow.entities import RunTag
@@ -315,6 +328,24 @@ class Driver:
         self.client.log_text(rid, "\n".join(f"{c.id}\t{c.label}" for c in self.spec.cells),
                              f"sweep/cells-{self.spec.digest}.tsv")
         return rid
+
+    def _apply_identity(self, rid: str) -> None:
+        """The user's name, tags and description on the sweep run; a resumed sweep takes
+        the ones given this time (the run is found by its role and sweep tags, never by
+        its name)."""
+        from mlflow.entities import RunTag
+        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+        from scarcelab.tracking.run_views import DESCRIPTION_TAG
+
+        ident = self.identity
+        tags = dict(ident.tags)
+        if ident.run_name:
+            tags[MLFLOW_RUN_NAME] = ident.run_name
+        if ident.description:
+            tags[DESCRIPTION_TAG] = ident.description
+        if tags:
+            self.client.log_batch(rid, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def _existing(self, exp: str) -> dict[str, list[Any]]:
         runs = self.client.search_runs(
@@ -708,9 +739,10 @@ def _check_uri(uri: str) -> None:
 
 def run_sweep(spec: SweepSpec, address: str | None = None, jobs: int | None = None,
               retries: int | None = None, echo: Callable[[str], None] = print,
-              cwd: str | None = None, command: str = "") -> SweepResult:
+              cwd: str | None = None, command: str = "",
+              identity: Identity | None = None) -> SweepResult:
     """Run (or continue) a sweep; see the module docstring."""
     drv = Driver(spec, address=address, jobs=jobs, retries=retries, echo=echo, cwd=cwd,
-                 command=command)
+                 command=command, identity=identity)
     _check_uri(drv.uri)
     return drv.run()
