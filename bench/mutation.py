@@ -65,7 +65,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
                    "tests/test_contamination.py", "tests/test_search_protocol.py",
                    "tests/test_tune_protocol.py", "tests/test_study_store.py",
                    "tests/test_transfer.py", "tests/test_hparams_from.py",
-                   "tests/test_segment.py", "tests/test_mutation_kills_tune.py"]),
+                   "tests/test_segment.py"]),
     "query": (["scarcelab/tracking/query/*", "scarcelab/tracking/stats.py",
                "scarcelab/tracking/al.py"],
               ["tests/test_query.py", "tests/test_stats.py", "tests/test_fidelity_stats.py",
