@@ -11,7 +11,6 @@ import re
 import warnings
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import optuna
 import pytest
@@ -33,18 +32,6 @@ from scarcelab.protocols.tune import (
     run_tune,
 )
 from scarcelab.tracker import InMemoryTracker
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    while mlflow.active_run():
-        mlflow.end_run()
 
 
 def _cfg(tmp_path, **kw):
