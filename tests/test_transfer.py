@@ -139,18 +139,16 @@ def test_bad_protocol_and_method_named():
 
 # -- the command, end to end through an embedded store -------------------------------------
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+def store(store, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """conftest's store with this module's extras, as its own copy had: $SCARCELAB_DATA in
+    tmp_path (nothing the probe command reads comes from the user's data folder) and a 1 s
+    pip-requirement inference (below)."""
     monkeypatch.setenv("SCARCELAB_DATA", str(tmp_path / "data"))
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     # log_model's pip-requirement inference re-imports the model in a subprocess (~50 s on
     # a loaded 2-core machine); these tests do not read requirements.txt, so let it fall
     # back to MLflow's defaults at once
     monkeypatch.setenv("MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT", "1")
-    mlflow.set_tracking_uri(uri)
-    yield uri
+    return store
 
 
 def _probe(*args: str) -> str:
