@@ -4,6 +4,7 @@ second core to the test runner / tracking server on 2-core CI machines."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,27 @@ def medmnist_dir() -> Path:
         pytest.skip(f"real MedMNIST copies not found at {MEDMNIST_DIR} (../shared/data is "
                     "only present on the project machines)")
     return MEDMNIST_DIR
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An empty sqlite MLflow store of the test's own, which every way of reaching MLflow
+    sees: the process (``set_tracking_uri``), the CLI and any subprocess
+    (``MLFLOW_TRACKING_URI``), and what writes relative to the current directory (it is
+    ``tmp_path``). ``MLFLOW_RUN_ID`` is removed so that a run an outer ``mlflow run`` opened
+    is never joined, and a run a failed test left active is ended so that it cannot become
+    the next test's parent. A module whose store differs overrides this fixture (same name)
+    and says why. MLflow is imported here, not at the top: most tests never use it."""
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    while mlflow.active_run():
+        mlflow.end_run()
 
 
 @pytest.fixture

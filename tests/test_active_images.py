@@ -12,6 +12,7 @@ from scarcelab.active.classifier import ImageALNet, TorchModelView, build_net
 from scarcelab.active.datasets import list_al_datasets, load_al_dataset, spec
 from scarcelab.active.encoded import (
     DiskEncodingCache,
+    Encoded,
     EncoderConfig,
     encode_dataset,
     encoding_key,
@@ -213,3 +214,76 @@ def test_bad_device_is_a_clear_error() -> None:
         with pytest.raises(ConfigError, match="no CUDA device"):
             resolve_device("cuda")
     assert resolve_device("auto").type in ("cpu", "cuda")
+
+
+# -- the encoder, its cache, image and encoded loaders (mutation sample, docs/mutation.md) --
+def test_auto_encoder_arch_resolves_by_device_and_explicit_arch_is_kept():
+    assert EncoderConfig().resolved_arch(torch.device("cpu")) == "small_cnn"
+    assert EncoderConfig(arch="auto").resolved_arch(torch.device("cuda")) == "resnet18"
+    assert EncoderConfig(arch="resnet18").resolved_arch(torch.device("cpu")) == "resnet18"
+
+
+def test_disk_encoding_cache_round_trips_arrays_and_meta_into_a_new_folder(tmp_path):
+    cache = DiskEncodingCache(tmp_path / "not" / "yet" / "there")  # parents created on put
+    rng = np.random.default_rng(0)
+    enc = Encoded(rng.normal(size=(5, 3)).astype(np.float32), np.arange(5),
+                  rng.normal(size=(2, 3)).astype(np.float32), np.array([1, 0]),
+                  meta={"dim": 3, "dataset": "toy", "key": "k1"})
+    assert cache.get("k1") is None
+    where = cache.put("k1", enc)
+    got, src = cache.get("k1")
+    assert src == where and where.startswith("disk:")
+    for a in ("x_train", "y_train", "x_test", "y_test"):
+        np.testing.assert_array_equal(getattr(got, a), getattr(enc, a))
+    assert got.meta == {"dim": 3, "dataset": "toy", "key": "k1"}
+
+
+def test_encoder_lr_schedule_spans_every_step_it_trains(monkeypatch):
+    """The cosine schedule's horizon must be the number of steps the encoder takes
+    (steps per epoch x epochs); a shorter horizon would anneal the LR to 0 early and a
+    longer one never anneal."""
+    import scarcelab.train as train_mod
+    from scarcelab.active.encoded import train_encoder
+
+    seen: list[int] = []
+    real = train_mod.make_optimizer
+
+    def spy(method, total_steps, *a, **k):  # type: ignore[no-untyped-def]
+        seen.append(total_steps)
+        return real(method, total_steps, *a, **k)
+
+    monkeypatch.setattr(train_mod, "make_optimizer", spy)
+    x, _ = _tiny_images(24)  # 24 images, batch 8 -> 3 steps per epoch, 2 epochs -> 6 steps
+    cfg = EncoderConfig(method="simclr", arch="small_cnn", epochs=2, batch_size=8)
+    _, stats = train_encoder(x, 3, cfg, torch.device("cpu"))
+    assert seen == [6] and stats["encoder_steps"] == 6.0
+
+
+def test_encoding_meta_times_the_embedding_pass_as_a_small_positive_duration():
+    from scarcelab.active.encoded import encode_dataset
+
+    x, y = _tiny_images(16)
+    cfg = EncoderConfig(method="simclr", arch="small_cnn", epochs=1, batch_size=16)
+    enc, _, _ = encode_dataset("t", x, y, x[:4], y[:4], 3, cfg, torch.device("cpu"), None)
+    # a duration of two forward passes over 20 tiny images, not a clock reading
+    assert 0.0 <= enc.meta["embed_s"] < 600.0
+    assert 0.0 <= enc.meta["encoder_train_s"] < 600.0
+
+
+def test_image_al_sets_are_unit_range_and_say_so():
+    from scarcelab.active.datasets import LoadContext, _image_loader, default_data_dir
+
+    d = _image_loader("synthetic_tiny")(default_data_dir(), np.random.default_rng(0),
+                                        LoadContext())
+    assert d.x_train.min() >= 0.0 and d.x_train.max() <= 1.0
+    assert "[0, 1]" in d.note
+
+
+def test_encoded_sets_tag_the_encoding_key_and_where_it_lives(tmp_path):
+    from scarcelab.active.datasets import LoadContext, _encoded_loader, default_data_dir
+
+    ctx = LoadContext("cpu", {"method": "simclr", "arch": "small_cnn", "epochs": 1,
+                              "batch_size": 64}, DiskEncodingCache(tmp_path))
+    d = _encoded_loader("synthetic_tiny")(default_data_dir(), np.random.default_rng(0), ctx)
+    assert set(d.tags) == {"scarcelab.encoding_key", "scarcelab.encoding_source"}
+    assert d.tags["scarcelab.encoding_source"].startswith("computed disk:")

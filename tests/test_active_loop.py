@@ -257,3 +257,72 @@ def test_oracle_picks_the_same_with_batched_and_sequential_fits() -> None:
                            batched_oracle=b) for b in (True, False)]
     assert runs[0].labeled == runs[1].labeled
     assert runs[0].accuracies == pytest.approx(runs[1].accuracies, abs=1e-6)
+
+
+# -- a real set's sweep record, registration, MC dropout (mutation sample, docs/mutation.md) --
+def _toy_real(monkeypatch, name: str = "toy_real"):  # type: ignore[no-untyped-def]
+    """A small non-synthetic dataset registered for the test only (loaded once per sweep,
+    like every real set)."""
+    from scarcelab.active import datasets as ds
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(-2, 1, (40, 2)), rng.normal(2, 1, (40, 2))])
+    y = np.repeat([0, 1], 40)
+    data = ds.ALData(name, x[::2].astype(np.float32), y[::2], x[1::2].astype(np.float32),
+                     y[1::2], 2, "toy:source", "a note for the run",
+                     {"scarcelab.encoding_key": "k0"})
+    monkeypatch.setitem(ds.AL_DATASETS._entries, name, ds.ALDatasetSpec(
+        lambda d, r, c: data, ds.dataset_config("honeypot").replace(budget=4, max_epochs=3)))
+    return data
+
+
+def test_real_dataset_sweep_records_its_params_digest_note_and_tags(monkeypatch):
+    from scarcelab.active.loop import ALRunConfig, _digest, run_al
+    from scarcelab.tracker import InMemoryTracker
+
+    data = _toy_real(monkeypatch)
+    tr = InMemoryTracker()
+    run_al(ALRunConfig("random", "toy_real", query_size=2), tr)
+    assert tr.study is not None and tr.study.params["query_size"] == 2
+    assert tr.dataset.source == "toy:source" and tr.dataset.digest == _digest(data)
+    assert len(tr.dataset.digest) == 16
+    assert tr.artifacts["al_config.json"]["note"] == "a note for the run"
+    assert tr.study.tags["scarcelab.encoding_key"] == "k0"
+
+
+def test_registered_kinds_follow_the_registration():
+    from scarcelab.active.datasets import AL_DATASETS
+
+    splice = AL_DATASETS.get("splice")
+    assert splice.synthetic is False and splice.kind == "tabular"
+    assert AL_DATASETS.get("mnist_5k").kind == "image"
+    assert AL_DATASETS.get("honeypot").synthetic is True
+    assert AL_DATASETS.get("honeypot").kind == "synthetic"
+
+
+def test_shared_data_fallback_notes_the_folder_that_lacked_the_file(tmp_path, monkeypatch):
+    from scarcelab.active import datasets as ds
+    from scarcelab.data import provenance
+
+    empty, shared = tmp_path / "default", tmp_path / "shared"
+    empty.mkdir()
+    shared.mkdir()
+    (shared / "toy.csv").write_text("a,b\n1,2\n")
+    monkeypatch.setenv("SCARCELAB_DATA", str(empty))
+    monkeypatch.setattr(ds, "SHARED_DATA", shared)
+    provenance.reset()
+    [p] = ds._locate(empty, "toy", ("toy.csv",))
+    assert p == shared / "toy.csv"
+    [rec] = [r for r in provenance.used() if r["path"] == str(p.resolve())]
+    assert rec["note"] == f"fallback: not found in {empty}"
+
+
+def test_mc_dropout_of_a_linear_classifier_acts_on_its_input():
+    """With no hidden layer the only dropout is the input's, so MC strategies (BALD) still
+    see model uncertainty; with hidden layers it is the layers' own."""
+    from scarcelab.active.classifier import ALNet
+
+    lin = ALNet(4, 3, hidden=(), dropout=0.5)
+    assert len(lin.mc_dropouts()) == 1 and lin.mc_dropouts()[0] is lin.in_drop
+    mlp = ALNet(4, 3, hidden=(5, 6), dropout=0.5)
+    assert [id(d) for d in mlp.mc_dropouts()] == [id(d) for d in mlp.drops]

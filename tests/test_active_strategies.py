@@ -272,3 +272,36 @@ def test_typiclust_max_clusters_caps_the_clustering(monkeypatch) -> None:  # typ
     for params in ({}, {"max_clusters": 2}):
         make_strategy("typiclust", params).query(st, 3, np.random.default_rng(0))
     assert seen == [5, 2]  # |L| + q = 5 clusters, unless capped
+
+
+# -- distances, typicality, DSA by hand (mutation sample, docs/mutation.md) ----------------
+def test_min_sq_dist_keeps_the_callers_precision():
+    """float64 callers get float64 distances equal to brute force, not a float32 buffer."""
+    from scarcelab.active.base import min_sq_dist_to
+
+    g = torch.Generator().manual_seed(0)
+    pts = torch.randn(50, 7, generator=g, dtype=torch.float64) * 1e3
+    ctr = torch.randn(4, 7, generator=g, dtype=torch.float64) * 1e3
+    got = min_sq_dist_to(pts, ctr, chunk=16)
+    want = ((pts[:, None, :] - ctr[None, :, :]) ** 2).sum(-1).min(1).values
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-6)
+
+
+def test_typicality_is_the_inverse_mean_distance_to_the_nearest_neighbours():
+    """Points 0, 1, 2, 10 on a line, k = 1: nearest-neighbour distances 1, 1, 1, 8."""
+    from scarcelab.active.strategies.typiclust import typicality
+
+    emb = np.array([[0.0], [1.0], [2.0], [10.0]])
+    np.testing.assert_allclose(typicality(emb, 1), [1.0, 1.0, 1.0, 1 / 8], rtol=1e-6)
+    # k = 2: point 0 -> (1 + 2) / 2, point 1 -> (1 + 1) / 2, 2 -> (1 + 2) / 2, 10 -> (8 + 9) / 2
+    np.testing.assert_allclose(typicality(emb, 2), [1 / 1.5, 1.0, 1 / 1.5, 1 / 8.5], rtol=1e-6)
+
+
+def test_dsa_divides_by_distances_below_one():
+    """DSA = dist_a / dist_b (Kim et al.); distances under 1 must not be clipped to 1: labeled
+    class 0 at 0 and class 1 at 0.5, a candidate at 0.1 predicted 0 -> 0.1 / 0.5 = 0.2."""
+    from scarcelab.active.strategies.dsa import dsa_scores
+
+    s = dsa_scores(np.array([[0.1]]), np.array([0]), np.array([[0.0], [0.5]]), np.array([0, 1]))
+    np.testing.assert_allclose(s, [0.2], rtol=1e-5)

@@ -453,3 +453,27 @@ def test_a_killed_sweep_resumes_its_child_studies(tmp_path, monkeypatch):
         assert {"plots/test_roc.png", "plots/test_confusion_matrix.png"} <= plots, point(r)
     table = {a.path for a in c.list_artifacts(next(iter(parents)))}
     assert "contamination_table.csv" in table
+
+
+# -- child study names, the tagging tracker (mutation sample, docs/mutation.md) ------------
+def test_child_study_names_have_no_spaces():
+    from scarcelab.protocols.contamination import _child
+    from scarcelab.protocols.search import StudyConfig
+
+    cfg = StudyConfig(method="fixmatch", study_name="sweep")
+    assert _child(cfg, "clean r=0").study_name == "sweep-clean-r=0"
+    assert _child(cfg, "mnist r=0.3").study_name == "sweep-mnist-r=0.3"
+    assert _child(cfg, "mnist r=0.3").sweep_point == "mnist r=0.3"
+    assert _child(dataclasses.replace(cfg, study_name=None), "clean r=0").study_name is None
+
+
+def test_tagging_tracker_names_the_tuning_study_and_the_sweep_points():
+    from scarcelab.protocols.contamination import TaggingTracker
+
+    inner = InMemoryTracker()
+    TaggingTracker(inner, {"scarcelab.sweep_role": "tuning"}).start_study("s", {}, {}, {})
+    assert inner.study.name == "s-tuning-r0"
+    TaggingTracker(inner, {"scarcelab.ood": "mnist", "scarcelab.ratio": "0.3"}).start_study(
+        "s", {"a": "1"}, {}, {})
+    assert inner.study.name == "s-mnist-r0.3"
+    assert inner.study.tags == {"a": "1", "scarcelab.ood": "mnist", "scarcelab.ratio": "0.3"}

@@ -12,18 +12,6 @@ from scarcelab.tracking.leaderboard import leaderboard, load_studies
 from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    while mlflow.active_run():
-        mlflow.end_run()
-
-
 def _study(method, seed=0, **kw):
     cfg = dict(method=method, dataset="synthetic_tiny", budget_minutes=0.5, max_epochs=2,
                patience=2, batch_size=16, unlabeled_batch_size=32, max_steps_per_epoch=4,

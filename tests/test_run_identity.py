@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -24,16 +23,13 @@ TINY = ["--dataset", "synthetic_tiny", "--arch", "small_cnn", "--device", "cpu",
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+def store(store, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """conftest's store with this module's extras, as its own copy had: 1 s pip-requirement
+    inference, no system-metrics monitor, and the record spool in tmp_path."""
     monkeypatch.setenv("MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT", "1")
     monkeypatch.setenv("SCARCELAB_SYSTEM_METRICS", "0")
     monkeypatch.setenv("SCARCELAB_SPOOL_DIR", str(tmp_path / "spool"))
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    monkeypatch.chdir(tmp_path)
-    mlflow.set_tracking_uri(uri)
-    return uri
+    return store
 
 
 def test_mlflows_random_names_are_told_from_chosen_ones() -> None:

@@ -3,7 +3,6 @@ names, system metrics, a registered model — through a real embedded MLflow sto
 
 from __future__ import annotations
 
-import mlflow
 import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
@@ -16,16 +15,14 @@ TINY = ["--dataset", "synthetic_tiny", "--arch", "small_cnn", "--device", "cpu",
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+def store(store, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """conftest's store with this module's extras, as its own copy had: 1 s pip-requirement
+    inference, system metrics every 0.5 s (a short study still records some), and the
+    record spool in tmp_path."""
     monkeypatch.setenv("MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT", "1")
     monkeypatch.setenv("SCARCELAB_SYSTEM_METRICS_INTERVAL_S", "0.5")
     monkeypatch.setenv("SCARCELAB_SPOOL_DIR", str(tmp_path / "spool"))
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    monkeypatch.chdir(tmp_path)
-    mlflow.set_tracking_uri(uri)
-    return uri
+    return store
 
 
 def test_study_run_has_figures_description_names_system_metrics_and_registry(store):

@@ -8,6 +8,7 @@ import time
 import optuna
 import pytest
 from optuna.trial import TrialState
+from test_search_protocol import _dead_pid
 
 from scarcelab.methods.space import LogUniform, Uniform, sample
 from scarcelab.protocols.study_store import HOST, StudyStore, TrialSeededSampler, redact
@@ -122,3 +123,43 @@ def test_concurrent_first_start_of_the_storage_is_retried(url, monkeypatch):
     store = StudyStore("s", 0, url)
     assert len(calls) == 2 and store.shared
     store.close()
+
+
+# -- redaction, heartbeats, large seeds (mutation sample, docs/mutation.md) ----------------
+def test_redact_hides_a_password_containing_a_newline():
+    """When in doubt it hides more: any character may be in the password, a newline too."""
+    assert redact("postgresql://postgres:pa\nss@127.0.0.1:5432/optuna") == \
+        "postgresql://postgres:***@127.0.0.1:5432/optuna"
+
+
+def test_time_of_a_dead_trial_without_heartbeat_is_counted(tmp_path):
+    """A dead process's trial that recorded its clock but never a heartbeat still counts
+    (its owner is dead); a trial with no heartbeat is not an error."""
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    store = StudyStore("s", 0, url)
+    trial = store.study.ask()
+    trial.set_user_attr("owner", f"{HOST}:{_dead_pid()}")
+    trial.set_user_attr("elapsed_s", 42.5)
+    assert store.spent_by_dead_processes() == 42.5
+    store.close()
+
+
+def test_large_study_seeds_draw_valid_configurations():
+    """Draws depend only on (seed, trial, parameter) for any seed: a large one must not make
+    the per-parameter sub-seed overflow numpy's 32-bit seed range."""
+    from scarcelab.methods.space import LogUniform, sample
+
+    space = {"lr": LogUniform(1e-4, 1e-1)}
+
+    def draws(seed: int) -> list[float]:
+        study = optuna.create_study(sampler=TrialSeededSampler(seed))
+        out = []
+        for _ in range(3):
+            t = study.ask()
+            out.append(sample(space, t)["lr"])
+            study.tell(t, 0.0)
+        return out
+
+    for seed in (5_000, 7_000, 123_456):  # seed * 1_000_003 is past 2**32
+        a = draws(seed)
+        assert a == draws(seed) and all(1e-4 <= v <= 1e-1 for v in a)

@@ -139,18 +139,16 @@ def test_bad_protocol_and_method_named():
 
 # -- the command, end to end through an embedded store -------------------------------------
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+def store(store, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """conftest's store with this module's extras, as its own copy had: $SCARCELAB_DATA in
+    tmp_path (nothing the probe command reads comes from the user's data folder) and a 1 s
+    pip-requirement inference (below)."""
     monkeypatch.setenv("SCARCELAB_DATA", str(tmp_path / "data"))
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     # log_model's pip-requirement inference re-imports the model in a subprocess (~50 s on
     # a loaded 2-core machine); these tests do not read requirements.txt, so let it fall
     # back to MLflow's defaults at once
     monkeypatch.setenv("MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT", "1")
-    mlflow.set_tracking_uri(uri)
-    yield uri
+    return store
 
 
 def _probe(*args: str) -> str:
@@ -226,3 +224,38 @@ def test_probe_command_bad_encoder_is_one_line(store):
     out = CliRunner().invoke(main, ["probe", "--dataset", SEPARABLE, "--encoder",
                                     "/nonexistent/w.pt"])
     assert out.exit_code != 0 and "no such file" in out.output
+
+
+# -- the probe record's tags and keys (mutation sample, docs/mutation.md) ------------------
+def test_encoder_tags_leave_an_unknown_arch_empty():
+    from scarcelab.protocols.transfer import ProbeConfig, encoder_tags
+
+    tags = encoder_tags(ProbeConfig(encoder="/models/enc.pt"), {})
+    assert tags == {"scarcelab.task": "probe", "scarcelab.protocol": "linear",
+                    "scarcelab.encoder": "/models/enc.pt", "scarcelab.encoder_arch": "",
+                    "scarcelab.encoder_format": "", "scarcelab.encoder_norm": "none",
+                    "scarcelab.encoder_fingerprint": "", "scarcelab.encoder_method": "unknown"}
+
+
+def test_linear_probe_record_keys():
+    from scarcelab.models.encoder import build_encoder
+    from scarcelab.protocols.transfer import ProbeConfig, run_linear
+
+    enc, info = build_encoder("random", "small_cnn", 3, seed=0)
+    t = InMemoryTracker()
+    res = run_linear(ProbeConfig(dataset="synthetic_tiny_rgb", device="cpu", probe_trials=1,
+                                 probe_max_iter=50), enc, info, t)
+    assert t.study.tags["scarcelab.role"] == "probe"
+    assert t.study.tags["scarcelab.family"] == "transfer"
+    assert t.study.tags["scarcelab.method"] == "linear_probe"
+    metrics = {k: (v, s) for k, v, s in t.study.metrics}
+    assert set(metrics) == {"val/balanced_accuracy", "probe/C", "time/features_s",
+                            "time/fit_s", "time/elapsed_s",
+                            *(f"test/{k}" for k in res.test)}
+    assert {s for _, s in metrics.values()} == {0}
+    assert set(res.info) == {"C", "features", "encoding_key", "time_features_s",
+                             "time_fit_s", "time_s"}
+    assert res.info["time_fit_s"] == metrics["time/fit_s"][0]
+    assert res.info["time_features_s"] == metrics["time/features_s"][0]
+    assert res.info["time_s"] == metrics["time/elapsed_s"][0]
+    assert res.info["time_fit_s"] + res.info["time_features_s"] <= res.info["time_s"]

@@ -10,7 +10,6 @@ import json
 import shlex
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -61,16 +60,11 @@ def _killed_tracker():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    monkeypatch.setenv("SCARCELAB_SYSTEM_METRICS", "0")  # no monitor thread left behind
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    while mlflow.active_run():
-        mlflow.end_run()
+def store(store, monkeypatch):  # type: ignore[no-untyped-def]
+    """conftest's store with the system-metrics monitor off, as this module's own copy had:
+    the studies here are killed mid-run, and no monitor thread may be left behind."""
+    monkeypatch.setenv("SCARCELAB_SYSTEM_METRICS", "0")
+    return store
 
 
 def _killed_study() -> str:
