@@ -75,8 +75,8 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
 
 
 def _tests(name: str) -> list[str]:
-    """The target's test files that exist (a tests/test_mutation_kills_*.py file exists only
-    once a survivor needed one)."""
+    """The target's test files that exist in this checkout (a file listed for a target may
+    be absent from an older one)."""
     return [t for t in TARGETS[name][1] if (REPO / t).exists()]
 
 
