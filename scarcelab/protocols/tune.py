@@ -61,6 +61,8 @@ import logging
 import math
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -518,14 +520,9 @@ def _claim(store: StudyStore, trial: optuna.trial.Trial, n_trials: int) -> int |
     return k
 
 
-def run_tune(cfg: TuneConfig, tracker: Tracker,
-             resume: FinalResume | SearchResume | None = None) -> TuneResult:
-    """The search and/or the final retraining of ``cfg``; with a :class:`FinalResume`,
-    only the final retrains it lacks, on the study record the tracker was attached to (no
-    search, no Optuna study: the best configuration is ``resume.best_params``); with a
-    :class:`SearchResume`, the rest of the search (its trials rebuilt, the missing ones
-    run) and then the final retraining, on that record."""
-    method_cls = get_method(cfg.method)
+def _check_config(cfg: TuneConfig, method_cls: type[Method],
+                  resume: FinalResume | SearchResume | None) -> None:
+    """Refuse a configuration the protocol cannot run before any data loads."""
     if method_cls.family != "supervised" or method_cls.linear_probe:
         raise ConfigError(f"method {cfg.method!r} is {method_cls.family}"
                           f"{' (linear probe)' if method_cls.linear_probe else ''}; the tune "
@@ -542,12 +539,95 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
         valid = sorted(set(method_cls.search_space) | set(method_cls.defaults))
         raise ConfigError(f"unknown hyperparameter(s) {sorted(unknown)} for {cfg.method}; "
                           f"valid: {valid}")
-    s = cfg.settings()
-    create_model(s.arch, in_channels=1)  # fail fast on an unknown arch
+
+
+def _load(cfg: TuneConfig, s: TuneSettings
+          ) -> tuple[RawDataset, DatasetBundle, DatasetBundle, np.ndarray, np.ndarray]:
+    """The dataset and its search and final bundles (whole images when the augmentation
+    crops from the originals), with the ``trainval`` normalisation."""
     raw = load_raw(cfg.dataset, cfg.data_dir)
     crops_whole = getattr(AUGMENTATIONS.get(s.augmentation), "takes_geometry", False)
     whole = whole_images(cfg.dataset, cfg.data_dir, raw) if crops_whole else None
-    search_b, final_b, mean, std = prepare(raw, whole)
+    return (raw, *prepare(raw, whole))
+
+
+def _dataset_info(raw: RawDataset) -> DatasetInfo:
+    digest = f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:{len(raw.test_y)}"
+    return DatasetInfo(name=raw.name, source=raw.source or raw.name,
+                       digest=hashlib.sha256(digest.encode()).hexdigest()[:16])
+
+
+@contextmanager
+def _closed(tracker: Tracker) -> Iterator[None]:
+    """Close a study record opened already (a resumed search's): FINISHED, or FAILED when
+    anything escapes. Not :meth:`Tracker.open_study`: the resumed record is reopened
+    before its trials are rebuilt, and a resume its records refuse leaves it as it was."""
+    status = "FINISHED"
+    try:
+        yield
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        tracker.end_study(status)
+
+
+def _continue_search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method],
+                     store: StudyStore, tracker: Tracker, resume: SearchResume,
+                     tags: dict[str, str], params: dict[str, Any], title: str
+                     ) -> dict[str, str]:
+    """Reopen the dead process's study record (its params stay) and put its trials back
+    into ``store``; the tags of the trials run from here on."""
+    _check_recorded(resume, params, RESUME_CHECKED + SEARCH_CHECKED)
+    tracker.start_study(name=title, tags=tags, params={}, artifacts={})
+    kept = [t.number for t in resume.trials] if resume.shared else \
+        _rebuild(store, resume, method_cls, s, cfg.overrides)
+    tracker.set_tags({T.SEARCH_KEPT: ",".join(map(str, kept)),
+                      T.SEARCH_RESUMED_AT: str(len(kept))})
+    return {**tags, T.RESUMED: "true"}
+
+
+def _phases(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
+            search_b: DatasetBundle, final_b: DatasetBundle, mean: np.ndarray,
+            std: np.ndarray, store: StudyStore, tracker: Tracker, tags: dict[str, str],
+            name: str, spent: float) -> list[float]:
+    """The search (what ``cfg.phase`` asks for of it), the study's counts and best trial,
+    then the final retrains of that trial; their test scores."""
+    deadline = time.time() - spent + cfg.budget_minutes * 60.0 \
+        if cfg.budget_minutes > 0 else math.inf
+    if cfg.phase in ("all", "search"):
+        _Search(cfg, s, method_cls, raw, search_b, mean, std, store, tracker, tags,
+                deadline).run()
+    counts = _state_counts(store)
+    tracker.set_tags({T.N_COMPLETE: str(counts["complete"]),
+                      T.N_PRUNED: str(counts["pruned"]), T.N_FAILED: str(counts["failed"])})
+    best = _best(store)
+    if best is not None:
+        tracker.set_tags({T.BEST_TRIAL: str(best.number),
+                          T.BEST_TRIAL_STATE: best.state.name.lower(),
+                          T.BEST_PARAMS: json.dumps(best.params, sort_keys=True)})
+        tracker.log_metrics({"best/val_balanced_accuracy_avg5": last_value(best)}, 0,
+                            scope="study")
+    if cfg.phase not in ("all", "final"):
+        return []
+    if best is None:
+        raise TrialFailed(f"study {name} has no finished or stopped trial to retrain; run "
+                          "the search first (phase=search) or raise n_trials")
+    return _final(cfg, s, method_cls, raw, final_b, mean, std, best.params, tracker, tags)
+
+
+def run_tune(cfg: TuneConfig, tracker: Tracker,
+             resume: FinalResume | SearchResume | None = None) -> TuneResult:
+    """The search and/or the final retraining of ``cfg``; with a :class:`FinalResume`,
+    only the final retrains it lacks, on the study record the tracker was attached to (no
+    search, no Optuna study: the best configuration is ``resume.best_params``); with a
+    :class:`SearchResume`, the rest of the search (its trials rebuilt, the missing ones
+    run) and then the final retraining, on that record."""
+    method_cls = get_method(cfg.method)
+    _check_config(cfg, method_cls, resume)
+    s = cfg.settings()
+    create_model(s.arch, in_channels=1)  # fail fast on an unknown arch
+    raw, search_b, final_b, mean, std = _load(cfg, s)
     name = cfg.study_name or (f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
                               f"-{time.strftime('%Y%m%dT%H%M%S')}")
     if isinstance(resume, FinalResume):
@@ -559,56 +639,21 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
     store.study.sampler = SlotSampler(cfg.seed)
     tags, resolved, params = _study_record(cfg, s, method_cls, raw, mean, std, name,
                                            train_images(search_b))
-    spent = 0.0
+    title = f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
     if resume is not None:  # the dead process's study record, continued: params stay
-        _check_recorded(resume, params, RESUME_CHECKED + SEARCH_CHECKED)
-        tracker.start_study(name=f"tune-{method_cls.registered_name}-{cfg.dataset}"
-                            f"-s{cfg.seed}", tags=tags, params={}, artifacts={})
-        kept = [t.number for t in resume.trials] if resume.shared else \
-            _rebuild(store, resume, method_cls, s, cfg.overrides)
-        tracker.set_tags({T.SEARCH_KEPT: ",".join(map(str, kept)),
-                          T.SEARCH_RESUMED_AT: str(len(kept))})
-        tags = {**tags, T.RESUMED: "true"}  # on the trials run from here on
-        spent = resume.elapsed_s
+        tags = _continue_search(cfg, s, method_cls, store, tracker, resume, tags, params,
+                                title)
+        record: AbstractContextManager[Any] = _closed(tracker)
     else:
-        digest = (f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:"
-                  f"{len(raw.test_y)}")
-        tracker.start_study(
-            name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
-            params=params, artifacts={"config.json": resolved},
-            dataset=DatasetInfo(name=raw.name, source=raw.source or raw.name,
-                                digest=hashlib.sha256(digest.encode()).hexdigest()[:16]))
-    status = "FINISHED"
-    final: list[float] = []
-    try:
-        deadline = time.time() - spent + cfg.budget_minutes * 60.0 \
-            if cfg.budget_minutes > 0 else math.inf
-        if cfg.phase in ("all", "search"):
-            _Search(cfg, s, method_cls, raw, search_b, mean, std, store, tracker, tags,
-                    deadline).run()
-        counts = _state_counts(store)
-        tracker.set_tags({T.N_COMPLETE: str(counts["complete"]),
-                          T.N_PRUNED: str(counts["pruned"]), T.N_FAILED: str(counts["failed"])})
-        best = _best(store)
-        if best is not None:
-            tracker.set_tags({T.BEST_TRIAL: str(best.number),
-                              T.BEST_TRIAL_STATE: best.state.name.lower(),
-                              T.BEST_PARAMS: json.dumps(best.params, sort_keys=True)})
-            tracker.log_metrics({"best/val_balanced_accuracy_avg5": last_value(best)}, 0,
-                                scope="study")
-        if cfg.phase in ("all", "final"):
-            if best is None:
-                raise TrialFailed(f"study {name} has no finished or stopped trial to "
-                                  "retrain; run the search first (phase=search) or raise "
-                                  "n_trials")
-            final = _final(cfg, s, method_cls, raw, final_b, mean, std, best.params, tracker,
-                           tags)
-    except BaseException:
-        status = "FAILED"
-        raise
-    finally:
-        store.close()
-        tracker.end_study(status)
+        record = tracker.open_study(title, tags, params, {"config.json": resolved},
+                                    dataset=_dataset_info(raw))
+    with record:
+        try:
+            final = _phases(cfg, s, method_cls, raw, search_b, final_b, mean, std, store,
+                            tracker, tags, name,
+                            resume.elapsed_s if resume is not None else 0.0)
+        finally:
+            store.close()
     best = _best(store)
     counts = _state_counts(store)
     return TuneResult(study_name=name, n_complete=counts["complete"], n_pruned=counts["pruned"],
@@ -657,19 +702,12 @@ def _resume_final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], ra
     tags, _, params = _study_record(cfg, s, method_cls, raw, mean, std, name, images)
     _check_recorded(resume, params)
     missing = [i for i in range(cfg.n_final) if i not in resume.done]
-    tracker.start_study(name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}",
-                        tags=tags, params={}, artifacts={})
-    status = "FINISHED"
-    try:
+    with tracker.open_study(f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}",
+                            tags, {}, {}):
         tracker.set_tags({T.FINAL_KEPT: ",".join(map(str, sorted(resume.done))),
                           T.FINAL_RESUMED: ",".join(map(str, missing))})
         final = _final(cfg, s, method_cls, raw, bundle, mean, std, resume.best_params,
                        tracker, tags, done=resume.done, logged=resume.logged)
-    except BaseException:
-        status = "FAILED"
-        raise
-    finally:
-        tracker.end_study(status)
     return TuneResult(study_name=name, n_complete=0, n_pruned=0, n_failed=0,
                       best_params=dict(resume.best_params), best_value=math.nan,
                       final_test=final, kept=sorted(resume.done), ran=missing)
