@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 import scarcelab.protocols.tune as tune
-from scarcelab.errors import TrialFailed
+from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.tracker import InMemoryTracker
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -67,7 +67,8 @@ def _cfg(**kw: Any) -> tune.TuneConfig:
 
 def _inject(monkeypatch: pytest.MonkeyPatch, faults: dict[int, str]) -> None:
     """Make call ``k`` of ``train_trial`` raise (``"error"``: a RuntimeError,
-    ``"failed"``: a TrialFailed) or report NaN validation accuracies (``"nan"``)."""
+    ``"failed"``: a TrialFailed, ``"config"``: a ConfigError) or report NaN validation
+    accuracies (``"nan"``)."""
     real = tune.train_trial
     count = [0]
 
@@ -78,6 +79,8 @@ def _inject(monkeypatch: pytest.MonkeyPatch, faults: dict[int, str]) -> None:
             raise RuntimeError(f"boom {k}")
         if fault == "failed":
             raise TrialFailed(f"diverged {k}")
+        if fault == "config":
+            raise ConfigError(f"bad configuration {k}")
         if fault == "nan":
             inner = kw["on_epoch"]
             kw["on_epoch"] = lambda rep, improved, snap: inner(
@@ -349,6 +352,119 @@ THREE_ERRORS_IN_A_ROW_STOP_IT: dict[str, Any] = {
              ('trial-3', 'FAILED', None, None, None, None)]}
 
 
+A_FAILING_RETRAIN_ENDS_THE_STUDY: dict[str, Any] = {
+ 'errors': ['', 'pruned by ASHA after epoch 1', 'pruned by ASHA after epoch 1', '', '', '',
+            'RuntimeError: boom 6'],
+ 'keys': {'log_metrics': [('asha/final_value', 'asha/rung'),
+                          ('asha/pruned_epoch', 'asha/rung'),
+                          ('best/val_balanced_accuracy_avg5',),
+                          ('final/test_balanced_accuracy',),
+                          ('test/accuracy', 'test/auroc', 'test/balanced_accuracy',
+                           'test/pauroc_spec90', 'test/pauroc_spec90_mcclish',
+                           'test/sensitivity_at_spec95'),
+                          ('time/data_s', 'time/epoch_s', 'time/eval_s', 'time/steps',
+                           'train/loss', 'train/loss_labeled', 'train/lr',
+                           'trainval/balanced_accuracy'),
+                          ('time/data_s', 'time/epoch_s', 'time/eval_s', 'time/steps',
+                           'train/loss', 'train/loss_labeled', 'train/lr',
+                           'val/balanced_accuracy', 'val/balanced_accuracy_avg5')],
+          'set_tags': [('scarcelab.asha_rung', 'scarcelab.pruned', 'scarcelab.stopped'),
+                       ('scarcelab.best_params', 'scarcelab.best_trial',
+                        'scarcelab.best_trial_state'),
+                       ('scarcelab.n_complete', 'scarcelab.n_failed', 'scarcelab.n_pruned'),
+                       ('scarcelab.pruned', 'scarcelab.stopped')],
+          'start_study': [(('scarcelab.arch', 'scarcelab.dataset', 'scarcelab.family',
+                            'scarcelab.method', 'scarcelab.optuna_study',
+                            'scarcelab.protocol', 'scarcelab.role', 'scarcelab.search',
+                            'scarcelab.seed', 'scarcelab.study_key', 'scarcelab.test_set',
+                            'scarcelab.tune_phase', 'scarcelab.version'),
+                           ('arch', 'augmentation', 'batch_sizes', 'budget_minutes',
+                            'data_dir', 'dataset', 'device', 'epochs', 'epochs_final',
+                            'grace_period', 'max_steps_per_epoch', 'method', 'n_final',
+                            'n_test', 'n_train', 'n_trials', 'n_val', 'phase', 'seed',
+                            'source', 'storage', 'study_name', 'test_set', 'train_images'),
+                           ('config.json',))],
+          'start_trial': [('arch', 'batch_size', 'epochs', 'lr', 'retrain_seed',
+                           'train_split', 'weight_decay'),
+                          ('arch', 'batch_size', 'epochs', 'lr', 'trial_seed',
+                           'weight_decay')]},
+ 'optuna': [(0, 'COMPLETE', 2, 0), (1, 'PRUNED', 1, 1), (2, 'PRUNED', 1, 2),
+            (3, 'COMPLETE', 2, 3), (4, 'COMPLETE', 2, 4)],
+ 'result': "RuntimeError('boom 6')",
+ 'sequence': [('start_study',
+               ('scarcelab.arch', 'scarcelab.dataset', 'scarcelab.family',
+                'scarcelab.method', 'scarcelab.optuna_study', 'scarcelab.protocol',
+                'scarcelab.role', 'scarcelab.search', 'scarcelab.seed',
+                'scarcelab.study_key', 'scarcelab.test_set', 'scarcelab.tune_phase',
+                'scarcelab.version')),
+              ('start_trial', 0), ('log_metrics', 0, 'trial'), ('log_metrics', 1, 'trial'),
+              ('log_metrics', 2, 'trial'), ('set_tags', 'trial'), ('end_trial', 'FINISHED'),
+              ('start_trial', 1), ('log_metrics', 0, 'trial'), ('log_metrics', 1, 'trial'),
+              ('set_tags', 'trial'), ('end_trial', 'KILLED'), ('start_trial', 2),
+              ('log_metrics', 0, 'trial'), ('log_metrics', 1, 'trial'),
+              ('set_tags', 'trial'), ('end_trial', 'KILLED'), ('start_trial', 3),
+              ('log_metrics', 0, 'trial'), ('log_metrics', 1, 'trial'),
+              ('log_metrics', 2, 'trial'), ('set_tags', 'trial'), ('end_trial', 'FINISHED'),
+              ('start_trial', 4), ('log_metrics', 0, 'trial'), ('log_metrics', 1, 'trial'),
+              ('log_metrics', 2, 'trial'), ('set_tags', 'trial'), ('end_trial', 'FINISHED'),
+              ('set_tags', 'study'), ('set_tags', 'study'), ('log_metrics', 0, 'study'),
+              ('start_trial', 0), ('log_metrics', 0, 'trial'), ('log_metrics', 1, 'trial'),
+              ('log_metrics', 2, 'trial'), ('end_trial', 'FINISHED'),
+              ('log_metrics', 0, 'study'), ('log_model',), ('start_trial', 1),
+              ('end_trial', 'FAILED'), ('end_study', 'FAILED')],
+ 'study': ('FAILED',
+           {'scarcelab.best_params': '{"batch_size": 16, "lr": 0.016934236026245303, '
+                                     '"weight_decay": 0.003385224477566269}',
+            'scarcelab.best_trial': '3',
+            'scarcelab.best_trial_state': 'complete',
+            'scarcelab.n_complete': '3',
+            'scarcelab.n_failed': '0',
+            'scarcelab.n_pruned': '2'}),
+ 'tracker': [('trial-0', 'FINISHED', 'false', None, 'max_epochs', None),
+             ('trial-1', 'KILLED', 'true', '0', 'asha', 1.0),
+             ('trial-2', 'KILLED', 'true', '0', 'asha', 1.0),
+             ('trial-3', 'FINISHED', 'false', None, 'max_epochs', None),
+             ('trial-4', 'FINISHED', 'false', None, 'max_epochs', None),
+             ('trial-0', 'FINISHED', None, None, None, None),
+             ('trial-1', 'FAILED', None, None, None, None)]}
+
+
+A_CONFIG_ERROR_ENDS_THE_SEARCH: dict[str, Any] = {
+ 'errors': ['', 'scarcelab.errors.ConfigError: bad configuration 1'],
+ 'keys': {'log_metrics': [('asha/final_value', 'asha/rung'),
+                          ('time/data_s', 'time/epoch_s', 'time/eval_s', 'time/steps',
+                           'train/loss', 'train/loss_labeled', 'train/lr',
+                           'val/balanced_accuracy', 'val/balanced_accuracy_avg5')],
+          'set_tags': [('scarcelab.pruned', 'scarcelab.stopped')],
+          'start_study': [(('scarcelab.arch', 'scarcelab.dataset', 'scarcelab.family',
+                            'scarcelab.method', 'scarcelab.optuna_study',
+                            'scarcelab.protocol', 'scarcelab.role', 'scarcelab.search',
+                            'scarcelab.seed', 'scarcelab.study_key', 'scarcelab.test_set',
+                            'scarcelab.tune_phase', 'scarcelab.version'),
+                           ('arch', 'augmentation', 'batch_sizes', 'budget_minutes',
+                            'data_dir', 'dataset', 'device', 'epochs', 'epochs_final',
+                            'grace_period', 'max_steps_per_epoch', 'method', 'n_final',
+                            'n_test', 'n_train', 'n_trials', 'n_val', 'phase', 'seed',
+                            'source', 'storage', 'study_name', 'test_set', 'train_images'),
+                           ('config.json',))],
+          'start_trial': [('arch', 'batch_size', 'epochs', 'lr', 'trial_seed',
+                           'weight_decay')]},
+ 'optuna': [(0, 'COMPLETE', 2, 0), (1, 'FAIL', None, 1)],
+ 'result': "ConfigError('bad configuration 1')",
+ 'sequence': [('start_study',
+               ('scarcelab.arch', 'scarcelab.dataset', 'scarcelab.family',
+                'scarcelab.method', 'scarcelab.optuna_study', 'scarcelab.protocol',
+                'scarcelab.role', 'scarcelab.search', 'scarcelab.seed',
+                'scarcelab.study_key', 'scarcelab.test_set', 'scarcelab.tune_phase',
+                'scarcelab.version')),
+              ('start_trial', 0), ('log_metrics', 0, 'trial'), ('log_metrics', 1, 'trial'),
+              ('log_metrics', 2, 'trial'), ('set_tags', 'trial'), ('end_trial', 'FINISHED'),
+              ('start_trial', 1), ('end_trial', 'FAILED'), ('end_study', 'FAILED')],
+ 'study': ('FAILED', {}),
+ 'tracker': [('trial-0', 'FINISHED', 'false', None, 'max_epochs', None),
+             ('trial-1', 'FAILED', None, None, None, None)]}
+
+
 def test_asha_prunes_and_the_best_configuration_is_retrained(tmp_path, monkeypatch):
     """(a) the search's trials, two of them stopped by ASHA at their first rung, then the
     three retrains of the best configuration: every call, status and score."""
@@ -367,3 +483,15 @@ def test_three_unexpected_errors_in_a_row_end_the_study(tmp_path, monkeypatch):
     study record closed FAILED, without tags or a final phase."""
     assert _run(tmp_path, monkeypatch, {1: "error", 2: "error", 3: "error"}) == \
         THREE_ERRORS_IN_A_ROW_STOP_IT
+
+
+def test_a_failing_retrain_fails_its_record_and_the_study(tmp_path, monkeypatch):
+    """(d) a retrain that raises: its record FAILED with the error, the study FAILED, the
+    error re-raised; no further retrain and no final mean."""
+    assert _run(tmp_path, monkeypatch, {6: "error"}) == A_FAILING_RETRAIN_ENDS_THE_STUDY
+
+
+def test_a_configuration_error_in_a_trial_ends_the_search_at_once(tmp_path, monkeypatch):
+    """(e) a ConfigError no other configuration can fix: the trial FAILED (FAIL in
+    Optuna), the study FAILED, re-raised at once."""
+    assert _run(tmp_path, monkeypatch, {1: "config"}) == A_CONFIG_ERROR_ENDS_THE_SEARCH
