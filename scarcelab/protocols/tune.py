@@ -61,6 +61,8 @@ import logging
 import math
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,11 +84,12 @@ from scarcelab.metrics import classification_metrics
 from scarcelab.models import create_model
 from scarcelab.models.standardize import Standardized, channel_stats
 from scarcelab.protocols.study_store import StudyStore, TrialSeededSampler, redact
-from scarcelab.protocols.trials import trial_seed
+from scarcelab.protocols.trials import COMPLETE, TrialPruned, TrialRunner, trial_seed
 from scarcelab.tracker import DatasetInfo, Tracker
 from scarcelab.train import (
     EpochReport,
     TrainConfig,
+    TrialResult,
     export_classifier,
     forward_images,
     train_trial,
@@ -275,12 +278,6 @@ class TuneResult:
     @property
     def std(self) -> float:
         return float(np.std(self.final_test, ddof=1)) if len(self.final_test) > 1 else 0.0
-
-
-class _Pruned(Exception):
-    def __init__(self, epoch: int) -> None:
-        super().__init__(f"pruned by ASHA after epoch {epoch}")
-        self.epoch = epoch
 
 
 def asha_rung(epoch: int, grace: int, factor: int = REDUCTION_FACTOR) -> int:
@@ -523,14 +520,9 @@ def _claim(store: StudyStore, trial: optuna.trial.Trial, n_trials: int) -> int |
     return k
 
 
-def run_tune(cfg: TuneConfig, tracker: Tracker,
-             resume: FinalResume | SearchResume | None = None) -> TuneResult:
-    """The search and/or the final retraining of ``cfg``; with a :class:`FinalResume`,
-    only the final retrains it lacks, on the study record the tracker was attached to (no
-    search, no Optuna study: the best configuration is ``resume.best_params``); with a
-    :class:`SearchResume`, the rest of the search (its trials rebuilt, the missing ones
-    run) and then the final retraining, on that record."""
-    method_cls = get_method(cfg.method)
+def _check_config(cfg: TuneConfig, method_cls: type[Method],
+                  resume: FinalResume | SearchResume | None) -> None:
+    """Refuse a configuration the protocol cannot run before any data loads."""
     if method_cls.family != "supervised" or method_cls.linear_probe:
         raise ConfigError(f"method {cfg.method!r} is {method_cls.family}"
                           f"{' (linear probe)' if method_cls.linear_probe else ''}; the tune "
@@ -547,12 +539,95 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
         valid = sorted(set(method_cls.search_space) | set(method_cls.defaults))
         raise ConfigError(f"unknown hyperparameter(s) {sorted(unknown)} for {cfg.method}; "
                           f"valid: {valid}")
-    s = cfg.settings()
-    create_model(s.arch, in_channels=1)  # fail fast on an unknown arch
+
+
+def _load(cfg: TuneConfig, s: TuneSettings
+          ) -> tuple[RawDataset, DatasetBundle, DatasetBundle, np.ndarray, np.ndarray]:
+    """The dataset and its search and final bundles (whole images when the augmentation
+    crops from the originals), with the ``trainval`` normalisation."""
     raw = load_raw(cfg.dataset, cfg.data_dir)
     crops_whole = getattr(AUGMENTATIONS.get(s.augmentation), "takes_geometry", False)
     whole = whole_images(cfg.dataset, cfg.data_dir, raw) if crops_whole else None
-    search_b, final_b, mean, std = prepare(raw, whole)
+    return (raw, *prepare(raw, whole))
+
+
+def _dataset_info(raw: RawDataset) -> DatasetInfo:
+    digest = f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:{len(raw.test_y)}"
+    return DatasetInfo(name=raw.name, source=raw.source or raw.name,
+                       digest=hashlib.sha256(digest.encode()).hexdigest()[:16])
+
+
+@contextmanager
+def _closed(tracker: Tracker) -> Iterator[None]:
+    """Close a study record opened already (a resumed search's): FINISHED, or FAILED when
+    anything escapes. Not :meth:`Tracker.open_study`: the resumed record is reopened
+    before its trials are rebuilt, and a resume its records refuse leaves it as it was."""
+    status = "FINISHED"
+    try:
+        yield
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        tracker.end_study(status)
+
+
+def _continue_search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method],
+                     store: StudyStore, tracker: Tracker, resume: SearchResume,
+                     tags: dict[str, str], params: dict[str, Any], title: str
+                     ) -> dict[str, str]:
+    """Reopen the dead process's study record (its params stay) and put its trials back
+    into ``store``; the tags of the trials run from here on."""
+    _check_recorded(resume, params, RESUME_CHECKED + SEARCH_CHECKED)
+    tracker.start_study(name=title, tags=tags, params={}, artifacts={})
+    kept = [t.number for t in resume.trials] if resume.shared else \
+        _rebuild(store, resume, method_cls, s, cfg.overrides)
+    tracker.set_tags({T.SEARCH_KEPT: ",".join(map(str, kept)),
+                      T.SEARCH_RESUMED_AT: str(len(kept))})
+    return {**tags, T.RESUMED: "true"}
+
+
+def _phases(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
+            search_b: DatasetBundle, final_b: DatasetBundle, mean: np.ndarray,
+            std: np.ndarray, store: StudyStore, tracker: Tracker, tags: dict[str, str],
+            name: str, spent: float) -> list[float]:
+    """The search (what ``cfg.phase`` asks for of it), the study's counts and best trial,
+    then the final retrains of that trial; their test scores."""
+    deadline = time.time() - spent + cfg.budget_minutes * 60.0 \
+        if cfg.budget_minutes > 0 else math.inf
+    if cfg.phase in ("all", "search"):
+        _Search(cfg, s, method_cls, raw, search_b, mean, std, store, tracker, tags,
+                deadline).run()
+    counts = _state_counts(store)
+    tracker.set_tags({T.N_COMPLETE: str(counts["complete"]),
+                      T.N_PRUNED: str(counts["pruned"]), T.N_FAILED: str(counts["failed"])})
+    best = _best(store)
+    if best is not None:
+        tracker.set_tags({T.BEST_TRIAL: str(best.number),
+                          T.BEST_TRIAL_STATE: best.state.name.lower(),
+                          T.BEST_PARAMS: json.dumps(best.params, sort_keys=True)})
+        tracker.log_metrics({"best/val_balanced_accuracy_avg5": last_value(best)}, 0,
+                            scope="study")
+    if cfg.phase not in ("all", "final"):
+        return []
+    if best is None:
+        raise TrialFailed(f"study {name} has no finished or stopped trial to retrain; run "
+                          "the search first (phase=search) or raise n_trials")
+    return _final(cfg, s, method_cls, raw, final_b, mean, std, best.params, tracker, tags)
+
+
+def run_tune(cfg: TuneConfig, tracker: Tracker,
+             resume: FinalResume | SearchResume | None = None) -> TuneResult:
+    """The search and/or the final retraining of ``cfg``; with a :class:`FinalResume`,
+    only the final retrains it lacks, on the study record the tracker was attached to (no
+    search, no Optuna study: the best configuration is ``resume.best_params``); with a
+    :class:`SearchResume`, the rest of the search (its trials rebuilt, the missing ones
+    run) and then the final retraining, on that record."""
+    method_cls = get_method(cfg.method)
+    _check_config(cfg, method_cls, resume)
+    s = cfg.settings()
+    create_model(s.arch, in_channels=1)  # fail fast on an unknown arch
+    raw, search_b, final_b, mean, std = _load(cfg, s)
     name = cfg.study_name or (f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
                               f"-{time.strftime('%Y%m%dT%H%M%S')}")
     if isinstance(resume, FinalResume):
@@ -564,56 +639,21 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
     store.study.sampler = SlotSampler(cfg.seed)
     tags, resolved, params = _study_record(cfg, s, method_cls, raw, mean, std, name,
                                            train_images(search_b))
-    spent = 0.0
+    title = f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
     if resume is not None:  # the dead process's study record, continued: params stay
-        _check_recorded(resume, params, RESUME_CHECKED + SEARCH_CHECKED)
-        tracker.start_study(name=f"tune-{method_cls.registered_name}-{cfg.dataset}"
-                            f"-s{cfg.seed}", tags=tags, params={}, artifacts={})
-        kept = [t.number for t in resume.trials] if resume.shared else \
-            _rebuild(store, resume, method_cls, s, cfg.overrides)
-        tracker.set_tags({T.SEARCH_KEPT: ",".join(map(str, kept)),
-                          T.SEARCH_RESUMED_AT: str(len(kept))})
-        tags = {**tags, T.RESUMED: "true"}  # on the trials run from here on
-        spent = resume.elapsed_s
+        tags = _continue_search(cfg, s, method_cls, store, tracker, resume, tags, params,
+                                title)
+        record: AbstractContextManager[Any] = _closed(tracker)
     else:
-        digest = (f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:"
-                  f"{len(raw.test_y)}")
-        tracker.start_study(
-            name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
-            params=params, artifacts={"config.json": resolved},
-            dataset=DatasetInfo(name=raw.name, source=raw.source or raw.name,
-                                digest=hashlib.sha256(digest.encode()).hexdigest()[:16]))
-    status = "FINISHED"
-    final: list[float] = []
-    try:
-        deadline = time.time() - spent + cfg.budget_minutes * 60.0 \
-            if cfg.budget_minutes > 0 else math.inf
-        if cfg.phase in ("all", "search"):
-            _search(cfg, s, method_cls, raw, search_b, mean, std, store, tracker, tags,
-                    deadline)
-        counts = _state_counts(store)
-        tracker.set_tags({T.N_COMPLETE: str(counts["complete"]),
-                          T.N_PRUNED: str(counts["pruned"]), T.N_FAILED: str(counts["failed"])})
-        best = _best(store)
-        if best is not None:
-            tracker.set_tags({T.BEST_TRIAL: str(best.number),
-                              T.BEST_TRIAL_STATE: best.state.name.lower(),
-                              T.BEST_PARAMS: json.dumps(best.params, sort_keys=True)})
-            tracker.log_metrics({"best/val_balanced_accuracy_avg5": last_value(best)}, 0,
-                                scope="study")
-        if cfg.phase in ("all", "final"):
-            if best is None:
-                raise TrialFailed(f"study {name} has no finished or stopped trial to "
-                                  "retrain; run the search first (phase=search) or raise "
-                                  "n_trials")
-            final = _final(cfg, s, method_cls, raw, final_b, mean, std, best.params, tracker,
-                           tags)
-    except BaseException:
-        status = "FAILED"
-        raise
-    finally:
-        store.close()
-        tracker.end_study(status)
+        record = tracker.open_study(title, tags, params, {"config.json": resolved},
+                                    dataset=_dataset_info(raw))
+    with record:
+        try:
+            final = _phases(cfg, s, method_cls, raw, search_b, final_b, mean, std, store,
+                            tracker, tags, name,
+                            resume.elapsed_s if resume is not None else 0.0)
+        finally:
+            store.close()
     best = _best(store)
     counts = _state_counts(store)
     return TuneResult(study_name=name, n_complete=counts["complete"], n_pruned=counts["pruned"],
@@ -662,19 +702,12 @@ def _resume_final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], ra
     tags, _, params = _study_record(cfg, s, method_cls, raw, mean, std, name, images)
     _check_recorded(resume, params)
     missing = [i for i in range(cfg.n_final) if i not in resume.done]
-    tracker.start_study(name=f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}",
-                        tags=tags, params={}, artifacts={})
-    status = "FINISHED"
-    try:
+    with tracker.open_study(f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}",
+                            tags, {}, {}):
         tracker.set_tags({T.FINAL_KEPT: ",".join(map(str, sorted(resume.done))),
                           T.FINAL_RESUMED: ",".join(map(str, missing))})
         final = _final(cfg, s, method_cls, raw, bundle, mean, std, resume.best_params,
                        tracker, tags, done=resume.done, logged=resume.logged)
-    except BaseException:
-        status = "FAILED"
-        raise
-    finally:
-        tracker.end_study(status)
     return TuneResult(study_name=name, n_complete=0, n_pruned=0, n_failed=0,
                       best_params=dict(resume.best_params), best_value=math.nan,
                       final_test=final, kept=sorted(resume.done), ran=missing)
@@ -748,97 +781,213 @@ def _rebuild(store: StudyStore, resume: SearchResume, method_cls: type[Method],
     return [t.number for t in prior]
 
 
-def _search(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
-            bundle: DatasetBundle, mean: np.ndarray, std: np.ndarray, store: StudyStore,
-            tracker: Tracker, tags: dict[str, str], deadline: float) -> None:
-    errors_in_row = 0
-    while _counted(store) < s.n_trials and time.time() < deadline:
-        fails = store.fail_orphans()
+class _Search:
+    """One search's trial loop, over what its trials share: the study's storage, the
+    tracker and the trial runner, which maps what a trial raised to its outcome (ASHA's
+    stop: PRUNED; a TrialFailed or another error: FAILED) and re-raises the third
+    unexpected error in a row."""
+
+    def __init__(self, cfg: TuneConfig, s: TuneSettings, method_cls: type[Method],
+                 raw: RawDataset, bundle: DatasetBundle, mean: np.ndarray, std: np.ndarray,
+                 store: StudyStore, tracker: Tracker, tags: dict[str, str],
+                 deadline: float) -> None:
+        self.cfg, self.s, self.method_cls, self.raw, self.bundle = cfg, s, method_cls, raw, bundle
+        self.mean, self.std, self.store, self.tracker = mean, std, store, tracker
+        self.tags, self.deadline = tags, deadline
+        self.runner = TrialRunner(tracker)
+
+    def run(self) -> None:
+        """Trials until ``n_trials`` slots are taken (by any worker of a shared study),
+        the wall-clock cap is reached, or a trial is cut by it."""
+        store = self.store
+        while _counted(store) < self.s.n_trials and time.time() < self.deadline:
+            self._reap()
+            trial = store.ask()
+            place = _claim(store, trial, self.s.n_trials)
+            if place is None:
+                trial.set_user_attr("surplus", True)  # another worker took the last slot
+                store.tell(trial, state=TrialState.FAIL)
+                if "rerun_of" in trial.user_attrs:
+                    continue  # a second copy of a rerun: other slots may still be open
+                break
+            if not self._run_trial(trial, place):
+                break
+
+    def _reap(self) -> None:
+        """A dead process's running trials fail; in a shared storage the crashed ones are
+        queued to run again, each as itself (:func:`slot`)."""
+        fails = self.store.fail_orphans()
         if fails:
             log.warning("trials %s were left running by a dead process: marked failed", fails)
-        if store.shared:
-            again = _requeue_crashed(store)
+        if self.store.shared:
+            again = _requeue_crashed(self.store)
             if again:
                 log.warning("crashed trial(s) %s run again, each as itself", again)
-        trial = store.ask()
-        place = _claim(store, trial, s.n_trials)
-        if place is None:
-            trial.set_user_attr("surplus", True)  # another worker took the last slot
-            store.tell(trial, state=TrialState.FAIL)
-            if "rerun_of" in trial.user_attrs:
-                continue  # a second copy of a rerun: other slots may still be open
-            break
-        params = _draw(trial, method_cls, s)
-        hp = _hp(method_cls, params, cfg.overrides)
+
+    def _run_trial(self, trial: optuna.trial.Trial, place: int) -> bool:
+        """Train and record trial ``trial`` in slot ``place``; False when the search must
+        stop after it (the wall-clock cap cut it)."""
+        s, cfg = self.s, self.cfg
+        params = _draw(trial, self.method_cls, s)
+        hp = _hp(self.method_cls, params, cfg.overrides)
         seed_n = trial_seed(cfg.seed, place)
         torch.manual_seed(seed_n)
         g = torch.Generator().manual_seed(seed_n)
-        tracker.start_trial(place, {**tags, T.ROLE: "trial",
-                                    T.TRIAL: str(place)},
-                            {**hp, "batch_size": params["batch_size"], "arch": s.arch,
-                             "trial_seed": seed_n, "epochs": s.epochs})
+        self.tracker.start_trial(place, {**self.tags, T.ROLE: "trial", T.TRIAL: str(place)},
+                                 {**hp, "batch_size": params["batch_size"], "arch": s.arch,
+                                  "trial_seed": seed_n, "epochs": s.epochs})
         history: list[float] = []
-
-        def on_epoch(rep: EpochReport, improved: bool, snap: Any, trial: Any = trial,
-                     history: list[float] = history) -> None:
-            history.append(rep.val_balanced_accuracy)
-            avg = float(np.mean(history[-AVG_WINDOW:]))
-            metrics = {k: v for k, v in rep.metrics.items() if not k.startswith("test/")}
-            metrics["val/balanced_accuracy_avg5"] = avg
-            tracker.log_metrics(metrics, rep.epoch)
-            trial.report(avg, rep.epoch + 1)
-            if trial.should_prune():
-                raise _Pruned(rep.epoch + 1)
-
         train_cfg = TrainConfig(max_epochs=s.epochs, patience=10**9,
                                 max_steps_per_epoch=cfg.max_steps_per_epoch,
                                 batch_labeled=int(params["batch_size"]), device=cfg.device,
                                 labeled_views=(s.augmentation,))
-        try:
-            method = build_method(method_cls, s.arch, raw, mean, std, hp)
-            res = train_trial(method, bundle, train_cfg, deadline=deadline, generator=g,
-                              probe_rng=np.random.default_rng(seed_n), on_epoch=on_epoch)
-        except _Pruned as p:
-            rung = asha_rung(p.epoch, s.grace_period)
-            store.tell(trial, state=TrialState.PRUNED)
-            tracker.log_metrics({"asha/pruned_epoch": p.epoch, "asha/rung": rung}, p.epoch,
-                                scope="trial")
-            tracker.set_tags({T.PRUNED: "true", T.ASHA_RUNG: str(rung),
-                              T.STOPPED: "asha"}, scope="trial")
-            tracker.end_trial("KILLED", str(p))
-            errors_in_row = 0
-            continue
-        except TrialFailed as e:
-            store.tell(trial, state=TrialState.FAIL)
-            tracker.end_trial("FAILED", str(e))
-            log.warning("trial %d failed: %s", trial.number, e)
-            continue
-        except (ConfigError, KeyboardInterrupt):
-            store.tell(trial, state=TrialState.FAIL)
-            tracker.end_trial("FAILED", traceback.format_exc(limit=3))
-            raise
-        except Exception:
-            store.tell(trial, state=TrialState.FAIL)
-            tracker.end_trial("FAILED", traceback.format_exc(limit=5))
-            errors_in_row += 1
-            if errors_in_row >= 3:
-                raise
-            continue
-        errors_in_row = 0
-        if res.stopped == "budget" and res.epochs < s.epochs:
-            # cut by the wall-clock cap, not by ASHA: not comparable with full trials
+
+        def fit() -> TrialResult:
+            method = build_method(self.method_cls, s.arch, self.raw, self.mean, self.std, hp)
+            return train_trial(method, self.bundle, train_cfg, deadline=self.deadline,
+                               generator=g, probe_rng=np.random.default_rng(seed_n),
+                               on_epoch=lambda rep, improved, snap: self._on_epoch(
+                                   trial, history, rep))
+
+        outcome = self.runner.run(
+            trial.number, fit,
+            on_fail=lambda: self.store.tell(trial, state=TrialState.FAIL),
+            on_prune=lambda p: self._pruned(trial, p))
+        if outcome.state != COMPLETE:
+            return True
+        assert outcome.value is not None
+        return self._finished(trial, history, outcome.value)
+
+    def _on_epoch(self, trial: optuna.trial.Trial, history: list[float],
+                  rep: EpochReport) -> None:
+        """Each epoch: the trial's metrics and its ASHA report, the mean of its last
+        :data:`AVG_WINDOW` validation balanced accuracies; the pruner may stop it here."""
+        history.append(rep.val_balanced_accuracy)
+        avg = float(np.mean(history[-AVG_WINDOW:]))
+        metrics = {k: v for k, v in rep.metrics.items() if not k.startswith("test/")}
+        metrics["val/balanced_accuracy_avg5"] = avg
+        self.tracker.log_metrics(metrics, rep.epoch)
+        trial.report(avg, rep.epoch + 1)
+        if trial.should_prune():
+            raise TrialPruned(rep.epoch + 1, f"pruned by ASHA after epoch {rep.epoch + 1}")
+
+    def _pruned(self, trial: optuna.trial.Trial, p: TrialPruned) -> None:
+        rung = asha_rung(p.epoch, self.s.grace_period)
+        self.store.tell(trial, state=TrialState.PRUNED)
+        self.tracker.log_metrics({"asha/pruned_epoch": p.epoch, "asha/rung": rung}, p.epoch,
+                                 scope="trial")
+        self.tracker.set_tags({T.PRUNED: "true", T.ASHA_RUNG: str(rung),
+                               T.STOPPED: "asha"}, scope="trial")
+
+    def _finished(self, trial: optuna.trial.Trial, history: list[float],
+                  res: TrialResult) -> bool:
+        """Record a trial that ran to its end (or was cut by the wall-clock cap, which
+        makes it incomparable with the others: failed, and the search stops)."""
+        tracker = self.tracker
+        if res.stopped == "budget" and res.epochs < self.s.epochs:
             trial.set_user_attr("budget_cut", res.epochs)
-            store.tell(trial, state=TrialState.FAIL)
+            self.store.tell(trial, state=TrialState.FAIL)
             tracker.set_tags({T.STOPPED: "budget"}, scope="trial")
             tracker.end_trial("KILLED", f"budget_minutes ran out after {res.epochs} epochs")
-            break
+            return False
         value = float(np.mean(history[-AVG_WINDOW:]))
-        store.tell(trial, value)
+        self.store.tell(trial, value)
         tracker.log_metrics({"asha/final_value": value, "asha/rung": asha_rung(
-            res.epochs, s.grace_period)}, res.epochs, scope="trial")
-        tracker.set_tags({T.PRUNED: "false", T.STOPPED: res.stopped},
-                         scope="trial")
+            res.epochs, self.s.grace_period)}, res.epochs, scope="trial")
+        tracker.set_tags({T.PRUNED: "false", T.STOPPED: res.stopped}, scope="trial")
         tracker.end_trial("FINISHED")
+        return True
+
+
+def _retrain_error(e: BaseException) -> str:
+    return traceback.format_exc(limit=5)
+
+
+class _Final:
+    """The final phase: retrains of the best configuration on ``trainval``. Whatever a
+    retrain raises fails its record and ends the phase (a retrain is not a trial of a
+    search: there is no other configuration to try)."""
+
+    def __init__(self, cfg: TuneConfig, s: TuneSettings, method_cls: type[Method],
+                 raw: RawDataset, bundle: DatasetBundle, mean: np.ndarray, std: np.ndarray,
+                 params: dict[str, Any], tracker: Tracker, tags: dict[str, str]) -> None:
+        self.cfg, self.s, self.method_cls, self.raw, self.bundle = cfg, s, method_cls, raw, bundle
+        self.mean, self.std, self.tracker, self.tags = mean, std, tracker, tags
+        self.hp = _hp(method_cls, params, cfg.overrides)
+        self.batch = int(params.get("batch_size", s.batch_sizes[0]))
+        self.runner = TrialRunner(tracker, fatal=(BaseException,), max_consecutive_errors=None,
+                                  error_text=_retrain_error)
+
+    def run(self, done: dict[int, float] | None, logged: frozenset[int]) -> list[float]:
+        """Retrains ``0 .. n_final-1`` except those in ``done``; their scores in order."""
+        tracker, n = self.tracker, self.cfg.n_final
+        scores: dict[int, float] = dict(done or {})
+        extra_tags = {T.RESUMED: "true"} if done is not None else {}
+        for i in range(n):
+            if i in scores:
+                if i not in logged:  # finished, but the dead process had not recorded it yet
+                    tracker.log_metrics({"final/test_balanced_accuracy": scores[i]}, i,
+                                        scope="study")
+                continue
+            scores[i] = self._retrain(i, extra_tags)
+        ordered = [scores[i] for i in range(n)]
+        arr = np.asarray(ordered)
+        tracker.log_metrics({"final/test_balanced_accuracy_mean": float(arr.mean()),
+                             "final/test_balanced_accuracy_std":
+                                 float(arr.std(ddof=1)) if len(arr) > 1 else 0.0,
+                             "final/n_runs": float(len(arr))}, 0, scope="study")
+        return ordered
+
+    def _retrain(self, i: int, extra_tags: dict[str, str]) -> float:
+        """Retrain ``i`` with its own seed; its test balanced accuracy (retrain 0 also
+        exports the model)."""
+        s, cfg, tracker, raw = self.s, self.cfg, self.tracker, self.raw
+        seed = retrain_seed(cfg.seed, i)
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)
+        tracker.start_trial(i, {**self.tags, T.ROLE: "retrain", T.RETRAIN: str(i), **extra_tags},
+                            {**self.hp, "batch_size": self.batch, "arch": s.arch,
+                             "retrain_seed": seed, "epochs": s.final_epochs,
+                             "train_split": "trainval"})
+        method = build_method(self.method_cls, s.arch, raw, self.mean, self.std, self.hp)
+        train_cfg = TrainConfig(max_epochs=s.final_epochs, patience=10**9,
+                                max_steps_per_epoch=cfg.max_steps_per_epoch,
+                                batch_labeled=self.batch, device=cfg.device,
+                                labeled_views=(s.augmentation,))
+        outcome = self.runner.run(i, lambda: self._fit_and_test(method, train_cfg, g, seed))
+        assert outcome.value is not None  # anything else was raised
+        res, test = outcome.value
+        tracker.log_metrics({f"test/{k}": v for k, v in test.items()}, res.epochs)
+        tracker.end_trial("FINISHED")
+        score = float(test["balanced_accuracy"])
+        tracker.log_metrics({"final/test_balanced_accuracy": score}, i, scope="study")
+        if i == 0:
+            ckpt = {"state_dict": {k: v.detach().cpu() for k, v in method.state_dict().items()},
+                    "probe": None}
+            tracker.log_model(export_classifier(method, ckpt, raw.class_names),
+                              torch.rand(2, raw.channels, *raw.resolution))
+        return score
+
+    def _fit_and_test(self, method: Method, train_cfg: TrainConfig, g: torch.Generator,
+                      seed: int) -> tuple[TrialResult, dict[str, float]]:
+        """Train for the final epoch count, no model selection; the last epoch on the
+        test set."""
+        def on_epoch(rep: EpochReport, improved: bool, snap: Any) -> None:
+            self.tracker.log_metrics({**{k: v for k, v in rep.metrics.items()
+                                         if not k.startswith(("test/", "val/"))},
+                                      "trainval/balanced_accuracy": rep.val_balanced_accuracy},
+                                     rep.epoch)
+
+        res = train_trial(method, self.bundle, train_cfg, deadline=math.inf, generator=g,
+                          probe_rng=np.random.default_rng(seed), on_epoch=on_epoch)
+        method.eval()
+        logits = forward_images(method.logits, self.raw.test_x, 512, torch.device(self.cfg.device))
+        if not np.isfinite(logits).all():
+            raise TrialFailed("non-finite test predictions")
+        probs = torch.softmax(torch.as_tensor(logits), 1).numpy()
+        test = classification_metrics(self.raw.test_y, probs,  # binary: the disease class
+                                      positive_class=resolve_positive_class(self.raw))
+        return res, test
 
 
 def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawDataset,
@@ -847,62 +996,5 @@ def _final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], raw: RawD
            logged: frozenset[int] = frozenset()) -> list[float]:
     """Retrains ``0 .. n_final-1`` of the best configuration, except those in ``done``
     (index -> test balanced accuracy of a retrain an earlier process finished)."""
-    hp = _hp(method_cls, params, cfg.overrides)
-    batch = int(params.get("batch_size", s.batch_sizes[0]))
-    device = torch.device(cfg.device)
-    scores: dict[int, float] = dict(done or {})
-    extra_tags = {T.RESUMED: "true"} if done is not None else {}
-    for i in range(cfg.n_final):
-        if i in scores:
-            if i not in logged:  # finished, but the dead process had not recorded it yet
-                tracker.log_metrics({"final/test_balanced_accuracy": scores[i]}, i,
-                                    scope="study")
-            continue
-        seed = retrain_seed(cfg.seed, i)
-        torch.manual_seed(seed)
-        g = torch.Generator().manual_seed(seed)
-        tracker.start_trial(i, {**tags, T.ROLE: "retrain",
-                                T.RETRAIN: str(i), **extra_tags},
-                            {**hp, "batch_size": batch, "arch": s.arch, "retrain_seed": seed,
-                             "epochs": s.final_epochs, "train_split": "trainval"})
-        method = build_method(method_cls, s.arch, raw, mean, std, hp)
-
-        def on_epoch(rep: EpochReport, improved: bool, snap: Any) -> None:
-            tracker.log_metrics({**{k: v for k, v in rep.metrics.items()
-                                    if not k.startswith(("test/", "val/"))},
-                                 "trainval/balanced_accuracy": rep.val_balanced_accuracy},
-                                rep.epoch)
-
-        train_cfg = TrainConfig(max_epochs=s.final_epochs, patience=10**9,
-                                max_steps_per_epoch=cfg.max_steps_per_epoch,
-                                batch_labeled=batch, device=cfg.device,
-                                labeled_views=(s.augmentation,))
-        try:
-            res = train_trial(method, bundle, train_cfg, deadline=math.inf, generator=g,
-                              probe_rng=np.random.default_rng(seed), on_epoch=on_epoch)
-            method.eval()
-            logits = forward_images(method.logits, raw.test_x, 512, device)
-            if not np.isfinite(logits).all():
-                raise TrialFailed("non-finite test predictions")
-            probs = torch.softmax(torch.as_tensor(logits), 1).numpy()
-            test = classification_metrics(raw.test_y, probs,  # binary: the disease class
-                                          positive_class=resolve_positive_class(raw))
-        except BaseException:
-            tracker.end_trial("FAILED", traceback.format_exc(limit=5))
-            raise
-        tracker.log_metrics({f"test/{k}": v for k, v in test.items()}, res.epochs)
-        tracker.end_trial("FINISHED")
-        scores[i] = float(test["balanced_accuracy"])
-        tracker.log_metrics({"final/test_balanced_accuracy": scores[i]}, i, scope="study")
-        if i == 0:
-            ckpt = {"state_dict": {k: v.detach().cpu() for k, v in method.state_dict().items()},
-                    "probe": None}
-            tracker.log_model(export_classifier(method, ckpt, raw.class_names),
-                              torch.rand(2, raw.channels, *raw.resolution))
-    ordered = [scores[i] for i in range(cfg.n_final)]
-    arr = np.asarray(ordered)
-    tracker.log_metrics({"final/test_balanced_accuracy_mean": float(arr.mean()),
-                         "final/test_balanced_accuracy_std":
-                             float(arr.std(ddof=1)) if len(arr) > 1 else 0.0,
-                         "final/n_runs": float(len(arr))}, 0, scope="study")
-    return ordered
+    return _Final(cfg, s, method_cls, raw, bundle, mean, std, params, tracker,
+                  tags).run(done, logged)
