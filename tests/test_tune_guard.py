@@ -228,7 +228,10 @@ ASHA_AND_RETRAINS: dict[str, Any] = {
 
 
 FAILURES_DO_NOT_STOP_THE_SEARCH: dict[str, Any] = {
- 'errors': ['', 'RuntimeError: boom 1', 'diverged 2', '', '', '', '', ''],
+ # trial 3's NaN objective: FAILED in the tracker as in Optuna (it was FINISHED there)
+ 'errors': ['', 'RuntimeError: boom 1', 'diverged 2',
+            'non-finite objective: the mean validation balanced accuracy of the last 5 '
+            'epochs is nan', '', '', '', ''],
  'keys': {'log_metrics': [('asha/final_value', 'asha/rung'),
                           ('best/val_balanced_accuracy_avg5',),
                           ('final/n_runs', 'final/test_balanced_accuracy_mean',
@@ -279,8 +282,7 @@ FAILURES_DO_NOT_STOP_THE_SEARCH: dict[str, Any] = {
               ('log_metrics', 2, 'trial'), ('set_tags', 'trial'), ('end_trial', 'FINISHED'),
               ('start_trial', 1), ('end_trial', 'FAILED'), ('start_trial', 2),
               ('end_trial', 'FAILED'), ('start_trial', 3), ('log_metrics', 0, 'trial'),
-              ('log_metrics', 1, 'trial'), ('log_metrics', 2, 'trial'),
-              ('set_tags', 'trial'), ('end_trial', 'FINISHED'), ('start_trial', 4),
+              ('log_metrics', 1, 'trial'), ('end_trial', 'FAILED'), ('start_trial', 4),
               ('log_metrics', 0, 'trial'), ('log_metrics', 1, 'trial'),
               ('log_metrics', 2, 'trial'), ('set_tags', 'trial'), ('end_trial', 'FINISHED'),
               ('set_tags', 'study'), ('set_tags', 'study'), ('log_metrics', 0, 'study'),
@@ -304,7 +306,7 @@ FAILURES_DO_NOT_STOP_THE_SEARCH: dict[str, Any] = {
  'tracker': [('trial-0', 'FINISHED', 'false', None, 'max_epochs', None),
              ('trial-1', 'FAILED', None, None, None, None),
              ('trial-2', 'FAILED', None, None, None, None),
-             ('trial-3', 'FINISHED', 'false', None, 'max_epochs', None),
+             ('trial-3', 'FAILED', None, None, None, None),
              ('trial-4', 'FINISHED', 'false', None, 'max_epochs', None),
              ('trial-0', 'FINISHED', None, None, None, None),
              ('trial-1', 'FINISHED', None, None, None, None),
@@ -472,8 +474,9 @@ def test_asha_prunes_and_the_best_configuration_is_retrained(tmp_path, monkeypat
 
 
 def test_failed_trials_do_not_stop_the_search(tmp_path, monkeypatch):
-    """(b) an unexpected error, a TrialFailed and a NaN objective: each trial fails in
-    Optuna (the NaN one stays FINISHED in the tracker) and the search goes on."""
+    """(b) an unexpected error, a TrialFailed and a NaN objective: each trial fails, in
+    Optuna and in the tracker (the NaN one was FINISHED in the tracker before), and the
+    search goes on."""
     assert _run(tmp_path, monkeypatch, {1: "error", 2: "failed", 3: "nan"}) == \
         FAILURES_DO_NOT_STOP_THE_SEARCH
 

@@ -891,6 +891,12 @@ class _Search:
             tracker.end_trial("KILLED", f"budget_minutes ran out after {res.epochs} epochs")
             return False
         value = float(np.mean(history[-AVG_WINDOW:]))
+        if not math.isfinite(value):  # Optuna fails it too (study/_tell.py's feasibility
+            # check); the tracker must agree, as run_study's runner does with its objective
+            self.store.tell(trial, state=TrialState.FAIL)
+            tracker.end_trial("FAILED", f"non-finite objective: the mean validation balanced "
+                              f"accuracy of the last {AVG_WINDOW} epochs is {value}")
+            return True
         self.store.tell(trial, value)
         tracker.log_metrics({"asha/final_value": value, "asha/rung": asha_rung(
             res.epochs, self.s.grace_period)}, res.epochs, scope="trial")
