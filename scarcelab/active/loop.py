@@ -19,6 +19,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -145,6 +146,151 @@ def make_strategy(name: str, params: dict[str, Any] | None = None,
     return strat
 
 
+def _check_settings(cfg: ALConfig, query_size: int) -> None:
+    """Refuse a repetition that could not run as asked before any RNG is drawn, so a bad
+    sweep fails at once and identically for every repetition."""
+    if query_size < 1:
+        raise ConfigError(f"query_size must be >= 1, got {query_size}")
+    if cfg.val_fraction <= 0 and cfg.stop_on != "test":
+        raise ConfigError("val_fraction=0 leaves no validation split to stop on; only the "
+                          "test-set stopping of --early-stop-on test runs without one")
+
+
+@dataclass
+class _DeviceData:
+    """The repetition's arrays on its device, moved once: every fit indexes into them."""
+
+    x_all: torch.Tensor
+    y_all: torch.Tensor
+    x_val: torch.Tensor  # what early stopping watches (the test set under stop_on="test")
+    y_val: torch.Tensor
+    x_te: torch.Tensor
+    y_te: torch.Tensor
+
+
+def _on_device(data: ALData, cfg: ALConfig, val: np.ndarray, dev: torch.device
+               ) -> _DeviceData:
+    x_all = torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32)).to(dev)
+    y_all = torch.from_numpy(data.y_train).to(dev)
+    t_val = torch.from_numpy(val).to(dev)
+    x_val, y_val = x_all[t_val], y_all[t_val]
+    x_te = torch.from_numpy(np.ascontiguousarray(data.x_test, dtype=np.float32)).to(dev)
+    y_te = torch.from_numpy(data.y_test).to(dev)
+    if cfg.stop_on == "test":  # CDALBench's leak, for reproduction only (docs/active.md)
+        x_val, y_val = x_te, y_te
+    return _DeviceData(x_all, y_all, x_val, y_val, x_te, y_te)
+
+
+def _candidates(unlabeled: np.ndarray, cap: int | None, rng_s: np.random.Generator
+                ) -> np.ndarray:
+    """The strategy's candidate subsample, drawn from s_Ω only when the pool exceeds it, so
+    an uncapped strategy consumes no strategy randomness here."""
+    return (np.sort(rng_s.choice(unlabeled, cap, replace=False))
+            if cap is not None and len(unlabeled) > cap else unlabeled)
+
+
+class _Learner:
+    """One repetition's classifier and how it is fitted: its initial weights (for scratch
+    fitting), the optimiser kept across fits, the data and model generators of the main
+    trajectory, and the oracle's candidate fits, which must leave all of these untouched."""
+
+    def __init__(self, data: ALData, cfg: ALConfig, dev: torch.device, arrays: _DeviceData,
+                 data_gen: torch.Generator, model_gen: torch.Generator,
+                 batched_oracle: bool) -> None:
+        self.data, self.cfg, self.dev, self.arrays = data, cfg, dev, arrays
+        self.data_gen, self.model_gen = data_gen, model_gen
+        self.net = build_net(cfg.arch, tuple(data.x_train.shape), data.num_classes,
+                             cfg.hidden, cfg.dropout, model_gen).to(dev)
+        self.init_state = copy.deepcopy(self.net.state_dict())
+        self.fcfg = fcfg = cfg.fit_config()
+        # The seed-set fit: a fixed number of epochs when first_fit_epochs > 0 (a patience
+        # longer than the run never stops it).
+        self.first_cfg = (dataclasses.replace(fcfg, max_epochs=cfg.first_fit_epochs,
+                                              patience=cfg.first_fit_epochs + 1)
+                          if cfg.first_fit_epochs > 0 else fcfg)
+        self.main_opt = (_optimizer(fcfg, list(self.net.parameters()))
+                         if cfg.keep_optimizer else None)
+        # The stacked fit mirrors the default fit only (fresh optimiser, best weights kept,
+        # every batch); other settings use the sequential candidate fits.
+        self.batched = (batched_oracle and batch_supports(self.net, cfg.dropout)
+                        and fcfg.restore_best and not fcfg.drop_last and self.main_opt is None)
+        self._spare: list[ALModel] = []
+
+    def _fit(self, model: ALModel, idx: np.ndarray, dgen: torch.Generator,
+             mgen: torch.Generator, fc: FitConfig, opt: torch.optim.Optimizer | None
+             ) -> float:
+        """Fit ``model`` on the rows ``idx``; its test accuracy."""
+        if self.cfg.fitting == "scratch":
+            model.load_state_dict(self.init_state)
+        a, t = self.arrays, torch.from_numpy(idx).to(self.dev)
+        fit(model, a.x_all[t], a.y_all[t], a.x_val, a.y_val, fc, dgen, mgen, opt)
+        return accuracy(model, a.x_te, a.y_te, fc.eval_batch_size)
+
+    def fit_main(self, labeled: np.ndarray, fc: FitConfig | None = None) -> float:
+        """A fit of the main trajectory (``fc``: the seed-set fit's settings), which draws on
+        the repetition's own generators."""
+        return self._fit(self.net, labeled, self.data_gen, self.model_gen,
+                         fc if fc is not None else self.fcfg, self.main_opt)
+
+    def add_labels(self, labeled: np.ndarray, picked: np.ndarray) -> np.ndarray:
+        """``labeled`` plus the query; with fit_per_label under finetune, one fit per label
+        but the last (the caller's fit follows), as CDALBench's ``ALGame.step`` does."""
+        if self.cfg.fit_per_label and self.cfg.fitting == "finetune":
+            for extra in picked[:-1]:
+                labeled = np.concatenate([labeled, [extra]])
+                self.fit_main(labeled)
+            return np.concatenate([labeled, picked[-1:]])
+        return np.concatenate([labeled, picked])
+
+    def _scratch_net(self) -> ALModel:
+        """One reusable module for the oracle's candidate fits (a deepcopy per candidate
+        was a fifth of the oracle's time); its weights are overwritten before each fit."""
+        if not self._spare:
+            self._spare.append(copy.deepcopy(self.net))
+        return self._spare[0]
+
+    def oracle_score(self, labeled: np.ndarray, extra: np.ndarray) -> float:
+        """One candidate's test accuracy after a fit on ``labeled`` plus it. Copies of the
+        generators: every candidate is judged under the same batch order and dropout masks,
+        and the main trajectory's streams are left untouched."""
+        dg, mg = torch.Generator(), torch.Generator()
+        dg.set_state(self.data_gen.get_state())
+        mg.set_state(self.model_gen.get_state())
+        trial = self._scratch_net()
+        trial.load_state_dict(self.net.state_dict())
+        topt = None
+        if self.main_opt is not None:  # the candidate continues a copy of the optimiser state
+            topt = _optimizer(self.fcfg, list(trial.parameters()))
+            topt.load_state_dict(copy.deepcopy(self.main_opt.state_dict()))
+        return self._fit(trial, np.concatenate([labeled, np.asarray(extra, dtype=np.int64)]),
+                         dg, mg, self.fcfg, topt)
+
+    def oracle_scores(self, labeled: np.ndarray, extras: list[np.ndarray]) -> list[float]:
+        """All τ candidate fits as one stacked fit (scarcelab.active.batched): the same
+        batch order for every candidate, as the sequential copies above get."""
+        dg = torch.Generator()
+        dg.set_state(self.data_gen.get_state())
+        start = self.init_state if self.cfg.fitting == "scratch" else self.net.state_dict()
+        sets = [torch.from_numpy(np.concatenate([labeled, np.asarray(e, dtype=np.int64)]))
+                .to(self.dev) for e in extras]
+        a = self.arrays
+        return fit_many(self.net, start, sets, a.x_all, a.y_all, a.x_val, a.y_val,  # type: ignore[arg-type]
+                        a.x_te, a.y_te, self.fcfg, dg)
+
+    def query_state(self, strategy: Strategy, labeled: np.ndarray, cand: np.ndarray,
+                    acc: float) -> QueryState:
+        """What the strategy sees; the oracle's scorers are bound to this query's labeled
+        set, and the stacked one offered only where it reproduces the sequential fits."""
+        wants_oracle = getattr(strategy, "needs_oracle", False)
+        return QueryState(
+            x=self.data.x_train, labeled=labeled, y_labeled=self.data.y_train[labeled],
+            candidates=cand, model=TorchModelView(self.net), num_classes=self.data.num_classes,
+            oracle_score=partial(self.oracle_score, labeled) if wants_oracle else None,
+            oracle_scores=(partial(self.oracle_scores, labeled)
+                           if wants_oracle and self.batched else None),
+            current_accuracy=acc)
+
+
 def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: int,
                    repetition: int, seed_strategy: int, seed_data: int, seed_model: int,
                    data_rng: np.random.Generator | None = None,
@@ -156,129 +302,42 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     (synthetic sets); otherwise it is created from ``seed_data + repetition``.
     ``on_iteration(repetition, labeled size, test accuracy)`` follows each fit (progress
     display only; it must not touch any RNG)."""
-    if query_size < 1:
-        raise ConfigError(f"query_size must be >= 1, got {query_size}")
-    if cfg.val_fraction <= 0 and cfg.stop_on != "test":
-        raise ConfigError("val_fraction=0 leaves no validation split to stop on; only the "
-                          "test-set stopping of --early-stop-on test runs without one")
+    _check_settings(cfg, query_size)
     s_d, s_t = seed_data + repetition, seed_model + repetition
     rng_d = data_rng if data_rng is not None else np.random.default_rng(s_d)
     rng_s = np.random.default_rng(seed_strategy)  # s_Ω: fixed across repetitions
     data_gen = torch.Generator().manual_seed(s_d)
     model_gen = torch.Generator().manual_seed(s_t)
-
     dev = resolve_device(str(device))
     val, pool, seed_idx = _split(data, cfg, rng_d)
     budget = min(cfg.budget, len(pool) - len(seed_idx))
-    x_all = torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32)).to(dev)
-    y_all = torch.from_numpy(data.y_train).to(dev)
-    t_val = torch.from_numpy(val).to(dev)
-    x_val, y_val = x_all[t_val], y_all[t_val]
-    x_te = torch.from_numpy(np.ascontiguousarray(data.x_test, dtype=np.float32)).to(dev)
-    y_te = torch.from_numpy(data.y_test).to(dev)
-    if cfg.stop_on == "test":  # CDALBench's leak, for reproduction only (docs/active.md)
-        x_val, y_val = x_te, y_te
-
-    net = build_net(cfg.arch, tuple(data.x_train.shape), data.num_classes, cfg.hidden,
-                    cfg.dropout, model_gen).to(dev)
-    init_state = copy.deepcopy(net.state_dict())
-    fcfg = cfg.fit_config()
-    # The seed-set fit: a fixed number of epochs when first_fit_epochs > 0 (a patience
-    # longer than the run never stops it).
-    first_cfg = (dataclasses.replace(fcfg, max_epochs=cfg.first_fit_epochs,
-                                     patience=cfg.first_fit_epochs + 1)
-                 if cfg.first_fit_epochs > 0 else fcfg)
-    main_opt = _optimizer(fcfg, list(net.parameters())) if cfg.keep_optimizer else None
-
-    def train(model: ALModel, idx: np.ndarray, dgen: torch.Generator,
-              mgen: torch.Generator, fc: FitConfig = fcfg,
-              opt: torch.optim.Optimizer | None = None) -> float:
-        if cfg.fitting == "scratch":
-            model.load_state_dict(init_state)
-        t = torch.from_numpy(idx).to(dev)
-        fit(model, x_all[t], y_all[t], x_val, y_val, fc, dgen, mgen, opt)
-        return accuracy(model, x_te, y_te, fc.eval_batch_size)
-
-    # The stacked fit mirrors the default fit only (fresh optimiser, best weights kept,
-    # every batch); other settings use the sequential candidate fits.
-    batched = (batched_oracle and batch_supports(net, cfg.dropout) and fcfg.restore_best
-               and not fcfg.drop_last and main_opt is None)
-    spare: list[ALModel] = []
-
-    def scratch_net() -> ALModel:
-        """One reusable module for the oracle's candidate fits (a deepcopy per candidate
-        was a fifth of the oracle's time); its weights are overwritten before each fit."""
-        if not spare:
-            spare.append(copy.deepcopy(net))
-        return spare[0]
-
+    learner = _Learner(data, cfg, dev, _on_device(data, cfg, val, dev), data_gen, model_gen,
+                       batched_oracle)
     in_labeled = np.zeros(len(data.y_train), dtype=bool)
     in_labeled[seed_idx] = True
     in_pool = np.zeros(len(data.y_train), dtype=bool)
     in_pool[pool] = True
     labeled = seed_idx.copy()
 
-    acc = train(net, labeled, data_gen, model_gen, first_cfg, main_opt)
+    acc = learner.fit_main(labeled, learner.first_cfg)
     if on_iteration is not None:
         on_iteration(repetition, len(labeled), acc)
     sizes, accs, qtimes = [len(labeled)], [acc], []
     added = 0
     while added < budget:
         q = min(query_size, budget - added)
-        unlabeled = np.flatnonzero(in_pool & ~in_labeled)
-        cap = strategy.max_candidates
-        cand = (np.sort(rng_s.choice(unlabeled, cap, replace=False))
-                if cap is not None and len(unlabeled) > cap else unlabeled)
-
-        def oracle_score(extra: np.ndarray, _lab: np.ndarray = labeled) -> float:
-            # Copies of the generators: every candidate is judged under the same batch order
-            # and dropout masks, and the main trajectory's streams are left untouched.
-            dg, mg = torch.Generator(), torch.Generator()
-            dg.set_state(data_gen.get_state())
-            mg.set_state(model_gen.get_state())
-            trial = scratch_net()
-            trial.load_state_dict(net.state_dict())
-            topt = None
-            if main_opt is not None:  # the candidate continues a copy of the optimiser state
-                topt = _optimizer(fcfg, list(trial.parameters()))
-                topt.load_state_dict(copy.deepcopy(main_opt.state_dict()))
-            return train(trial, np.concatenate([_lab, np.asarray(extra, dtype=np.int64)]), dg,
-                         mg, fcfg, topt)
-
-        def oracle_scores(extras: list[np.ndarray], _lab: np.ndarray = labeled
-                          ) -> list[float]:
-            # All τ candidate fits as one stacked fit (scarcelab.active.batched): the same
-            # batch order for every candidate, as the sequential copies above get.
-            dg = torch.Generator()
-            dg.set_state(data_gen.get_state())
-            start = init_state if cfg.fitting == "scratch" else net.state_dict()
-            sets = [torch.from_numpy(np.concatenate([_lab, np.asarray(e, dtype=np.int64)]))
-                    .to(dev) for e in extras]
-            return fit_many(net, start, sets, x_all, y_all, x_val, y_val, x_te, y_te,  # type: ignore[arg-type]
-                            fcfg, dg)
-
-        wants_oracle = getattr(strategy, "needs_oracle", False)
-        state = QueryState(x=data.x_train, labeled=labeled, y_labeled=data.y_train[labeled],
-                           candidates=cand, model=TorchModelView(net),
-                           num_classes=data.num_classes,
-                           oracle_score=oracle_score if wants_oracle else None,
-                           oracle_scores=oracle_scores if wants_oracle and batched else None,
-                           current_accuracy=acc)
+        cand = _candidates(np.flatnonzero(in_pool & ~in_labeled), strategy.max_candidates,
+                           rng_s)
+        state = learner.query_state(strategy, labeled, cand, acc)
         t0 = time.perf_counter()
         picked = strategy.query(state, q, rng_s)
         qtimes.append(time.perf_counter() - t0)
         if picked.size == 0:
             break
         in_labeled[picked] = True
-        if cfg.fit_per_label and cfg.fitting == "finetune":
-            for extra in picked[:-1]:  # one fit per label; the last one below
-                labeled = np.concatenate([labeled, [extra]])
-                train(net, labeled, data_gen, model_gen, fcfg, main_opt)
-            labeled = np.concatenate([labeled, picked[-1:]])
-        else:
-            labeled = np.concatenate([labeled, picked])
+        labeled = learner.add_labels(labeled, picked)
         added += picked.size
-        acc = train(net, labeled, data_gen, model_gen, fcfg, main_opt)
+        acc = learner.fit_main(labeled)
         if on_iteration is not None:
             on_iteration(repetition, len(labeled), acc)
         sizes.append(len(labeled))
