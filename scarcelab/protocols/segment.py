@@ -465,35 +465,92 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
         tracker.end_study(status)
 
 
-def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
-                    opt: torch.optim.Optimizer, train: list[NucleiTile],
-                    val: list[NucleiTile], test: list[NucleiTile],
-                    type_names: dict[int, str] | None, device: str,
-                    rng: np.random.Generator, arch: str) -> SegmentResult:
-    start = time.time()
-    deadline = start + cfg.budget_minutes * 60.0
-    train_s = [rescale(t, cfg.scale) for t in train]
-    post = PostProcess()
-    sel = "pq" if cfg.aggregation == "image" else "pq_pooled"  # what selects the checkpoint
-    best: dict[str, Any] = {"pq": -1.0, "epoch": -1, "state": None, "val": {}}
-    epoch, bad = 0, 0
-    val_s_per_px = 0.0  # validation inference + scoring, per pixel: the final phase's clock
-    # The budget covers training + per-epoch validation: a step is started only while it
-    # and a validation fit (at the last step's and validation's speed), so the last epoch
-    # may be partial and is validated inside the budget. The first epoch always trains
-    # at least one step (a run needs a checkpoint).
-    step_s = val_s = 0.0
-    while epoch < cfg.max_epochs and (epoch == 0 or time.time() + step_s + val_s < deadline):
+@dataclass
+class _Selected:
+    """The checkpoint validation has selected so far: its value of the selecting PQ
+    (``-1`` before any, so the first finite one wins), epoch, validation scores and a CPU
+    copy of its weights (``None`` until an epoch's validation beat ``-1``)."""
+
+    pq: float = -1.0
+    epoch: int = -1
+    state: dict[str, torch.Tensor] | None = None
+    val: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Run:
+    """One run's training and test phase. The budget covers training + per-epoch
+    validation: a step is started only while it and a validation fit (at the last step's
+    and validation's speed, ``step_s`` and ``val_s``), so the last epoch may be partial and
+    is validated inside the budget; the first epoch always trains at least one step (a run
+    needs a checkpoint). ``val_s_per_px`` (validation inference + scoring, per pixel) is
+    the clock the test phase announces its estimate with."""
+
+    cfg: SegmentConfig
+    tracker: Tracker
+    model: NucleusUNet
+    device: str
+    type_names: dict[int, str] | None
+    rng: np.random.Generator
+    start: float
+    deadline: float
+    sel: str  # the validation value that selects the checkpoint: pq or pq_pooled
+    step_s: float = 0.0
+    val_s: float = 0.0
+    val_s_per_px: float = 0.0
+
+    def fits(self) -> bool:
+        """Whether one more step and a validation fit in the budget."""
+        return time.time() + self.step_s + self.val_s < self.deadline
+
+    def score(self, tiles: list[NucleiTile], post: PostProcess,
+              type_names: dict[int, str] | None) -> tuple[SegmentationEvaluator,
+                                                         list[np.ndarray]]:
+        """``tiles`` predicted at the run's window and scale, then scored."""
+        cfg = self.cfg
+        return score_maps(predict_set(self.model, tiles, cfg.window, self.device, cfg.scale),
+                          tiles, post, type_names)
+
+    def train(self, opt: torch.optim.Optimizer, train: list[NucleiTile],
+              val: list[NucleiTile], post: PostProcess) -> tuple[_Selected, int]:
+        """Epochs until ``max_epochs``, ``patience`` epochs without a better validation
+        value, or the budget: the checkpoint selected and the number of epochs run."""
+        cfg = self.cfg
+        train_s = [rescale(t, cfg.scale) for t in train]
+        best = _Selected()
+        epoch, bad = 0, 0
+        while epoch < cfg.max_epochs and (epoch == 0 or self.fits()):
+            losses, n = self.train_epoch(opt, train_s, epoch)
+            vres = self.validate(val, post)
+            if vres[self.sel] > best.pq:
+                best.pq, best.epoch, best.val = vres[self.sel], epoch, vres
+                best.state = {k: v.detach().to("cpu", copy=True)
+                              for k, v in self.model.state_dict().items()}
+                bad = 0
+            else:
+                bad += 1
+            self.log_epoch(losses, vres, n, epoch)
+            epoch += 1
+            if bad >= cfg.patience or n < cfg.steps_per_epoch:  # patience, or out of budget
+                break
+        return best, epoch
+
+    def train_epoch(self, opt: torch.optim.Optimizer, train_s: list[NucleiTile],
+                    epoch: int) -> tuple[dict[str, float], int]:
+        """Up to ``steps_per_epoch`` steps, the first always (``n`` counts them): the mean
+        of each loss term and ``n``. A non-finite loss fails the run (a lower lr is the
+        usual fix)."""
+        cfg, model = self.cfg, self.model
         train_mode(model, cfg.protocol)
         losses: dict[str, float] = {}
         n = 0
         for _ in range(cfg.steps_per_epoch):
-            if n and time.time() + step_s + val_s >= deadline:
+            if n and not self.fits():
                 break
             ts = time.time()
-            batch = {k: v.to(device) for k, v in
-                     make_batch(train_s, cfg.batch_size, cfg.crop, rng, type_names is not None,
-                                cfg.scale).items()}
+            batch = {k: v.to(self.device) for k, v in
+                     make_batch(train_s, cfg.batch_size, cfg.crop, self.rng,
+                                self.type_names is not None, cfg.scale).items()}
             terms = hovernet_loss(model(batch["x"]), batch)
             if not torch.isfinite(terms["loss"]):
                 raise TrialFailed(f"segment: non-finite loss at epoch {epoch}; lower lr "
@@ -504,86 +561,127 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
             for k, v in terms.items():
                 losses[k] = losses.get(k, 0.0) + float(v.detach())
             n += 1
-            step_s = time.time() - ts
-        losses = {k: v / n for k, v in losses.items()}
+            self.step_s = time.time() - ts
+        return {k: v / n for k, v in losses.items()}, n
+
+    def validate(self, val: list[NucleiTile], post: PostProcess) -> dict[str, float]:
+        """The epoch's validation scores; its duration sets the budget's and the test
+        phase's clocks."""
         tv = time.time()
-        ev, _ = score_maps(predict_set(model, val, cfg.window, device, cfg.scale), val, post,
-                           type_names)
+        ev, _ = self.score(val, post, self.type_names)
         vres = ev.result()
-        val_s = time.time() - tv
-        val_s_per_px = val_s / max(1, _pixels(val))
-        improved = vres[sel] > best["pq"]
-        if improved:
-            best.update(pq=vres[sel], epoch=epoch, val=vres,
-                        state={k: v.detach().to("cpu", copy=True)
-                               for k, v in model.state_dict().items()})
-            bad = 0
-        else:
-            bad += 1
-        tracker.log_metrics({**{f"train/{'loss' if k == 'loss' else 'loss_' + k}": v
-                                for k, v in losses.items()},
-                             **_keyed({k: v for k, v in vres.items()
-                                       if k in METRICS}, "seg/val_"),
-                             "time/elapsed_s": time.time() - start, "time/steps": float(n)},
-                            step=epoch, scope="study")
-        epoch += 1
-        if bad >= cfg.patience or n < cfg.steps_per_epoch:  # patience, or out of budget
-            break
+        self.val_s = time.time() - tv
+        self.val_s_per_px = self.val_s / max(1, _pixels(val))
+        return vres
+
+    def log_epoch(self, losses: dict[str, float], vres: dict[str, float], n: int,
+                  epoch: int) -> None:
+        """The epoch's curves on the study record (``train/loss``, ``train/loss_<term>``,
+        ``seg/val_<m>``, the clock and the steps it ran)."""
+        self.tracker.log_metrics(
+            {**{f"train/{'loss' if k == 'loss' else 'loss_' + k}": v
+                for k, v in losses.items()},
+             **_keyed({k: v for k, v in vres.items() if k in METRICS}, "seg/val_"),
+             "time/elapsed_s": time.time() - self.start, "time/steps": float(n)},
+            step=epoch, scope="study")
+
+    def announce_test(self, best: _Selected, val: list[NucleiTile], test: list[NucleiTile],
+                      cross_sets: list[tuple[str, list[NucleiTile]]]) -> None:
+        """After the budget (it covers training + per-epoch validation): the selected
+        checkpoint on the test set(s), announced with a time estimate at the validation's
+        speed."""
+        cfg = self.cfg
+        est = self.val_s_per_px * (
+            _pixels(test) + sum(_pixels(c) for _, c in cross_sets)
+            + (len(EDGE_GRID) * _pixels(val) if cfg.tune_threshold else 0))
+        _phase(self.tracker, f"testing epoch {best.epoch}'s checkpoint on {len(test)} "
+               f"{cfg.dataset} tiles" + "".join(f" + {len(c)} {n}" for n, c in cross_sets)
+               + f" (about {est:.0f} s at the validation's speed)")
+
+    def tune_edge(self, val: list[NucleiTile], post: PostProcess) -> PostProcess:
+        """``tune_threshold``: the marker threshold of EDGE_GRID with the best selecting
+        value on validation for the selected checkpoint (NaN counts as -1; a tie goes to the
+        one nearest HoVer-Net's), before the test set is seen."""
+        cfg = self.cfg
+        val_maps = predict_set(self.model, val, cfg.window, self.device, cfg.scale)
+        grid = {e: score_maps(val_maps, val, dataclasses.replace(post, edge_threshold=e),
+                              self.type_names)[0].result()[self.sel] for e in EDGE_GRID}
+        edge = max(EDGE_GRID, key=lambda e: (np.nan_to_num(grid[e], nan=-1.0),
+                                             -abs(e - post.edge_threshold)))
+        return dataclasses.replace(post, edge_threshold=edge)
+
+    def cross_test(self, cross_sets: list[tuple[str, list[NucleiTile]]], post: PostProcess,
+                   final: dict[str, float]) -> dict[str, dict[str, float]]:
+        """Each cross-dataset test set, scored on its instances alone (no type names), each
+        announced with its estimate; the values are added to ``final`` as
+        ``seg/cross/<dataset>/<m>``."""
+        cross: dict[str, dict[str, float]] = {}
+        for name, ctiles in cross_sets:
+            _phase(self.tracker, f"cross-test on {len(ctiles)} {name} tiles (about "
+                   f"{self.val_s_per_px * _pixels(ctiles):.0f} s)")
+            cev, _ = self.score(ctiles, post, None)
+            cross[name] = cev.result()
+            final.update(_keyed(cross[name], f"seg/cross/{name}/"))
+        return cross
+
+    def log_outputs(self, test: list[NucleiTile], preds: list[np.ndarray], best: _Selected,
+                    arch: str, edge: float) -> None:
+        """Overlays of the first test tiles, the selected checkpoint and the model."""
+        cfg, tracker = self.cfg, self.tracker
+        _phase(tracker, "logging the checkpoint, overlays and the model")
+        for tile, pred in list(zip(test, preds, strict=True))[:cfg.n_overlays]:
+            name = overlay_name(cfg.dataset, tile.name)
+            tracker.log_image(overlay(tile, pred, tile.name), name)
+            if hasattr(tracker, "note_artifact"):
+                tracker.note_artifact(name)
+        tracker.log_checkpoint({"state_dict": best.state, "epoch": best.epoch,
+                                "arch": arch, "n_types": self.model.n_types,
+                                "edge_threshold": edge}, name="best.pt")
+        # a batch of 2: MLflow marks the batch dimension Dim.AUTO, and torch.export fixes a
+        # dimension whose example size is 1 (warning "0/1 specialized"), so a one-tile
+        # example gave a model that takes one tile at a time
+        tracker.log_model(for_export(copy.deepcopy(self.model)),
+                          torch.zeros(2, 3, cfg.crop, cfg.crop))
+
+
+def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
+                    opt: torch.optim.Optimizer, train: list[NucleiTile],
+                    val: list[NucleiTile], test: list[NucleiTile],
+                    type_names: dict[int, str] | None, device: str,
+                    rng: np.random.Generator, arch: str) -> SegmentResult:
+    """Training under the budget, then the selected checkpoint on the test set(s), every
+    value on the study record. The test phase's draws (the cross-test caps) come from the
+    same ``rng`` after training's, so a run's crops never depend on its cross-test sets."""
+    start = time.time()
+    run = _Run(cfg, tracker, model, device, type_names, rng, start,
+               deadline=start + cfg.budget_minutes * 60.0,
+               sel="pq" if cfg.aggregation == "image" else "pq_pooled")
+    post = PostProcess()
+    best, epochs = run.train(opt, train, val, post)
     train_time = time.time() - start
-    if best["state"] is None:
+    if best.state is None:
         raise TrialFailed("segment: the budget ended before one epoch finished; raise "
                           "budget_minutes or lower steps_per_epoch")
-    model.load_state_dict(best["state"])
+    model.load_state_dict(best.state)
     t_eval = time.time()
     cross_sets = [(name, _cap(load_nuclei(name, None).test, cfg.max_test_tiles, rng))
                   for name in cfg.cross_test]
-    # after the budget (it covers training + per-epoch validation): the selected checkpoint
-    # on the test set(s), announced with a time estimate at the validation's speed
-    est = val_s_per_px * (_pixels(test) + sum(_pixels(c) for _, c in cross_sets)
-                          + (len(EDGE_GRID) * _pixels(val) if cfg.tune_threshold else 0))
-    _phase(tracker, f"testing epoch {best['epoch']}'s checkpoint on {len(test)} {cfg.dataset} "
-           "tiles" + "".join(f" + {len(c)} {n}" for n, c in cross_sets)
-           + f" (about {est:.0f} s at the validation's speed)")
+    run.announce_test(best, val, test, cross_sets)
     edge = post.edge_threshold  # HoVer-Net's 0.4 unless tuned
-    if cfg.tune_threshold:  # chosen on validation for the selected checkpoint
-        val_maps = predict_set(model, val, cfg.window, device, cfg.scale)
-        grid = {e: score_maps(val_maps, val, dataclasses.replace(post, edge_threshold=e),
-                              type_names)[0].result()[sel] for e in EDGE_GRID}
-        edge = max(EDGE_GRID, key=lambda e: (np.nan_to_num(grid[e], nan=-1.0),
-                                             -abs(e - post.edge_threshold)))
-        post = dataclasses.replace(post, edge_threshold=edge)
-    ev, preds = score_maps(predict_set(model, test, cfg.window, device, cfg.scale), test, post,
-                           type_names)
+    if cfg.tune_threshold:
+        post = run.tune_edge(val, post)
+        edge = post.edge_threshold
+    ev, preds = run.score(test, post, type_names)
     test_res = ev.result()
     final = {**_keyed(test_res, "seg/"),
-             "seg/val_pq_selected": best["pq"], "seg/selected_epoch": best["epoch"],
+             "seg/val_pq_selected": best.pq, "seg/selected_epoch": best.epoch,
              "seg/edge_threshold": edge}
-    cross: dict[str, dict[str, float]] = {}
-    for name, ctiles in cross_sets:
-        _phase(tracker, f"cross-test on {len(ctiles)} {name} tiles (about "
-               f"{val_s_per_px * _pixels(ctiles):.0f} s)")
-        cev, _ = score_maps(predict_set(model, ctiles, cfg.window, device, cfg.scale), ctiles,
-                            post, None)
-        cross[name] = cev.result()
-        final.update(_keyed(cross[name], f"seg/cross/{name}/"))
+    cross = run.cross_test(cross_sets, post, final)
     eval_s = time.time() - t_eval
     final.update({"time/train_s": train_time, "time/eval_s": eval_s,
                   "time/elapsed_s": time.time() - start})
-    tracker.log_metrics(final, step=best["epoch"], scope="study")
-    tracker.set_tags({T.SELECTED_EPOCH: str(best["epoch"]),
-                      T.EDGE_THRESHOLD: str(edge)})
-    _phase(tracker, "logging the checkpoint, overlays and the model")
-    for tile, pred in list(zip(test, preds, strict=True))[:cfg.n_overlays]:
-        name = overlay_name(cfg.dataset, tile.name)
-        tracker.log_image(overlay(tile, pred, tile.name), name)
-        if hasattr(tracker, "note_artifact"):
-            tracker.note_artifact(name)
-    tracker.log_checkpoint({"state_dict": best["state"], "epoch": best["epoch"],
-                            "arch": arch, "n_types": model.n_types,
-                            "edge_threshold": edge}, name="best.pt")
-    # a batch of 2: MLflow marks the batch dimension Dim.AUTO, and torch.export fixes a
-    # dimension whose example size is 1 (warning "0/1 specialized"), so a one-tile example
-    # gave a model that takes one tile at a time
-    tracker.log_model(for_export(copy.deepcopy(model)), torch.zeros(2, 3, cfg.crop, cfg.crop))
-    return SegmentResult(best["epoch"], epoch, best["val"], test_res, cross, edge,
+    tracker.log_metrics(final, step=best.epoch, scope="study")
+    tracker.set_tags({T.SELECTED_EPOCH: str(best.epoch), T.EDGE_THRESHOLD: str(edge)})
+    run.log_outputs(test, preds, best, arch, edge)
+    return SegmentResult(best.epoch, epochs, best.val, test_res, cross, edge,
                          train_time, eval_s)
