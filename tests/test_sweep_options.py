@@ -52,7 +52,7 @@ def test_mlflow_run_strings_parse_as_the_cli_values(spec):
     assert smoke.output == _dry(spec, "--smoke").output
 
 
-def test_the_sweep_run_takes_the_identity_options(spec, tmp_path, monkeypatch):
+def test_the_sweep_run_takes_the_identity_options(spec, store):
     """--run-name, --tags and --description name, tag and describe the sweep run, as on
     every command that logs a run; a resumed sweep (found by its role and sweep tags,
     never its name) keeps its name unless a new one is given. Reserved keys are refused
@@ -64,8 +64,7 @@ def test_the_sweep_run_takes_the_identity_options(spec, tmp_path, monkeypatch):
 
     bad = _dry(spec, "--tags", "scarcelab.role=study")
     assert bad.exit_code == 2 and "scarcelab." in bad.output
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    uri = store  # the driver's MlflowClient() reads the process's tracking URI
     sp = load_spec(spec)
 
     def opened(identity: Identity | None) -> dict[str, str]:
