@@ -849,10 +849,13 @@ class _Search:
                                on_epoch=lambda rep, improved, snap: self._on_epoch(
                                    trial, history, rep))
 
+        # the objective is what Optuna is told: a NaN one fails the trial in both records
+        # (Optuna's study/_tell.py feasibility check would fail it there alone)
         outcome = self.runner.run(
             trial.number, fit,
             on_fail=lambda: self.store.tell(trial, state=TrialState.FAIL),
-            on_prune=lambda p: self._pruned(trial, p))
+            on_prune=lambda p: self._pruned(trial, p),
+            objective=lambda res: _objective(history))
         if outcome.state != COMPLETE:
             return True
         assert outcome.value is not None
@@ -863,7 +866,7 @@ class _Search:
         """Each epoch: the trial's metrics and its ASHA report, the mean of its last
         :data:`AVG_WINDOW` validation balanced accuracies; the pruner may stop it here."""
         history.append(rep.val_balanced_accuracy)
-        avg = float(np.mean(history[-AVG_WINDOW:]))
+        avg = _objective(history)
         metrics = {k: v for k, v in rep.metrics.items() if not k.startswith("test/")}
         metrics["val/balanced_accuracy_avg5"] = avg
         self.tracker.log_metrics(metrics, rep.epoch)
@@ -890,19 +893,19 @@ class _Search:
             tracker.set_tags({T.STOPPED: "budget"}, scope="trial")
             tracker.end_trial("KILLED", f"budget_minutes ran out after {res.epochs} epochs")
             return False
-        value = float(np.mean(history[-AVG_WINDOW:]))
-        if not math.isfinite(value):  # Optuna fails it too (study/_tell.py's feasibility
-            # check); the tracker must agree, as run_study's runner does with its objective
-            self.store.tell(trial, state=TrialState.FAIL)
-            tracker.end_trial("FAILED", f"non-finite objective: the mean validation balanced "
-                              f"accuracy of the last {AVG_WINDOW} epochs is {value}")
-            return True
+        value = _objective(history)
         self.store.tell(trial, value)
         tracker.log_metrics({"asha/final_value": value, "asha/rung": asha_rung(
             res.epochs, self.s.grace_period)}, res.epochs, scope="trial")
         tracker.set_tags({T.PRUNED: "false", T.STOPPED: res.stopped}, scope="trial")
         tracker.end_trial("FINISHED")
         return True
+
+
+def _objective(history: list[float]) -> float:
+    """A trial's value for Optuna: the mean validation balanced accuracy of its last
+    :data:`AVG_WINDOW` epochs (the same smoothing as its ASHA reports)."""
+    return float(np.mean(history[-AVG_WINDOW:]))
 
 
 def _retrain_error(e: BaseException) -> str:
