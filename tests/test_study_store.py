@@ -163,3 +163,40 @@ def test_large_study_seeds_draw_valid_configurations():
     for seed in (5_000, 7_000, 123_456):  # seed * 1_000_003 is past 2**32
         a = draws(seed)
         assert a == draws(seed) and all(1e-4 <= v <= 1e-1 for v in a)
+
+
+def test_a_process_killed_inside_ask_leaves_no_running_trial(url, tmp_path):
+    """A SIGKILL between Optuna's ``ask`` and the owner being written left an owner-less
+    trial RUNNING that a resume started at once did not fail (its start time was within
+    the grace period): the e2e kill-and-resume test failed on it in CI. The asker is now
+    recorded before ``ask``, so a resume sees that it is dead."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, optuna.trial\n"
+        "from scarcelab.protocols.study_store import StudyStore\n"
+        f"s = StudyStore('s', 0, {url!r})\n"
+        "optuna.trial.Trial.set_user_attr = lambda *a, **k: os._exit(3)  # dies right there\n"
+        "s.ask()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 3, p.stderr
+    store = StudyStore("s", 0, url)
+    (t,) = store.study.get_trials()
+    assert t.state == TrialState.RUNNING and "owner" not in t.user_attrs
+    assert store.fail_orphans() == [t.number]  # at once, not after the grace period
+    assert store.study.get_trials()[0].state == TrialState.FAIL
+    store.close()
+
+
+def test_an_ownerless_trial_with_a_live_candidate_asker_waits_for_the_grace(url, monkeypatch):
+    """When a live process may have asked the owner-less trial, it is not failed early."""
+    store = StudyStore("s", 0, url)
+    store.study.set_user_attr(f"asking:{HOST}:999999999", time.time() - 1)  # dead asker
+    store.study.set_user_attr(f"asking:{HOST}:{os.getppid()}", time.time() - 1)  # live one
+    t = store.study.ask()  # no owner (yet)
+    assert store.fail_orphans() == []
+    store.study.set_user_attr(f"asking:{HOST}:{os.getppid()}", 0.0)  # that one left ask
+    assert store.fail_orphans() == [t.number]
+    store.close()

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = float(os.environ.get("SCARCELAB_HEARTBEAT_S", "5"))
 GRACE_S = float(os.environ.get("SCARCELAB_HEARTBEAT_GRACE_S", "60"))
 HOST = socket.gethostname()
+_ASKING = "asking:"  # study user attribute prefix: a process inside StudyStore.ask
 
 
 def redact(uri: str | None) -> str:
@@ -126,12 +127,27 @@ class StudyStore:
             return False
         return int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}")
 
+    def _pending_askers(self) -> dict[str, float]:
+        """Processes inside :meth:`ask` (owner -> when they entered it)."""
+        return {k[len(_ASKING):]: float(v) for k, v in self.study.user_attrs.items()
+                if k.startswith(_ASKING) and v}
+
+    def _ownerless_orphan(self, started: float, pending: dict[str, float]) -> bool:
+        """Whether a trial without an owner was asked by a process that died inside
+        :meth:`ask` (between Optuna's ``ask`` and the owner being written: a SIGKILL there
+        left trial 5 RUNNING in the e2e kill-and-resume test). Its asker is one of the
+        processes that entered ``ask`` before the trial started; if every one of them is
+        gone, so is its asker. A live or remote candidate leaves it to the grace period."""
+        cands = [o for o, t0 in pending.items() if t0 <= started + 1e-3]
+        return bool(cands) and all(self._owner_dead(o) for o in cands)
+
     def fail_orphans(self) -> list[int]:
         """Mark trials left RUNNING by dead processes FAILED; returns their numbers."""
         if not self.shared:
             return []
         now = time.time()
         out = []
+        pending = self._pending_askers()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             owner = str(t.user_attrs.get("owner", ""))
             # A trial another worker has just asked for has no owner/heartbeat yet (ask()
@@ -141,7 +157,9 @@ class StudyStore:
             beat = float(t.user_attrs.get("heartbeat", started))
             if owner == f"{HOST}:{os.getpid()}":
                 continue
-            if not (self._owner_dead(owner) or now - beat > GRACE_S):
+            dead = (self._owner_dead(owner) if owner
+                    else self._ownerless_orphan(started, pending))
+            if not (dead or now - beat > GRACE_S):
                 continue
             tid = self.storage.get_trial_id_from_study_id_trial_number(
                 self.storage.get_study_id_from_name(self.name), t.number)
@@ -202,9 +220,13 @@ class StudyStore:
     # -- trials --------------------------------------------------------------------------
     def ask(self, elapsed: Callable[[], float] | None = None) -> Trial:
         """A new trial; ``elapsed`` (the budget clock) is recorded with every heartbeat."""
+        me = f"{HOST}:{os.getpid()}"
+        if self.shared:  # a death between Optuna's ask and the owner is then traceable
+            self.study.set_user_attr(_ASKING + me, time.time())
         trial = self.study.ask()
         if self.shared:
-            trial.set_user_attr("owner", f"{HOST}:{os.getpid()}")
+            trial.set_user_attr("owner", me)
+            self.study.set_user_attr(_ASKING + me, 0.0)  # out of ask: nothing to trace
             trial.set_user_attr("heartbeat", time.time())
             if elapsed is not None:
                 trial.set_user_attr("elapsed_s", float(elapsed()))
