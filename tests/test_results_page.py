@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+import yaml  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from scarcelab.entrypoints.cli import main  # noqa: E402
@@ -330,6 +331,34 @@ def test_transfer_protocols_become_columns_so_the_paper_claims_can_name_them():
                     "columns": ["linear (all labels) accuracy",
                                 "finetune (all labels) accuracy"]},
                    C.SuiteData(transfer=out))
+    assert v.status == "reproduced", v
+
+
+def test_probe_runs_of_n_labeled_all_and_a_count_get_the_columns_the_claims_name():
+    """What probe runs record: ``n_labeled`` resolved to a count (``all`` -> 1174), the
+    ``label_fraction`` tag the share trained on (1, or 147/1174 = 0.1252) and the CLI's
+    ``params.label_fraction`` 1 either way. The first reference pathology page named the
+    columns "linear (1174 labels)" and "linear (147 labels) (label fraction 0.1252)", so
+    the paper file's "linear (all labels) accuracy" / "linear (147 labels) accuracy" rules
+    found nothing and the two probe claims were 'not testable'."""
+    from scarcelab.tracking.query import Tracked
+
+    rows = []
+    for enc, acc in (("random", (0.61, 0.59)), ("runs:/abc/model", (0.66, 0.64))):
+        for (n, frac), a in zip((("1174", "1"), ("147", "0.1252")), acc, strict=True):
+            rows.append({"run_id": f"{enc}{n}", "status": "FINISHED", "task": "probe",
+                         "encoder": enc, "arch": "small_cnn", "protocol": "linear",
+                         "dataset": "pathology_crops", "params.n_labeled": n,
+                         "params.label_fraction": "1.0", "label_fraction": frac,
+                         "metrics.test/accuracy": a, "metrics.test/balanced_accuracy": a})
+    t = Tracked(pd.DataFrame(rows), None, ["0"])  # type: ignore[arg-type]
+    refs = ['{"encoder": ["@pretrain", "runs:/abc/model"]}']
+    out = P.protocols_as_columns(P.transfer_view(t, refs)).set_index("encoder")
+    assert out.loc["@pretrain", "pathology_crops linear (all labels) accuracy"] == 0.66
+    assert out.loc["random", "pathology_crops linear (147 labels) accuracy"] == 0.59
+    claims = {c["id"]: c["rule"] for c in
+              yaml.safe_load((REPO / "suites/papers/pathology.yaml").read_text())["claims"]}
+    v = C.evaluate(claims["linear_eval"], C.SuiteData(transfer=out.reset_index()))
     assert v.status == "reproduced", v
 
 

@@ -243,9 +243,16 @@ def transfer_view(t: Any, refs: Iterable[str]) -> pd.DataFrame:
         runs = runs.assign(encoder=runs["encoder"].replace(labels))
     if "protocol" in runs and "params.n_labeled" in runs and "task" in runs:
         # probes with all labels and with a fraction are separate columns, not averaged
+        # a probe run records the count it resolved n_labeled=all to (e.g. 1174) and its
+        # label fraction 1: both mean "all labels", the column the paper file's claims name
         probe = runs["task"].eq("probe") & runs["protocol"].notna()
+        # (the label_fraction tag: the share trained on; the CLI parameter stays 1 when
+        # the budget is a count)
+        full = (pd.to_numeric(runs["label_fraction"], errors="coerce") == 1.0
+                if "label_fraction" in runs else pd.Series(False, index=runs.index))
         lab = runs["params.n_labeled"].astype(str).map(
             lambda v: "all labels" if v in ("all", "", "nan", "None") else f"{v} labels")
+        lab = lab.where(~full, "all labels")
         runs = runs.assign(protocol=runs["protocol"].where(
             ~probe, runs["protocol"].astype(str) + " (" + lab + ")"))
     cross = sorted(c[len("metrics."):] for c in runs.columns
@@ -271,7 +278,9 @@ def protocols_as_columns(view: pd.DataFrame) -> pd.DataFrame:
         key = (r["encoder"], r["arch"])
         proto = str(r["protocol"]) if pd.notna(r["protocol"]) else ""
         frac = r.get("label_fraction")
-        if pd.notna(frac) and float(frac) != 1.0:
+        # a probe's protocol names its label count already ("linear (147 labels)"); its
+        # fraction of the pool would only repeat it and hide the column from the claims
+        if pd.notna(frac) and float(frac) != 1.0 and not proto.endswith(" labels)"):
             proto += f" (label fraction {float(frac):g})"
         m = meta.setdefault(key, {"encoder_method": r.get("encoder_method"), "n_runs": 0})
         m["n_runs"] += int(r.get("n_runs") or 0)
