@@ -146,83 +146,128 @@ class SigV4Verifier:
         if auth and presigned:
             raise S3AuthError("InvalidArgument", "only one auth mechanism allowed", 400)
         if presigned:
-            if query["X-Amz-Algorithm"] != ALGORITHM:
-                raise S3AuthError("AccessDenied", "only AWS4-HMAC-SHA256 is accepted")
-            try:
-                credential, signed, signature = (query["X-Amz-Credential"],
-                                                 query["X-Amz-SignedHeaders"],
-                                                 query["X-Amz-Signature"])
-                amz_date, expires = query["X-Amz-Date"], int(query["X-Amz-Expires"])
-            except (KeyError, ValueError):
-                raise S3AuthError("AuthorizationQueryParametersError",
-                                  "incomplete presigned URL", 400) from None
-            when = _parse_amz_date(amz_date)
-            if not 0 < expires <= MAX_PRESIGN_EXPIRES_S:
-                raise S3AuthError("AuthorizationQueryParametersError",
-                                  "X-Amz-Expires out of range", 400)
-            if now > when + dt.timedelta(seconds=expires):
-                raise S3AuthError("AccessDenied", "Request has expired")
-            if when - now > dt.timedelta(seconds=self.max_skew_s):
-                raise S3AuthError("RequestTimeTooSkewed", "request date is in the future")
-            payload_hash = query.get("X-Amz-Content-Sha256", UNSIGNED)
-            cquery = canonical_query(raw_query, drop="X-Amz-Signature")
+            claim = self._presigned_claim(query, raw_query, now)
         else:
-            if not auth:
-                raise S3AuthError("AccessDenied", "anonymous access is not allowed: sign the "
-                                  "request (AWS SigV4) with the stack's keys")
-            m = _AUTH_RE.match(auth[0].strip())
-            if len(auth) != 1 or not m:
-                raise S3AuthError("AccessDenied", "malformed or unsupported Authorization "
-                                  "header (AWS4-HMAC-SHA256 only)")
-            credential, signed, signature = m.group(1), m.group(2), m.group(3).lower()
-            dates = hmap.get("x-amz-date")
-            if not dates:
-                raise S3AuthError("AccessDenied", "X-Amz-Date header missing")
-            amz_date = dates[0].strip()
-            when = _parse_amz_date(amz_date)
-            if abs((now - when).total_seconds()) > self.max_skew_s:
-                raise S3AuthError("RequestTimeTooSkewed", "the difference between the request "
-                                  "time and the server's time is too large")
-            ph = hmap.get("x-amz-content-sha256")
-            if not ph:
-                raise S3AuthError("InvalidRequest", "x-amz-content-sha256 header missing", 400)
-            payload_hash = ph[0].strip()
-            cquery = canonical_query(raw_query)
-        if payload_hash != UNSIGNED and not _HEX64.match(payload_hash):
-            if payload_hash.startswith("STREAMING-"):
-                raise S3AuthError("NotImplemented", f"{payload_hash} (aws-chunked) payloads "
-                                  "are not supported by this store; sign the whole payload", 501)
-            raise S3AuthError("InvalidArgument", "bad x-amz-content-sha256", 400)
+            claim = self._header_claim(auth, hmap, raw_query, now)
+        _check_payload_hash(claim.payload_hash)
+        day, region, service = self._scope(claim)
+        canonical_headers = _canonical_headers(claim.signed, hmap)
+        creq = "\n".join([method, path, claim.cquery, canonical_headers, claim.signed.lower(),
+                          claim.payload_hash])
+        scope = f"{day}/{region}/{service}/aws4_request"
+        to_sign = "\n".join([ALGORITHM, claim.amz_date, scope, _sha256(creq.encode())])
+        want = hmac.new(signing_key(self.secret_key, day, region, service), to_sign.encode(),
+                        hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(want, claim.signature.lower()):
+            raise S3AuthError("SignatureDoesNotMatch", "the request signature we calculated "
+                              "does not match the signature you provided")
+        return Verified(claim.payload_hash, presigned)
 
-        parts = credential.split("/")
+    def _presigned_claim(self, query: dict[str, str], raw_query: str,
+                         now: dt.datetime) -> _Claim:
+        """What a presigned URL's ``X-Amz-*`` parameters claim, once its validity window is
+        checked (a leaked URL must stop working when it expires)."""
+        if query["X-Amz-Algorithm"] != ALGORITHM:
+            raise S3AuthError("AccessDenied", "only AWS4-HMAC-SHA256 is accepted")
+        try:
+            credential, signed, signature = (query["X-Amz-Credential"],
+                                             query["X-Amz-SignedHeaders"],
+                                             query["X-Amz-Signature"])
+            amz_date, expires = query["X-Amz-Date"], int(query["X-Amz-Expires"])
+        except (KeyError, ValueError):
+            raise S3AuthError("AuthorizationQueryParametersError",
+                              "incomplete presigned URL", 400) from None
+        when = _parse_amz_date(amz_date)
+        if not 0 < expires <= MAX_PRESIGN_EXPIRES_S:
+            raise S3AuthError("AuthorizationQueryParametersError",
+                              "X-Amz-Expires out of range", 400)
+        if now > when + dt.timedelta(seconds=expires):
+            raise S3AuthError("AccessDenied", "Request has expired")
+        if when - now > dt.timedelta(seconds=self.max_skew_s):
+            raise S3AuthError("RequestTimeTooSkewed", "request date is in the future")
+        return _Claim(credential, signed, signature, amz_date,
+                      query.get("X-Amz-Content-Sha256", UNSIGNED),
+                      canonical_query(raw_query, drop="X-Amz-Signature"))
+
+    def _header_claim(self, auth: list[str] | None, hmap: dict[str, list[str]],
+                      raw_query: str, now: dt.datetime) -> _Claim:
+        """What an ``Authorization`` header claims, once its date is within the skew (a
+        replayed request must stop working)."""
+        if not auth:
+            raise S3AuthError("AccessDenied", "anonymous access is not allowed: sign the "
+                              "request (AWS SigV4) with the stack's keys")
+        m = _AUTH_RE.match(auth[0].strip())
+        if len(auth) != 1 or not m:
+            raise S3AuthError("AccessDenied", "malformed or unsupported Authorization "
+                              "header (AWS4-HMAC-SHA256 only)")
+        dates = hmap.get("x-amz-date")
+        if not dates:
+            raise S3AuthError("AccessDenied", "X-Amz-Date header missing")
+        amz_date = dates[0].strip()
+        when = _parse_amz_date(amz_date)
+        if abs((now - when).total_seconds()) > self.max_skew_s:
+            raise S3AuthError("RequestTimeTooSkewed", "the difference between the request "
+                              "time and the server's time is too large")
+        ph = hmap.get("x-amz-content-sha256")
+        if not ph:
+            raise S3AuthError("InvalidRequest", "x-amz-content-sha256 header missing", 400)
+        return _Claim(m.group(1), m.group(2), m.group(3).lower(), amz_date, ph[0].strip(),
+                      canonical_query(raw_query))
+
+    def _scope(self, claim: _Claim) -> tuple[str, str, str]:
+        """(day, region, service) of the credential scope, which must name this stack's key
+        and the request's own day."""
+        parts = claim.credential.split("/")
         if len(parts) != 5 or parts[4] != "aws4_request" or parts[3] != "s3":
             raise S3AuthError("AuthorizationHeaderMalformed", "bad credential scope", 400)
         key_id, day, region, service, _ = parts
         if not hmac.compare_digest(key_id.encode(), self.access_key.encode()):
             raise S3AuthError("InvalidAccessKeyId", "the access key id does not exist")
-        if day != amz_date[:8]:
+        if day != claim.amz_date[:8]:
             raise S3AuthError("AuthorizationHeaderMalformed",
                               "credential date does not match X-Amz-Date", 400)
-        names = signed.lower().split(";")
-        if names != sorted(names) or "host" not in names:
-            raise S3AuthError("AccessDenied", "SignedHeaders must be sorted and include host")
-        unsigned_amz = [h for h in hmap if h.startswith("x-amz-") and h not in names]
-        if unsigned_amz:
-            raise S3AuthError("AccessDenied", f"headers not signed: {', '.join(unsigned_amz)}")
-        lines = []
-        for n in names:
-            if n not in hmap:
-                raise S3AuthError("AccessDenied", f"signed header {n} missing")
-            lines.append(f"{n}:{','.join(' '.join(v.split()) for v in hmap[n])}\n")
-        creq = "\n".join([method, path, cquery, "".join(lines), signed.lower(), payload_hash])
-        scope = f"{day}/{region}/{service}/aws4_request"
-        to_sign = "\n".join([ALGORITHM, amz_date, scope, _sha256(creq.encode())])
-        want = hmac.new(signing_key(self.secret_key, day, region, service), to_sign.encode(),
-                        hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(want, signature.lower()):
-            raise S3AuthError("SignatureDoesNotMatch", "the request signature we calculated "
-                              "does not match the signature you provided")
-        return Verified(payload_hash, presigned)
+        return day, region, service
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """The signature parameters a request carries, wherever it carries them (header auth or
+    presigned query): past this point both are checked the same way."""
+
+    credential: str
+    signed: str
+    signature: str
+    amz_date: str
+    payload_hash: str
+    cquery: str
+
+
+def _check_payload_hash(payload_hash: str) -> None:
+    """Only a whole-body hash or ``UNSIGNED-PAYLOAD`` can be checked before forwarding;
+    aws-chunked payloads get their own answer, since a client can switch them off."""
+    if payload_hash != UNSIGNED and not _HEX64.match(payload_hash):
+        if payload_hash.startswith("STREAMING-"):
+            raise S3AuthError("NotImplemented", f"{payload_hash} (aws-chunked) payloads "
+                              "are not supported by this store; sign the whole payload", 501)
+        raise S3AuthError("InvalidArgument", "bad x-amz-content-sha256", 400)
+
+
+def _canonical_headers(signed: str, hmap: dict[str, list[str]]) -> str:
+    """The canonical headers block of the signed names; refuses a request whose
+    ``x-amz-*`` headers are not all signed (an unsigned ``x-amz-copy-source`` could be
+    added to a signed request)."""
+    names = signed.lower().split(";")
+    if names != sorted(names) or "host" not in names:
+        raise S3AuthError("AccessDenied", "SignedHeaders must be sorted and include host")
+    unsigned_amz = [h for h in hmap if h.startswith("x-amz-") and h not in names]
+    if unsigned_amz:
+        raise S3AuthError("AccessDenied", f"headers not signed: {', '.join(unsigned_amz)}")
+    lines = []
+    for n in names:
+        if n not in hmap:
+            raise S3AuthError("AccessDenied", f"signed header {n} missing")
+        lines.append(f"{n}:{','.join(' '.join(v.split()) for v in hmap[n])}\n")
+    return "".join(lines)
 
 
 def sign_headers(method: str, target: str, host: str, payload_hash: str, key: str,

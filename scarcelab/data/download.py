@@ -17,6 +17,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import IO, Any
 
 from tqdm.auto import tqdm
 
@@ -108,61 +109,82 @@ def download(
     extra = f" {hint}" if hint else ""
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     tmp = Path(tmp_name)
-    hasher = hashlib.md5(usedforsecurity=False)
-    received = 0
     try:
         with os.fdopen(fd, "wb") as out:
-            request = urllib.request.Request(url, headers={"User-Agent": "scarcelab"})
-            try:
-                response = urllib.request.urlopen(request, timeout=timeout)
-            except _NETWORK_ERRORS as exc:
-                raise DataError(
-                    f"download of {url} failed: {exc}. {_manual_hint(dest)}{extra}"
-                ) from exc
+            response = _open(url, dest, timeout, extra)
             with response:
                 length = response.headers.get("Content-Length")
                 total = int(length) if length and length.isdigit() else None
                 show = progress and sys.stderr.isatty()
-                with tqdm(
-                    total=total,
-                    unit="B",
-                    unit_scale=True,
-                    unit_divisor=1024,
-                    desc=dest.name,
-                    file=sys.stderr,
-                    disable=not show,
-                    leave=False,
-                ) as bar:
-                    while True:
-                        try:
-                            chunk = response.read(_CHUNK)
-                        except _NETWORK_ERRORS as exc:
-                            raise DataError(
-                                f"download of {url} failed after {received} bytes: {exc}. "
-                                f"{_manual_hint(dest)}{extra}"
-                            ) from exc
-                        if not chunk:
-                            break
-                        out.write(chunk)
-                        hasher.update(chunk)
-                        received += len(chunk)
-                        bar.update(len(chunk))
-        if total is not None and received != total:
-            raise DataError(
-                f"download of {url} was truncated: got {received} of {total} bytes. "
-                f"Try again. {_manual_hint(dest)}{extra}"
-            )
-        got = hasher.hexdigest()
-        if md5 is not None and got != md5.lower():
-            raise DataError(
-                f"checksum mismatch for {url}: expected md5 {md5.lower()}, got {got}; the "
-                f"download was deleted. The server may serve a different version, or the "
-                f"transfer was corrupted.{extra}"
-            )
+                received, got = _stream(response, out, url, dest, total, show, extra)
+        _check_received(url, dest, received, total, got, md5, extra)
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+def _open(url: str, dest: Path, timeout: float, extra: str) -> Any:
+    """The server's response, or a :class:`DataError` that says how to do without it (a
+    connection refused or a 404 is where a user without network access first lands)."""
+    request = urllib.request.Request(url, headers={"User-Agent": "scarcelab"})
+    try:
+        return urllib.request.urlopen(request, timeout=timeout)
+    except _NETWORK_ERRORS as exc:
+        raise DataError(
+            f"download of {url} failed: {exc}. {_manual_hint(dest)}{extra}"
+        ) from exc
+
+
+def _stream(response: Any, out: IO[bytes], url: str, dest: Path, total: int | None,
+            show: bool, extra: str) -> tuple[int, str]:
+    """Copy the body to ``out`` in chunks, hashing on the fly so a multi-GB file is read
+    once; returns (bytes received, hex md5)."""
+    hasher = hashlib.md5(usedforsecurity=False)
+    received = 0
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=dest.name,
+        file=sys.stderr,
+        disable=not show,
+        leave=False,
+    ) as bar:
+        while True:
+            try:
+                chunk = response.read(_CHUNK)
+            except _NETWORK_ERRORS as exc:
+                raise DataError(
+                    f"download of {url} failed after {received} bytes: {exc}. "
+                    f"{_manual_hint(dest)}{extra}"
+                ) from exc
+            if not chunk:
+                break
+            out.write(chunk)
+            hasher.update(chunk)
+            received += len(chunk)
+            bar.update(len(chunk))
+    return received, hasher.hexdigest()
+
+
+def _check_received(url: str, dest: Path, received: int, total: int | None, got: str,
+                    md5: str | None, extra: str) -> None:
+    """Refuse a short or corrupted transfer before it is renamed into place: a file at
+    ``dest`` is trusted by every later run. A short one is reported as such first, since
+    its checksum cannot match either."""
+    if total is not None and received != total:
+        raise DataError(
+            f"download of {url} was truncated: got {received} of {total} bytes. "
+            f"Try again. {_manual_hint(dest)}{extra}"
+        )
+    if md5 is not None and got != md5.lower():
+        raise DataError(
+            f"checksum mismatch for {url}: expected md5 {md5.lower()}, got {got}; the "
+            f"download was deleted. The server may serve a different version, or the "
+            f"transfer was corrupted.{extra}"
+        )
 
 
 __all__ = ["ENV_DATA_ROOT", "data_root", "download", "md5sum"]

@@ -111,6 +111,47 @@ def make_split(
     """Draw labeled / unlabeled index sets from ``raw``'s train split and the validation
     index set from its train or official validation split (``val_from``, see above);
     ``label_fraction`` < 1 keeps that share of the labeled set (see above)."""
+    _check_request(raw, label_fraction)
+    y = np.asarray(raw.train_y)
+    n_train = len(y)
+    n_lab, n_v, n_pool = _sizes(raw, n_train, n_labeled, n_val, val_from, label_fraction,
+                                allow_large_val)
+    source = resolve_val_from(raw, val_from, n_v)
+    from_train = n_v if source == "train" else 0
+    if n_pool + from_train > n_train:
+        raise ConfigError(
+            f"n_labeled + n_val = {n_pool + from_train} exceeds the {n_train} training "
+            f"samples of {raw.name}"
+        )
+    counts = np.bincount(y, minlength=raw.num_classes)
+    _check_classes(raw, counts)  # called from here: its warning's stacklevel names our caller
+    rng = np.random.default_rng(seed)
+    n_lab_c, keep_c = _labeled_quotas(counts, n_pool, n_lab, label_fraction)
+    if source == "train":
+        labeled, val = _draw_from_train(raw, y, counts, n_lab_c, keep_c, n_v, rng)
+    else:
+        labeled, val = _draw_with_official_val(raw, y, counts, keep_c, n_v, rng, seed)
+    split = {
+        "dataset": raw.name,
+        "seed": int(seed),
+        "n_labeled": n_lab,
+        "n_val": n_v,
+        "val_from": source,
+        "labeled": sorted(labeled),
+        "val": sorted(val),
+        "unlabeled": _unlabeled(n_train, labeled, val if source == "train" else []),
+        "test": "official",
+    }
+    if label_fraction < 1.0:  # absent at 1: the splits drawn before it keep their JSON
+        split["label_fraction"] = float(label_fraction)
+        split["n_labeled_pool"] = n_pool
+    split["hash"] = split_hash(split)
+    return split
+
+
+def _check_request(raw: RawDataset, label_fraction: float) -> None:
+    """Refuse what no split can serve before any size is worked out, so the message names
+    the real problem rather than a size that follows from it."""
     if not 0.0 < label_fraction <= 1.0:
         raise ConfigError(f"label_fraction must be in (0, 1], got {label_fraction}; e.g. 0.1 "
                           "keeps 10 % of the labeled images")
@@ -119,8 +160,20 @@ def make_split(
             f"dataset {raw.name!r} is {raw.task}; scarcelab's classifiers and splits are "
             "single-label multi-class (pick another dataset)"
         )
-    y = np.asarray(raw.train_y)
-    n_train = len(y)
+
+
+def _sizes(
+    raw: RawDataset,
+    n_train: int,
+    n_labeled: int | str | None,
+    n_val: int | str | None,
+    val_from: str,
+    label_fraction: float,
+    allow_large_val: bool,
+) -> tuple[int, int, int]:
+    """(n_labeled, n_val, n_pool): the requested sizes with defaults and ``"all"`` resolved
+    and the realism rules applied; ``n_pool`` is the labeled size of ``label_fraction=1``,
+    the set a smaller fraction is drawn from."""
     d_lab, d_val = default_budget(raw.name, n_train)
     val_given = n_val not in (None, "default", "")
     if n_labeled in (None, "default", ""):
@@ -149,18 +202,14 @@ def make_split(
             "than the labeled training set is unrealistic. Lower n_val or pass "
             "allow_large_val=true to override."
         )
-    source = resolve_val_from(raw, val_from, n_val)
-    from_train = n_val if source == "train" else 0
-    if n_pool + from_train > n_train:
-        raise ConfigError(
-            f"n_labeled + n_val = {n_pool + from_train} exceeds the {n_train} training "
-            f"samples of {raw.name}"
-        )
-    counts = np.bincount(y, minlength=raw.num_classes)
-    _check_classes(raw, counts)
-    rng = np.random.default_rng(seed)
-    labeled: list[int] = []
-    val: list[int] = []
+    return n_labeled, n_val, n_pool
+
+
+def _labeled_quotas(counts: np.ndarray, n_pool: int, n_labeled: int,
+                    label_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per class: how many images the full labeled set takes (the validation draw from train
+    starts after them whatever the fraction, so validation is that of ``label_fraction=1``)
+    and how many of those are kept as labeled."""
     n_lab_c = stratified_counts(counts, n_pool)
     keep_c = n_lab_c
     if label_fraction < 1.0:
@@ -170,42 +219,50 @@ def make_split(
                               f"{n_pool} labeled images, fewer than the {k} classes; raise "
                               "label_fraction")
         keep_c = stratified_counts(n_lab_c, n_labeled)
-    if source == "train":
-        remaining = counts - n_lab_c
-        n_val_c = stratified_counts(remaining, n_val) if n_val > 0 else np.zeros_like(counts)
-        for c in range(raw.num_classes):
-            idx = rng.permutation(np.flatnonzero(y == c))
-            labeled += idx[: keep_c[c]].tolist()
-            val += idx[n_lab_c[c] : n_lab_c[c] + n_val_c[c]].tolist()
-    else:
-        for c in range(raw.num_classes):
-            labeled += rng.permutation(np.flatnonzero(y == c))[: keep_c[c]].tolist()
-        vy = np.asarray(raw.val_y)
-        v_counts = np.bincount(vy, minlength=raw.num_classes)
-        n_val_c = stratified_counts(v_counts, n_val) if n_val > 0 else np.zeros_like(counts)
-        vrng = np.random.default_rng([seed, 0x7A1])  # its own stream: labeled draws unchanged
-        for c in range(raw.num_classes):
-            val += vrng.permutation(np.flatnonzero(vy == c))[: n_val_c[c]].tolist()
+    return n_lab_c, keep_c
+
+
+def _draw_from_train(raw: RawDataset, y: np.ndarray, counts: np.ndarray, n_lab_c: np.ndarray,
+                     keep_c: np.ndarray, n_val: int,
+                     rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """Labeled and validation sets from one seeded order of each class: the labeled images
+    first, validation right after the full labeled quota."""
+    labeled: list[int] = []
+    val: list[int] = []
+    remaining = counts - n_lab_c
+    n_val_c = stratified_counts(remaining, n_val) if n_val > 0 else np.zeros_like(counts)
+    for c in range(raw.num_classes):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        labeled += idx[: keep_c[c]].tolist()
+        val += idx[n_lab_c[c] : n_lab_c[c] + n_val_c[c]].tolist()
+    return labeled, val
+
+
+def _draw_with_official_val(raw: RawDataset, y: np.ndarray, counts: np.ndarray,
+                            keep_c: np.ndarray, n_val: int, rng: np.random.Generator,
+                            seed: int) -> tuple[list[int], list[int]]:
+    """Labeled set from train with the same draws as :func:`_draw_from_train`, validation
+    from the official validation split by its own class frequency."""
+    labeled: list[int] = []
+    val: list[int] = []
+    for c in range(raw.num_classes):
+        labeled += rng.permutation(np.flatnonzero(y == c))[: keep_c[c]].tolist()
+    vy = np.asarray(raw.val_y)
+    v_counts = np.bincount(vy, minlength=raw.num_classes)
+    n_val_c = stratified_counts(v_counts, n_val) if n_val > 0 else np.zeros_like(counts)
+    vrng = np.random.default_rng([seed, 0x7A1])  # its own stream: labeled draws unchanged
+    for c in range(raw.num_classes):
+        val += vrng.permutation(np.flatnonzero(vy == c))[: n_val_c[c]].tolist()
+    return labeled, val
+
+
+def _unlabeled(n_train: int, labeled: list[int], val_in_train: list[int]) -> list[int]:
+    """Every train index neither labeled nor held out for validation."""
     taken = np.zeros(n_train, dtype=bool)
     taken[labeled] = True
-    if source == "train":
-        taken[val] = True
-    split = {
-        "dataset": raw.name,
-        "seed": int(seed),
-        "n_labeled": n_labeled,
-        "n_val": n_val,
-        "val_from": source,
-        "labeled": sorted(labeled),
-        "val": sorted(val),
-        "unlabeled": np.flatnonzero(~taken).tolist(),
-        "test": "official",
-    }
-    if label_fraction < 1.0:  # absent at 1: the splits drawn before it keep their JSON
-        split["label_fraction"] = float(label_fraction)
-        split["n_labeled_pool"] = n_pool
-    split["hash"] = split_hash(split)
-    return split
+    if val_in_train:
+        taken[val_in_train] = True
+    return np.flatnonzero(~taken).tolist()
 
 
 def _check_classes(raw: RawDataset, counts: np.ndarray) -> None:
