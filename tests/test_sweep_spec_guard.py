@@ -689,6 +689,15 @@ CASES: list[tuple[str, str, dict[str, Any], str | dict[str, Any]]] = [
      {},
      ("g.yaml:4: encoder=@p for cell 'probe encoder=@p seed=3': no cell of grid 'p' has "
       'seed=3; give both grids the same values on the axes they share')),
+    ('ref-axis-duplicate-values',
+     ('name: x\n'
+      'grids:\n'
+      '  - {id: p, entry: self, method: [s, s]}\n'
+      "  - {entry: probe, encoder: '@p', method: x}\n"),
+     {},
+     ("g.yaml:4: encoder=@p for cell 'probe encoder=@p method=x' matches 2 cells of grid "
+      "'p' (matched on nothing (no shared axis); they differ in ): add those keys to this "
+      "grid with the same values, or split grid 'p' into grids with their own ids")),
     ('dup-cell-across',
      ('name: x\n'
       'grids:\n'
