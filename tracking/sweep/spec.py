@@ -335,8 +335,9 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
     sections into the grids: the top-level one into every grid, a grid's own after it.
     More than ``max_cells`` cells is an error, found before a single cell is built.
 
-    The checks run top-down in the order of the steps below, so that of several mistakes
-    the one reported is always the same (the first in the file's own structure)."""
+    The steps below check in a fixed order (the top-level keys and name, the grids list,
+    the scale blocks, resources, env, then each grid in turn, then references and repeated
+    cells), so a spec with several mistakes always reports the same one."""
     if full and smoke:
         raise SpecError(f"{path}: --full and --smoke are two scales; choose one")
     scale = "full" if full else "smoke" if smoke else "reference"
@@ -370,8 +371,9 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
 
 
 def _load(path: str, text: str) -> tuple[yaml.Node | None, Any]:
-    """The composed tree (for lines) and the loaded data. The tree is checked before the
-    data is loaded: loading is what an alias bomb or a recursive alias makes unbounded."""
+    """The composed tree (for lines) and the loaded data. The tree is checked first: an
+    alias bomb is cheap to load but not to expand (``str()`` of a value, the grid product),
+    and a duplicate key is gone from the loaded data."""
     try:
         node = yaml.compose(text)
         if node is not None:
