@@ -333,10 +333,47 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
                smoke: bool = False, max_cells: int = MAX_CELLS) -> SweepSpec:
     """Parse and validate a spec; ``full`` (``smoke``) merges its ``full:`` (``smoke:``)
     sections into the grids: the top-level one into every grid, a grid's own after it.
-    More than ``max_cells`` cells is an error, found before a single cell is built."""
+    More than ``max_cells`` cells is an error, found before a single cell is built.
+
+    The steps below check in a fixed order (the top-level keys and name, the grids list,
+    the scale blocks, resources, env, then each grid in turn, then references and repeated
+    cells), so a spec with several mistakes always reports the same one."""
     if full and smoke:
         raise SpecError(f"{path}: --full and --smoke are two scales; choose one")
     scale = "full" if full else "smoke" if smoke else "reference"
+    node, data = _load(path, text)
+    loc = _Located(path, node)
+    name = _checked_name(loc, data)
+    grids = data.get("grids")
+    gnode = loc.child(node, "grids")
+    if not isinstance(grids, list) or not grids:
+        raise loc.error(gnode or node, "'grids' must be a non-empty list of grids")
+    over_key, over, smoke_exp = _scale_block(loc, data, scale)
+    cpus = _number(loc, data, "cpus_per_cell", 1, 0.01)
+    gpus: float | str = data.get("gpus_per_cell", "auto")
+    if gpus != "auto":
+        gpus = _number(loc, data, "gpus_per_cell", 0, 0)
+    retries = int(_number(loc, data, "retries", 1, 0))
+    env = _checked_env(loc, data)
+    expanded = _Grids(loc, gnode, over_key, over, max_cells)
+    for gi, grid in enumerate(grids):
+        expanded.add(gi, grid)
+    cells = expanded.cells()
+    experiment = str(data.get("experiment") or name).strip()
+    if scale == "smoke":
+        experiment = smoke_exp or f"{experiment}-smoke"
+    lines = {str(k.value): _line(k) for k, _ in node.value} \
+        if isinstance(node, yaml.MappingNode) else {}
+    return SweepSpec(name=name.strip(), experiment=experiment,
+                     cells=cells, cpus_per_cell=cpus, gpus_per_cell=gpus, retries=retries,
+                     env={str(k): str(v) for k, v in env.items()}, path=path, text=text,
+                     scale=scale, lines=lines)
+
+
+def _load(path: str, text: str) -> tuple[yaml.Node | None, Any]:
+    """The composed tree (for lines) and the loaded data. The tree is checked first: an
+    alias bomb is cheap to load but not to expand (``str()`` of a value, the grid product),
+    and a duplicate key is gone from the loaded data."""
     try:
         node = yaml.compose(text)
         if node is not None:
@@ -347,7 +384,13 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
     except RecursionError:
         raise SpecError(f"{path}:0: the spec nests values too deeply to read; flatten it"
                         ) from None
-    loc = _Located(path, node)
+    return node, data
+
+
+def _checked_name(loc: _Located, data: Any) -> str:
+    """The sweep's name, once the spec is known to be a mapping of known keys: the name is
+    quoted inside MLflow search filters, so what they cannot hold is refused here."""
+    node = loc.node
     if not isinstance(data, dict):
         raise loc.error(node, "a spec is a mapping with at least 'name' and 'grids'")
     for k in data:
@@ -362,38 +405,44 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
         raise loc.error(loc.child(node, "name"), f"the sweep name {name!r} holds "
                         f"{bad.group()!r}: quotes, backticks, backslashes and control "
                         "characters cannot be searched for in MLflow; rename it")
-    grids = data.get("grids")
-    gnode = loc.child(node, "grids")
-    if not isinstance(grids, list) or not grids:
-        raise loc.error(gnode or node, "'grids' must be a non-empty list of grids")
+    return name
+
+
+def _scale_block(loc: _Located, data: dict[str, Any],
+                 scale: str) -> tuple[str | None, dict[str, Any], str | None]:
+    """(``full`` or ``smoke`` or None, the top-level options that scale merges into every
+    grid, the smoke block's own experiment). Both blocks are checked whichever scale runs,
+    so a broken ``smoke:`` fails the reference run too rather than first in CI."""
     over: dict[str, Any] = {}
     over_key = {"full": "full", "smoke": "smoke"}.get(scale)
     smoke_exp = None
-    for key in ("full", "smoke"):  # both are checked, whichever scale runs
+    for key in ("full", "smoke"):
         block = data.get(key) or {}
         if not isinstance(block, dict):
-            raise loc.error(loc.child(node, key), f"{key!r} must be a mapping of options")
+            raise loc.error(loc.child(loc.node, key), f"{key!r} must be a mapping of options")
         if key == "smoke" and "experiment" in block:
             smoke_exp = str(block["experiment"]).strip()
             block = {k: v for k, v in block.items() if k != "experiment"}
         if key == over_key:
             over = block
-    over_node = loc.child(node, over_key) if over_key else None
+    return over_key, over, smoke_exp
 
-    def number(key: str, default: float, minimum: float) -> float:
-        v = data.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < minimum:
-            raise loc.error(loc.child(node, key), f"{key!r} must be a number >= {minimum}, "
-                            f"got {v!r}")
-        return float(v)
 
-    cpus = number("cpus_per_cell", 1, 0.01)
-    gpus: float | str = data.get("gpus_per_cell", "auto")
-    if gpus != "auto":
-        gpus = number("gpus_per_cell", 0, 0)
-    retries = int(number("retries", 1, 0))
+def _number(loc: _Located, data: dict[str, Any], key: str, default: float,
+            minimum: float) -> float:
+    """A top-level resource number; a bool is refused although Python counts it as one."""
+    v = data.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < minimum:
+        raise loc.error(loc.child(loc.node, key), f"{key!r} must be a number >= {minimum}, "
+                        f"got {v!r}")
+    return float(v)
+
+
+def _checked_env(loc: _Located, data: dict[str, Any]) -> dict[Any, Any]:
+    """The spec's ``env:`` as written, each name held to ``env_refusal`` and each value a
+    string-like scalar (a NUL cannot be passed to a process's environment)."""
     env = data.get("env") or {}
-    env_node = loc.child(node, "env")
+    env_node = loc.child(loc.node, "env")
     if not isinstance(env, dict):
         raise loc.error(env_node, "'env' must be a mapping NAME: value")
     for k, v in env.items():
@@ -403,50 +452,95 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
         if v is None or isinstance(v, list | dict) or "\x00" in str(v):
             raise loc.error(loc.child(env_node, k), f"env: {k}'s value must be a string, "
                             f"got {type(v).__name__}")
+    return env
 
-    n_cells = 0  # counted before any grid is expanded
-    grid_cells: list[list[Cell]] = []
-    grid_axes: list[set[str]] = []  # list-valued keys: what tells a grid's cells apart
-    grid_refs: list[dict[str, tuple[str, yaml.Node | None]]] = []  # option -> (id, node)
-    ids: dict[str, tuple[int, yaml.Node | None]] = {}
-    entries = None
-    for gi, grid in enumerate(grids):
-        gn = loc.item(gnode, gi)
+
+#: option -> (id of the grid it refers to, the node of the option's key)
+_Refs = dict[str, tuple[str, yaml.Node | None]]
+
+
+class _Grids:
+    """The grids of a spec expanded one at a time into their cells. A class because state
+    runs across grids: the cell cap counts every grid before the current one, and grid ids
+    and references are collected first and resolved only once every grid is known (a grid
+    may refer to one written after it)."""
+
+    def __init__(self, loc: _Located, gnode: yaml.Node | None, over_key: str | None,
+                 over: dict[str, Any], max_cells: int) -> None:
+        self.loc = loc
+        self.gnode = gnode
+        self.over_key = over_key
+        self.over = over
+        self.over_node = loc.child(loc.node, over_key) if over_key else None
+        self.max_cells = max_cells
+        self.n_cells = 0  # counted before any grid is expanded
+        self.grid_cells: list[list[Cell]] = []
+        self.grid_axes: list[set[str]] = []  # list-valued keys: what tells a grid's cells apart
+        self.grid_refs: list[_Refs] = []
+        self.ids: dict[str, tuple[int, yaml.Node | None]] = {}
+
+    def add(self, gi: int, grid: Any) -> None:
+        """Check grid ``gi`` and expand it (its references still unresolved)."""
+        loc = self.loc
+        gn = loc.item(self.gnode, gi)
         if not isinstance(grid, dict) or "entry" not in grid:
             raise loc.error(gn, "each grid is a mapping with an 'entry' (e.g. entry: semi)")
         entry = str(grid["entry"])
         opts = entry_options(entry)
         if opts is None:
-            entries = entries or _entries()
             raise loc.error(loc.child(gn, "entry"), f"unknown entry point {entry!r}; valid: "
-                            f"{', '.join(entries)}")
+                            f"{', '.join(_entries())}")
         if "id" in grid:
-            gid, idn = grid["id"], loc.child(gn, "id")
-            if not isinstance(gid, str) or not gid.strip() or gid.startswith(REF):
-                raise loc.error(idn, f"a grid's 'id' is a name (e.g. id: pretrain), got {gid!r}")
-            if gid in ids:
-                raise loc.error(idn, f"grid id {gid!r} is used twice (first at line "
-                                f"{_line(ids[gid][1])})")
-            ids[gid] = (gi, idn)
+            self._add_id(gi, grid["id"], loc.child(gn, "id"))
+        own, own_node = self._own_block(grid, gn)
+        axes, refs = self._axes(entry, opts, {**grid, **self.over, **own}, own, own_node, gn)
+        self._count(gn, axes)
+        self.grid_axes.append({k for k, vals in axes if len(set(vals)) > 1})
+        self.grid_refs.append(refs)
+        self.grid_cells.append([Cell(entry, tuple((k, v) for (k, _), v in
+                                                  zip(axes, combo, strict=True)), gi)
+                                for combo in itertools.product(*(vals for _, vals in axes))])
+
+    def _add_id(self, gi: int, gid: Any, idn: yaml.Node | None) -> None:
+        if not isinstance(gid, str) or not gid.strip() or gid.startswith(REF):
+            raise self.loc.error(idn, f"a grid's 'id' is a name (e.g. id: pretrain), got "
+                                 f"{gid!r}")
+        if gid in self.ids:
+            raise self.loc.error(idn, f"grid id {gid!r} is used twice (first at line "
+                                 f"{_line(self.ids[gid][1])})")
+        self.ids[gid] = (gi, idn)
+
+    def _own_block(self, grid: dict[str, Any],
+                   gn: yaml.Node | None) -> tuple[dict[str, Any], yaml.Node | None]:
+        """The grid's own options for the running scale (merged after the top-level ones);
+        both of its blocks are checked whichever scale runs, as the top-level ones are."""
         own: dict[str, Any] = {}
         for key in ("full", "smoke"):
             block = grid.get(key) or {}
             if not isinstance(block, dict):
-                raise loc.error(loc.child(gn, key), f"a grid's {key!r} must be a mapping "
-                                "of its options")
-            if key == over_key:
+                raise self.loc.error(self.loc.child(gn, key), f"a grid's {key!r} must be a "
+                                     "mapping of its options")
+            if key == self.over_key:
                 own = block
-        own_node = loc.child(gn, over_key) if over_key else None
-        merged = {**grid, **over, **own}
+        own_node = self.loc.child(gn, self.over_key) if self.over_key else None
+        return own, own_node
+
+    def _axes(self, entry: str, opts: dict[str, str], merged: dict[str, Any],
+              own: dict[str, Any], own_node: yaml.Node | None,
+              gn: yaml.Node | None) -> tuple[list[tuple[str, list[str]]], _Refs]:
+        """(option, its values as strings) in the merged grid's order, and its references.
+        An error points at the key where the merged value came from: the grid's own scale
+        block, else the top-level one, else the grid."""
+        loc = self.loc
         axes: list[tuple[str, list[str]]] = []
-        refs: dict[str, tuple[str, yaml.Node | None]] = {}
+        refs: _Refs = {}
         spelled: dict[str, str] = {}  # option -> how the grid wrote it
         for raw_key, value in merged.items():
             if raw_key in GRID_KEYS:
                 continue
             key = str(raw_key).replace("-", "_")
             kn = (loc.key_node(own_node, raw_key) if raw_key in own else None) or (
-                loc.key_node(over_node, raw_key) if raw_key in over else None) or \
+                loc.key_node(self.over_node, raw_key) if raw_key in self.over else None) or \
                 loc.key_node(gn, raw_key)
             if key in spelled:  # budget_minutes and budget-minutes: one option twice
                 raise loc.error(kn, f"{raw_key!r} and {spelled[key]!r} are the same option "
@@ -458,56 +552,59 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
             if key not in opts:
                 raise loc.error(kn, f"{entry} has no option {raw_key!r}; valid: "
                                 f"{', '.join(sorted(k for k in opts if k not in RESERVED))}")
-            values = value if isinstance(value, list) else [value]
-            if not values:
-                raise loc.error(kn, f"{raw_key!r} is an empty list: the grid would be empty")
-            for v in values:
-                if v is None or isinstance(v, list):
-                    raise loc.error(kn, f"{raw_key!r}: each value must be a scalar or a "
-                                    f"mapping, got {v!r}")
-                if isinstance(v, str) and v.startswith(REF):
-                    if key in refs and refs[key][0] != v[1:]:
-                        raise loc.error(kn, f"{raw_key!r} refers to two grids ({REF}"
-                                        f"{refs[key][0]}, {v}); one reference per option")
-                    refs[key] = (v[1:], kn)
+            values = self._values(raw_key, key, value, kn, refs)
             axes.append((key, [_scalar(v) for v in values]))
-        size = math.prod(len(vals) for _, vals in axes)
-        n_cells += size
-        if n_cells > max_cells:
-            dims = " x ".join(f"{len(vals)} {k}" for k, vals in axes if len(vals) > 1)
-            before = f", {n_cells:,} with the grids before it" if n_cells != size else ""
-            raise loc.error(gn, f"this grid has {size:,} cells ({dims or 'one'}){before}: "
-                            f"more than the cap of {max_cells:,}; shrink its axes, split the "
-                            "sweep, or raise the cap with --max-cells")
-        grid_axes.append({k for k, vals in axes if len(set(vals)) > 1})
-        grid_refs.append(refs)
-        grid_cells.append([Cell(entry, tuple((k, v) for (k, _), v in
-                                             zip(axes, combo, strict=True)), gi)
-                           for combo in itertools.product(*(vals for _, vals in axes))])
+        return axes, refs
 
-    for gi in _grid_order(loc, grid_refs, ids):
-        if grid_refs[gi]:
-            grid_cells[gi] = [_with_refs(loc, c, grid_refs[gi], ids, grid_cells, grid_axes)
-                              for c in grid_cells[gi]]
-    cells: list[Cell] = []
-    seen: dict[str, int] = {}
-    for gi, part in enumerate(grid_cells):
-        for cell in part:
-            if cell.id in seen:
-                raise loc.error(loc.item(gnode, gi), f"cell {cell.label!r} appears twice "
-                                f"(grids {seen[cell.id]} and {gi}): a sweep runs each cell "
-                                "once")
-            seen[cell.id] = gi
-            cells.append(cell)
-    experiment = str(data.get("experiment") or name).strip()
-    if scale == "smoke":
-        experiment = smoke_exp or f"{experiment}-smoke"
-    lines = {str(k.value): _line(k) for k, _ in node.value} \
-        if isinstance(node, yaml.MappingNode) else {}
-    return SweepSpec(name=name.strip(), experiment=experiment,
-                     cells=cells, cpus_per_cell=cpus, gpus_per_cell=gpus, retries=retries,
-                     env={str(k): str(v) for k, v in env.items()}, path=path, text=text,
-                     scale=scale, lines=lines)
+    def _values(self, raw_key: Any, key: str, value: Any, kn: yaml.Node | None,
+                refs: _Refs) -> list[Any]:
+        """An option's values (a scalar is a one-value axis); a value ``@<id>`` is recorded
+        in ``refs``: an option may take one grid's cells, not a mix of two grids'."""
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise self.loc.error(kn, f"{raw_key!r} is an empty list: the grid would be empty")
+        for v in values:
+            if v is None or isinstance(v, list):
+                raise self.loc.error(kn, f"{raw_key!r}: each value must be a scalar or a "
+                                     f"mapping, got {v!r}")
+            if isinstance(v, str) and v.startswith(REF):
+                if key in refs and refs[key][0] != v[1:]:
+                    raise self.loc.error(kn, f"{raw_key!r} refers to two grids ({REF}"
+                                         f"{refs[key][0]}, {v}); one reference per option")
+                refs[key] = (v[1:], kn)
+        return values
+
+    def _count(self, gn: yaml.Node | None, axes: list[tuple[str, list[str]]]) -> None:
+        """Add the grid's cells to the count, refused past the cap before they are built."""
+        size = math.prod(len(vals) for _, vals in axes)
+        self.n_cells += size
+        if self.n_cells > self.max_cells:
+            dims = " x ".join(f"{len(vals)} {k}" for k, vals in axes if len(vals) > 1)
+            before = f", {self.n_cells:,} with the grids before it" \
+                if self.n_cells != size else ""
+            raise self.loc.error(gn, f"this grid has {size:,} cells ({dims or 'one'}){before}: "
+                                 f"more than the cap of {self.max_cells:,}; shrink its axes, "
+                                 "split the sweep, or raise the cap with --max-cells")
+
+    def cells(self) -> list[Cell]:
+        """Every grid's cells with their references resolved, in the spec's order; a cell
+        twice (in one grid or two) is an error, since a sweep runs each cell once."""
+        for gi in _grid_order(self.loc, self.grid_refs, self.ids):
+            if self.grid_refs[gi]:
+                self.grid_cells[gi] = [_with_refs(self.loc, c, self.grid_refs[gi], self.ids,
+                                                  self.grid_cells, self.grid_axes)
+                                       for c in self.grid_cells[gi]]
+        cells: list[Cell] = []
+        seen: dict[str, int] = {}
+        for gi, part in enumerate(self.grid_cells):
+            for cell in part:
+                if cell.id in seen:
+                    raise self.loc.error(self.loc.item(self.gnode, gi), f"cell {cell.label!r} "
+                                         f"appears twice (grids {seen[cell.id]} and {gi}): a "
+                                         "sweep runs each cell once")
+                seen[cell.id] = gi
+                cells.append(cell)
+        return cells
 
 
 def _grid_order(loc: _Located, grid_refs: list[dict[str, tuple[str, yaml.Node | None]]],
