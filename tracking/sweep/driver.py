@@ -456,131 +456,22 @@ class Driver:
 
     def _schedule(self, exp: str, sweep_run: str, todo: list[Cell], result: SweepResult,
                   earlier: dict[str, int], finished: dict[str, str]) -> None:
+        """Run ``todo`` to its end on a pool; ``earlier`` counts each cell's runs over
+        re-runs (it grows here), ``finished`` holds the dependencies already done."""
+        _Schedule(self, self._pool(), exp, sweep_run, todo, result, earlier, finished).run()
+
+    def _pool(self) -> Any:
+        """The Ray pool the cells run on; a cell no node can hold is the spec's error, at
+        the line that asks for too much, before anything is recorded for a cell."""
         from scarcelab.tracking.sweep.pool import RayPool, Unplaceable
 
         try:
-            pool = RayPool(self.address, self.jobs, self.spec.cpus_per_cell,
+            return RayPool(self.address, self.jobs, self.spec.cpus_per_cell,
                            self.spec.gpus_per_cell)
         except Unplaceable as e:
             key = "gpus_per_cell" if e.resource == "GPU" else "cpus_per_cell"
             raise SpecError(f"{self.spec.where(key)}: {e}; lower {key} or add a node that "
                             "has as much") from None
-        embedded = not self.address
-        slots = pool.slots
-        started: dict[str, tuple[str, float]] = {}  # cell id -> (run id, start time)
-        attempts: dict[str, int] = {}  # this invocation's, against `retries`
-        cells = {c.id: c for c in todo}
-        done_runs = dict(finished)  # cell id -> FINISHED run id, grows as cells end
-        failed: dict[str, str] = {}  # cell id -> error, for cells failed for good
-        waiting = [c for c in todo if c.refs]  # dependents not yet submitted
-
-        def submit(cell: Cell) -> None:
-            if self.lock is not None:
-                self.lock.check()  # another driver took the sweep over: start nothing
-            resolved = {k: RESOLVE.get(k, RESOLVE_DEFAULT).format(run_id=done_runs[dep])
-                        for k, dep in cell.refs}
-            attempts[cell.id] = attempts.get(cell.id, 0) + 1
-            earlier[cell.id] = earlier.get(cell.id, 0) + 1  # the run's number over re-runs
-            rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id], resolved)
-            started[cell.id] = (rid, time.time())
-            pool.submit(cell.id, run_cell_process, cell.argv(resolved),
-                        self._cell_env(rid, embedded), self.cwd if embedded else None,
-                        self.python)
-
-        def release() -> None:
-            """Submit the dependents whose dependencies all finished; record FAILED those
-            with a dependency that failed for good (and, in turn, their dependents)."""
-            progress = True
-            while progress:
-                progress = False
-                for cell in list(waiting):
-                    bad = [(k, d) for k, d in cell.refs if d in failed]
-                    if bad:
-                        k, d = bad[0]
-                        err = (f"dependency {k}={dict(cell.options)[k]} (cell "
-                               f"{self.spec.cell(d).label!r}) failed: {failed[d]}")[:2000]
-                        earlier[cell.id] = earlier.get(cell.id, 0) + 1
-                        rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id])
-                        self._fail(rid, err)
-                        result.outcomes.append(CellOutcome(cell, "FAILED", rid, 0, 0.0, err))
-                        failed[cell.id] = err
-                        self.echo(f"[sweep {self.spec.name}] {cell.label}: not run, {err}")
-                    elif all(d in done_runs for _, d in cell.refs):
-                        submit(cell)
-                    else:
-                        continue
-                    waiting.remove(cell)
-                    progress = True
-
-        for cell in todo:
-            if not cell.refs:
-                submit(cell)
-        release()
-        durations: list[float] = []
-        n_total = len(self.spec.cells)
-        try:
-            while len(pool):
-                cid, out, exc = pool.next_done()
-                key = str(cid)
-                cell, (rid, t_start), attempt = cells[key], started[key], attempts[key]
-                if exc is not None:  # the task itself broke (its worker or node died)
-                    out = {"rc": -1, "seconds": time.time() - t_start,
-                           "output": f"the Ray task failed: {type(exc).__name__}: {exc}"}
-                # a cell that ended its run FINISHED and then lost its node is done: run
-                # again, it would be there twice
-                ok = (out["rc"] == 0 or exc is not None) and self._status(rid) == "FINISHED"
-                self._log_output(rid, out["output"])
-                self._log_cost(rid, out)
-                if ok:
-                    durations.append(out["seconds"])
-                    result.outcomes.append(CellOutcome(cell, "FINISHED", rid, attempt,
-                                                       out["seconds"]))
-                    done_runs[cell.id] = rid
-                    verb = "finished"
-                else:
-                    err = _last_error(out["output"], out["rc"])
-                    self._fail(rid, err)
-                    if attempt <= self.retries:
-                        verb = f"failed (attempt {attempt}), retrying: {err}"
-                        submit(cell)
-                    else:
-                        result.outcomes.append(CellOutcome(cell, "FAILED", rid, attempt,
-                                                           out["seconds"], err))
-                        failed[cell.id] = err
-                        verb = f"FAILED after {attempt} attempt(s): {err}"
-                release()
-                done = result.count("FINISHED") + result.count("SKIPPED")
-                n_failed = result.count("FAILED")
-                running = pool.running
-                queued = len(pool) - running
-                eta = ""
-                if durations and len(pool):
-                    mean = sum(durations) / len(durations)
-                    left = mean * (queued + len(waiting) + running / 2) / max(1, slots)
-                    eta = f" · ETA {_fmt_s(left)}"
-                wait = f" · {len(waiting)} waiting on dependencies" if waiting else ""
-                self.echo(f"[sweep {self.spec.name}] {cell.label}: {verb} "
-                          f"({out['seconds']:.0f} s) — {done}/{n_total} done · {running} running · "
-                          f"{n_failed} failed · {queued} queued{wait}{eta}")
-                from mlflow.entities import Metric
-
-                ts = int(time.time() * 1000)
-                self.client.log_batch(sweep_run, metrics=[
-                    Metric("sweep/cells_done", done, ts, done + n_failed),
-                    Metric("sweep/cells_failed", n_failed, ts, done + n_failed)])
-        except BaseException as e:  # interrupted (Ctrl-C, SIGTERM): close what was running
-            ended = {o.cell.id for o in result.outcomes}
-            for cid, (rid, _) in started.items():
-                if cid not in ended and self._status(rid) in ("RUNNING", "SCHEDULED"):
-                    self._fail(rid, f"the sweep driver was interrupted ({type(e).__name__}) "
-                               "while this cell ran; re-run the sweep to continue")
-            raise
-        for cell in waiting:  # cannot happen with an acyclic spec; never lose a cell
-            err = "its dependencies never finished"
-            earlier[cell.id] = earlier.get(cell.id, 0) + 1
-            rid = self._new_cell_run(exp, sweep_run, cell, earlier[cell.id])
-            self._fail(rid, err)
-            result.outcomes.append(CellOutcome(cell, "FAILED", rid, 0, 0.0, err))
 
     def _log_cost(self, rid: str, out: dict[str, Any]) -> None:
         """The attempt's wall and CPU time and peak memory, and the machine it ran on, on
@@ -720,6 +611,171 @@ class Driver:
         return [r.data.tags.get(REFS_TAG, "") for r in self.client.search_runs(
             [exp.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.spec.name}'",
             max_results=50_000)]
+
+class _Schedule:
+    """One invocation's scheduling loop. Its state (what started, how often, what is done
+    or failed for good, which dependents still wait) is shared by every step, so it lives
+    here rather than in closures of one long method; the record and the progress lines
+    go through the driver."""
+
+    def __init__(self, drv: Driver, pool: Any, exp: str, sweep_run: str, todo: list[Cell],
+                 result: SweepResult, earlier: dict[str, int],
+                 finished: dict[str, str]) -> None:
+        self.drv, self.pool, self.exp, self.sweep_run = drv, pool, exp, sweep_run
+        self.todo, self.result, self.earlier = todo, result, earlier
+        self.embedded = not drv.address
+        self.slots = pool.slots
+        self.started: dict[str, tuple[str, float]] = {}  # cell id -> (run id, start time)
+        self.attempts: dict[str, int] = {}  # this invocation's, against `retries`
+        self.cells = {c.id: c for c in todo}
+        self.done_runs = dict(finished)  # cell id -> FINISHED run id, grows as cells end
+        self.failed: dict[str, str] = {}  # cell id -> error, for cells failed for good
+        self.waiting = [c for c in todo if c.refs]  # dependents not yet submitted
+        self.durations: list[float] = []  # of the attempts that finished: the ETA's mean
+        self.n_total = len(drv.spec.cells)
+
+    def run(self) -> None:
+        """Start what has no dependency, then collect each ended cell until the pool is
+        empty. Interrupted (Ctrl-C, SIGTERM), it closes what was running first, so a
+        re-run does not take those cells for a dead driver's."""
+        for cell in self.todo:
+            if not cell.refs:
+                self.submit(cell)
+        self.release()
+        try:
+            while len(self.pool):
+                self.collect()
+        except BaseException as e:
+            self.close_started(e)
+            raise
+        self.fail_left_waiting()
+
+    def submit(self, cell: Cell) -> None:
+        """A new run for the cell's next attempt, handed to the cell it starts with its
+        dependencies resolved to their FINISHED runs."""
+        drv = self.drv
+        if drv.lock is not None:
+            drv.lock.check()  # another driver took the sweep over: start nothing
+        resolved = {k: RESOLVE.get(k, RESOLVE_DEFAULT).format(run_id=self.done_runs[dep])
+                    for k, dep in cell.refs}
+        self.attempts[cell.id] = self.attempts.get(cell.id, 0) + 1
+        self.earlier[cell.id] = self.earlier.get(cell.id, 0) + 1  # the run's number over re-runs
+        rid = drv._new_cell_run(self.exp, self.sweep_run, cell, self.earlier[cell.id],
+                                resolved)
+        self.started[cell.id] = (rid, time.time())
+        self.pool.submit(cell.id, run_cell_process, cell.argv(resolved),
+                         drv._cell_env(rid, self.embedded), drv.cwd if self.embedded else None,
+                         drv.python)
+
+    def release(self) -> None:
+        """Submit the dependents whose dependencies all finished; record FAILED those
+        with a dependency that failed for good (and, in turn, their dependents)."""
+        drv = self.drv
+        progress = True
+        while progress:
+            progress = False
+            for cell in list(self.waiting):
+                bad = [(k, d) for k, d in cell.refs if d in self.failed]
+                if bad:
+                    k, d = bad[0]
+                    err = (f"dependency {k}={dict(cell.options)[k]} (cell "
+                           f"{drv.spec.cell(d).label!r}) failed: {self.failed[d]}")[:2000]
+                    self.earlier[cell.id] = self.earlier.get(cell.id, 0) + 1
+                    rid = drv._new_cell_run(self.exp, self.sweep_run, cell,
+                                            self.earlier[cell.id])
+                    drv._fail(rid, err)
+                    self.result.outcomes.append(CellOutcome(cell, "FAILED", rid, 0, 0.0, err))
+                    self.failed[cell.id] = err
+                    drv.echo(f"[sweep {drv.spec.name}] {cell.label}: not run, {err}")
+                elif all(d in self.done_runs for _, d in cell.refs):
+                    self.submit(cell)
+                else:
+                    continue
+                self.waiting.remove(cell)
+                progress = True
+
+    def collect(self) -> None:
+        """The next cell to end: its output and cost on its run, its outcome, the
+        dependents it frees, a progress line."""
+        drv = self.drv
+        cid, out, exc = self.pool.next_done()
+        key = str(cid)
+        cell, (rid, t_start), attempt = self.cells[key], self.started[key], self.attempts[key]
+        if exc is not None:  # the task itself broke (its worker or node died)
+            out = {"rc": -1, "seconds": time.time() - t_start,
+                   "output": f"the Ray task failed: {type(exc).__name__}: {exc}"}
+        # a cell that ended its run FINISHED and then lost its node is done: run
+        # again, it would be there twice
+        ok = (out["rc"] == 0 or exc is not None) and drv._status(rid) == "FINISHED"
+        drv._log_output(rid, out["output"])
+        drv._log_cost(rid, out)
+        verb = self.ended(cell, rid, attempt, out, ok)
+        self.release()
+        self.progress(cell, verb, out["seconds"])
+
+    def ended(self, cell: Cell, rid: str, attempt: int, out: dict[str, Any],
+              ok: bool) -> str:
+        """Record how the attempt ended (retrying a failure while attempts are left);
+        returns what the progress line says of it."""
+        if ok:
+            self.durations.append(out["seconds"])
+            self.result.outcomes.append(CellOutcome(cell, "FINISHED", rid, attempt,
+                                                    out["seconds"]))
+            self.done_runs[cell.id] = rid
+            return "finished"
+        err = _last_error(out["output"], out["rc"])
+        self.drv._fail(rid, err)
+        if attempt <= self.drv.retries:
+            verb = f"failed (attempt {attempt}), retrying: {err}"
+            self.submit(cell)
+            return verb
+        self.result.outcomes.append(CellOutcome(cell, "FAILED", rid, attempt,
+                                                out["seconds"], err))
+        self.failed[cell.id] = err
+        return f"FAILED after {attempt} attempt(s): {err}"
+
+    def progress(self, cell: Cell, verb: str, seconds: float) -> None:
+        """The progress line (counts, what waits, an ETA from the mean finished attempt
+        over the slots) and the done / failed counts as the sweep run's metrics."""
+        drv, result, pool, waiting = self.drv, self.result, self.pool, self.waiting
+        done = result.count("FINISHED") + result.count("SKIPPED")
+        n_failed = result.count("FAILED")
+        running = pool.running
+        queued = len(pool) - running
+        eta = ""
+        if self.durations and len(pool):
+            mean = sum(self.durations) / len(self.durations)
+            left = mean * (queued + len(waiting) + running / 2) / max(1, self.slots)
+            eta = f" · ETA {_fmt_s(left)}"
+        wait = f" · {len(waiting)} waiting on dependencies" if waiting else ""
+        drv.echo(f"[sweep {drv.spec.name}] {cell.label}: {verb} "
+                 f"({seconds:.0f} s) — {done}/{self.n_total} done · {running} running · "
+                 f"{n_failed} failed · {queued} queued{wait}{eta}")
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        drv.client.log_batch(self.sweep_run, metrics=[
+            Metric("sweep/cells_done", done, ts, done + n_failed),
+            Metric("sweep/cells_failed", n_failed, ts, done + n_failed)])
+
+    def close_started(self, e: BaseException) -> None:
+        """Interrupted: fail the runs of the cells still running or queued, saying so."""
+        ended = {o.cell.id for o in self.result.outcomes}
+        for cid, (rid, _) in self.started.items():
+            if cid not in ended and self.drv._status(rid) in ("RUNNING", "SCHEDULED"):
+                self.drv._fail(rid, f"the sweep driver was interrupted ({type(e).__name__}) "
+                               "while this cell ran; re-run the sweep to continue")
+
+    def fail_left_waiting(self) -> None:
+        """Dependents still waiting once nothing runs: cannot happen with an acyclic spec;
+        never lose a cell."""
+        for cell in self.waiting:
+            err = "its dependencies never finished"
+            self.earlier[cell.id] = self.earlier.get(cell.id, 0) + 1
+            rid = self.drv._new_cell_run(self.exp, self.sweep_run, cell,
+                                         self.earlier[cell.id])
+            self.drv._fail(rid, err)
+            self.result.outcomes.append(CellOutcome(cell, "FAILED", rid, 0, 0.0, err))
 
 
 def _last_error(output: str, rc: int) -> str:
