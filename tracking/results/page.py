@@ -669,25 +669,30 @@ def _comparison_sections(paper: PaperFile, data: C.SuiteData) -> list[Section]:
 
 
 # -- the page ---------------------------------------------------------------------------
-def build_page(spec_path: str | Path, scale: str = "reference", experiment: str | None = None,
-               tracking_uri: str | None = None, spec: SweepSpec | None = None) -> SuitePage:
-    """Everything a suite's page says, read from the store (see the module docstring).
-    ``spec``: the spec as run when it is not the file's cells at ``scale`` (the CI smoke
-    runs a subset of them, tests/smoke_runner.py).
+@dataclass
+class _Sweep:
+    """The store a page is read from and the sweep found in it: what every later step of
+    :func:`build_page` reads, opened once so that its errors are raised before any table is
+    computed."""
 
-    Raises :class:`ResultsError` when the store has no sweep of this spec at this scale."""
+    spec: SweepSpec
+    suite: str
+    paper: PaperFile
+    experiment: str
+    uri: str
+    client: Any
+    flag: str  # the scale's command-line flag ("" at the reference scale)
+    cells: _Cells
+
+
+def _open_sweep(spec_path: str | Path, scale: str, experiment: str | None,
+                tracking_uri: str | None, spec: SweepSpec | None) -> _Sweep:
+    """The spec, its paper file and its sweep in the store; a :class:`ResultsError` naming
+    the command that would make the sweep when the store has none."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from scarcelab.tracking.query import load
     from scarcelab.tracking.query.render import _safe_uri
-    from scarcelab.tracking.sweep.driver import (
-        CELL_CPU,
-        COMMAND_TAG,
-        INVOCATION_WALL,
-        INVOCATIONS_TAG,
-        MACHINE_TAG,
-    )
 
     if spec is None:
         spec = load_spec(spec_path, full=scale == "full", smoke=scale == "smoke")
@@ -707,18 +712,37 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
     if cells.sweep_run is None and not cells.attempts:
         raise ResultsError(f"{suite}: experiment {exp_name!r} has no sweep {spec.name!r} at "
                            f"{scale} scale: {hint}")
-    finished = cells.finished
+    return _Sweep(spec, suite, paper, exp_name, uri, client, flag, cells)
+
+
+def _by_entry(spec: SweepSpec, finished: dict[str, Any]) -> dict[str, list[Any]]:
+    """The finished cell runs per entry kind, in the spec's cell order: which section
+    builders the page needs, and the runs the contamination and transfer builders read."""
     by_entry: dict[str, list[Any]] = {}
     for c in spec.cells:
         if c.id in finished:
             by_entry.setdefault(c.entry, []).append(finished[c.id])
-    t = load(exp_name, uri)
+    return by_entry
+
+
+def _cell_table(experiment: str, uri: str, finished: dict[str, Any]) -> Any:
+    """The query layer's table of the experiment, cut to the finished cells and what they
+    nested: other sweeps (or loose runs) in the same experiment stay off the page."""
+    from scarcelab.tracking.query import load
+
+    t = load(experiment, uri)
     runs = t.runs
     keep = _descendants(runs, {r.info.run_id for r in finished.values()}) if len(runs) \
         else pd.Series([], dtype=bool)
-    t = t.with_runs(runs[keep.to_numpy()] if len(runs) else runs)
+    return t.with_runs(runs[keep.to_numpy()] if len(runs) else runs)
 
-    data = C.SuiteData()
+
+def _sections(t: Any, by_entry: dict[str, list[Any]], data: C.SuiteData,
+              uri: str) -> list[Section]:
+    """The tables and figures of each entry kind the sweep finished, in the page's order;
+    each builder also fills its part of ``data`` for the claims and the paper's numbers.
+    The views' warnings (empty groups, all-NaN means) are silenced: the page says what is
+    missing itself."""
     sections: list[Section] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -736,14 +760,33 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
         if "probe" in by_entry or "segment" in by_entry:
             sections += _transfer_sections(t, by_entry.get("probe", []) +
                                            by_entry.get("segment", []), data)
-    comparisons = _comparison_sections(paper, data)
+    return sections
+
+
+def _verdicts(paper: PaperFile, data: C.SuiteData) -> list[Verdict]:
+    """Each claim of the paper file, its rule evaluated on the numbers the sections read."""
     verdicts = []
     for cl in paper.claims:
         v = C.evaluate(cl.rule, data)
         verdicts.append(Verdict(cl.id, cl.claim, cl.source, C.describe(cl.rule), v.status,
                                 v.reason))
+    return verdicts
 
-    # provenance
+
+@dataclass
+class _Cost:
+    """What the sweep's cell attempts cost, every attempt counted (failed ones too): the
+    module docstring says how wall and CPU time are measured."""
+
+    attempts: int
+    wall: float | None  # None: no attempt has both a start and an end
+    cpu: float | None  # None: no attempt recorded its CPU time
+    no_cpu: int  # attempts without a CPU record
+
+
+def _cost(client: Any, cells: _Cells) -> _Cost:
+    from scarcelab.tracking.sweep.driver import CELL_CPU
+
     all_attempts = [r for rs in cells.attempts.values() for r in rs]
     ends = [_attempt_interval(client, r) for r in all_attempts
             if r.info.start_time and r.info.end_time]
@@ -752,18 +795,14 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
     cpu = sum(v for v in cpu_vals if v is not None) if any(v is not None for v in cpu_vals) \
         else None
     no_cpu = sum(v is None for v in cpu_vals)
-    commits = Counter(r.data.tags.get("mlflow.source.git.commit", "unknown")
-                      for r in finished.values())
-    machines = Counter(
-        (r.data.tags.get(f"{MACHINE_TAG}.cores", "?"), r.data.tags.get(f"{MACHINE_TAG}.cpu", "?"),
-         r.data.tags.get(f"{MACHINE_TAG}.ram_gb", "?"), r.data.tags.get(f"{MACHINE_TAG}.gpu", "?"),
-         r.data.tags.get(f"{MACHINE_TAG}.host", "?")) for r in finished.values())
+    return _Cost(len(all_attempts), wall, cpu, no_cpu)
+
+
+def _cell_states(spec: SweepSpec, cells: _Cells) -> tuple[dict[str, int], list[str]]:
+    """How many cells finished, failed, are running or were not run, and a line for each
+    cell without a finished run (its last attempt's status and error)."""
+    finished = cells.finished
     sweep = cells.sweep_run
-    stags = sweep.data.tags if sweep is not None else {}
-    inv_wall = []
-    if sweep is not None:
-        inv_wall = [m.value for m in client.get_metric_history(sweep.info.run_id,
-                                                               INVOCATION_WALL)]
     # while the sweep runs, a cell whose last attempt is RUNNING is running or queued (the
     # driver opens every cell's run when it queues it), not failed; once the sweep has
     # ended such a run was left by a dead process and counts as failed
@@ -785,14 +824,42 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
         missing.append(f"`{c.label}`: " + (f"{len(rs)} attempt(s), last {rs[0].info.status}"
                                            + (f": {err[:300]}" if err else "")
                                            if rs else "not run"))
-    prov = {
+    return counts, missing
+
+
+def _machines(finished: dict[str, Any]) -> Counter[tuple[str, str, str, str, str]]:
+    """The machine each finished cell ran on (cores, CPU, RAM, GPU, host; '?' where a tag
+    is missing), counted."""
+    from scarcelab.tracking.sweep.driver import MACHINE_TAG
+
+    return Counter(
+        (r.data.tags.get(f"{MACHINE_TAG}.cores", "?"), r.data.tags.get(f"{MACHINE_TAG}.cpu", "?"),
+         r.data.tags.get(f"{MACHINE_TAG}.ram_gb", "?"), r.data.tags.get(f"{MACHINE_TAG}.gpu", "?"),
+         r.data.tags.get(f"{MACHINE_TAG}.host", "?")) for r in finished.values())
+
+
+def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str, int],
+                cost: _Cost, commits: Counter[str]) -> dict[str, str]:
+    """The page's "How it was run" table, every value read from the store."""
+    from scarcelab.tracking.query.render import _safe_uri
+    from scarcelab.tracking.sweep.driver import COMMAND_TAG, INVOCATION_WALL, INVOCATIONS_TAG
+
+    machines = _machines(src.cells.finished)
+    sweep = src.cells.sweep_run
+    stags = sweep.data.tags if sweep is not None else {}
+    inv_wall = []
+    if sweep is not None:
+        inv_wall = [m.value for m in src.client.get_metric_history(sweep.info.run_id,
+                                                                   INVOCATION_WALL)]
+    flag = src.flag
+    return {
         "command": f"`{stags.get(COMMAND_TAG) or 'scarcelab sweep ' + rel(spec_path) + flag}`",
         "scale": f"{scale} ({counts['cells']} cells: {counts['finished']} finished, "
                  + (f"{counts['running']} running or queued (the sweep is still going), "
                     if counts["running"] else "")
                  + f"{counts['failed']} failed, {counts['not_run']} not run)",
-        "experiment": f"`{exp_name}` (sweep run `{sweep.info.run_id if sweep else '—'}`)",
-        "tracking store": f"`{_safe_uri(uri)}`",
+        "experiment": f"`{src.experiment}` (sweep run `{sweep.info.run_id if sweep else '—'}`)",
+        "tracking store": f"`{_safe_uri(src.uri)}`",
         "git commit": ", ".join(f"`{k[:12]}{'+dirty' if k.endswith('+dirty') else ''}` "
                                 f"({v} cell{'s' * (v != 1)})"
                                 for k, v in commits.most_common()) or "—",
@@ -800,24 +867,56 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
             f"{cores} cores, {cpu_model}, {ram} GB RAM, GPU: {gpu} (host {host}; {n} cell"
             f"{'s' * (n != 1)})" for (cores, cpu_model, ram, gpu, host), n in
             machines.most_common()) or "—",
-        "wall time": f"{_fmt_s(wall)} (the union of the {len(all_attempts)} cell attempts' "
+        "wall time": f"{_fmt_s(cost.wall)} (the union of the {cost.attempts} cell attempts' "
                      f"run intervals; {stags.get(INVOCATIONS_TAG, '?')} driver invocation(s)"
                      + (f", whose logged walls sum to {_fmt_s(sum(inv_wall))}" if inv_wall
                         else "") + ")",
-        "CPU time": f"{_fmt_s(cpu)} (user + system of every cell attempt's process tree"
-                    + (f"; {no_cpu} attempt(s) without a record" if no_cpu else "") + ")",
+        "CPU time": f"{_fmt_s(cost.cpu)} (user + system of every cell attempt's process tree"
+                    + (f"; {cost.no_cpu} attempt(s) without a record" if cost.no_cpu else "")
+                    + ")",
     }
-    methods = Counter()
+
+
+def _rows_per_method(spec: SweepSpec, finished: dict[str, Any]) -> dict[str, int]:
+    """Finished cells per method (its encoder, method or strategy option, else its entry):
+    what the smoke test checks every method reached the page by."""
+    methods: Counter[str] = Counter()
     for c in spec.cells:
         o = dict(c.options)
         key = o.get("encoder") or o.get("method") or o.get("strategy") or c.entry
         if c.id in finished:
             methods[str(key)] += 1
-    page = SuitePage(suite=suite, spec=spec, paper=paper, experiment=exp_name, uri=uri,
+    return dict(methods)
+
+
+def build_page(spec_path: str | Path, scale: str = "reference", experiment: str | None = None,
+               tracking_uri: str | None = None, spec: SweepSpec | None = None) -> SuitePage:
+    """Everything a suite's page says, read from the store (see the module docstring).
+    ``spec``: the spec as run when it is not the file's cells at ``scale`` (the CI smoke
+    runs a subset of them, tests/smoke_runner.py).
+
+    Raises :class:`ResultsError` when the store has no sweep of this spec at this scale."""
+    src = _open_sweep(spec_path, scale, experiment, tracking_uri, spec)
+    finished = src.cells.finished
+    by_entry = _by_entry(src.spec, finished)
+    t = _cell_table(src.experiment, src.uri, finished)
+    data = C.SuiteData()
+    sections = _sections(t, by_entry, data, src.uri)
+    comparisons = _comparison_sections(src.paper, data)
+    verdicts = _verdicts(src.paper, data)
+    cost = _cost(src.client, src.cells)
+    commits = Counter(r.data.tags.get("mlflow.source.git.commit", "unknown")
+                      for r in finished.values())
+    counts, missing = _cell_states(src.spec, src.cells)
+    prov = _provenance(src, spec_path, scale, counts, cost, commits)
+    sweep = src.cells.sweep_run
+    page = SuitePage(suite=src.suite, spec=src.spec, paper=src.paper,
+                     experiment=src.experiment, uri=src.uri,
                      sweep_run_id=sweep.info.run_id if sweep else None, provenance=prov,
                      counts=counts, sections=sections, comparisons=comparisons,
-                     verdicts=verdicts, rows_per_method=dict(methods), missing=missing,
-                     wall_s=wall, cpu_s=cpu, commits=[k for k, _ in commits.most_common()],
+                     verdicts=verdicts, rows_per_method=_rows_per_method(src.spec, finished),
+                     missing=missing, wall_s=cost.wall, cpu_s=cost.cpu,
+                     commits=[k for k, _ in commits.most_common()],
                      generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
     page.markdown = render_markdown(page)
     return page
