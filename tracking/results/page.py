@@ -500,11 +500,20 @@ def _contamination_sections(cells: Sequence[Any], data: C.SuiteData,
 
 
 def _tune_sections(t: Any, data: C.SuiteData) -> list[Section]:
-    from scarcelab.tracking.query.table3 import render_table3, retrain_scores, table3
+    from scarcelab.tracking.query.table3 import (
+        ALTERNATIVES,
+        render_table3,
+        retrain_scores,
+        table3,
+    )
 
     scores = retrain_scores(t)
     data.retrains = scores
     long = table3(scores)
+    # the test the table used (one-sided by default: "worse" is one-sided), as its legend
+    # says; the page once called it two-sided above a legend that said one-sided
+    side = ALTERNATIVES.get(str(long["alternative"].iloc[0]), "two-sided") \
+        if len(long) and "alternative" in long else ALTERNATIVES["less"]
     figs = {}
     if len(scores):
         figs["retrains"] = small_png(_bar_figure(
@@ -514,8 +523,9 @@ def _tune_sections(t: Any, data: C.SuiteData) -> list[Section]:
         "Table 3 (Tune It or Don't Use It)",
         "Test balanced accuracy (%) of the final retrains of each method's best ASHA "
         "configuration, mean ± sample std; per dataset the best mean in bold, the methods "
-        "not significantly worse than it by a two-sided Welch's t-test (p >= 0.05) in "
-        "italics (tracking/query/table3.py).\n\n" + render_table3(long) + "\n\n"
+        f"not significantly worse than it by a {side} Welch's t-test (p >= 0.05) in "
+        "italics (tracking/query/table3.py; the verdicts' rules state their own test)."
+        "\n\n" + render_table3(long) + "\n\n"
         + md_table(long), figs, {"table3": long.to_csv(index=False)})]
 
 
