@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -393,6 +393,62 @@ def optimizer_step(method: Method, opt: torch.optim.Optimizer,
     return losses
 
 
+#: a checkpoint of the epoch just evaluated, taken only when called (copying a ResNet every
+#: epoch is not free)
+SnapshotFn = Callable[[], dict[str, Any]]
+
+
+class EpochCallback(Protocol):
+    """What a caller of :func:`train_trial` does at the end of each evaluated epoch: log
+    it, keep a best-so-far checkpoint, report it to a pruner (which may stop the trial by
+    raising). One protocol for every such concern, so that the loop calls them all in the
+    order the caller listed them, and a new concern is one more object, not one more
+    keyword argument of the loop.
+
+    A callback that also measures the epoch defines ``diagnostics`` (see
+    :class:`DiagnosticsCallback`)."""
+
+    def on_epoch_end(self, report: EpochReport, improved: bool,
+                     snapshot: SnapshotFn) -> None: ...
+
+
+@runtime_checkable
+class DiagnosticsCallback(EpochCallback, Protocol):
+    """An :class:`EpochCallback` that also measures the model after the epoch's steps,
+    before its evaluation: its metrics (``diag/*``, see ``scarcelab.metrics.diagnostics``)
+    join the epoch's, and its time is paused out of the budget (see :class:`Budget`) and
+    reported as ``time/diag_s``."""
+
+    def diagnostics(self, method: Method, epoch: int) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class OnEpochEnd:
+    """A plain function ``(report, improved, snapshot)`` as an :class:`EpochCallback`: what
+    a bench or a test that only collects reports needs, without a class of its own."""
+
+    fn: Callable[[EpochReport, bool, SnapshotFn], None]
+
+    def on_epoch_end(self, report: EpochReport, improved: bool,
+                     snapshot: SnapshotFn) -> None:
+        self.fn(report, improved, snapshot)
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """A ``(method, epoch) -> metrics`` measure (``EpochDiagnostics``) as a
+    :class:`DiagnosticsCallback` that does nothing else at the epoch's end."""
+
+    fn: Callable[[Method, int], dict[str, float]]
+
+    def diagnostics(self, method: Method, epoch: int) -> dict[str, float]:
+        return self.fn(method, epoch)
+
+    def on_epoch_end(self, report: EpochReport, improved: bool,
+                     snapshot: SnapshotFn) -> None:
+        return None
+
+
 def train_trial(
     method: Method,
     bundle: DatasetBundle,
@@ -401,24 +457,22 @@ def train_trial(
     deadline: float | Budget,
     generator: torch.Generator,
     probe_rng: np.random.Generator,
-    on_epoch: Callable[[EpochReport, bool, Callable[[], dict[str, Any]]], None] | None = None,
-    diagnostics: Callable[[Method, int], dict[str, float]] | None = None,
+    callbacks: Sequence[EpochCallback] = (),
 ) -> TrialResult:
     """Train one configuration until early stop, ``max_epochs`` or the wall-clock deadline.
 
-    ``on_epoch(report, improved, snapshot_fn)`` is called after each evaluation; it may
-    call ``snapshot_fn()`` to get a checkpoint of this epoch (only done on demand, since
-    copying a ResNet every epoch is not free). Raises :class:`TrialFailed` on a
-    non-finite loss. ``diagnostics(method, epoch)``, if given, runs after the epoch's steps
-    and its metrics (e.g. ``diag/*``, see ``scarcelab.metrics.diagnostics``) join the
-    epoch's, with their cost as ``time/diag_s``. ``deadline`` is a :class:`Budget` (the
-    diagnostics' time is then paused out of it) or an absolute ``time.time()`` value.
+    After each epoch's steps, the ``diagnostics`` of the callbacks that have one run (in
+    their order, timed together outside the budget); after its evaluation, every
+    callback's ``on_epoch_end(report, improved, snapshot)``, in order; ``snapshot()``
+    gives a checkpoint of this epoch. Raises :class:`TrialFailed` on a non-finite loss.
+    ``deadline`` is a :class:`Budget` (the diagnostics' time is then paused out of it) or
+    an absolute ``time.time()`` value.
     """
     budget = deadline if isinstance(deadline, Budget) else _Deadline(deadline)
     if cfg.stop_on not in ("val", "train_loss"):
         raise ValueError(f"TrainConfig.stop_on={cfg.stop_on!r}: 'val' or 'train_loss'")
     loop = _EpochLoop(method, bundle, cfg, budget, generator, probe_rng)
-    return loop.run(on_epoch, diagnostics)
+    return loop.run(tuple(callbacks))
 
 
 class _Steps(NamedTuple):
@@ -459,11 +513,9 @@ class _EpochLoop:
         # an evaluated epoch, not with a step or an evaluation that runs past it.
         self.step_s = self.eval_s = 0.0
 
-    def run(self, on_epoch: Callable[[EpochReport, bool, Callable[[], dict[str, Any]]], None]
-            | None, diagnostics: Callable[[Method, int], dict[str, float]] | None
-            ) -> TrialResult:
+    def run(self, callbacks: tuple[EpochCallback, ...]) -> TrialResult:
         for epoch in range(self.cfg.max_epochs):
-            stopped = self._epoch(epoch, on_epoch, diagnostics)
+            stopped = self._epoch(epoch, callbacks)
             if stopped:
                 self.res.stopped = stopped
                 break
@@ -471,10 +523,7 @@ class _EpochLoop:
             self.res.stopped = "max_epochs"
         return self.res
 
-    def _epoch(self, epoch: int,
-               on_epoch: Callable[[EpochReport, bool, Callable[[], dict[str, Any]]], None]
-               | None, diagnostics: Callable[[Method, int], dict[str, float]] | None
-               ) -> str:
+    def _epoch(self, epoch: int, callbacks: tuple[EpochCallback, ...]) -> str:
         """Train, diagnose, evaluate and report one epoch; why training stops after it
         ("" to go on). An epoch the budget left no step for is not evaluated."""
         t0 = time.perf_counter()
@@ -482,7 +531,7 @@ class _EpochLoop:
         if steps.n == 0:
             return "budget"
         t_train = time.perf_counter() - t0
-        diag = self._diagnostics(diagnostics, epoch)
+        diag = self._diagnostics(callbacks, epoch)
         te, tb = time.perf_counter(), self.budget.now()
         ev = evaluate(self.method, self.bundle, self.cfg, self.probe_rng)
         val_bacc, test_m, probe = ev
@@ -499,10 +548,15 @@ class _EpochLoop:
         res.step_s, res.eval_s = self.step_s, self.eval_s
         improved = self._track_best(epoch, metrics, val_bacc, test_m)
         report = EpochReport(epoch, metrics, val_bacc, test_m, test_proba)
-        if on_epoch is not None:
+        if callbacks:
             method = self.method
-            on_epoch(report, improved, lambda p=probe, e=epoch, v=val_bacc: snapshot(
-                method, p, {"epoch": e, "val_balanced_accuracy": v}))
+
+            def snap(p: LinearProbe | None = probe, e: int = epoch,
+                     v: float = val_bacc) -> dict[str, Any]:
+                return snapshot(method, p, {"epoch": e, "val_balanced_accuracy": v})
+
+            for cb in callbacks:
+                cb.on_epoch_end(report, improved, snap)
         if steps.out_of_time:
             return "budget"
         if self.since_best >= self.cfg.patience:
@@ -531,14 +585,17 @@ class _EpochLoop:
             self.step_s = now() - ts
         return _Steps(sums, n, t_data, False)
 
-    def _diagnostics(self, diagnostics: Callable[[Method, int], dict[str, float]] | None,
-                     epoch: int) -> dict[str, float]:
-        """The epoch's diagnostics, timed outside the budget (see :class:`Budget`)."""
+    def _diagnostics(self, callbacks: tuple[EpochCallback, ...], epoch: int
+                     ) -> dict[str, float]:
+        """The epoch's diagnostics, timed outside the budget (see :class:`Budget`); none
+        (and no ``time/diag_s``) when no callback measures."""
+        measures = [cb for cb in callbacks if isinstance(cb, DiagnosticsCallback)]
         diag: dict[str, float] = {}
-        if diagnostics is not None:
+        if measures:
             before = self.budget.excluded_s
             with self.budget.paused():
-                diag = diagnostics(self.method, epoch)
+                for cb in measures:
+                    diag.update(cb.diagnostics(self.method, epoch))
             diag["time/diag_s"] = self.budget.excluded_s - before
         return diag
 

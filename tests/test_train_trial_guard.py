@@ -106,8 +106,9 @@ def _trace(monkeypatch: pytest.MonkeyPatch, bundle: Any, method: str = "sup", *,
     out: dict[str, Any] = {}
     try:
         res = train_mod.train_trial(m, bundle, cfg, deadline=deadline, generator=g,
-                                    probe_rng=prng, on_epoch=on_epoch,
-                                    diagnostics=diagnostics if diag else None)
+                                    probe_rng=prng, callbacks=[
+                                        *([train_mod.Diagnostics(diagnostics)] if diag else []),
+                                        train_mod.OnEpochEnd(on_epoch)])
         out["result"] = (_r(res.best_val), res.best_epoch,
                          {k: _r(v) for k, v in sorted(res.best_test.items())}, res.epochs,
                          res.steps, res.stopped, res.best_state, _r(res.step_s),
