@@ -70,18 +70,22 @@ class Timers:
         self.train_cpu_s = self.callback_cpu_s = 0.0  # this thread's CPU seconds
         self.trials = 0
 
+    def timed(self, cb: Any) -> Any:
+        """``cb`` (a ``train_trial`` callback) with its end-of-epoch hook timed."""
+        from scarcelab.train import OnEpochEnd
+
+        def on_epoch(*a: Any, **k: Any) -> Any:
+            t, c = time.perf_counter(), time.thread_time()
+            try:
+                return cb.on_epoch_end(*a, **k)
+            finally:
+                self.callback_s += time.perf_counter() - t
+                self.callback_cpu_s += time.thread_time() - c
+        return OnEpochEnd(on_epoch)
+
     def wrap(self, train_trial: Any) -> Any:
         def timed(*args: Any, **kw: Any) -> Any:
-            inner = kw.get("on_epoch")
-            if inner is not None:
-                def on_epoch(*a: Any, **k: Any) -> Any:
-                    t, c = time.perf_counter(), time.thread_time()
-                    try:
-                        return inner(*a, **k)
-                    finally:
-                        self.callback_s += time.perf_counter() - t
-                        self.callback_cpu_s += time.thread_time() - c
-                kw["on_epoch"] = on_epoch
+            kw["callbacks"] = [self.timed(cb) for cb in kw.get("callbacks", ())]
             self.trials += 1
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
@@ -183,7 +187,7 @@ def ray_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     from scarcelab.methods import get_method
     from scarcelab.protocols.trials import trial_seed
     from scarcelab.protocols.tune import AVG_WINDOW, _hp, build_method, prepare
-    from scarcelab.train import TrainConfig, train_trial
+    from scarcelab.train import OnEpochEnd, TrainConfig, train_trial
 
     configs = trial_configs(a)
     t0, c0 = time.perf_counter(), _tree_cpu()
@@ -222,7 +226,7 @@ def ray_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         method = build_method(method_cls, settings.arch, raw, mean, std, hp)
         t_train, c_train = time.perf_counter(), time.thread_time()
         train_trial(method, bundle, cfg, deadline=float("inf"), generator=g,
-                    probe_rng=np.random.default_rng(seed_n), on_epoch=on_epoch)
+                    probe_rng=np.random.default_rng(seed_n), callbacks=[OnEpochEnd(on_epoch)])
 
     sched = ASHAScheduler(time_attr="training_iteration", metric="score", mode="max",
                           max_t=settings.epochs, grace_period=settings.grace_period,

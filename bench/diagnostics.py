@@ -31,7 +31,7 @@ from steps import load_bundle  # noqa: E402
 from scarcelab.methods import get_method  # noqa: E402
 from scarcelab.metrics.diagnostics import DiagnosticsConfig, EpochDiagnostics  # noqa: E402
 from scarcelab.models import create_model  # noqa: E402
-from scarcelab.train import TrainConfig, train_trial  # noqa: E402
+from scarcelab.train import Diagnostics, OnEpochEnd, TrainConfig, train_trial  # noqa: E402
 
 
 def run(method: str, arch: str, epochs: int, diag_samples: int, bundle) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -46,7 +46,8 @@ def run(method: str, arch: str, epochs: int, diag_samples: int, bundle) -> list[
     rows: list[dict] = []
     train_trial(m, bundle, cfg, deadline=1e18, generator=torch.Generator().manual_seed(0),
                 probe_rng=np.random.default_rng(0),
-                on_epoch=lambda rep, imp, snap: rows.append(rep.metrics), diagnostics=diag)
+                callbacks=[Diagnostics(diag),
+                           OnEpochEnd(lambda rep, imp, snap: rows.append(rep.metrics))])
     return rows
 
 

@@ -58,6 +58,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -142,9 +143,8 @@ class Recorder:
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
             if name == "train_trial":  # time its callbacks too (tracking, diagnostics)
-                for key, sub in (("on_epoch", "on_epoch"), ("diagnostics", "diag")):
-                    if kwargs.get(key) is not None:
-                        kwargs[key] = rec.timed_callable(kwargs[key], sub)
+                kwargs["callbacks"] = [rec.timed_callback(cb)
+                                       for cb in kwargs.get("callbacks", ())]
             ev: dict[str, Any] = {"name": name, "t0": time.time(), "c0": cpu()}
             if name == "log_metrics":
                 keys = args[1] if len(args) > 1 else kwargs.get("metrics", {})
@@ -157,6 +157,15 @@ class Recorder:
 
         timed._bench_wrapped = True  # type: ignore[attr-defined]
         setattr(owner, attr, timed)
+
+    def timed_callback(self, cb: Any) -> Any:
+        """``cb`` (a ``train_trial`` callback) with its end-of-epoch hook timed as
+        ``on_epoch`` and, if it measures, its diagnostics as ``diag``."""
+        timed = types.SimpleNamespace(
+            on_epoch_end=self.timed_callable(cb.on_epoch_end, "on_epoch"))
+        if hasattr(cb, "diagnostics"):
+            timed.diagnostics = self.timed_callable(cb.diagnostics, "diag")
+        return timed
 
     def timed_callable(self, fn: Any, name: str) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:

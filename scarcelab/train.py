@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -393,6 +393,62 @@ def optimizer_step(method: Method, opt: torch.optim.Optimizer,
     return losses
 
 
+#: a checkpoint of the epoch just evaluated, taken only when called (copying a ResNet every
+#: epoch is not free)
+SnapshotFn = Callable[[], dict[str, Any]]
+
+
+class EpochCallback(Protocol):
+    """What a caller of :func:`train_trial` does at the end of each evaluated epoch: log
+    it, keep a best-so-far checkpoint, report it to a pruner (which may stop the trial by
+    raising). One protocol for every such concern, so that the loop calls them all in the
+    order the caller listed them, and a new concern is one more object, not one more
+    keyword argument of the loop.
+
+    A callback that also measures the epoch defines ``diagnostics`` (see
+    :class:`DiagnosticsCallback`)."""
+
+    def on_epoch_end(self, report: EpochReport, improved: bool,
+                     snapshot: SnapshotFn) -> None: ...
+
+
+@runtime_checkable
+class DiagnosticsCallback(EpochCallback, Protocol):
+    """An :class:`EpochCallback` that also measures the model after the epoch's steps,
+    before its evaluation: its metrics (``diag/*``, see ``scarcelab.metrics.diagnostics``)
+    join the epoch's, and its time is paused out of the budget (see :class:`Budget`) and
+    reported as ``time/diag_s``."""
+
+    def diagnostics(self, method: Method, epoch: int) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class OnEpochEnd:
+    """A plain function ``(report, improved, snapshot)`` as an :class:`EpochCallback`: what
+    a bench or a test that only collects reports needs, without a class of its own."""
+
+    fn: Callable[[EpochReport, bool, SnapshotFn], None]
+
+    def on_epoch_end(self, report: EpochReport, improved: bool,
+                     snapshot: SnapshotFn) -> None:
+        self.fn(report, improved, snapshot)
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """A ``(method, epoch) -> metrics`` measure (``EpochDiagnostics``) as a
+    :class:`DiagnosticsCallback` that does nothing else at the epoch's end."""
+
+    fn: Callable[[Method, int], dict[str, float]]
+
+    def diagnostics(self, method: Method, epoch: int) -> dict[str, float]:
+        return self.fn(method, epoch)
+
+    def on_epoch_end(self, report: EpochReport, improved: bool,
+                     snapshot: SnapshotFn) -> None:
+        return None
+
+
 def train_trial(
     method: Method,
     bundle: DatasetBundle,
@@ -401,23 +457,175 @@ def train_trial(
     deadline: float | Budget,
     generator: torch.Generator,
     probe_rng: np.random.Generator,
-    on_epoch: Callable[[EpochReport, bool, Callable[[], dict[str, Any]]], None] | None = None,
-    diagnostics: Callable[[Method, int], dict[str, float]] | None = None,
+    callbacks: Sequence[EpochCallback] = (),
 ) -> TrialResult:
     """Train one configuration until early stop, ``max_epochs`` or the wall-clock deadline.
 
-    ``on_epoch(report, improved, snapshot_fn)`` is called after each evaluation; it may
-    call ``snapshot_fn()`` to get a checkpoint of this epoch (only done on demand, since
-    copying a ResNet every epoch is not free). Raises :class:`TrialFailed` on a
-    non-finite loss. ``diagnostics(method, epoch)``, if given, runs after the epoch's steps
-    and its metrics (e.g. ``diag/*``, see ``scarcelab.metrics.diagnostics``) join the
-    epoch's, with their cost as ``time/diag_s``. ``deadline`` is a :class:`Budget` (the
-    diagnostics' time is then paused out of it) or an absolute ``time.time()`` value.
+    After each epoch's steps, the ``diagnostics`` of the callbacks that have one run (in
+    their order, timed together outside the budget); after its evaluation, every
+    callback's ``on_epoch_end(report, improved, snapshot)``, in order; ``snapshot()``
+    gives a checkpoint of this epoch. Raises :class:`TrialFailed` on a non-finite loss.
+    ``deadline`` is a :class:`Budget` (the diagnostics' time is then paused out of it) or
+    an absolute ``time.time()`` value.
     """
     budget = deadline if isinstance(deadline, Budget) else _Deadline(deadline)
     if cfg.stop_on not in ("val", "train_loss"):
         raise ValueError(f"TrainConfig.stop_on={cfg.stop_on!r}: 'val' or 'train_loss'")
-    device = torch.device(cfg.device)
+    loop = _EpochLoop(method, bundle, cfg, budget, generator, probe_rng)
+    return loop.run(tuple(callbacks))
+
+
+class _Steps(NamedTuple):
+    """What one epoch's optimiser steps leave for its report."""
+
+    sums: dict[str, torch.Tensor]  # each loss summed over the steps, still on the device
+    n: int
+    t_data: float  # seconds spent drawing and augmenting batches
+    out_of_time: bool  # the budget ended the epoch before its last step
+
+
+class _EpochLoop:
+    """One trial's training: the state its epochs share (the step count, the last step's
+    and evaluation's cost that decide whether another step fits, the early-stopping
+    counters), kept on an object so that each phase of an epoch can be a method of its own.
+    """
+
+    def __init__(self, method: Method, bundle: DatasetBundle, cfg: TrainConfig,
+                 budget: Budget, generator: torch.Generator,
+                 probe_rng: np.random.Generator) -> None:
+        self.method, self.bundle, self.cfg = method, bundle, cfg
+        self.budget, self.probe_rng = budget, probe_rng
+        device = torch.device(cfg.device)
+        _prepare_method(method, bundle, cfg, device)
+        self.source = BatchSource(bundle, type(method), cfg.batch_labeled,
+                                  cfg.batch_unlabeled, device, generator,
+                                  labeled_views=cfg.labeled_views)
+        self.spe = steps_per_epoch(bundle, self.source.samples_per_step,
+                                   cfg.max_steps_per_epoch)
+        self.total = self.spe * cfg.max_epochs
+        self.opt, self.sched = make_optimizer(method, self.total, fused=cfg.fused_optimizer)
+        self.res = TrialResult()
+        self.since_best = 0
+        self.best_loss = math.inf
+        self.step = 0
+        # A step is started only if it and the epoch's evaluation fit in what is left of
+        # the budget (at the speed of the last step and evaluation): the budget ends with
+        # an evaluated epoch, not with a step or an evaluation that runs past it.
+        self.step_s = self.eval_s = 0.0
+
+    def run(self, callbacks: tuple[EpochCallback, ...]) -> TrialResult:
+        for epoch in range(self.cfg.max_epochs):
+            stopped = self._epoch(epoch, callbacks)
+            if stopped:
+                self.res.stopped = stopped
+                break
+        else:
+            self.res.stopped = "max_epochs"
+        return self.res
+
+    def _epoch(self, epoch: int, callbacks: tuple[EpochCallback, ...]) -> str:
+        """Train, diagnose, evaluate and report one epoch; why training stops after it
+        ("" to go on). An epoch the budget left no step for is not evaluated."""
+        t0 = time.perf_counter()
+        steps = self._steps(epoch)
+        if steps.n == 0:
+            return "budget"
+        t_train = time.perf_counter() - t0
+        diag = self._diagnostics(callbacks, epoch)
+        te, tb = time.perf_counter(), self.budget.now()
+        ev = evaluate(self.method, self.bundle, self.cfg, self.probe_rng)
+        val_bacc, test_m, probe = ev
+        test_proba = getattr(ev, "test_proba", None)  # a plain triple from a stand-in
+        t_eval, self.eval_s = time.perf_counter() - te, self.budget.now() - tb
+        metrics = _epoch_metrics(steps, val_bacc, test_m, self.sched.get_last_lr()[0],
+                                 t_train, t_eval)
+        metrics.update(diag)
+        if self.method.linear_probe and probe is not None:
+            metrics["time/probe_s"] = t_eval
+            metrics["probe/C"] = float(probe.C or 0.0)
+        res = self.res
+        res.epochs, res.steps = epoch + 1, self.step
+        res.step_s, res.eval_s = self.step_s, self.eval_s
+        improved = self._track_best(epoch, metrics, val_bacc, test_m)
+        report = EpochReport(epoch, metrics, val_bacc, test_m, test_proba)
+        if callbacks:
+            method = self.method
+
+            def snap(p: LinearProbe | None = probe, e: int = epoch,
+                     v: float = val_bacc) -> dict[str, Any]:
+                return snapshot(method, p, {"epoch": e, "val_balanced_accuracy": v})
+
+            for cb in callbacks:
+                cb.on_epoch_end(report, improved, snap)
+        if steps.out_of_time:
+            return "budget"
+        if self.since_best >= self.cfg.patience:
+            return "patience"
+        return ""
+
+    def _steps(self, epoch: int) -> _Steps:
+        """Up to an epoch of optimiser steps, each only if it and an evaluation still fit
+        in the budget."""
+        now = self.budget.now
+        sums: dict[str, torch.Tensor] = {}
+        t_data = 0.0
+        n = 0
+        for _ in range(self.spe):
+            if self.budget.remaining() <= self.step_s + self.eval_s:
+                return _Steps(sums, n, t_data, True)
+            ts, td = now(), time.perf_counter()
+            batch = self.source.next()
+            t_data += time.perf_counter() - td
+            progress = Progress(step=self.step, total_steps=self.total, epoch=epoch)
+            losses = optimizer_step(self.method, self.opt, self.sched, batch, progress)
+            for k, v in losses.items():
+                sums[k] = sums.get(k, 0.0) + v.detach()
+            n += 1
+            self.step += 1
+            self.step_s = now() - ts
+        return _Steps(sums, n, t_data, False)
+
+    def _diagnostics(self, callbacks: tuple[EpochCallback, ...], epoch: int
+                     ) -> dict[str, float]:
+        """The epoch's diagnostics, timed outside the budget (see :class:`Budget`); none
+        (and no ``time/diag_s``) when no callback measures."""
+        measures = [cb for cb in callbacks if isinstance(cb, DiagnosticsCallback)]
+        diag: dict[str, float] = {}
+        if measures:
+            before = self.budget.excluded_s
+            with self.budget.paused():
+                for cb in measures:
+                    diag.update(cb.diagnostics(self.method, epoch))
+            diag["time/diag_s"] = self.budget.excluded_s - before
+        return diag
+
+    def _track_best(self, epoch: int, metrics: dict[str, float], val_bacc: float,
+                    test_m: dict[str, float]) -> bool:
+        """Update the trial's answer and the early-stopping counter; whether this epoch
+        is the new answer (the checkpoint a caller keeps)."""
+        res = self.res
+        if self.cfg.stop_on == "train_loss":
+            loss = metrics.get("train/loss", math.inf)
+            res.best_val, res.best_epoch, res.best_test = val_bacc, epoch, test_m
+            if loss < self.best_loss:
+                self.best_loss, self.since_best = loss, 0
+            else:
+                self.since_best += 1
+            return True  # the last epoch is the answer
+        improved = val_bacc > res.best_val  # strict: the first of tied epochs wins
+        if improved:
+            res.best_val, res.best_epoch, res.best_test = val_bacc, epoch, test_m
+            self.since_best = 0
+        else:
+            self.since_best += 1
+        return improved
+
+
+def _prepare_method(method: Method, bundle: DatasetBundle, cfg: TrainConfig,
+                    device: torch.device) -> None:
+    """Put the method on the device in training mode, in the configured memory format,
+    with the labeled loss's class weights, and let it see the data's sizes before the
+    first step (a method's queues and schedules depend on them)."""
     method.to(device).train()
     if cfg.channels_last:
         method.to(memory_format=torch.channels_last)
@@ -425,96 +633,19 @@ def train_trial(
     method.class_weights = class_weights_for(cfg.class_weights, info.labeled_class_counts,
                                              device)
     method.on_train_start(info)
-    source = BatchSource(bundle, type(method), cfg.batch_labeled, cfg.batch_unlabeled, device,
-                         generator, labeled_views=cfg.labeled_views)
-    spe = steps_per_epoch(bundle, source.samples_per_step, cfg.max_steps_per_epoch)
-    total = spe * cfg.max_epochs
-    opt, sched = make_optimizer(method, total, fused=cfg.fused_optimizer)
-    res = TrialResult()
-    since_best = 0
-    best_loss = math.inf
-    step = 0
-    # A step is started only if it and the epoch's evaluation fit in what is left of the
-    # budget (at the speed of the last step and evaluation): the budget ends with an
-    # evaluated epoch, not with a step or an evaluation that runs past it.
-    step_s = eval_s = 0.0
-    now = budget.now  # always a Budget here (a float deadline became a _Deadline)
-    for epoch in range(cfg.max_epochs):
-        t0 = time.perf_counter()
-        sums: dict[str, torch.Tensor] = {}
-        t_data = 0.0
-        n = 0
-        out_of_time = False
-        for _ in range(spe):
-            if budget.remaining() <= step_s + eval_s:
-                out_of_time = True
-                break
-            ts, td = now(), time.perf_counter()
-            batch = source.next()
-            t_data += time.perf_counter() - td
-            progress = Progress(step=step, total_steps=total, epoch=epoch)
-            losses = optimizer_step(method, opt, sched, batch, progress)
-            for k, v in losses.items():
-                sums[k] = sums.get(k, 0.0) + v.detach()
-            n += 1
-            step += 1
-            step_s = now() - ts
-        if n == 0:
-            res.stopped = "budget"
-            break
-        t_train = time.perf_counter() - t0
-        diag: dict[str, float] = {}
-        if diagnostics is not None:
-            before = budget.excluded_s
-            with budget.paused():  # outside the budget (see Budget)
-                diag = diagnostics(method, epoch)
-            diag["time/diag_s"] = budget.excluded_s - before
-        te, tb = time.perf_counter(), now()
-        ev = evaluate(method, bundle, cfg, probe_rng)
-        val_bacc, test_m, probe = ev
-        test_proba = getattr(ev, "test_proba", None)  # a plain triple from a stand-in
-        t_eval, eval_s = time.perf_counter() - te, now() - tb
-        metrics = {f"train/{k}": float(v) / n for k, v in sums.items()}
-        metrics.update({
-            "val/balanced_accuracy": val_bacc,
-            **{f"test/{k}": v for k, v in test_m.items()},
-            "train/lr": sched.get_last_lr()[0],
-            "time/epoch_s": t_train + t_eval,  # what the budget is charged (no diagnostics)
-            "time/data_s": t_data,
-            "time/eval_s": t_eval,
-            "time/steps": float(n),
-        })
-        metrics.update(diag)
-        if method.linear_probe and probe is not None:
-            metrics["time/probe_s"] = t_eval
-            metrics["probe/C"] = float(probe.C or 0.0)
-        res.epochs, res.steps = epoch + 1, step
-        res.step_s, res.eval_s = step_s, eval_s
-        if cfg.stop_on == "train_loss":
-            loss = metrics.get("train/loss", math.inf)
-            improved = True  # the last epoch is the answer
-            res.best_val, res.best_epoch, res.best_test = val_bacc, epoch, test_m
-            if loss < best_loss:
-                best_loss, since_best = loss, 0
-            else:
-                since_best += 1
-        else:
-            improved = val_bacc > res.best_val  # strict: the first of tied epochs wins
-            if improved:
-                res.best_val, res.best_epoch, res.best_test = val_bacc, epoch, test_m
-                since_best = 0
-            else:
-                since_best += 1
-        report = EpochReport(epoch, metrics, val_bacc, test_m, test_proba)
-        if on_epoch is not None:
-            on_epoch(report, improved, lambda p=probe, e=epoch, v=val_bacc: snapshot(
-                method, p, {"epoch": e, "val_balanced_accuracy": v}))
-        if out_of_time:
-            res.stopped = "budget"
-            break
-        if since_best >= cfg.patience:
-            res.stopped = "patience"
-            break
-    else:
-        res.stopped = "max_epochs"
-    return res
+
+
+def _epoch_metrics(steps: _Steps, val_bacc: float, test_m: dict[str, float], lr: float,
+                   t_train: float, t_eval: float) -> dict[str, float]:
+    """The epoch's mean train losses, its validation and test scores and its costs."""
+    metrics = {f"train/{k}": float(v) / steps.n for k, v in steps.sums.items()}
+    metrics.update({
+        "val/balanced_accuracy": val_bacc,
+        **{f"test/{k}": v for k, v in test_m.items()},
+        "train/lr": lr,
+        "time/epoch_s": t_train + t_eval,  # what the budget is charged (no diagnostics)
+        "time/data_s": steps.t_data,
+        "time/eval_s": t_eval,
+        "time/steps": float(steps.n),
+    })
+    return metrics

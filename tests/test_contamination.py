@@ -20,7 +20,7 @@ from scarcelab.protocols.contamination import (
 )
 from scarcelab.protocols.search import StudyConfig
 from scarcelab.tracker import InMemoryTracker
-from scarcelab.train import TrainConfig, train_trial
+from scarcelab.train import OnEpochEnd, TrainConfig, train_trial
 from tests.conftest import SHARED_DATA
 
 # -- the ratio definition ----------------------------------------------------------------
@@ -182,7 +182,8 @@ def test_training_is_blind_to_the_ood_flags(tiny_bundle):
                                            batch_labeled=8, batch_unlabeled=16),
                     deadline=1e18, generator=torch.Generator().manual_seed(0),
                     probe_rng=np.random.default_rng(0),
-                    on_epoch=lambda rep, i, s, seen=seen: seen.append(rep.metrics["train/loss"]))
+                    callbacks=[OnEpochEnd(lambda rep, i, s, seen=seen: seen.append(
+                        rep.metrics["train/loss"]))])
         losses.append(seen)
     assert losses[0] == losses[1]
 

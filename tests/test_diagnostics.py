@@ -22,7 +22,7 @@ from scarcelab.metrics.diagnostics import (
 from scarcelab.models import create_model
 from scarcelab.protocols.search import StudyConfig, run_study
 from scarcelab.tracker import InMemoryTracker
-from scarcelab.train import TrainConfig, train_trial
+from scarcelab.train import Diagnostics, OnEpochEnd, TrainConfig, train_trial
 
 # -- PLE ---------------------------------------------------------------------------------
 
@@ -222,8 +222,8 @@ def _train(bundle, diagnostics):
     reports = []
     train_trial(m, bundle, cfg, deadline=1e18, generator=torch.Generator().manual_seed(5),
                 probe_rng=np.random.default_rng(5),
-                on_epoch=lambda rep, imp, snap: reports.append(rep.metrics),
-                diagnostics=diagnostics)
+                callbacks=[*([] if diagnostics is None else [Diagnostics(diagnostics)]),
+                           OnEpochEnd(lambda rep, imp, snap: reports.append(rep.metrics))])
     return m, reports
 
 

@@ -16,6 +16,7 @@ import pytest
 import scarcelab.protocols.tune as tune
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.tracker import InMemoryTracker
+from scarcelab.train import OnEpochEnd
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -82,9 +83,9 @@ def _inject(monkeypatch: pytest.MonkeyPatch, faults: dict[int, str]) -> None:
         if fault == "config":
             raise ConfigError(f"bad configuration {k}")
         if fault == "nan":
-            inner = kw["on_epoch"]
-            kw["on_epoch"] = lambda rep, improved, snap: inner(
-                dataclasses.replace(rep, val_balanced_accuracy=math.nan), improved, snap)
+            kw["callbacks"] = [OnEpochEnd(lambda rep, improved, snap, cb=cb: cb.on_epoch_end(
+                dataclasses.replace(rep, val_balanced_accuracy=math.nan), improved, snap))
+                for cb in kw["callbacks"]]
         return real(method, bundle, cfg, **kw)
 
     monkeypatch.setattr(tune, "train_trial", train_trial)

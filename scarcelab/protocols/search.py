@@ -63,7 +63,10 @@ from scarcelab.train import (
     BUDGET_CLOCKS,
     CLASS_WEIGHTS,
     Budget,
+    Diagnostics,
+    EpochCallback,
     EpochReport,
+    SnapshotFn,
     TrainConfig,
     data_info,
     export_classifier,
@@ -425,6 +428,22 @@ class _BestSoFar:
                 "time/diag_s": diag_s, **{f"best/test_{k}": v for k, v in self.test.items()}}
 
 
+@dataclass(frozen=True)
+class _StudyEpochs:
+    """A search trial's end of epoch as an ``EpochCallback``: the trial's metrics, the
+    budget clock in the storage and the study's best-so-far checkpoint
+    (:meth:`_Search._on_epoch`), for this trial's hyper-parameters and model."""
+
+    search: _Search
+    trial: Any
+    hp: dict[str, Any]
+    method: Method
+
+    def on_epoch_end(self, report: EpochReport, improved: bool,
+                     snapshot: SnapshotFn) -> None:
+        self.search._on_epoch(self.trial, self.hp, self.method, report, snapshot)
+
+
 class _Search:
     """One study's trial loop and final phase, over the state they share: the budget,
     the best-so-far, the study-level epoch counter and the trial runner (which keeps the
@@ -491,14 +510,14 @@ class _Search:
                                   "arch": self.arch, "trial_seed": seed})
         method = self.method_cls(self.backbone_factory(self.bundle.channels),
                                  self.bundle.num_classes, hp)
-
-        def on_epoch(rep: EpochReport, improved: bool, snap: Any) -> None:
-            self._on_epoch(trial, hp, method, rep, snap)
-
+        callbacks: list[EpochCallback] = []
+        if self.diagnostics is not None:
+            callbacks.append(Diagnostics(self.diagnostics))
+        callbacks.append(_StudyEpochs(self, trial, hp, method))
         outcome = self.runner.run(
             number, lambda: train_trial(method, self.bundle, tc, deadline=self.budget,
                                         generator=g, probe_rng=np.random.default_rng(seed),
-                                        on_epoch=on_epoch, diagnostics=self.diagnostics),
+                                        callbacks=callbacks),
             on_fail=lambda: self.store.tell(trial, state=optuna.trial.TrialState.FAIL),
             fail_fatal=False)
         if outcome.state != COMPLETE:

@@ -88,6 +88,7 @@ from scarcelab.protocols.trials import COMPLETE, TrialPruned, TrialRunner, trial
 from scarcelab.tracker import DatasetInfo, Tracker
 from scarcelab.train import (
     EpochReport,
+    SnapshotFn,
     TrainConfig,
     TrialResult,
     export_classifier,
@@ -781,6 +782,36 @@ def _rebuild(store: StudyStore, resume: SearchResume, method_cls: type[Method],
     return [t.number for t in prior]
 
 
+@dataclass(frozen=True)
+class _AshaEpochs:
+    """A search trial's end of epoch as an ``EpochCallback``: its metrics and its ASHA
+    report, on which the pruner may stop it (:meth:`_Search._on_epoch`)."""
+
+    search: _Search
+    trial: optuna.trial.Trial
+    history: list[float]
+
+    def on_epoch_end(self, report: EpochReport, improved: bool,
+                     snapshot: SnapshotFn) -> None:
+        self.search._on_epoch(self.trial, self.history, report)
+
+
+@dataclass(frozen=True)
+class _TrainvalEpochs:
+    """A final retrain's end of epoch as an ``EpochCallback``: its train metrics and its
+    score on train+val (the set it trains on, in the validation slot), no model selection.
+    """
+
+    tracker: Tracker
+
+    def on_epoch_end(self, report: EpochReport, improved: bool,
+                     snapshot: SnapshotFn) -> None:
+        self.tracker.log_metrics({**{k: v for k, v in report.metrics.items()
+                                     if not k.startswith(("test/", "val/"))},
+                                  "trainval/balanced_accuracy": report.val_balanced_accuracy},
+                                 report.epoch)
+
+
 class _Search:
     """One search's trial loop, over what its trials share: the study's storage, the
     tracker and the trial runner, which maps what a trial raised to its outcome (ASHA's
@@ -846,8 +877,7 @@ class _Search:
             method = build_method(self.method_cls, s.arch, self.raw, self.mean, self.std, hp)
             return train_trial(method, self.bundle, train_cfg, deadline=self.deadline,
                                generator=g, probe_rng=np.random.default_rng(seed_n),
-                               on_epoch=lambda rep, improved, snap: self._on_epoch(
-                                   trial, history, rep))
+                               callbacks=[_AshaEpochs(self, trial, history)])
 
         # the objective is what Optuna is told: a NaN one fails the trial in both records
         # (Optuna's study/_tell.py feasibility check would fail it there alone)
@@ -981,14 +1011,9 @@ class _Final:
                       seed: int) -> tuple[TrialResult, dict[str, float]]:
         """Train for the final epoch count, no model selection; the last epoch on the
         test set."""
-        def on_epoch(rep: EpochReport, improved: bool, snap: Any) -> None:
-            self.tracker.log_metrics({**{k: v for k, v in rep.metrics.items()
-                                         if not k.startswith(("test/", "val/"))},
-                                      "trainval/balanced_accuracy": rep.val_balanced_accuracy},
-                                     rep.epoch)
-
         res = train_trial(method, self.bundle, train_cfg, deadline=math.inf, generator=g,
-                          probe_rng=np.random.default_rng(seed), on_epoch=on_epoch)
+                          probe_rng=np.random.default_rng(seed),
+                          callbacks=[_TrainvalEpochs(self.tracker)])
         method.eval()
         logits = forward_images(method.logits, self.raw.test_x, 512, torch.device(self.cfg.device))
         if not np.isfinite(logits).all():
