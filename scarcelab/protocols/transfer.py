@@ -163,6 +163,11 @@ def encoder_tags(cfg: Any, enc_info: dict[str, Any], task: str = "probe") -> dic
     return tags
 
 
+# the fine-tuning search's settings: a linear probe record does not carry them
+_FINETUNE_ONLY = ("overrides", "encoder_info", "method", "budget_minutes", "max_epochs",
+                  "patience", "batch_size", "max_trials", "max_steps_per_epoch")
+
+
 def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
                tracker: Tracker, cache: Any = None) -> ProbeResult:
     """Frozen features (cached) + an L2-tuned logistic regression; one record, no trials.
@@ -170,15 +175,29 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
     ``cache`` is an ``EncodingCache`` (``scarcelab.active.encoded``): disk here, disk +
     MLflow artifacts from the tracking side; None computes the features every time.
     """
-    from scarcelab.active.encoded import EncoderConfig, encode_dataset
-
     cfg.validate()
     t0 = time.time()
     raw = load_raw(cfg.dataset, cfg.data_dir)
     split = probe_split(cfg, raw)
     device = torch.device(cfg.resolved_device())
-    arch = str(enc_info.get("arch", cfg.arch))
     pos = resolve_positive_class(raw)  # a binary task's disease class, as the studies
+    _start_linear_study(cfg, raw, split, device, pos, enc_info, tracker)
+    status = "FAILED"
+    try:
+        fit = _fit_linear(cfg, raw, split, backbone, device, pos, tracker, cache, t0)
+        status = "FINISHED"
+    finally:
+        tracker.end_study(status)
+    return fit.result(raw, split)
+
+
+def _start_linear_study(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any],
+                        device: torch.device, pos: int | None, enc_info: dict[str, Any],
+                        tracker: Tracker) -> None:
+    """Open the probe's one record with the tags the transfer view groups on and the
+    resolved config (the fine-tuning settings left out of its params: they played no
+    part), before any forward pass, so a crash still leaves a FAILED record."""
+    arch = str(enc_info.get("arch", cfg.arch))
     tags = {T.ROLE: "probe", T.FAMILY: "transfer",
             T.METHOD: "linear_probe", T.DATASET: raw.name,
             T.SEED: str(cfg.seed), T.SPLIT_HASH: split["hash"],
@@ -191,56 +210,76 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
                 "positive_class": pos,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
                 "n_test": len(raw.test_y), "encoder_info": enc_info}
-    params = {k: v for k, v in resolved.items() if k not in ("overrides", "encoder_info",
-                                                             "method", "budget_minutes",
-                                                             "max_epochs", "patience",
-                                                             "batch_size", "max_trials",
-                                                             "max_steps_per_epoch")}
+    params = {k: v for k, v in resolved.items() if k not in _FINETUNE_ONLY}
     tracker.start_study(name=f"probe-linear-{raw.name}-s{cfg.seed}", tags=tags, params=params,
                         artifacts={"split.json": split, "config.json": resolved},
                         dataset=_dataset_info(raw, split))
-    status = "FAILED"
-    try:
-        tf = time.time()
-        tracker.set_tags({T.PHASE: f"encoding {len(raw.train_y) + len(raw.test_y)} "
-                          "images with the frozen encoder (cached after the first run)"})
-        enc, key, where = encode_dataset(raw.name, raw.train_x, raw.train_y, raw.test_x,
-                                         raw.test_y, raw.num_classes, EncoderConfig(),
-                                         device, cache, pretrained=backbone,
-                                         pretrained_id=cfg.encoder)
-        t_feat = time.time() - tf
-        lab = np.asarray(split["labeled"], dtype=np.int64)
-        val = np.asarray(split["val"], dtype=np.int64)
-        tp = time.time()
-        tracker.set_tags({T.PHASE: f"fitting the linear probe ({cfg.probe_trials} "
-                          "L2 penalties)"})
-        probe = LinearProbe(raw.num_classes, n_trials=cfg.probe_trials,
-                            max_iter=cfg.probe_max_iter).fit(
-            enc.x_train[lab], raw.train_y[lab], enc.x_train[val], raw.train_y[val],
-            np.random.default_rng(cfg.seed))
-        t_fit = time.time() - tp
-        proba = probe.predict_proba(enc.x_test)
-        test = classification_metrics(raw.test_y, proba, positive_class=pos)
-        elapsed = time.time() - t0
-        tracker.log_metrics({"val/balanced_accuracy": probe.val_balanced_accuracy,
-                             **{f"test/{k}": v for k, v in test.items()},
-                             "probe/C": float(probe.C or 0.0), "time/features_s": t_feat,
-                             "time/fit_s": t_fit, "time/elapsed_s": elapsed},
-                            0, scope="study")
-        tracker.set_tags({T.ENCODING_KEY: key,
-                          T.FEATURES: "cached" if not where.startswith("computed")
-                          else "computed"})
-        model = for_export(ExportedClassifier(copy.deepcopy(backbone), probe.to_linear(),
-                                              raw.class_names))
-        tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
-        status = "FINISHED"
-    finally:
-        tracker.end_study(status)
-    return ProbeResult(
-        "linear", test, probe.val_balanced_accuracy,
-        confusion_matrix(raw.test_y, proba.argmax(1), raw.num_classes), list(raw.class_names),
-        split["hash"], {"C": probe.C, "features": where, "encoding_key": key,
-                        "time_features_s": t_feat, "time_fit_s": t_fit, "time_s": elapsed})
+
+
+@dataclass
+class _LinearFit:
+    """What the fitted probe leaves for the protocol's result, kept apart so the result is
+    built only once the record is closed."""
+
+    probe: LinearProbe
+    proba: np.ndarray
+    test: dict[str, float]
+    where: str
+    key: str
+    t_feat: float
+    t_fit: float
+    elapsed: float
+
+    def result(self, raw: RawDataset, split: dict[str, Any]) -> ProbeResult:
+        return ProbeResult(
+            "linear", self.test, self.probe.val_balanced_accuracy,
+            confusion_matrix(raw.test_y, self.proba.argmax(1), raw.num_classes),
+            list(raw.class_names), split["hash"],
+            {"C": self.probe.C, "features": self.where, "encoding_key": self.key,
+             "time_features_s": self.t_feat, "time_fit_s": self.t_fit,
+             "time_s": self.elapsed})
+
+
+def _fit_linear(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any],
+                backbone: nn.Module, device: torch.device, pos: int | None,
+                tracker: Tracker, cache: Any, t0: float) -> _LinearFit:
+    """Encode, fit the probe on the labeled part (penalty chosen on validation), score it
+    on test and log the scores, the timings and the exported model to the open record."""
+    from scarcelab.active.encoded import EncoderConfig, encode_dataset
+
+    tf = time.time()
+    tracker.set_tags({T.PHASE: f"encoding {len(raw.train_y) + len(raw.test_y)} "
+                      "images with the frozen encoder (cached after the first run)"})
+    enc, key, where = encode_dataset(raw.name, raw.train_x, raw.train_y, raw.test_x,
+                                     raw.test_y, raw.num_classes, EncoderConfig(),
+                                     device, cache, pretrained=backbone,
+                                     pretrained_id=cfg.encoder)
+    t_feat = time.time() - tf
+    lab = np.asarray(split["labeled"], dtype=np.int64)
+    val = np.asarray(split["val"], dtype=np.int64)
+    tp = time.time()
+    tracker.set_tags({T.PHASE: f"fitting the linear probe ({cfg.probe_trials} "
+                      "L2 penalties)"})
+    probe = LinearProbe(raw.num_classes, n_trials=cfg.probe_trials,
+                        max_iter=cfg.probe_max_iter).fit(
+        enc.x_train[lab], raw.train_y[lab], enc.x_train[val], raw.train_y[val],
+        np.random.default_rng(cfg.seed))
+    t_fit = time.time() - tp
+    proba = probe.predict_proba(enc.x_test)
+    test = classification_metrics(raw.test_y, proba, positive_class=pos)
+    elapsed = time.time() - t0
+    tracker.log_metrics({"val/balanced_accuracy": probe.val_balanced_accuracy,
+                         **{f"test/{k}": v for k, v in test.items()},
+                         "probe/C": float(probe.C or 0.0), "time/features_s": t_feat,
+                         "time/fit_s": t_fit, "time/elapsed_s": elapsed},
+                        0, scope="study")
+    tracker.set_tags({T.ENCODING_KEY: key,
+                      T.FEATURES: "cached" if not where.startswith("computed")
+                      else "computed"})
+    model = for_export(ExportedClassifier(copy.deepcopy(backbone), probe.to_linear(),
+                                          raw.class_names))
+    tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
+    return _LinearFit(probe, proba, test, where, key, t_feat, t_fit, elapsed)
 
 
 @torch.no_grad()
