@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,7 @@ from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export
 from scarcelab.models.encoder import check_norm
 from scarcelab.protocols.probe import LinearProbe
-from scarcelab.protocols.search import AutoDevice
+from scarcelab.protocols.search import AutoDevice, StudyConfig
 from scarcelab.tracker import DatasetInfo, Tracker
 
 PROTOCOLS = ("linear", "finetune")
@@ -299,8 +300,7 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
     checkpoint best on validation (the one the study reports).
     """
     from scarcelab.methods import get_method
-    from scarcelab.protocols.search import StudyConfig, _method_from_checkpoint, run_study
-    from scarcelab.train import export_classifier
+    from scarcelab.protocols.search import run_study
 
     cfg.validate()
     method_cls = get_method(cfg.method)
@@ -310,8 +310,31 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
     t0 = time.time()
     raw = load_raw(cfg.dataset, cfg.data_dir)
     split = probe_split(cfg, raw)
-    arch = str(enc_info.get("arch", cfg.arch))
-    scfg = StudyConfig(method=cfg.method, dataset=cfg.dataset, family="supervised",
+    scfg = _finetune_study_config(cfg, split, str(enc_info.get("arch", cfg.arch)))
+    factory = _encoder_factory(backbone, raw.channels)
+    res = run_study(scfg, tracker, backbone_factory=factory,
+                    extra_tags={T.FAMILY: "transfer",
+                                T.LABEL_FRACTION: label_fraction_tag(split),
+                                **encoder_tags(cfg, enc_info)})
+    if res.split_hash != split["hash"]:  # same builder, same seed: a mismatch is a bug
+        raise RuntimeError("fine-tuning split differs from the probe split")
+    ckpt = res.best_checkpoint
+    assert ckpt is not None
+    proba, test = _score_checkpoint(method_cls, ckpt, raw, split, scfg)
+    return ProbeResult(
+        "finetune", test, res.best_val,
+        confusion_matrix(raw.test_y, proba.argmax(1), raw.num_classes), list(raw.class_names),
+        split["hash"], {"n_trials": res.n_trials, "n_failed": res.n_failed,
+                        "best_trial": res.best_trial, "hp": ckpt.get("hp"),
+                        "time_s": time.time() - t0,
+                        "study_test": res.best_test})
+
+
+def _finetune_study_config(cfg: ProbeConfig, split: dict[str, Any], arch: str) -> StudyConfig:
+    """The search's config for the probe's split: the labeled pool before the label
+    fraction and the same validation count, so that the study's own split builder, with
+    the same seed, draws the very split the linear probe used."""
+    return StudyConfig(method=cfg.method, dataset=cfg.dataset, family="supervised",
                        data_dir=cfg.data_dir, arch=arch, seed=cfg.seed,
                        budget_minutes=cfg.budget_minutes, max_epochs=cfg.max_epochs,
                        patience=cfg.patience,
@@ -321,22 +344,29 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
                        batch_size=cfg.batch_size, max_steps_per_epoch=cfg.max_steps_per_epoch,
                        max_trials=cfg.max_trials, device=cfg.device, overrides=cfg.overrides,
                        diag_samples=0)
+
+
+def _encoder_factory(backbone: nn.Module, channels: int) -> Callable[[int], nn.Module]:
+    """A backbone factory for the search that hands every trial a fresh copy of the
+    encoder's weights (taken once, on the CPU, before any trial can train them)."""
     initial = copy.deepcopy(backbone).cpu()
 
     def factory(in_channels: int) -> nn.Module:
-        if in_channels != raw.channels:
-            raise ConfigError(f"encoder expects {raw.channels} channels, got {in_channels}")
+        if in_channels != channels:
+            raise ConfigError(f"encoder expects {channels} channels, got {in_channels}")
         return copy.deepcopy(initial).train()
 
-    res = run_study(scfg, tracker, backbone_factory=factory,
-                    extra_tags={T.FAMILY: "transfer",
-                                T.LABEL_FRACTION: label_fraction_tag(split),
-                                **encoder_tags(cfg, enc_info)})
-    if res.split_hash != split["hash"]:  # same builder, same seed: a mismatch is a bug
-        raise RuntimeError("fine-tuning split differs from the probe split")
-    ckpt = res.best_checkpoint
-    assert ckpt is not None
+    return factory
+
+
+def _score_checkpoint(method_cls: Any, ckpt: dict[str, Any], raw: RawDataset,
+                      split: dict[str, Any],
+                      scfg: StudyConfig) -> tuple[np.ndarray, dict[str, float]]:
+    """Test probabilities and scores of the study's best checkpoint, recomputed here for
+    the confusion matrix the study does not return."""
     from scarcelab.data.splits import apply_split
+    from scarcelab.protocols.search import _method_from_checkpoint
+    from scarcelab.train import export_classifier
 
     bundle = apply_split(raw, split)
     model = export_classifier(_method_from_checkpoint(method_cls, ckpt, bundle), ckpt,
@@ -344,13 +374,7 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
     proba = _predict(model, raw.test_x, torch.device(scfg.resolved_device()))
     # the study's own test metrics used the dataset's positive class: the same here
     test = classification_metrics(raw.test_y, proba, positive_class=resolve_positive_class(raw))
-    return ProbeResult(
-        "finetune", test, res.best_val,
-        confusion_matrix(raw.test_y, proba.argmax(1), raw.num_classes), list(raw.class_names),
-        split["hash"], {"n_trials": res.n_trials, "n_failed": res.n_failed,
-                        "best_trial": res.best_trial, "hp": ckpt.get("hp"),
-                        "time_s": time.time() - t0,
-                        "study_test": res.best_test})
+    return proba, test
 
 
 __all__ = ["PROTOCOLS", "ProbeConfig", "ProbeResult", "check_label_fraction", "confusion_matrix",
