@@ -179,17 +179,7 @@ def run_contamination(
     (:func:`point_label`, :data:`TUNING_POINT`) that already finished, or None; a finished
     child is not run again, and ``tracker_for`` is not called for it.
     """
-    from scarcelab.methods import get_method
-
-    if tuning not in TUNINGS:
-        raise ConfigError(f"tuning={tuning!r}: valid values are {', '.join(TUNINGS)}")
-    if get_method(cfg.method).family != "semi":
-        raise ConfigError(f"contamination sweeps need a semi-supervised method; {cfg.method!r} "
-                          f"is {get_method(cfg.method).family}")
-    if not sources:
-        raise ConfigError("give at least one OOD source, e.g. ood=mnist")
-    for s in sources:
-        get_source(s)  # fail fast on a typo, before any training
+    _check_sweep(cfg, sources, tuning)
     ctx = SourceContext(data_dir=cfg.data_dir, ood_dir=ood_dir, id_dataset=cfg.dataset)
     child_cfg, hp_source = _configuration(cfg, tuning, sources[0], tracker_for, ctx,
                                           finished)
@@ -205,27 +195,51 @@ def run_contamination(
             if done is not None:
                 points.append(SweepPoint(source, kind if r > 0 else "none", r, done.result,
                                          dict(done.contamination), reused=True))
-                done_clean = done_clean or r == 0.0
-                continue
-            seen: dict[str, Any] = {}
-
-            def transform(b: DatasetBundle, source: str = source, r: float = r,
-                          seen: dict[str, Any] = seen) -> DatasetBundle:
-                out = contaminate(b, source, r, cfg.seed, ctx)
-                seen.update(out.meta["contamination"])
-                return out
-
-            tags = {T.OOD: source, T.RATIO: f"{r:g}",
-                    T.OOD_KIND: kind if r > 0 else "none",
-                    T.TUNING: tuning, T.HPARAMS_SOURCE: hp_source}
-            tracker = tracker_for(source, r)
-            # the contamination counts are known only after the transform ran; they are
-            # logged as params of the child study through a lazily-filled dict
-            child = _ParamsAfterTransform(tracker, tags, seen)
-            res = run_study(_child(child_cfg, point), child, bundle_transform=transform)
-            points.append(SweepPoint(source, kind if r > 0 else "none", r, res, dict(seen)))
+            else:
+                tags = {T.OOD: source, T.RATIO: f"{r:g}",
+                        T.OOD_KIND: kind if r > 0 else "none",
+                        T.TUNING: tuning, T.HPARAMS_SOURCE: hp_source}
+                points.append(_run_point(child_cfg, point, source, kind, r, cfg.seed, ctx,
+                                         tags, tracker_for))
             done_clean = done_clean or r == 0.0
     return points
+
+
+def _check_sweep(cfg: StudyConfig, sources: Sequence[str], tuning: str) -> None:
+    """Reject a sweep that could not finish before any study (the tuning one included)
+    spends its budget: an unknown tuning mode, a method without an unlabeled pool to
+    contaminate, no or a misspelt OOD source."""
+    from scarcelab.methods import get_method
+
+    if tuning not in TUNINGS:
+        raise ConfigError(f"tuning={tuning!r}: valid values are {', '.join(TUNINGS)}")
+    if get_method(cfg.method).family != "semi":
+        raise ConfigError(f"contamination sweeps need a semi-supervised method; {cfg.method!r} "
+                          f"is {get_method(cfg.method).family}")
+    if not sources:
+        raise ConfigError("give at least one OOD source, e.g. ood=mnist")
+    for s in sources:
+        get_source(s)  # fail fast on a typo, before any training
+
+
+def _run_point(child_cfg: StudyConfig, point: str, source: str, kind: str, r: float,
+               seed: int, ctx: SourceContext, tags: dict[str, str],
+               tracker_for: Callable[[str, float], Tracker]) -> SweepPoint:
+    """Run one sweep point's child study on the pool contaminated at ``r``, tagged as that
+    point, with the contamination counts the transform reports."""
+    seen: dict[str, Any] = {}
+
+    def transform(b: DatasetBundle) -> DatasetBundle:
+        out = contaminate(b, source, r, seed, ctx)
+        seen.update(out.meta["contamination"])
+        return out
+
+    tracker = tracker_for(source, r)
+    # the contamination counts are known only after the transform ran; they are
+    # logged as params of the child study through a lazily-filled dict
+    child = _ParamsAfterTransform(tracker, tags, seen)
+    res = run_study(_child(child_cfg, point), child, bundle_transform=transform)
+    return SweepPoint(source, kind if r > 0 else "none", r, res, dict(seen))
 
 
 def _child(cfg: StudyConfig, point: str) -> StudyConfig:

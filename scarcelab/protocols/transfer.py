@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,7 @@ from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export
 from scarcelab.models.encoder import check_norm
 from scarcelab.protocols.probe import LinearProbe
-from scarcelab.protocols.search import AutoDevice
+from scarcelab.protocols.search import AutoDevice, StudyConfig
 from scarcelab.tracker import DatasetInfo, Tracker
 
 PROTOCOLS = ("linear", "finetune")
@@ -163,6 +164,11 @@ def encoder_tags(cfg: Any, enc_info: dict[str, Any], task: str = "probe") -> dic
     return tags
 
 
+# the fine-tuning search's settings: a linear probe record does not carry them
+_FINETUNE_ONLY = ("overrides", "encoder_info", "method", "budget_minutes", "max_epochs",
+                  "patience", "batch_size", "max_trials", "max_steps_per_epoch")
+
+
 def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
                tracker: Tracker, cache: Any = None) -> ProbeResult:
     """Frozen features (cached) + an L2-tuned logistic regression; one record, no trials.
@@ -170,15 +176,29 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
     ``cache`` is an ``EncodingCache`` (``scarcelab.active.encoded``): disk here, disk +
     MLflow artifacts from the tracking side; None computes the features every time.
     """
-    from scarcelab.active.encoded import EncoderConfig, encode_dataset
-
     cfg.validate()
     t0 = time.time()
     raw = load_raw(cfg.dataset, cfg.data_dir)
     split = probe_split(cfg, raw)
     device = torch.device(cfg.resolved_device())
-    arch = str(enc_info.get("arch", cfg.arch))
     pos = resolve_positive_class(raw)  # a binary task's disease class, as the studies
+    _start_linear_study(cfg, raw, split, device, pos, enc_info, tracker)
+    status = "FAILED"
+    try:
+        fit = _fit_linear(cfg, raw, split, backbone, device, pos, tracker, cache, t0)
+        status = "FINISHED"
+    finally:
+        tracker.end_study(status)
+    return fit.result(raw, split)
+
+
+def _start_linear_study(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any],
+                        device: torch.device, pos: int | None, enc_info: dict[str, Any],
+                        tracker: Tracker) -> None:
+    """Open the probe's one record with the tags the transfer view groups on and the
+    resolved config (the fine-tuning settings left out of its params: they played no
+    part), before any forward pass, so a crash still leaves a FAILED record."""
+    arch = str(enc_info.get("arch", cfg.arch))
     tags = {T.ROLE: "probe", T.FAMILY: "transfer",
             T.METHOD: "linear_probe", T.DATASET: raw.name,
             T.SEED: str(cfg.seed), T.SPLIT_HASH: split["hash"],
@@ -191,56 +211,76 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
                 "positive_class": pos,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
                 "n_test": len(raw.test_y), "encoder_info": enc_info}
-    params = {k: v for k, v in resolved.items() if k not in ("overrides", "encoder_info",
-                                                             "method", "budget_minutes",
-                                                             "max_epochs", "patience",
-                                                             "batch_size", "max_trials",
-                                                             "max_steps_per_epoch")}
+    params = {k: v for k, v in resolved.items() if k not in _FINETUNE_ONLY}
     tracker.start_study(name=f"probe-linear-{raw.name}-s{cfg.seed}", tags=tags, params=params,
                         artifacts={"split.json": split, "config.json": resolved},
                         dataset=_dataset_info(raw, split))
-    status = "FAILED"
-    try:
-        tf = time.time()
-        tracker.set_tags({T.PHASE: f"encoding {len(raw.train_y) + len(raw.test_y)} "
-                          "images with the frozen encoder (cached after the first run)"})
-        enc, key, where = encode_dataset(raw.name, raw.train_x, raw.train_y, raw.test_x,
-                                         raw.test_y, raw.num_classes, EncoderConfig(),
-                                         device, cache, pretrained=backbone,
-                                         pretrained_id=cfg.encoder)
-        t_feat = time.time() - tf
-        lab = np.asarray(split["labeled"], dtype=np.int64)
-        val = np.asarray(split["val"], dtype=np.int64)
-        tp = time.time()
-        tracker.set_tags({T.PHASE: f"fitting the linear probe ({cfg.probe_trials} "
-                          "L2 penalties)"})
-        probe = LinearProbe(raw.num_classes, n_trials=cfg.probe_trials,
-                            max_iter=cfg.probe_max_iter).fit(
-            enc.x_train[lab], raw.train_y[lab], enc.x_train[val], raw.train_y[val],
-            np.random.default_rng(cfg.seed))
-        t_fit = time.time() - tp
-        proba = probe.predict_proba(enc.x_test)
-        test = classification_metrics(raw.test_y, proba, positive_class=pos)
-        elapsed = time.time() - t0
-        tracker.log_metrics({"val/balanced_accuracy": probe.val_balanced_accuracy,
-                             **{f"test/{k}": v for k, v in test.items()},
-                             "probe/C": float(probe.C or 0.0), "time/features_s": t_feat,
-                             "time/fit_s": t_fit, "time/elapsed_s": elapsed},
-                            0, scope="study")
-        tracker.set_tags({T.ENCODING_KEY: key,
-                          T.FEATURES: "cached" if not where.startswith("computed")
-                          else "computed"})
-        model = for_export(ExportedClassifier(copy.deepcopy(backbone), probe.to_linear(),
-                                              raw.class_names))
-        tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
-        status = "FINISHED"
-    finally:
-        tracker.end_study(status)
-    return ProbeResult(
-        "linear", test, probe.val_balanced_accuracy,
-        confusion_matrix(raw.test_y, proba.argmax(1), raw.num_classes), list(raw.class_names),
-        split["hash"], {"C": probe.C, "features": where, "encoding_key": key,
-                        "time_features_s": t_feat, "time_fit_s": t_fit, "time_s": elapsed})
+
+
+@dataclass
+class _LinearFit:
+    """What the fitted probe leaves for the protocol's result, kept apart so the result is
+    built only once the record is closed."""
+
+    probe: LinearProbe
+    proba: np.ndarray
+    test: dict[str, float]
+    where: str
+    key: str
+    t_feat: float
+    t_fit: float
+    elapsed: float
+
+    def result(self, raw: RawDataset, split: dict[str, Any]) -> ProbeResult:
+        return ProbeResult(
+            "linear", self.test, self.probe.val_balanced_accuracy,
+            confusion_matrix(raw.test_y, self.proba.argmax(1), raw.num_classes),
+            list(raw.class_names), split["hash"],
+            {"C": self.probe.C, "features": self.where, "encoding_key": self.key,
+             "time_features_s": self.t_feat, "time_fit_s": self.t_fit,
+             "time_s": self.elapsed})
+
+
+def _fit_linear(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any],
+                backbone: nn.Module, device: torch.device, pos: int | None,
+                tracker: Tracker, cache: Any, t0: float) -> _LinearFit:
+    """Encode, fit the probe on the labeled part (penalty chosen on validation), score it
+    on test and log the scores, the timings and the exported model to the open record."""
+    from scarcelab.active.encoded import EncoderConfig, encode_dataset
+
+    tf = time.time()
+    tracker.set_tags({T.PHASE: f"encoding {len(raw.train_y) + len(raw.test_y)} "
+                      "images with the frozen encoder (cached after the first run)"})
+    enc, key, where = encode_dataset(raw.name, raw.train_x, raw.train_y, raw.test_x,
+                                     raw.test_y, raw.num_classes, EncoderConfig(),
+                                     device, cache, pretrained=backbone,
+                                     pretrained_id=cfg.encoder)
+    t_feat = time.time() - tf
+    lab = np.asarray(split["labeled"], dtype=np.int64)
+    val = np.asarray(split["val"], dtype=np.int64)
+    tp = time.time()
+    tracker.set_tags({T.PHASE: f"fitting the linear probe ({cfg.probe_trials} "
+                      "L2 penalties)"})
+    probe = LinearProbe(raw.num_classes, n_trials=cfg.probe_trials,
+                        max_iter=cfg.probe_max_iter).fit(
+        enc.x_train[lab], raw.train_y[lab], enc.x_train[val], raw.train_y[val],
+        np.random.default_rng(cfg.seed))
+    t_fit = time.time() - tp
+    proba = probe.predict_proba(enc.x_test)
+    test = classification_metrics(raw.test_y, proba, positive_class=pos)
+    elapsed = time.time() - t0
+    tracker.log_metrics({"val/balanced_accuracy": probe.val_balanced_accuracy,
+                         **{f"test/{k}": v for k, v in test.items()},
+                         "probe/C": float(probe.C or 0.0), "time/features_s": t_feat,
+                         "time/fit_s": t_fit, "time/elapsed_s": elapsed},
+                        0, scope="study")
+    tracker.set_tags({T.ENCODING_KEY: key,
+                      T.FEATURES: "cached" if not where.startswith("computed")
+                      else "computed"})
+    model = for_export(ExportedClassifier(copy.deepcopy(backbone), probe.to_linear(),
+                                          raw.class_names))
+    tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
+    return _LinearFit(probe, proba, test, where, key, t_feat, t_fit, elapsed)
 
 
 @torch.no_grad()
@@ -260,8 +300,7 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
     checkpoint best on validation (the one the study reports).
     """
     from scarcelab.methods import get_method
-    from scarcelab.protocols.search import StudyConfig, _method_from_checkpoint, run_study
-    from scarcelab.train import export_classifier
+    from scarcelab.protocols.search import run_study
 
     cfg.validate()
     method_cls = get_method(cfg.method)
@@ -271,8 +310,31 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
     t0 = time.time()
     raw = load_raw(cfg.dataset, cfg.data_dir)
     split = probe_split(cfg, raw)
-    arch = str(enc_info.get("arch", cfg.arch))
-    scfg = StudyConfig(method=cfg.method, dataset=cfg.dataset, family="supervised",
+    scfg = _finetune_study_config(cfg, split, str(enc_info.get("arch", cfg.arch)))
+    factory = _encoder_factory(backbone, raw.channels)
+    res = run_study(scfg, tracker, backbone_factory=factory,
+                    extra_tags={T.FAMILY: "transfer",
+                                T.LABEL_FRACTION: label_fraction_tag(split),
+                                **encoder_tags(cfg, enc_info)})
+    if res.split_hash != split["hash"]:  # same builder, same seed: a mismatch is a bug
+        raise RuntimeError("fine-tuning split differs from the probe split")
+    ckpt = res.best_checkpoint
+    assert ckpt is not None
+    proba, test = _score_checkpoint(method_cls, ckpt, raw, split, scfg)
+    return ProbeResult(
+        "finetune", test, res.best_val,
+        confusion_matrix(raw.test_y, proba.argmax(1), raw.num_classes), list(raw.class_names),
+        split["hash"], {"n_trials": res.n_trials, "n_failed": res.n_failed,
+                        "best_trial": res.best_trial, "hp": ckpt.get("hp"),
+                        "time_s": time.time() - t0,
+                        "study_test": res.best_test})
+
+
+def _finetune_study_config(cfg: ProbeConfig, split: dict[str, Any], arch: str) -> StudyConfig:
+    """The search's config for the probe's split: the labeled pool before the label
+    fraction and the same validation count, so that the study's own split builder, with
+    the same seed, draws the very split the linear probe used."""
+    return StudyConfig(method=cfg.method, dataset=cfg.dataset, family="supervised",
                        data_dir=cfg.data_dir, arch=arch, seed=cfg.seed,
                        budget_minutes=cfg.budget_minutes, max_epochs=cfg.max_epochs,
                        patience=cfg.patience,
@@ -282,22 +344,29 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
                        batch_size=cfg.batch_size, max_steps_per_epoch=cfg.max_steps_per_epoch,
                        max_trials=cfg.max_trials, device=cfg.device, overrides=cfg.overrides,
                        diag_samples=0)
+
+
+def _encoder_factory(backbone: nn.Module, channels: int) -> Callable[[int], nn.Module]:
+    """A backbone factory for the search that hands every trial a fresh copy of the
+    encoder's weights (taken once, on the CPU, before any trial can train them)."""
     initial = copy.deepcopy(backbone).cpu()
 
     def factory(in_channels: int) -> nn.Module:
-        if in_channels != raw.channels:
-            raise ConfigError(f"encoder expects {raw.channels} channels, got {in_channels}")
+        if in_channels != channels:
+            raise ConfigError(f"encoder expects {channels} channels, got {in_channels}")
         return copy.deepcopy(initial).train()
 
-    res = run_study(scfg, tracker, backbone_factory=factory,
-                    extra_tags={T.FAMILY: "transfer",
-                                T.LABEL_FRACTION: label_fraction_tag(split),
-                                **encoder_tags(cfg, enc_info)})
-    if res.split_hash != split["hash"]:  # same builder, same seed: a mismatch is a bug
-        raise RuntimeError("fine-tuning split differs from the probe split")
-    ckpt = res.best_checkpoint
-    assert ckpt is not None
+    return factory
+
+
+def _score_checkpoint(method_cls: Any, ckpt: dict[str, Any], raw: RawDataset,
+                      split: dict[str, Any],
+                      scfg: StudyConfig) -> tuple[np.ndarray, dict[str, float]]:
+    """Test probabilities and scores of the study's best checkpoint, recomputed here for
+    the confusion matrix the study does not return."""
     from scarcelab.data.splits import apply_split
+    from scarcelab.protocols.search import _method_from_checkpoint
+    from scarcelab.train import export_classifier
 
     bundle = apply_split(raw, split)
     model = export_classifier(_method_from_checkpoint(method_cls, ckpt, bundle), ckpt,
@@ -305,13 +374,7 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
     proba = _predict(model, raw.test_x, torch.device(scfg.resolved_device()))
     # the study's own test metrics used the dataset's positive class: the same here
     test = classification_metrics(raw.test_y, proba, positive_class=resolve_positive_class(raw))
-    return ProbeResult(
-        "finetune", test, res.best_val,
-        confusion_matrix(raw.test_y, proba.argmax(1), raw.num_classes), list(raw.class_names),
-        split["hash"], {"n_trials": res.n_trials, "n_failed": res.n_failed,
-                        "best_trial": res.best_trial, "hp": ckpt.get("hp"),
-                        "time_s": time.time() - t0,
-                        "study_test": res.best_test})
+    return proba, test
 
 
 __all__ = ["PROTOCOLS", "ProbeConfig", "ProbeResult", "check_label_fraction", "confusion_matrix",
