@@ -149,16 +149,12 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         repetitions: int, seed_strategy: int, seed_data: int, seed_model: int,
         max_candidates: int | None, device: str, encoder: str, early_stop_on: str,
         overrides: dict[str, Any], experiment: str, ident: dict[str, Any]) -> None:
-    import math
     import os
 
     import torch
 
     from scarcelab.active import STRATEGIES
     from scarcelab.active.datasets import spec
-    from scarcelab.active.loop import ALRunConfig, run_al, sweep_summary
-    from scarcelab.entrypoints._progress import CountBar, Display, ProgressTracker, summary_lines
-    from scarcelab.tracking.mlflow_tracker import MlflowTracker
 
     check_device(device)
     STRATEGIES.get(strategy)  # an unknown name fails here, before any data is read
@@ -167,6 +163,29 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         # more in synchronisation than they gain (and starve parallel sweeps).
         torch.set_num_threads(1)
     cfg_over, strat_params, enc_params = _parse_set(overrides, dataset)
+    _check_strategy_settings(strategy, strat_params, max_candidates)
+    _flag_overrides(cfg_over, budget, seed_set, early_stop_on)
+    from scarcelab.active.loop import ALRunConfig
+
+    rc = ALRunConfig(
+        strategy=strategy, dataset=dataset, data_dir=data_dir, query_size=query_size,
+        repetitions=repetitions, seed_strategy=seed_strategy, seed_data=seed_data,
+        seed_model=seed_model, overrides=cfg_over, strategy_params=strat_params,
+        max_candidates=max_candidates, device=device,
+        encoder=({"method": encoder, **enc_params}
+                 if spec(dataset).kind == "encoded" and ":/" not in encoder else {}),
+    )
+    resolved = _warn_cpu_arch(rc, dataset, device)
+    ctx_data = None
+    if spec(dataset).kind == "encoded":
+        ctx_data = _encoded_context(rc, encoder, enc_params, experiment or None)
+    _sweep(ctx, level, t0, rc, resolved, ctx_data, experiment, ident)
+
+
+def _check_strategy_settings(strategy: str, strat_params: dict[str, Any],
+                             max_candidates: int | None) -> None:
+    """Builds the strategy once so an unknown or ill-typed ``strategy.*`` setting is a
+    parameter error of ``--set`` before any data is read, not a traceback mid-sweep."""
     from scarcelab.active.loop import make_strategy
 
     try:
@@ -174,6 +193,12 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
     except (TypeError, ValueError) as e:  # an unknown or ill-typed strategy.* setting
         raise click.BadParameter(f"strategy settings {strat_params}: {e}",
                                  param_hint="'--set'") from None
+
+
+def _flag_overrides(cfg_over: dict[str, Any], budget: int | None, seed_set: int | None,
+                    early_stop_on: str) -> None:
+    """Named flags win over ``--set``; the test-set leak is reachable only through its own
+    flag, so a run that uses it says so on the command line."""
     if budget is not None:
         cfg_over["budget"] = budget
     if seed_set is not None:
@@ -185,14 +210,11 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         raise click.BadParameter("stop_on=test (the test-set leak) is set with "
                                  "--early-stop-on test, not through --set",
                                  param_hint="'--set'")
-    rc = ALRunConfig(
-        strategy=strategy, dataset=dataset, data_dir=data_dir, query_size=query_size,
-        repetitions=repetitions, seed_strategy=seed_strategy, seed_data=seed_data,
-        seed_model=seed_model, overrides=cfg_over, strategy_params=strat_params,
-        max_candidates=max_candidates, device=device,
-        encoder=({"method": encoder, **enc_params}
-                 if spec(dataset).kind == "encoded" and ":/" not in encoder else {}),
-    )
+
+
+def _warn_cpu_arch(rc: Any, dataset: str, device: str) -> Any:
+    """The resolved configuration; warns when an image network would train on the CPU at
+    every iteration, which takes minutes each and is easy to start by mistake."""
     from scarcelab.active.classifier import resolve_device
 
     resolved = rc.resolved()
@@ -201,11 +223,22 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         click.echo(f"[scarcelab] warning: {dataset} trains a {arch} on the CPU at every AL "
                    "iteration (minutes each); pass --device auto on a GPU machine or "
                    "--set arch=small_cnn", err=True)
-    ctx_data = None
-    if spec(dataset).kind == "encoded":
-        ctx_data = _encoded_context(rc, encoder, enc_params, experiment or None)
+    return resolved
+
+
+def _sweep(ctx: click.Context, level: int, t0: float, rc: Any, resolved: Any,
+           ctx_data: Any, experiment: str, ident: dict[str, Any]) -> None:
+    """Runs the sweep under a progress bar counting every fit of every repetition, then
+    prints the closing summary."""
+    import math
+
+    from scarcelab.active.loop import run_al, sweep_summary
+    from scarcelab.entrypoints._progress import CountBar, Display, ProgressTracker, summary_lines
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
+
+    repetitions = rc.repetitions
     display = Display(level)
-    per_rep = 1 + math.ceil(resolved.budget / query_size)
+    per_rep = 1 + math.ceil(resolved.budget / rc.query_size)
     bar = CountBar(display, repetitions * per_rep, "fits")
     tracker = ProgressTracker(MlflowTracker(experiment=experiment or None), display,
                               entry=entry_params(ctx, AL_ENTRY), kind="al")

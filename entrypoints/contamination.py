@@ -49,6 +49,7 @@ from scarcelab.errors import ScarcelabError
 from scarcelab.tracker import DatasetInfo, DelegatingTracker, Tracker
 
 if TYPE_CHECKING:
+    from scarcelab.protocols.contamination import FinishedChild
     from scarcelab.protocols.search import StudyConfig
 
 
@@ -95,67 +96,70 @@ def _parent_name(client: Any, run_id: str, name: str) -> dict[str, str]:
         client.get_run(run_id).info.run_name) else {}
 
 
-def _run(kw: dict[str, Any], ctx: click.Context) -> None:
-    level = verbosity(ctx, kw.pop("quiet"), kw.pop("verbose"))
-    ident = {k: kw.pop(k) for k in ("run_name", "tags", "description")}
-    t0 = time.time()
-    cfg = study_config("semi", kw)
-    sources: list[str] = kw["ood"]
-    ratios = list(dict.fromkeys(kw["ratios"]))  # order kept, duplicates dropped
+def _experiment_id(client: Any, parent_id: str | None, experiment: str | None) -> str:
+    """The sweep's experiment: the one ``mlflow run`` created the parent in, else the
+    named one, else MLflow's current default (so children land beside their parent)."""
     import mlflow
-    from mlflow.entities import Param, RunTag
-    from mlflow.tracking import MlflowClient
 
-    from scarcelab.entrypoints._progress import Display, ProgressTracker, summary_lines
-    from scarcelab.protocols.contamination import FinishedChild, run_contamination
-    from scarcelab.tracking.contamination import (
-        contamination_table,
-        finished_children,
-        killed_sweep,
-        plot_vs_ratio,
-        to_markdown,
-    )
-    from scarcelab.tracking.mlflow_tracker import OWNER
-
-    client = MlflowClient()
-    key = sweep_key(cfg, sources, ratios, kw["tuning"], kw["ood_dir"])
-    parent_id = os.environ.pop("MLFLOW_RUN_ID", None)
     if parent_id:
-        exp_id = client.get_run(parent_id).info.experiment_id
-    elif kw["experiment"]:
-        exp_id = mlflow.set_experiment(kw["experiment"]).experiment_id
-    else:
-        from mlflow.tracking.fluent import _get_experiment_id
+        return client.get_run(parent_id).info.experiment_id
+    if experiment:
+        return mlflow.set_experiment(experiment).experiment_id
+    from mlflow.tracking.fluent import _get_experiment_id
 
-        exp_id = _get_experiment_id() or "0"
-    # a killed run of this very sweep is continued (with shared storage, as a study is)
+    return _get_experiment_id() or "0"
+
+
+def _take_over(client: Any, exp_id: str, killed: str, parent_id: str) -> None:
+    """Under ``mlflow run`` the new run continues a killed sweep: its children move under
+    the new run, and the old run is closed FAILED with links both ways, so the sweep's
+    history stays one tree and no RUNNING orphan is left behind."""
+    for c in client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{killed}'",
+                                max_results=5000):
+        client.set_tag(c.info.run_id, "mlflow.parentRunId", parent_id)
+    client.set_tag(killed, T.RESUMED_BY, parent_id)
+    client.set_tag(parent_id, T.RESUMED_FROM, killed)
+    client.set_terminated(killed, "FAILED")
+
+
+def _open_parent(client: Any, cfg: StudyConfig, exp_id: str, key: str,
+                 parent_id: str | None, name: str) -> tuple[str, dict[str, FinishedChild]]:
+    """The parent run and the children already finished: a killed run of this very sweep
+    is continued (only with shared storage, as a study is), else a new run is created
+    unless ``mlflow run`` gave one."""
+    from scarcelab.tracking.contamination import finished_children, killed_sweep
+
     killed = killed_sweep(client, exp_id, key) if cfg.storage else None
     if killed and not parent_id:
         parent_id = killed
     elif not parent_id:
-        parent_id = client.create_run(
-            exp_id, run_name=ident["run_name"] or f"contamination-{cfg.method}-{cfg.dataset}"
-        ).info.run_id
+        parent_id = client.create_run(exp_id, run_name=name).info.run_id
     done: dict[str, FinishedChild] = {}
     if killed:
         done = finished_children(client, killed)
         click.echo(f"[scarcelab] resuming contamination sweep run {killed} (its process "
                    f"died): {len(done)} finished child studies kept", err=True)
-        if killed != parent_id:  # under mlflow run: the new run takes the sweep over
-            for c in client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{killed}'",
-                                        max_results=5000):
-                client.set_tag(c.info.run_id, "mlflow.parentRunId", parent_id)
-            client.set_tag(killed, T.RESUMED_BY, parent_id)
-            client.set_tag(parent_id, T.RESUMED_FROM, killed)
-            client.set_terminated(killed, "FAILED")
-    mlflow.set_experiment(experiment_id=exp_id)
+        if killed != parent_id:
+            _take_over(client, exp_id, killed, parent_id)
+    return parent_id, done
+
+
+def _log_parent(client: Any, ctx: click.Context, parent_id: str, cfg: StudyConfig,
+                kw: dict[str, Any], sources: list[str], ratios: list[float], key: str,
+                ident: dict[str, Any], name: str) -> None:
+    """Parameters and tags of the parent: the same names and values whether ``mlflow
+    run`` logged the entry parameters or not, and never a parameter logged twice (a
+    resumed parent has them already; MLflow rejects a changed value)."""
+    from mlflow.entities import Param, RunTag
+
+    from scarcelab.tracking.mlflow_tracker import OWNER
+
     existing = client.get_run(parent_id).data.params
     params = {"method": cfg.method, "dataset": cfg.dataset, "ood": ",".join(sources),
               "ratios": ",".join(f"{r:g}" for r in ratios), "seed": cfg.seed,
               "budget_minutes": cfg.budget_minutes, "arch": cfg.resolved_arch(),
               "diag_samples": cfg.diag_samples, "ood_dir": kw["ood_dir"],
               "tuning": kw["tuning"], "search": cfg.search, "hparams_from": cfg.hparams_source}
-    # the same names and values whether mlflow run logged the entry parameters or not
     merged = merge_params(existing or entry_params(ctx, CONTAMINATION_ENTRY), params)
     client.log_batch(parent_id, params=[Param(k, param_str(v)) for k, v in merged.items()
                                         if k not in existing],
@@ -165,39 +169,58 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
                          T.OOD: ",".join(sources), T.SEED: str(cfg.seed),
                          T.RATIOS: params["ratios"], T.SWEEP_KEY: key,
                          T.OWNER: OWNER, **ident["tags"],
-                         **_parent_name(client, parent_id, ident["run_name"]
-                                        or f"contamination-{cfg.method}-{cfg.dataset}"),
+                         **_parent_name(client, parent_id, name),
                          **({"mlflow.note.content": ident["description"]}
                             if ident["description"] else {})}.items()])
-    display = Display(level)
-    # tuning=once with a search: a tuning study at r=0 runs first (its tracker comes from
-    # the same factory), then one child per point
-    tuned = kw["tuning"] == "once" and cfg.search == "random" and cfg.hparams is None
-    n_children = (0.0 in ratios) + len(sources) * len([r for r in ratios if r > 0]) + tuned
-    count = [0]
 
-    def child(s: str, r: float) -> Any:
-        count[0] += 1
-        what = "tuning study (r=0)" if tuned and count[0] == 1 else f"{s} r={r:g}"
-        label = f"child {count[0]}/{n_children}: {what}"
-        display.line(label)
-        tracker = ProgressTracker(ChildStudyTracker(parent_id), display,
-                                  budget_s=cfg.budget_minutes * 60.0, label=label)
-        apply_identity(tracker, {"tags": ident["tags"]})  # children: the user's tags too
+
+class _Children:
+    """The protocol's two callbacks for one sweep: a tracker for each child study to run,
+    and the kept record of a child finished before the sweep was killed. They share one
+    counter so the progress lines number every child of the sweep, kept or run."""
+
+    def __init__(self, cfg: StudyConfig, parent_id: str, display: Any, user_tags: Any,
+                 done: dict[str, FinishedChild], n_children: int, tuned: bool) -> None:
+        self.cfg, self.parent_id, self.display = cfg, parent_id, display
+        self.user_tags, self.done = user_tags, done
+        self.n_children, self.tuned = n_children, tuned
+        self.count = 0
+
+    def child(self, s: str, r: float) -> Any:
+        """A progress-reporting tracker linked to the parent; with ``tuning=once`` and a
+        search, the first child is the tuning study at r=0."""
+        from scarcelab.entrypoints._progress import ProgressTracker
+
+        self.count += 1
+        what = "tuning study (r=0)" if self.tuned and self.count == 1 else f"{s} r={r:g}"
+        label = f"child {self.count}/{self.n_children}: {what}"
+        self.display.line(label)
+        tracker = ProgressTracker(ChildStudyTracker(self.parent_id), self.display,
+                                  budget_s=self.cfg.budget_minutes * 60.0, label=label)
+        apply_identity(tracker, {"tags": self.user_tags})  # children: the user's tags too
         return tracker
 
-    def finished(point: str) -> FinishedChild | None:
-        kept = done.get(point)
+    def finished(self, point: str) -> FinishedChild | None:
+        kept = self.done.get(point)
         if kept is not None:
-            count[0] += 1
-            display.line(f"child {count[0]}/{n_children}: {point}: finished before the "
-                         f"sweep was killed (run {kept.run_id}), kept")
+            self.count += 1
+            self.display.line(f"child {self.count}/{self.n_children}: {point}: finished "
+                              f"before the sweep was killed (run {kept.run_id}), kept")
         return kept
+
+
+def _sweep(client: Any, parent_id: str, cfg: StudyConfig, sources: list[str],
+           ratios: list[float], kw: dict[str, Any], children: _Children) -> tuple[Any, Any]:
+    """Runs the children, then logs the Table A1 view and the plot on the parent; the
+    parent is closed FINISHED only if all of that succeeded, FAILED otherwise."""
+    from scarcelab.protocols.contamination import run_contamination
+    from scarcelab.tracking.contamination import contamination_table, plot_vs_ratio, to_markdown
 
     status = "FAILED"
     try:
-        points = run_contamination(cfg, sources, ratios, child, ood_dir=kw["ood_dir"],
-                                   tuning=kw["tuning"], finished=finished if done else None)
+        points = run_contamination(cfg, sources, ratios, children.child,
+                                   ood_dir=kw["ood_dir"], tuning=kw["tuning"],
+                                   finished=children.finished if children.done else None)
         table = contamination_table(parent_run_id=parent_id)
         with tempfile.TemporaryDirectory() as tmp:
             table.to_csv(Path(tmp) / "contamination_table.csv", index=False)
@@ -207,6 +230,15 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
         status = "FINISHED"
     finally:
         client.set_terminated(parent_id, status)
+    return points, table
+
+
+def _report(points: list[Any], table: Any, parent_id: str, cfg: StudyConfig,
+            t0: float) -> None:
+    """One line per point, Table A1, and the closing block naming the parent run."""
+    from scarcelab.entrypoints._progress import summary_lines
+    from scarcelab.tracking.contamination import to_markdown
+
     for p in points:
         click.echo(f"{p.source} r={p.ratio:g}: best val {p.result.best_val:.4f}, test "
                    f"{p.result.best_test.get('balanced_accuracy', float('nan')):.4f} "
@@ -218,6 +250,36 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
 
     click.echo("\n".join(summary_lines(_Parent(), "parent", time.time() - t0, [
         f"contamination sweep {cfg.method} on {cfg.dataset}: {len(points)} child studies"])))
+
+
+def _run(kw: dict[str, Any], ctx: click.Context) -> None:
+    level = verbosity(ctx, kw.pop("quiet"), kw.pop("verbose"))
+    ident = {k: kw.pop(k) for k in ("run_name", "tags", "description")}
+    t0 = time.time()
+    cfg = study_config("semi", kw)
+    sources: list[str] = kw["ood"]
+    ratios = list(dict.fromkeys(kw["ratios"]))  # order kept, duplicates dropped
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab.entrypoints._progress import Display
+
+    client = MlflowClient()
+    key = sweep_key(cfg, sources, ratios, kw["tuning"], kw["ood_dir"])
+    parent_id = os.environ.pop("MLFLOW_RUN_ID", None)
+    exp_id = _experiment_id(client, parent_id, kw["experiment"])
+    name = ident["run_name"] or f"contamination-{cfg.method}-{cfg.dataset}"
+    parent_id, done = _open_parent(client, cfg, exp_id, key, parent_id, name)
+    mlflow.set_experiment(experiment_id=exp_id)
+    _log_parent(client, ctx, parent_id, cfg, kw, sources, ratios, key, ident, name)
+    display = Display(level)
+    # tuning=once with a search: a tuning study at r=0 runs first (its tracker comes from
+    # the same factory), then one child per point
+    tuned = kw["tuning"] == "once" and cfg.search == "random" and cfg.hparams is None
+    n_children = (0.0 in ratios) + len(sources) * len([r for r in ratios if r > 0]) + tuned
+    children = _Children(cfg, parent_id, display, ident["tags"], done, n_children, tuned)
+    points, table = _sweep(client, parent_id, cfg, sources, ratios, kw, children)
+    _report(points, table, parent_id, cfg, t0)
 
 
 @main.command(name="contamination", short_help="Sweep OOD contamination ratios of the "
