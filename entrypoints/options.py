@@ -597,7 +597,14 @@ def entry_params(ctx: click.Context, names: dict[str, str]) -> dict[str, str]:
     value, shell-quoted as MLflow Projects quotes it. ``names`` maps MLproject names to
     click parameter names."""
     raw = ctx.meta.get(RAW, {})
-    return {k: shlex.quote(str(raw.get(p, ""))) for k, p in names.items()}
+    # an option outside the typed layer (a click.Choice such as contamination's --tuning)
+    # records no raw text: its value is what MLflow Projects would log, the given or
+    # default string; the contamination parent once logged tuning='' for the default
+    out = {}
+    for k, p in names.items():
+        v = raw[p] if p in raw else ctx.params.get(p)
+        out[k] = shlex.quote("" if v is None else str(v))
+    return out
 
 
 def param_str(v: Any) -> str:
