@@ -381,6 +381,99 @@ def run_one(rc: ALRunConfig, k: int, first: ALData | None,
                           on_iteration=on_iteration)
 
 
+def _sweep_tags(rc: ALRunConfig, cfg: ALConfig, name: str) -> dict[str, str]:
+    """The tags every record of the sweep carries, so a leaked stopping rule is visible on
+    each repetition and not only on the parent."""
+    base_tags = {T.FAMILY: "active", T.METHOD: name,
+                 T.DATASET: rc.dataset, T.QUERY_SIZE: str(rc.query_size),
+                 T.SEED_STRATEGY: str(rc.seed_strategy)}
+    if cfg.stop_on == "test":
+        base_tags[T.LEAK] = "test-set early stopping (CDALBench's earlier code)"
+    return base_tags
+
+
+def _sweep_params(rc: ALRunConfig, cfg: ALConfig, name: str, strategy: Strategy
+                  ) -> dict[str, Any]:
+    """Everything that decides the sweep's numbers, flattened with prefixes so the
+    resolved dataset settings, strategy and encoder options cannot collide."""
+    return {"strategy": name, "dataset": rc.dataset,
+            "query_size": rc.query_size, "repetitions": rc.repetitions,
+            "seed_strategy": rc.seed_strategy, "seed_data": rc.seed_data,
+            "seed_model": rc.seed_model, "device": rc.device,
+            "max_candidates": strategy.max_candidates,
+            **{f"al.{k}": v for k, v in dataclasses.asdict(cfg).items()},
+            **{f"strategy.{k}": v for k, v in rc.strategy_params.items()},
+            **{f"encoder.{k}": v for k, v in rc.encoder.items()}}
+
+
+def _start_sweep(tracker: Tracker, rc: ALRunConfig, name: str, base_tags: dict[str, str],
+                 params: dict[str, Any], first: ALData | None) -> None:
+    """Open the parent record; synthetic sets (``first`` None) have no single digest, as
+    each repetition draws its own."""
+    tracker.start_study(
+        f"al-{rc.dataset}-{name}-q{rc.query_size}",
+        {**base_tags, T.ROLE: "al_sweep", **(first.tags if first else {})}, params,
+        {"al_config.json": {**params, "note": first.note if first else ""}},
+        DatasetInfo(rc.dataset, first.source if first else f"synthetic:{rc.dataset}",
+                    _digest(first) if first else "regenerated-per-repetition"),
+    )
+
+
+def _repetition_rows(rep: RepetitionResult) -> list[tuple[dict[str, float], int]]:
+    """The repetition's curve (step = labeled-set size; a query's time at the size it
+    produced) and its summary at step 0, logged in one batch."""
+    rows: list[tuple[dict[str, float], int]] = [
+        ({"al/test_accuracy": a}, s) for s, a in zip(rep.sizes, rep.accuracies,
+                                                     strict=True)]
+    rows += [({"al/query_time_s": t}, s) for s, t in zip(rep.sizes[1:],
+                                                        rep.query_times, strict=True)]
+    rows.append(({"al/auc": rep.auc,
+                  "al/query_time_mean_s": float(np.mean(rep.query_times))
+                  if rep.query_times else 0.0,
+                  "al/final_accuracy": rep.accuracies[-1]}, 0))
+    return rows
+
+
+def _run_trial(tracker: Tracker, rc: ALRunConfig, k: int, first: ALData | None,
+               strategy: Strategy, base_tags: dict[str, str], result: ALResult,
+               on_iteration: Callable[[int, int, float], None] | None) -> None:
+    """Repetition ``k`` as one child record. A configuration or data error would fail
+    every repetition alike, so it ends the sweep; any other failure is recorded in
+    ``result.failed`` and the sweep goes on."""
+    s_d, s_t = rc.seed_data + k, rc.seed_model + k
+    tracker.start_trial(k, {**base_tags, T.ROLE: "al",
+                            T.REPETITION: str(k),
+                            T.SEED_DATA: str(s_d),
+                            T.SEED_MODEL: str(s_t),
+                            T.SEED: str(s_d)},
+                        {"repetition": k, "seed_data": s_d, "seed_model": s_t})
+    try:
+        rep = run_one(rc, k, first, strategy, on_iteration)
+    except (ConfigError, DataError):
+        tracker.end_trial("FAILED", "configuration or data error (see the sweep)")
+        raise
+    except Exception as e:  # noqa: BLE001 - one bad repetition must not end the sweep
+        tracker.end_trial("FAILED", f"{type(e).__name__}: {e}")
+        result.failed.append((k, f"{type(e).__name__}: {e}"))
+        return
+    tracker.log_metrics_batch(_repetition_rows(rep))
+    tracker.set_tags({T.SPLIT_HASH: rep.split_hash}, scope="trial")
+    tracker.end_trial("FINISHED")
+    result.repetitions.append(rep)
+
+
+def _log_sweep_summary(tracker: Tracker, rc: ALRunConfig, result: ALResult) -> None:
+    """The sweep's score over the repetitions that finished; with none there is nothing
+    to score, so the sweep fails."""
+    if not result.repetitions:
+        raise RuntimeError(f"all {rc.repetitions} repetitions failed: {result.failed}")
+    aucs = result.aucs
+    tracker.log_metrics({"al/auc_mean": float(aucs.mean()),
+                         "al/auc_std": float(aucs.std(ddof=1)) if len(aucs) > 1 else 0.0,
+                         "al/repetitions_finished": float(len(aucs))}, step=0,
+                        scope="study")
+
+
 def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
            on_iteration: Callable[[int, int, float], None] | None = None) -> ALResult:
     """A sweep: one parent record, one child record (role ``al``) per repetition.
@@ -392,66 +485,15 @@ def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
     cfg = rc.resolved()
     strategy = make_strategy(rc.strategy, rc.strategy_params, rc.max_candidates)
     name = STRATEGIES.get(rc.strategy).registered_name
-    base_tags = {T.FAMILY: "active", T.METHOD: name,
-                 T.DATASET: rc.dataset, T.QUERY_SIZE: str(rc.query_size),
-                 T.SEED_STRATEGY: str(rc.seed_strategy)}
-    if cfg.stop_on == "test":
-        base_tags[T.LEAK] = "test-set early stopping (CDALBench's earlier code)"
-    params: dict[str, Any] = {"strategy": name, "dataset": rc.dataset,
-                              "query_size": rc.query_size, "repetitions": rc.repetitions,
-                              "seed_strategy": rc.seed_strategy, "seed_data": rc.seed_data,
-                              "seed_model": rc.seed_model, "device": rc.device,
-                              "max_candidates": strategy.max_candidates,
-                              **{f"al.{k}": v for k, v in dataclasses.asdict(cfg).items()},
-                              **{f"strategy.{k}": v for k, v in rc.strategy_params.items()},
-                              **{f"encoder.{k}": v for k, v in rc.encoder.items()}}
+    base_tags = _sweep_tags(rc, cfg, name)
+    params = _sweep_params(rc, cfg, name, strategy)
     first = load_for_sweep(rc, ctx)
-    tracker.start_study(
-        f"al-{rc.dataset}-{name}-q{rc.query_size}",
-        {**base_tags, T.ROLE: "al_sweep", **(first.tags if first else {})}, params,
-        {"al_config.json": {**params, "note": first.note if first else ""}},
-        DatasetInfo(rc.dataset, first.source if first else f"synthetic:{rc.dataset}",
-                    _digest(first) if first else "regenerated-per-repetition"),
-    )
+    _start_sweep(tracker, rc, name, base_tags, params, first)
     result = ALResult(rc, [], [])
     try:
         for k in range(rc.repetitions):
-            s_d, s_t = rc.seed_data + k, rc.seed_model + k
-            tracker.start_trial(k, {**base_tags, T.ROLE: "al",
-                                    T.REPETITION: str(k),
-                                    T.SEED_DATA: str(s_d),
-                                    T.SEED_MODEL: str(s_t),
-                                    T.SEED: str(s_d)},
-                                {"repetition": k, "seed_data": s_d, "seed_model": s_t})
-            try:
-                rep = run_one(rc, k, first, strategy, on_iteration)
-            except (ConfigError, DataError):
-                tracker.end_trial("FAILED", "configuration or data error (see the sweep)")
-                raise
-            except Exception as e:  # noqa: BLE001 - one bad repetition must not end the sweep
-                tracker.end_trial("FAILED", f"{type(e).__name__}: {e}")
-                result.failed.append((k, f"{type(e).__name__}: {e}"))
-                continue
-            rows: list[tuple[dict[str, float], int]] = [
-                ({"al/test_accuracy": a}, s) for s, a in zip(rep.sizes, rep.accuracies,
-                                                             strict=True)]
-            rows += [({"al/query_time_s": t}, s) for s, t in zip(rep.sizes[1:],
-                                                                rep.query_times, strict=True)]
-            rows.append(({"al/auc": rep.auc,
-                          "al/query_time_mean_s": float(np.mean(rep.query_times))
-                          if rep.query_times else 0.0,
-                          "al/final_accuracy": rep.accuracies[-1]}, 0))
-            tracker.log_metrics_batch(rows)
-            tracker.set_tags({T.SPLIT_HASH: rep.split_hash}, scope="trial")
-            tracker.end_trial("FINISHED")
-            result.repetitions.append(rep)
-        if not result.repetitions:
-            raise RuntimeError(f"all {rc.repetitions} repetitions failed: {result.failed}")
-        aucs = result.aucs
-        tracker.log_metrics({"al/auc_mean": float(aucs.mean()),
-                             "al/auc_std": float(aucs.std(ddof=1)) if len(aucs) > 1 else 0.0,
-                             "al/repetitions_finished": float(len(aucs))}, step=0,
-                            scope="study")
+            _run_trial(tracker, rc, k, first, strategy, base_tags, result, on_iteration)
+        _log_sweep_summary(tracker, rc, result)
     except BaseException:
         tracker.end_study("FAILED")
         raise

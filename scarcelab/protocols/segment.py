@@ -399,20 +399,14 @@ def resolve_backbone(cfg: SegmentConfig, factory: EncoderFactory | None
     return backbone, info
 
 
-def run_segment(cfg: SegmentConfig, tracker: Tracker,
-                backbone_factory: EncoderFactory | None = None) -> SegmentResult:
-    """``backbone_factory(arch)``: the encoder (or ``(encoder, info)``) when the caller
-    resolves it (the entry point resolves ``runs:/``/``models:/`` URIs through the tracking
-    side, as ``probe`` does; ``arch`` None = the source's own); ``cfg.encoder`` stays the
-    name the runs are tagged with."""
-    _validate(cfg)
-    need("skimage.segmentation", "segment (watershed post-processing)")  # before training
-    device = cfg.resolved_device()
-    torch.manual_seed(cfg.seed)  # before the backbone: a random encoder's init is seeded too
-    backbone, enc_info = resolve_backbone(cfg, backbone_factory)  # fails fast
-    arch = str(enc_info["arch"])
+def _load_tiles(cfg: SegmentConfig) -> tuple[NucleiDataset, list[NucleiTile],
+                                              list[NucleiTile], list[NucleiTile], int,
+                                              np.random.Generator]:
+    """(data, train, val, test, training tiles before the label fraction, the run's
+    generator). The cross-test sets are read here, before training, so a missing or bad
+    file fails now; the generator goes on to draw the training crops."""
     data: NucleiDataset = load_nuclei(cfg.dataset, cfg.data_dir)
-    for name in cfg.cross_test:  # read before training: a missing or bad file fails now
+    for name in cfg.cross_test:
         load_nuclei(name, None)
     rng = np.random.default_rng(cfg.seed)
     train, val = split_validation(data.train, cfg.val_fraction, cfg.seed)
@@ -420,9 +414,14 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
     train = label_subset(train, cfg.label_fraction, cfg.seed)
     train, val = _cap(train, cfg.max_train_tiles, rng), _cap(val, cfg.max_val_tiles, rng)
     test = _cap(data.test, cfg.max_test_tiles, rng)
-    type_names = data.type_names if (cfg.types and data.type_names) else None
-    n_types = len(type_names) if type_names else 0
+    return data, train, val, test, n_train_pool, rng
 
+
+def _build_model(cfg: SegmentConfig, backbone: nn.Module, n_types: int, device: str,
+                 arch: str) -> tuple[NucleusUNet, list[nn.Parameter], torch.optim.Optimizer]:
+    """The U-Net, its trainable parameters and their optimiser. Seeded again so the
+    decoder's initial weights do not depend on what the data loading drew; a crop or
+    window the encoder's stride does not divide is refused before any record is opened."""
     torch.manual_seed(cfg.seed)
     model = NucleusUNet(backbone, n_types=n_types).to(device)
     for name, v in (("crop", cfg.crop), ("window", cfg.window)):
@@ -433,7 +432,15 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
         freeze_encoder(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return model, trainable, opt
 
+
+def _open_study(cfg: SegmentConfig, tracker: Tracker, enc_info: dict[str, Any], arch: str,
+                device: str, data: NucleiDataset, tiles: tuple[list[NucleiTile], ...],
+                n_train_pool: int, n_types: int, trainable: list[nn.Parameter]) -> None:
+    """The study record: the split's tile names (so a run can be re-scored on the same
+    tiles) and the resolved configuration as artifacts; ``tiles`` = (train, val, test)."""
+    train, val, test = tiles
     tags = {T.ROLE: "study", T.FAMILY: "segment",
             T.METHOD: "hovernet_unet", T.DATASET: cfg.dataset,
             T.SEED: str(cfg.seed), T.VERSION: scarcelab.__version__,
@@ -455,6 +462,26 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
                             "cross_test": ",".join(cfg.cross_test)},
                         artifacts={"split.json": split, "config.json": resolved},
                         dataset=DatasetInfo(cfg.dataset, data.source, data.digest()))
+
+
+def run_segment(cfg: SegmentConfig, tracker: Tracker,
+                backbone_factory: EncoderFactory | None = None) -> SegmentResult:
+    """``backbone_factory(arch)``: the encoder (or ``(encoder, info)``) when the caller
+    resolves it (the entry point resolves ``runs:/``/``models:/`` URIs through the tracking
+    side, as ``probe`` does; ``arch`` None = the source's own); ``cfg.encoder`` stays the
+    name the runs are tagged with."""
+    _validate(cfg)
+    need("skimage.segmentation", "segment (watershed post-processing)")  # before training
+    device = cfg.resolved_device()
+    torch.manual_seed(cfg.seed)  # before the backbone: a random encoder's init is seeded too
+    backbone, enc_info = resolve_backbone(cfg, backbone_factory)  # fails fast
+    arch = str(enc_info["arch"])
+    data, train, val, test, n_train_pool, rng = _load_tiles(cfg)
+    type_names = data.type_names if (cfg.types and data.type_names) else None
+    n_types = len(type_names) if type_names else 0
+    model, trainable, opt = _build_model(cfg, backbone, n_types, device, arch)
+    _open_study(cfg, tracker, enc_info, arch, device, data, (train, val, test),
+                n_train_pool, n_types, trainable)
     status = "FAILED"
     try:
         res = _train_and_test(cfg, tracker, model, opt, train, val, test, type_names,
