@@ -66,7 +66,7 @@ from scarcelab.train import (
     Diagnostics,
     EpochCallback,
     EpochReport,
-    SnapshotFn,
+    OnEpochEnd,
     TrainConfig,
     data_info,
     export_classifier,
@@ -428,22 +428,6 @@ class _BestSoFar:
                 "time/diag_s": diag_s, **{f"best/test_{k}": v for k, v in self.test.items()}}
 
 
-@dataclass(frozen=True)
-class _StudyEpochs:
-    """A search trial's end of epoch as an ``EpochCallback``: the trial's metrics, the
-    budget clock in the storage and the study's best-so-far checkpoint
-    (:meth:`_Search._on_epoch`), for this trial's hyper-parameters and model."""
-
-    search: _Search
-    trial: Any
-    hp: dict[str, Any]
-    method: Method
-
-    def on_epoch_end(self, report: EpochReport, improved: bool,
-                     snapshot: SnapshotFn) -> None:
-        self.search._on_epoch(self.trial, self.hp, self.method, report, snapshot)
-
-
 class _Search:
     """One study's trial loop and final phase, over the state they share: the budget,
     the best-so-far, the study-level epoch counter and the trial runner (which keeps the
@@ -513,7 +497,8 @@ class _Search:
         callbacks: list[EpochCallback] = []
         if self.diagnostics is not None:
             callbacks.append(Diagnostics(self.diagnostics))
-        callbacks.append(_StudyEpochs(self, trial, hp, method))
+        callbacks.append(OnEpochEnd(
+            lambda rep, improved, snap: self._on_epoch(trial, hp, method, rep, snap)))
         outcome = self.runner.run(
             number, lambda: train_trial(method, self.bundle, tc, deadline=self.budget,
                                         generator=g, probe_rng=np.random.default_rng(seed),

@@ -88,6 +88,7 @@ from scarcelab.protocols.trials import COMPLETE, TrialPruned, TrialRunner, trial
 from scarcelab.tracker import DatasetInfo, Tracker
 from scarcelab.train import (
     EpochReport,
+    OnEpochEnd,
     SnapshotFn,
     TrainConfig,
     TrialResult,
@@ -783,20 +784,6 @@ def _rebuild(store: StudyStore, resume: SearchResume, method_cls: type[Method],
 
 
 @dataclass(frozen=True)
-class _AshaEpochs:
-    """A search trial's end of epoch as an ``EpochCallback``: its metrics and its ASHA
-    report, on which the pruner may stop it (:meth:`_Search._on_epoch`)."""
-
-    search: _Search
-    trial: optuna.trial.Trial
-    history: list[float]
-
-    def on_epoch_end(self, report: EpochReport, improved: bool,
-                     snapshot: SnapshotFn) -> None:
-        self.search._on_epoch(self.trial, self.history, report)
-
-
-@dataclass(frozen=True)
 class _TrainvalEpochs:
     """A final retrain's end of epoch as an ``EpochCallback``: its train metrics and its
     score on train+val (the set it trains on, in the validation slot), no model selection.
@@ -877,7 +864,9 @@ class _Search:
             method = build_method(self.method_cls, s.arch, self.raw, self.mean, self.std, hp)
             return train_trial(method, self.bundle, train_cfg, deadline=self.deadline,
                                generator=g, probe_rng=np.random.default_rng(seed_n),
-                               callbacks=[_AshaEpochs(self, trial, history)])
+                               callbacks=[OnEpochEnd(
+                                   lambda rep, improved, snap: self._on_epoch(
+                                       trial, history, rep))])
 
         # the objective is what Optuna is told: a NaN one fails the trial in both records
         # (Optuna's study/_tell.py feasibility check would fail it there alone)
