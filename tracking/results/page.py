@@ -242,12 +242,11 @@ def transfer_view(t: Any, refs: Iterable[str]) -> pd.DataFrame:
     if labels and "encoder" in runs:
         runs = runs.assign(encoder=runs["encoder"].replace(labels))
     if "protocol" in runs and "params.n_labeled" in runs and "task" in runs:
-        # probes with all labels and with a fraction are separate columns, not averaged
-        # a probe run records the count it resolved n_labeled=all to (e.g. 1174) and its
-        # label fraction 1: both mean "all labels", the column the paper file's claims name
+        # probes with all labels and with a count are separate columns, not averaged. A
+        # probe run records n_labeled=all resolved to a count (e.g. 1174); its
+        # label_fraction tag (the share trained on; the CLI parameter stays 1 for a
+        # count) is 1 then: "all labels", the column the paper file's claims name
         probe = runs["task"].eq("probe") & runs["protocol"].notna()
-        # (the label_fraction tag: the share trained on; the CLI parameter stays 1 when
-        # the budget is a count)
         full = (pd.to_numeric(runs["label_fraction"], errors="coerce") == 1.0
                 if "label_fraction" in runs else pd.Series(False, index=runs.index))
         lab = runs["params.n_labeled"].astype(str).map(
