@@ -302,3 +302,46 @@ def test_a_failed_continuation_falls_back_to_a_fresh_run(sweep_env, tmp_path, mo
     assert [c.get_run(r.info.run_id).data.params["cell_argv"] for r in own] == \
         [" ".join(spec.cells[1].argv())] * 2
     assert not any("self" in ln and "resuming" in ln for ln in lines)
+
+
+def test_which_earlier_attempt_a_continuation_takes(store):
+    """Newest first: a study record is continued; a continuation that its dead (or
+    interrupted) driver cut off is taken up again, with its study; one that failed by
+    itself is not tried again across invocations either, the cell starts afresh; an entry
+    point without a declared continuation always starts afresh. The study's own end is
+    logged once, before the first continuation re-opens it."""
+    from scarcelab.tracking.sweep.driver import ATTEMPT_TAG, STALE_MARK
+
+    spec = parse_spec(FALLBACK_SPEC, "tunefall.yaml")
+    tune, own = spec.cells
+    drv = Driver(spec, echo=lambda _: None)
+    c = MlflowClient()
+    exp = c.create_experiment(spec.experiment)
+
+    def attempt(n: int, status: str, **tags: str):  # type: ignore[no-untyped-def]
+        rid = c.create_run(exp, tags={ATTEMPT_TAG: str(n), **tags}).info.run_id
+        c.set_terminated(rid, status, end_time=1_000_000 * n)
+        return c.get_run(rid)
+
+    study = attempt(1, "FAILED", **{"scarcelab.role": "study"})
+    assert drv._continued_study(own, [study]) is None  # `self` declares none
+    assert drv._continued_study(tune, [study]) == study.info.run_id
+    assert c.get_run(study.info.run_id).data.metrics[CELL_END] == 1_000.0
+    for err, want in ((f"the sweep driver h:1 {STALE_MARK}; …", study.info.run_id),
+                      ("the sweep driver was interrupted (KeyboardInterrupt) …",
+                       study.info.run_id),
+                      ("exit 1: Error: the continuation fails", None)):
+        cut = attempt(2, "FAILED", **{"scarcelab.resumes": study.info.run_id,
+                                      "scarcelab.error": err})
+        assert drv._continued_study(tune, [study, cut]) == want, err
+    # its end is the first continuation's reading, whatever the study run says since
+    c.set_terminated(study.info.run_id, "FAILED", end_time=9_000_000)
+    assert drv._continued_study(tune, [study]) == study.info.run_id
+    assert c.get_run(study.info.run_id).data.metrics[CELL_END] == 1_000.0
+    # a fresh attempt after a failed continuation left a study of its own: that one
+    newer = attempt(3, "FAILED", **{"scarcelab.role": "study"})
+    assert drv._continued_study(tune, [study, cut, newer]) == newer.info.run_id
+    # a study of another cell is not this cell's to continue
+    other = attempt(4, "FAILED", **{"scarcelab.resumes": "f" * 32,
+                                    "scarcelab.error": f"the sweep driver h:1 {STALE_MARK}"})
+    assert drv._continued_study(tune, [other]) is None

@@ -76,6 +76,8 @@ from scarcelab.tracking.sweep.spec import (
 ROLE = T.ROLE
 #: in the error of a cell attempt that a dead driver left RUNNING (see ``_close_stale``)
 STALE_MARK = "died while this cell ran"
+#: in the error of a cell attempt that an interrupted driver closed (``close_started``)
+INTERRUPT_MARK = "the sweep driver was interrupted"
 
 
 def last_record_ms(client: Any, run: Any, depth: int = 2) -> int | None:
@@ -119,6 +121,8 @@ def result_run(runs: list[Any]) -> Any | None:
     done = [r for r in runs if r.info.status == "FINISHED"]
     own = [r for r in done if not r.data.tags.get(T.RESUMES)]
     return (own or done or [None])[0]
+
+
 SWEEP_TAG = T.SWEEP
 CELL_TAG = T.CELL
 DRIVER_TAG = T.SWEEP_DRIVER
@@ -427,7 +431,9 @@ class Driver:
         """The study run the cell's next attempt continues, None when it starts afresh:
         the entry point must declare a continuation, and the newest attempt that left a
         study record names it — its own run when the entry point tagged it a study, or the
-        study a dead continuing attempt was continuing. ``runs`` are read after
+        study a dead continuing attempt was continuing. A continuation that failed by
+        itself (not with a dead or interrupted driver) is not tried again: what made it
+        fail would again, so the cell starts afresh. ``runs`` are read after
         :meth:`_close_stale`, so a RUNNING run here is not a dead one (none is continued).
         Before the study run is handed on, where it ended is logged on it
         (``CELL_END``, once: the first continuation's reading is the attempt's own end)."""
@@ -441,6 +447,10 @@ class Driver:
 
         for r in sorted(runs, key=number, reverse=True):
             tags = r.data.tags
+            err = tags.get(T.ERROR, "")
+            if tags.get(T.RESUMES) and STALE_MARK not in err and INTERRUPT_MARK not in err \
+                    and r.info.status != "RUNNING":
+                return None  # that continuation failed on its own
             target = tags.get(T.RESUMES) or (r.info.run_id if tags.get(ROLE) == "study"
                                              else None)
             if target is None or target not in by_id:  # a study of this very cell only
@@ -888,7 +898,7 @@ class _Schedule:
         ended = {o.cell.id for o in self.result.outcomes}
         for cid, (rid, _) in self.started.items():
             if cid not in ended and self.drv._status(rid) in ("RUNNING", "SCHEDULED"):
-                self.drv._fail(rid, f"the sweep driver was interrupted ({type(e).__name__}) "
+                self.drv._fail(rid, f"{INTERRUPT_MARK} ({type(e).__name__}) "
                                "while this cell ran; re-run the sweep to continue")
 
     def fail_left_waiting(self) -> None:
