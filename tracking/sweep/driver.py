@@ -33,7 +33,9 @@ the study run itself, so the finished trials and retrains are kept and only what
 runs; the new attempt run is only the launcher (``scarcelab.role=tune_resume``, linked both
 ways), which the driver ends FINISHED once the study run is. The cell's FINISHED run, the
 one dependents, reports and the results page read, is the study run. A continuation that
-fails is retried (``retries``) from the start, as any failed attempt. The study run is
+fails is retried (``retries``) from the start, as any failed attempt, and the next
+invocation starts the cell afresh too: only a continuation cut off with its driver is taken
+up again. The study run is
 re-opened by the continuation and ends with it, so its own end would span the time the
 sweep lay dead: before continuing it, the driver logs where the dead attempt really ended
 (``sweep/cell_end_s``), and a results page bounds the attempt's interval by it.
