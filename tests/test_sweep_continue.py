@@ -226,6 +226,25 @@ def test_a_rerun_continues_the_killed_tune_cell_and_every_reader_sees_one_study(
     assert page.cpu_s == pytest.approx(launcher.data.metrics[CELL_CPU])
     assert "1 attempt(s) without a record" in page.provenance["CPU time"]
 
+    # `scarcelab results` (the page's file) and `scarcelab leaderboard --view table3`
+    from click.testing import CliRunner
+
+    from scarcelab.entrypoints.cli import main
+
+    (tmp_path / "tune_it.yaml").write_text(TUNE_SPEC)
+    r = CliRunner().invoke(main, ["results", str(tmp_path / "tune_it.yaml"), "--out",
+                                  str(tmp_path / "pages")])
+    assert r.exit_code == 0, r.output
+    csv = pd.read_csv(tmp_path / "pages" / "tune_it" / "table3.csv")
+    assert csv[["method", "n", "n_studies", "study_id"]].values.tolist() == \
+        [["ole", N_FINAL, 1, study_id]]
+    r = CliRunner().invoke(main, ["leaderboard", "--experiment", spec.experiment, "--view",
+                                  "table3", "--format", "csv"])
+    assert r.exit_code == 0, r.output
+    lb = pd.read_csv(io.StringIO(r.output))
+    assert lb[["method", "n", "n_studies", "study_id"]].values.tolist() == \
+        [["ole", N_FINAL, 1, study_id]]
+
     # a third run of the sweep finds the cell finished, with the study as its run
     res3 = Driver(spec, jobs=1, echo=lines.append, cwd=str(tmp_path)).run()
     assert [(o.status, o.run_id) for o in res3.outcomes] == [("SKIPPED", study_id)]
