@@ -225,6 +225,8 @@ def test_a_rerun_continues_the_killed_tune_cell_and_every_reader_sees_one_study(
     assert launcher.data.metrics[CELL_CPU] > 0
     assert page.cpu_s == pytest.approx(launcher.data.metrics[CELL_CPU])
     assert "1 attempt(s) without a record" in page.provenance["CPU time"]
+    # the machine: the continuing attempt's (the dead driver recorded none for the first)
+    assert "? cores" not in page.provenance["machine"]
 
     # `scarcelab results` (the page's file) and `scarcelab leaderboard --view table3`
     from click.testing import CliRunner
@@ -364,3 +366,20 @@ def test_which_earlier_attempt_a_continuation_takes(store):
     other = attempt(4, "FAILED", **{"scarcelab.resumes": "f" * 32,
                                     "scarcelab.error": f"the sweep driver h:1 {STALE_MARK}"})
     assert drv._continued_study(tune, [other]) is None
+
+
+def test_a_continuation_must_name_options_the_command_has():
+    """A declaration that names an option its command lacks is refused at import, not
+    found out when a sweep's cell fails with a usage error."""
+    import click
+
+    from scarcelab.tracking.sweep.spec import continues_with, entry_continuation
+
+    cmd = click.Command("x", params=[click.Option(["--resume"]), click.Option(["--device"])])
+    with pytest.raises(ValueError, match="no option 'data_dir'"):
+        continues_with("resume", carry=("data_dir",))(cmd)
+    with pytest.raises(ValueError, match="no option 'restart'"):
+        continues_with("restart")(cmd)
+    cont = entry_continuation("tune")
+    assert cont is not None and cont.argv("tune", "r1", {"device": "cpu", "seed": "0"}) == \
+        ["tune", "--resume", "r1", "--device", "cpu"]
