@@ -56,7 +56,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,7 +274,7 @@ class Continuation:
 _CONTINUATIONS: dict[str, Continuation] = {}
 
 
-def continues_with(option: str, carry: tuple[str, ...] = ()) -> Any:
+def continues_with(option: str, carry: tuple[str, ...] = ()) -> Callable[[Any], Any]:
     """Decorator over a registered click command (``@main.command`` beneath it): a sweep
     continues a killed cell of this command with ``--<option> <study run id>`` and the
     cell's ``carry`` options (:class:`Continuation`). Refuses, at import, an option the
@@ -298,9 +298,8 @@ def entry_continuation(entry: str) -> Continuation | None:
     (its killed cells are run again from the start)."""
     from scarcelab.entrypoints.cli import main
 
-    if entry not in main.commands:  # loads the command modules, whose decorators declare
-        return None
-    return _CONTINUATIONS.get(entry)
+    cmd = main.commands.get(entry)  # loads the command modules, whose decorators declare
+    return _CONTINUATIONS.get(cmd.name or entry) if cmd is not None else None
 
 
 def _entries() -> list[str]:
