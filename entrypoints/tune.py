@@ -28,6 +28,7 @@ from scarcelab.entrypoints.options import (
     verbosity_options,
 )
 from scarcelab.errors import ScarcelabError
+from scarcelab.tracking.sweep.spec import continues_with
 
 ARCH_DEFAULTS = ("", "default", "auto")
 
@@ -57,6 +58,10 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
     return check_overrides(kw["overrides"], method_cls)
 
 
+# A sweep whose tune cell was killed continues that cell's study rather than tuning and
+# retraining it all again (hours of a final phase): --resume reads every setting back from
+# the study run, so the cell gives only where its data is and what it runs on.
+@continues_with("resume", carry=("data_dir", "device"))
 @main.command(name="tune", short_help="Tune a method with ASHA, retrain the best 10 times.",
               help="Tune a supervised method with ASHA and retrain the best "
               "configuration 10 times (Brigato et al. 2021), e.g. --method ole "

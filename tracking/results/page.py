@@ -11,7 +11,8 @@ writes ``<out>/README.md``.
 Provenance on every page, all read from the store: the command recorded by the sweep
 driver, the git commit(s) recorded on the cell runs, the machine(s) each cell ran on, the
 wall time (the union of the cell attempts' run intervals: a killed and resumed sweep is
-counted once, idle time between invocations is not) and the CPU time (the sum of every
+counted once, idle time between invocations is not, a study run that a later attempt
+continued counts up to where its own attempt ended) and the CPU time (the sum of every
 attempt's ``sweep/cell_cpu_s``, failed attempts included: the rusage of the cell process
 and its children, ``tracking/sweep/driver.py``).
 """
@@ -36,7 +37,12 @@ import pandas as pd
 from scarcelab import tags as T
 from scarcelab.tracking.results import claims as C
 from scarcelab.tracking.results.papers import PaperFile, load_paper, paper_path
-from scarcelab.tracking.sweep.driver import STALE_MARK, last_record_ms
+from scarcelab.tracking.sweep.driver import (
+    CELL_END,
+    STALE_MARK,
+    attempt_last_record_ms,
+    result_run,
+)
 from scarcelab.tracking.sweep.spec import SweepSpec, load_spec
 
 #: a page's figures stay below this (bytes): the PNGs live in the repository
@@ -166,7 +172,10 @@ def png_file_small(path: Path, limit: int = PNG_LIMIT) -> bytes:
 class _Cells:
     sweep_run: Any
     attempts: dict[str, list[Any]]  # cell id -> its runs, newest first
-    finished: dict[str, Any]  # cell id -> its FINISHED run
+    finished: dict[str, Any]  # cell id -> its FINISHED run that holds its results
+    #: cell id -> the attempt that finished it: the ``finished`` run, or the continuing
+    #: attempt that completed that study (where the cell last ran: its machine)
+    finisher: dict[str, Any] = field(default_factory=dict)
 
 
 def _read_sweep(client: Any, exp_id: str, spec: SweepSpec) -> _Cells:
@@ -181,9 +190,13 @@ def _read_sweep(client: Any, exp_id: str, spec: SweepSpec) -> _Cells:
         cid = r.data.tags.get(CELL_TAG)
         if cid in ids:
             attempts.setdefault(cid, []).append(r)
-    finished = {cid: next(r for r in rs if r.info.status == "FINISHED")
-                for cid, rs in attempts.items() if any(r.info.status == "FINISHED" for r in rs)}
-    return _Cells(sweep, attempts, finished)
+    # a continued cell has two FINISHED attempts: the study run that holds the results
+    # and, newer, the launcher of its continuation (tracking/sweep/driver.py)
+    finished = {cid: r for cid, rs in attempts.items() if (r := result_run(rs)) is not None}
+    finisher = {cid: next((r for r in attempts[cid] if r.info.status == "FINISHED"
+                           and r.data.tags.get(T.RESUMES) == run.info.run_id), run)
+                for cid, run in finished.items()}
+    return _Cells(sweep, attempts, finished, finisher)
 
 
 def _descendants(runs: pd.DataFrame, roots: set[str]) -> pd.Series:
@@ -218,10 +231,16 @@ def _attempt_interval(client: Any, run: Any) -> tuple[float, float]:
     """A cell attempt's run interval (s). One that a dead driver left RUNNING was closed by
     the next driver, at takeover time in stores written before the driver bounded it: it
     ends at its last nested record instead (its start when it was only queued), so the
-    hours the sweep lay dead do not count as wall time."""
+    hours the sweep lay dead do not count as wall time. A study run that a later attempt
+    continued was re-opened by it and ends when the continuation ends: it ends where the
+    driver logged that the attempt itself had ended (``sweep/cell_end_s``), and the time
+    after is the continuing attempt's own interval."""
     start, end = run.info.start_time, run.info.end_time
     if STALE_MARK in run.data.tags.get(T.ERROR, ""):
-        end = min(end, last_record_ms(client, run) or start)
+        end = min(end, attempt_last_record_ms(client, run) or start)
+    own_end = run.data.metrics.get(CELL_END)
+    if own_end is not None:
+        end = max(start, min(end, int(own_end * 1000)))
     return start / 1000, end / 1000
 
 
@@ -853,7 +872,7 @@ def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str
     from scarcelab.tracking.query.render import _safe_uri
     from scarcelab.tracking.sweep.driver import COMMAND_TAG, INVOCATION_WALL, INVOCATIONS_TAG
 
-    machines = _machines(src.cells.finished)
+    machines = _machines(src.cells.finisher or src.cells.finished)
     sweep = src.cells.sweep_run
     stags = sweep.data.tags if sweep is not None else {}
     inv_wall = []

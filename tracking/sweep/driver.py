@@ -23,6 +23,23 @@ resume). A finished cell is never run twice. A failing cell is retried up to ``r
 times (each attempt its own run, the error and the cell's output on it) and the sweep goes
 on with the other cells.
 
+Continuing a killed cell: when the cell's entry point declares that it can continue a
+killed run (``tracking.sweep.spec.continues_with`` on its command: ``tune --resume``) and an
+earlier attempt of the cell left a study record (a run tagged ``scarcelab.role=study``, or
+a dead continuing attempt whose ``scarcelab.resumes`` names one), the next attempt runs
+``<entry> --resume <that study run>`` with only the cell's declared options (``--data-dir``,
+``--device``), in a new attempt run as every attempt. The entry point then records into
+the study run itself, so the finished trials and retrains are kept and only what is missing
+runs; the new attempt run is only the launcher (``scarcelab.role=tune_resume``, linked both
+ways), which the driver ends FINISHED once the study run is. The cell's FINISHED run, the
+one dependents, reports and the results page read, is the study run. A continuation that
+fails is retried (``retries``) from the start, as any failed attempt, and the next
+invocation starts the cell afresh too: only a continuation cut off with its driver is taken
+up again. The study run is
+re-opened by the continuation and ends with it, so its own end would span the time the
+sweep lay dead: before continuing it, the driver logs where the dead attempt really ended
+(``sweep/cell_end_s``), and a results page bounds the attempt's interval by it.
+
 Dependencies (``"@<grid id>"`` option values, tracking/sweep/spec.py): a dependent cell is
 submitted once the cell it depends on has a FINISHED run — from this invocation or an
 earlier one — with the option set to ``runs:/<that run id>/model`` (the run the driver
@@ -51,14 +68,18 @@ from scarcelab import tags as T
 from scarcelab.tracking.sweep.spec import (
     NAME_FORBIDDEN,
     Cell,
+    Continuation,
     SpecError,
     SweepSpec,
+    entry_continuation,
     env_refusal,
 )
 
 ROLE = T.ROLE
 #: in the error of a cell attempt that a dead driver left RUNNING (see ``_close_stale``)
 STALE_MARK = "died while this cell ran"
+#: in the error of a cell attempt that an interrupted driver closed (``close_started``)
+INTERRUPT_MARK = "the sweep driver was interrupted"
 
 
 def last_record_ms(client: Any, run: Any, depth: int = 2) -> int | None:
@@ -76,6 +97,34 @@ def last_record_ms(client: Any, run: Any, depth: int = 2) -> int | None:
             last = t if last is None else max(last, t)
         frontier = [k.info.run_id for k in kids]
     return last
+
+
+def attempt_last_record_ms(client: Any, run: Any) -> int | None:
+    """:func:`last_record_ms` of a cell attempt. A continuing attempt (``scarcelab.resumes``)
+    has nothing nested under it: what it ran is recorded under the study it continues, so
+    its last record is the study's latest one after the attempt started (None when the
+    continuation recorded nothing)."""
+    study = run.data.tags.get(T.RESUMES)
+    if not study:
+        return last_record_ms(client, run)
+    try:
+        last = last_record_ms(client, client.get_run(study))
+    except Exception:  # noqa: BLE001 - a deleted study: the attempt recorded nothing left
+        return None
+    return last if last is not None and last >= run.info.start_time else None
+
+
+def result_run(runs: list[Any]) -> Any | None:
+    """The FINISHED run holding a cell's results among its attempts' runs, None when none
+    finished. A continuing attempt that finished (``scarcelab.resumes``) only launched the
+    study it continued, which finished with it and holds the results: that study run, an
+    earlier attempt of the same cell, is the one to read (the launcher itself only when no
+    other attempt finished)."""
+    done = [r for r in runs if r.info.status == "FINISHED"]
+    own = [r for r in done if not r.data.tags.get(T.RESUMES)]
+    return (own or done or [None])[0]
+
+
 SWEEP_TAG = T.SWEEP
 CELL_TAG = T.CELL
 DRIVER_TAG = T.SWEEP_DRIVER
@@ -89,6 +138,9 @@ MACHINE_TAG = T.MACHINE  # .host .cpu .cores .ram_gb .gpu, on each cell run
 CELL_WALL = "sweep/cell_wall_s"  # per attempt, on its cell run
 CELL_CPU = "sweep/cell_cpu_s"
 CELL_RSS = "sweep/cell_max_rss_mb"
+#: on an attempt's run that a later attempt continues: where the attempt itself ended (epoch
+#: seconds); the continuation re-opens the run and moves its end to its own
+CELL_END = "sweep/cell_end_s"
 INVOCATION_WALL = "sweep/invocation_wall_s"  # on the sweep run, step = invocation
 #: what a dependency option receives, by option; every other option gets a model URI
 RESOLVE = {"hparams_from": "{run_id}"}
@@ -363,7 +415,8 @@ class Driver:
 
         A run closed now would end now, and the hours the sweep lay dead would count as
         its wall time (a results page sums the attempts' intervals): it ends at its last
-        record instead, or at its start when it was only queued."""
+        record instead (a continuing attempt's are under the study it continues), or at
+        its start when it was only queued."""
         for r in runs:
             if r.info.status != "RUNNING":
                 continue
@@ -372,12 +425,54 @@ class Driver:
                 self.client.set_tag(r.info.run_id, T.ERROR,
                                     f"the sweep driver {drv} {STALE_MARK}; "
                                     "the cell was run again by the next sweep run")
-                end = last_record_ms(self.client, r)
+                end = attempt_last_record_ms(self.client, r)
                 self.client.set_terminated(r.info.run_id, "FAILED",
                                            end_time=end or r.info.start_time)
 
+    def _continued_study(self, cell: Cell, runs: list[Any]) -> str | None:
+        """The study run the cell's next attempt continues, None when it starts afresh:
+        the entry point must declare a continuation, and the newest attempt that left a
+        study record names it — its own run when the entry point tagged it a study, or the
+        study a dead continuing attempt was continuing. A continuation that failed by
+        itself (not with a dead or interrupted driver) is not tried again: what made it
+        fail would again, so the cell starts afresh. ``runs`` are read after
+        :meth:`_close_stale`, so a RUNNING run here is not a dead one (none is continued).
+        Before the study run is handed on, where it ended is logged on it
+        (``CELL_END``, once: the first continuation's reading is the attempt's own end)."""
+        if not runs or entry_continuation(cell.entry) is None:
+            return None
+        by_id = {r.info.run_id: r for r in runs}
+
+        def number(r: Any) -> tuple[int, int]:
+            n = r.data.tags.get(ATTEMPT_TAG, "")
+            return (int(n) if n.isdigit() else 0, r.info.start_time or 0)
+
+        for r in sorted(runs, key=number, reverse=True):
+            tags = r.data.tags
+            err = tags.get(T.ERROR, "")
+            if tags.get(T.RESUMES) and STALE_MARK not in err and INTERRUPT_MARK not in err \
+                    and r.info.status != "RUNNING":
+                return None  # that continuation failed on its own
+            target = tags.get(T.RESUMES) or (r.info.run_id if tags.get(ROLE) == "study"
+                                             else None)
+            if target is None or target not in by_id:  # a study of this very cell only
+                continue
+            study = self.client.get_run(target)  # its status after _close_stale
+            if study.data.tags.get(ROLE) != "study" or study.info.status in (
+                    "RUNNING", "SCHEDULED", "FINISHED"):
+                continue
+            if CELL_END not in study.data.metrics:
+                from mlflow.entities import Metric
+
+                end = study.info.end_time or study.info.start_time
+                self.client.log_batch(target, metrics=[
+                    Metric(CELL_END, end / 1000.0, int(time.time() * 1000), 0)])
+            return target
+        return None
+
     def _new_cell_run(self, exp: str, sweep_run: str, cell: Cell, attempt: int,
-                      resolved: dict[str, str] | None = None) -> str:
+                      resolved: dict[str, str] | None = None,
+                      resumes: str | None = None) -> str:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
         from scarcelab.tracking.run_views import cell_run_name
@@ -391,6 +486,9 @@ class Driver:
         if resolved:
             opts = dict(cell.options)
             tags[REFS_TAG] = json.dumps({k: [opts[k], v] for k, v in resolved.items()})
+        if resumes:  # the entry point links it too, once it starts; a continuation that
+            # dies before then must still name what it was continuing
+            tags[T.RESUMES] = resumes
         return str(self.client.create_run(exp, run_name=name, tags=tags).info.run_id)
 
     def _cell_env(self, run_id: str, embedded: bool) -> dict[str, str]:
@@ -423,23 +521,30 @@ class Driver:
         existing = self._existing(exp)
         todo: list[Cell] = []
         finished: dict[str, str] = {}  # cell id -> its FINISHED run (dependencies read it)
+        resume: dict[str, str] = {}  # cell id -> the study run its next attempt continues
         for cell in self.spec.cells:
             runs = existing.get(cell.id, [])
-            done = [r for r in runs if r.info.status == "FINISHED"]
-            if done:
-                result.outcomes.append(CellOutcome(cell, "SKIPPED", done[0].info.run_id))
-                finished[cell.id] = done[0].info.run_id
+            done = result_run(runs)
+            if done is not None:
+                result.outcomes.append(CellOutcome(cell, "SKIPPED", done.info.run_id))
+                finished[cell.id] = done.info.run_id
                 continue
             self._close_stale(runs)
+            study = self._continued_study(cell, runs)
+            if study:
+                resume[cell.id] = study
             todo.append(cell)
         self.echo(f"[sweep {self.spec.name}] {len(self.spec.cells)} cells: "
                   f"{len(self.spec.cells) - len(todo)} already finished, {len(todo)} to run "
-                  f"(experiment {self.spec.experiment!r}, sweep run {sweep_run})")
+                  + (f"({len(resume)} continuing an earlier attempt's study) " if resume
+                     else "")
+                  + f"(experiment {self.spec.experiment!r}, sweep run {sweep_run})")
         status = "FINISHED"
         try:
             if todo:
                 self._schedule(exp, sweep_run, todo, result,
-                               {c.id: len(existing.get(c.id, [])) for c in todo}, finished)
+                               {c.id: len(existing.get(c.id, [])) for c in todo}, finished,
+                               resume)
         except BaseException:
             status = "FAILED"
             interrupted = True
@@ -455,10 +560,13 @@ class Driver:
         return result
 
     def _schedule(self, exp: str, sweep_run: str, todo: list[Cell], result: SweepResult,
-                  earlier: dict[str, int], finished: dict[str, str]) -> None:
+                  earlier: dict[str, int], finished: dict[str, str],
+                  resume: dict[str, str] | None = None) -> None:
         """Run ``todo`` to its end on a pool; ``earlier`` counts each cell's runs over
-        re-runs (it grows here), ``finished`` holds the dependencies already done."""
-        _Schedule(self, self._pool(), exp, sweep_run, todo, result, earlier, finished).run()
+        re-runs (it grows here), ``finished`` holds the dependencies already done,
+        ``resume`` the study run a cell's first attempt here continues."""
+        _Schedule(self, self._pool(), exp, sweep_run, todo, result, earlier, finished,
+                  resume).run()
 
     def _pool(self) -> Any:
         """The Ray pool the cells run on; a cell no node can hold is the spec's error, at
@@ -620,8 +728,10 @@ class _Schedule:
 
     def __init__(self, drv: Driver, pool: Any, exp: str, sweep_run: str, todo: list[Cell],
                  result: SweepResult, earlier: dict[str, int],
-                 finished: dict[str, str]) -> None:
+                 finished: dict[str, str], resume: dict[str, str] | None = None) -> None:
         self.drv, self.pool, self.exp, self.sweep_run = drv, pool, exp, sweep_run
+        self.resume = dict(resume or {})  # cell id -> study run its next attempt continues
+        self.continuing: dict[str, str] = {}  # cell id -> the study its running attempt continues
         self.todo, self.result, self.earlier = todo, result, earlier
         self.embedded = not drv.address
         self.slots = pool.slots
@@ -660,12 +770,32 @@ class _Schedule:
                     for k, dep in cell.refs}
         self.attempts[cell.id] = self.attempts.get(cell.id, 0) + 1
         self.earlier[cell.id] = self.earlier.get(cell.id, 0) + 1  # the run's number over re-runs
+        # only the first attempt continues: one that failed is retried from the start
+        study = self.resume.pop(cell.id, None)
+        cont = entry_continuation(cell.entry) if study else None
         rid = drv._new_cell_run(self.exp, self.sweep_run, cell, self.earlier[cell.id],
-                                resolved)
+                                resolved, resumes=study if cont else None)
         self.started[cell.id] = (rid, time.time())
-        self.pool.submit(cell.id, run_cell_process, cell.argv(resolved),
+        if study and cont:
+            argv = self.continue_argv(cell, cont, study, resolved)
+            self.continuing[cell.id] = study
+            drv.echo(f"[sweep {drv.spec.name}] {cell.label}: resuming the study of an "
+                     f"earlier attempt, run {study} (attempt {self.earlier[cell.id]}: "
+                     f"{' '.join(argv)})")
+        else:
+            argv = cell.argv(resolved)
+            self.continuing.pop(cell.id, None)
+        self.pool.submit(cell.id, run_cell_process, argv,
                          drv._cell_env(rid, self.embedded), drv.cwd if self.embedded else None,
                          drv.python)
+
+    @staticmethod
+    def continue_argv(cell: Cell, cont: Continuation, study: str,
+                      resolved: dict[str, str]) -> list[str]:
+        """The continuing attempt's command: the declared option naming the study run,
+        and the cell's options the declaration carries (dependencies resolved)."""
+        opts = {k: resolved.get(k, v) for k, v in cell.options}
+        return cont.argv(cell.entry, study, opts)
 
     def release(self) -> None:
         """Submit the dependents whose dependencies all finished; record FAILED those
@@ -706,9 +836,16 @@ class _Schedule:
                    "output": f"the Ray task failed: {type(exc).__name__}: {exc}"}
         # a cell that ended its run FINISHED and then lost its node is done: run
         # again, it would be there twice
-        ok = (out["rc"] == 0 or exc is not None) and drv._status(rid) == "FINISHED"
+        study = self.continuing.pop(key, None)
+        # a continuing attempt recorded into the study it continued: that run says
+        # whether the cell is done, and the attempt's own run (the launcher) ends with it
+        ok = (out["rc"] == 0 or exc is not None) and drv._status(study or rid) == "FINISHED"
         drv._log_output(rid, out["output"])
         drv._log_cost(rid, out)
+        if study and ok:
+            if drv._status(rid) in ("RUNNING", "SCHEDULED"):
+                drv.client.set_terminated(rid, "FINISHED")
+            rid = study
         verb = self.ended(cell, rid, attempt, out, ok)
         self.release()
         self.progress(cell, verb, out["seconds"])
@@ -763,7 +900,7 @@ class _Schedule:
         ended = {o.cell.id for o in self.result.outcomes}
         for cid, (rid, _) in self.started.items():
             if cid not in ended and self.drv._status(rid) in ("RUNNING", "SCHEDULED"):
-                self.drv._fail(rid, f"the sweep driver was interrupted ({type(e).__name__}) "
+                self.drv._fail(rid, f"{INTERRUPT_MARK} ({type(e).__name__}) "
                                "while this cell ran; re-run the sweep to continue")
 
     def fail_left_waiting(self) -> None:

@@ -56,7 +56,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,6 +248,58 @@ def entry_options(entry: str) -> dict[str, str] | None:
             if opt.startswith("--"):
                 out[opt[2:].replace("-", "_")] = getattr(p, "help", "") or ""
     return out
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """How an entry point continues a cell attempt that died partway, as its own command
+    declares it (:func:`continues_with`): the sweep's next attempt runs ``<entry>
+    --<option> <run id of the dead attempt's study>`` with only the ``carry`` options of
+    the cell (the rest of the settings are read back from that run), instead of starting
+    the cell again. The entry point knows what its record lets it continue; the driver
+    must not keep a list of such commands that drifts from them."""
+
+    option: str  # underscored, as in a spec ("resume" for --resume)
+    carry: tuple[str, ...] = ()
+
+    def argv(self, entry: str, study_run: str, options: Mapping[str, str]) -> list[str]:
+        """The continuing attempt's command line."""
+        out = [entry, f"--{self.option.replace('_', '-')}", study_run]
+        for k in self.carry:
+            if k in options:
+                out += [f"--{k.replace('_', '-')}", options[k]]
+        return out
+
+
+_CONTINUATIONS: dict[str, Continuation] = {}
+
+
+def continues_with(option: str, carry: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+    """Decorator over a registered click command (``@main.command`` beneath it): a sweep
+    continues a killed cell of this command with ``--<option> <study run id>`` and the
+    cell's ``carry`` options (:class:`Continuation`). Refuses, at import, an option the
+    command does not have: a declaration that names nothing would only fail mid-sweep."""
+
+    def deco(cmd: Any) -> Any:
+        have = {o[2:].replace("-", "_") for p in cmd.params for o in getattr(p, "opts", [])
+                if o.startswith("--")}
+        missing = [k for k in (option, *carry) if k not in have]
+        if missing:
+            raise ValueError(f"command {cmd.name!r} has no option {missing[0]!r} to "
+                             "continue a sweep cell with")
+        _CONTINUATIONS[cmd.name] = Continuation(option, tuple(carry))
+        return cmd
+
+    return deco
+
+
+def entry_continuation(entry: str) -> Continuation | None:
+    """The continuation the entry point's command declares, None when it declares none
+    (its killed cells are run again from the start)."""
+    from scarcelab.entrypoints.cli import main
+
+    cmd = main.commands.get(entry)  # loads the command modules, whose decorators declare
+    return _CONTINUATIONS.get(cmd.name or entry) if cmd is not None else None
 
 
 def _entries() -> list[str]:
