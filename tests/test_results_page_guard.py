@@ -343,3 +343,14 @@ if __name__ == "__main__":  # re-record (a deliberate change of the page)
             mp.undo()
     REF_PATH.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
     print(f"wrote {REF_PATH}", file=sys.stderr)
+
+
+def test_machine_text_says_not_recorded_instead_of_question_marks() -> None:
+    from scarcelab.tracking.results.page import _machine_text
+
+    assert _machine_text(("2", "AMD EPYC", "23.5", "none", "vm"), 9) == (
+        "2 cores, AMD EPYC, 23.5 GB RAM, GPU: none (host vm; 9 cells)")
+    assert _machine_text(("?",) * 5, 1) == (
+        "not recorded (1 cell: no attempt of it ended under the sweep driver)")
+    # a partly tagged machine keeps its known fields
+    assert _machine_text(("4", "?", "?", "?", "a"), 2).startswith("4 cores, ?, ? GB RAM")

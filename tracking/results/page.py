@@ -866,6 +866,17 @@ def _machines(finished: dict[str, Any]) -> Counter[tuple[str, str, str, str, str
          r.data.tags.get(f"{MACHINE_TAG}.host", "?")) for r in finished.values())
 
 
+def _machine_text(machine: tuple[str, str, str, str, str], n: int) -> str:
+    """One machine of the page's table. A cell whose every machine tag is missing ran in no
+    attempt the driver saw to its end (a study continued by hand, outside the sweep): say
+    so, rather than print a row of question marks."""
+    cells = f"{n} cell{'s' * (n != 1)}"
+    if all(v == "?" for v in machine):
+        return f"not recorded ({cells}: no attempt of it ended under the sweep driver)"
+    cores, cpu_model, ram, gpu, host = machine
+    return f"{cores} cores, {cpu_model}, {ram} GB RAM, GPU: {gpu} (host {host}; {cells})"
+
+
 def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str, int],
                 cost: _Cost, commits: Counter[str]) -> dict[str, str]:
     """The page's "How it was run" table, every value read from the store."""
@@ -891,10 +902,7 @@ def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str
         "git commit": ", ".join(f"`{k[:12]}{'+dirty' if k.endswith('+dirty') else ''}` "
                                 f"({v} cell{'s' * (v != 1)})"
                                 for k, v in commits.most_common()) or "—",
-        "machine": "; ".join(
-            f"{cores} cores, {cpu_model}, {ram} GB RAM, GPU: {gpu} (host {host}; {n} cell"
-            f"{'s' * (n != 1)})" for (cores, cpu_model, ram, gpu, host), n in
-            machines.most_common()) or "—",
+        "machine": "; ".join(_machine_text(m, n) for m, n in machines.most_common()) or "—",
         "wall time": f"{_fmt_s(cost.wall)} (the union of the {cost.attempts} cell attempts' "
                      f"run intervals; {stags.get(INVOCATIONS_TAG, '?')} driver invocation(s)"
                      + (f", whose logged walls sum to {_fmt_s(sum(inv_wall))}" if inv_wall
