@@ -35,6 +35,18 @@ CDALBENCH_STRATEGIES = {"random", "margin", "entropy", "least_confident", "bald"
                         "coreset", "typiclust", "coregcn", "dsa", "lsa", "galaxy", "oracle"}
 
 
+@pytest.fixture(autouse=True)
+def _fresh_provenance() -> Iterator[None]:
+    """Each test starts with no recorded data files. Why: the record is process-wide
+    (scarcelab.data.provenance) and only a logged run clears it, so a test that reads a file
+    without logging a run (``_locate`` on a toy folder) left it in the next test's
+    ``data_files.json`` — seen when mutmut ran test_active_loop before test_data_guards."""
+    from scarcelab.data import provenance
+
+    provenance.reset()
+    yield
+
+
 @pytest.fixture
 def medmnist_dir() -> Path:
     if not (MEDMNIST_DIR / "breastmnist.npz").exists():
