@@ -95,6 +95,15 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
+#: tests left out of every mutation run, and why. Each passes in the normal suite.
+DESELECT: dict[str, str] = {
+    # its SIGKILLed child process imports the package from mutmut's trampolined copy;
+    # under mutmut's stats collection the test failed (2 Dec 2026), which stops the run
+    "tests/test_contamination.py::test_a_killed_sweep_resumes_its_child_studies":
+        "kill-and-resume through a child process",
+}
+
+
 def _tests(name: str) -> list[str]:
     """The target's test files that exist in this checkout (a file listed for a target may
     be absent from an older one)."""
@@ -103,7 +112,8 @@ def _tests(name: str) -> list[str]:
 
 def _pytest(name: str) -> list[str]:
     """The target's whole selection in a fresh interpreter (baseline and --direct)."""
-    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *_tests(name)]
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+            *[x for node in DESELECT for x in ("--deselect", node)], *_tests(name)]
 
 
 def _copy_tree(dst: Path) -> None:
@@ -135,12 +145,15 @@ def _config(only_mutate: list[str], tests: list[str], jobs: int, nested: bool) -
         return "[" + ", ".join(json.dumps(x) for x in xs) + "]"
 
     sources = '["scarcelab/"]' if nested else '["scarcelab/", "tracking/"]'
-    also = '["bench/", "conftest.py"]' if nested else '["entrypoints/", "bench/", "conftest.py"]'
+    # MLproject and suites/: tests check the views' and sweeps' entry points against them
+    also = ('["bench/", "conftest.py", "MLproject", "suites/"]' if nested
+            else '["entrypoints/", "bench/", "conftest.py", "MLproject", "suites/"]')
+    deselect = [x for node in DESELECT for x in ("--deselect", node)]
     return ("\n[tool.mutmut]\n"
             f"source_paths = {sources}\n"
             f"only_mutate = {arr(only_mutate)}\n"
             f"pytest_add_cli_args_test_selection = {arr(tests)}\n"
-            'pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider"]\n'
+            f'pytest_add_cli_args = {arr(["-x", "-q", "-p", "no:cacheprovider", *deselect])}\n'
             f"also_copy = {also}\n")
 
 
