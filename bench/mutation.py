@@ -145,9 +145,11 @@ def _config(only_mutate: list[str], tests: list[str], jobs: int, nested: bool) -
         return "[" + ", ".join(json.dumps(x) for x in xs) + "]"
 
     sources = '["scarcelab/"]' if nested else '["scarcelab/", "tracking/"]'
-    # MLproject and suites/: tests check the views' and sweeps' entry points against them
-    also = ('["bench/", "conftest.py", "MLproject", "suites/"]' if nested
-            else '["entrypoints/", "bench/", "conftest.py", "MLproject", "suites/"]')
+    # MLproject (with the python_env.yaml it names) and suites/: tests load the project's
+    # entry points (views, sweeps, `mlflow run` argv) from them
+    project = '"MLproject", "python_env.yaml", "suites/"'
+    also = (f'["bench/", "conftest.py", {project}]' if nested
+            else f'["entrypoints/", "bench/", "conftest.py", {project}]')
     deselect = [x for node in DESELECT for x in ("--deselect", node)]
     return ("\n[tool.mutmut]\n"
             f"source_paths = {sources}\n"
