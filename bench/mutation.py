@@ -101,6 +101,11 @@ DESELECT: dict[str, str] = {
     # under mutmut's stats collection the test failed (2 Dec 2026), which stops the run
     "tests/test_contamination.py::test_a_killed_sweep_resumes_its_child_studies":
         "kill-and-resume through a child process",
+    # the same for tune's SIGKILL-and-resume tests (their child runs `scarcelab tune`)
+    "tests/test_tune_resume.py::test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume":
+        "kill-and-resume through a child process",
+    "tests/test_tune_resume.py::test_kill9_in_a_shared_optuna_storage_search_then_resume":
+        "kill-and-resume through a child process",
 }
 
 
