@@ -458,3 +458,19 @@ def test_own_targets_passes_each_chunk_its_own_pool_positions(tiny_bundle):
     assert [n for n, _ in seen] == [16, 16, 8]
     assert all(len(idx) == n for n, idx in seen)
     np.testing.assert_array_equal(torch.cat([idx for _, idx in seen]).numpy(), diag.u_idx)
+
+
+def test_sem_drift_reads_labels_and_pseudo_labels_with_the_same_integer_cast():
+    """Class ids are the integer cast (toward zero, as numpy's ``astype(int64)``) of the given
+    values, for the labels exactly as for the pseudo-labels: a float label column must select
+    the class its cast names on both sides, not match no class and silently give NaN. The
+    reference is the hand-computed case above with the labels cast by numpy."""
+    zl = [[0, 0], [2, 0], [5, 5]]
+    zu = [[1, 3], [1, 3], [9, 9], [4, 5]]
+    mask = [1, 1, 0, 1]
+    yl = np.array([0.25, 0.5, 1.75])
+    pseudo = np.array([0.5, 0.0, 1.25, 1.5])
+    ref = semantic_drift(zl, yl.astype(np.int64), zu, pseudo.astype(np.int64), mask, 2)
+    assert ref == pytest.approx(2.0)  # as test_sem_drift_hand_computed
+    assert semantic_drift(zl, yl, zu, pseudo, mask, 2) == pytest.approx(ref)
+    assert semantic_drift(zl, yl.astype(np.float32), zu, pseudo, mask, 2) == pytest.approx(ref)
