@@ -422,3 +422,55 @@ def test_gradient_alignment_is_nan_when_a_loss_has_no_path_to_the_weight():
     # (1, -1): opposite directions, cosine -1
     loss_u2 = (w @ x).sum()
     assert gradient_alignment(loss_l, loss_u2, w) == pytest.approx(-1.0)
+
+
+# -- found by the mutation sample (docs/mutation.md) ----------------------------------------
+def test_int_ood_flags_give_the_same_subsample_as_bool_flags(tiny_bundle):
+    """``unlabeled_ood`` may arrive as 0/1 integers (e.g. read back from a file); they mean
+    the same as booleans, so the ID/OOD subsample must be the same."""
+    flags = np.arange(len(tiny_bundle.unlabeled_x)) % 3 == 0
+    cfg = DiagnosticsConfig(n_unlabeled=40, batch_unlabeled=8, seed=1)
+    tiny_bundle.unlabeled_ood = flags
+    ref = EpochDiagnostics(tiny_bundle, "cpu", cfg)
+    tiny_bundle.unlabeled_ood = flags.astype(np.int64)
+    d = EpochDiagnostics(tiny_bundle, "cpu", cfg)
+    np.testing.assert_array_equal(d.u_idx, ref.u_idx)
+    assert torch.equal(d.gu, ref.gu) and torch.equal(d.is_ood, ref.is_ood)
+    assert not bool(d.is_ood[:40].any()) and bool(d.is_ood[40:].all())  # ID first, then OOD
+
+
+def test_own_targets_passes_each_chunk_its_own_pool_positions(tiny_bundle):
+    """Methods with per-sample state (FlexMatch) key it by pool position, so
+    ``pseudo_targets`` must get, with each eval chunk, the pool indices of exactly its rows."""
+    m = _fixmatch(tiny_bundle)
+    diag = EpochDiagnostics(tiny_bundle, "cpu",
+                            DiagnosticsConfig(n_unlabeled=40, eval_batch_size=16, seed=4))
+    seen: list[tuple[int, torch.Tensor]] = []
+    real = m.pseudo_targets
+
+    def spy(x, idx):  # type: ignore[no-untyped-def]
+        seen.append((len(x), idx.clone()))
+        return real(x, idx)
+
+    m.pseudo_targets = spy  # type: ignore[method-assign]
+    t = diag.own_targets(m)
+    assert t is not None and t.labels.shape == (40,)
+    assert [n for n, _ in seen] == [16, 16, 8]
+    assert all(len(idx) == n for n, idx in seen)
+    np.testing.assert_array_equal(torch.cat([idx for _, idx in seen]).numpy(), diag.u_idx)
+
+
+def test_sem_drift_reads_labels_and_pseudo_labels_with_the_same_integer_cast():
+    """Class ids are the integer cast (toward zero, as numpy's ``astype(int64)``) of the given
+    values, for the labels exactly as for the pseudo-labels: a float label column must select
+    the class its cast names on both sides, not match no class and silently give NaN. The
+    reference is the hand-computed case above with the labels cast by numpy."""
+    zl = [[0, 0], [2, 0], [5, 5]]
+    zu = [[1, 3], [1, 3], [9, 9], [4, 5]]
+    mask = [1, 1, 0, 1]
+    yl = np.array([0.25, 0.5, 1.75])
+    pseudo = np.array([0.5, 0.0, 1.25, 1.5])
+    ref = semantic_drift(zl, yl.astype(np.int64), zu, pseudo.astype(np.int64), mask, 2)
+    assert ref == pytest.approx(2.0)  # as test_sem_drift_hand_computed
+    assert semantic_drift(zl, yl, zu, pseudo, mask, 2) == pytest.approx(ref)
+    assert semantic_drift(zl, yl.astype(np.float32), zu, pseudo, mask, 2) == pytest.approx(ref)

@@ -423,3 +423,35 @@ def test_large_input_is_consistent():
 def test_non_numeric_scores_are_rejected_with_a_message_naming_the_dtype():
     with pytest.raises(ValueError, match="real-valued.*<U"):
         auroc(np.array([0, 1]), np.array([["a", "b"], ["b", "a"]]))
+
+
+# -- found by the mutation sample (docs/mutation.md) ----------------------------------------
+@pytest.mark.parametrize("seed", [0, 1])
+def test_roc_counts_are_sklearns_roc_curve_one_point_per_distinct_threshold(seed):
+    """The private curve is what every ROC metric reads; its docstring promises one point per
+    distinct threshold from (0, 0). sklearn's unthinned ``roc_curve`` is the reference (its
+    first point is the threshold above every score, as ours)."""
+    from scarcelab.metrics.classification import _roc_counts
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, 40)
+    score = rng.integers(0, 12, 40) / 11.0  # ties on purpose
+    c = _roc_counts(y == 1, score)
+    fpr, tpr, _ = skm.roc_curve(y, score, drop_intermediate=False)
+    assert c.n_pos == int(y.sum()) and c.n_neg == int((y == 0).sum())
+    np.testing.assert_array_equal(c.fps, np.rint(fpr * c.n_neg).astype(np.int64))
+    np.testing.assert_array_equal(c.tps, np.rint(tpr * c.n_pos).astype(np.int64))
+
+
+def test_why_undefined_gives_the_roc_reason_only_to_roc_metrics():
+    """The one-time warning must fit the metric: "a single class, no ROC curve" is the
+    reason for AUROC / sensitivity-at-specificity only, never for e.g. accuracy."""
+    from scarcelab.metrics.undefined import why_undefined
+
+    roc = "the evaluated set holds a single class, so there is no ROC curve"
+    assert why_undefined("test/auroc") == roc
+    assert why_undefined("val/sensitivity_at_spec90") == roc
+    generic = "it cannot be computed from this run's data"
+    assert why_undefined("test/accuracy") == generic
+    assert why_undefined("test/balanced_accuracy") == generic
+    assert why_undefined("diag/sem_drift").startswith("no class had both")
