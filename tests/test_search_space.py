@@ -66,3 +66,13 @@ def test_every_semi_method_declares_only_its_own_entries() -> None:
     for n in semi:
         defaults = get_method(n).defaults
         assert {k: defaults[k] for k in CLASSIFIER_DEFAULTS} == CLASSIFIER_DEFAULTS, n
+
+
+def test_int_log_uniform_suggests_under_the_entry_name() -> None:
+    """The trial records the draw under the search-space entry's name: the study's best
+    parameters and the logged hyperparameters are looked up by it."""
+    from scarcelab.methods.space import IntLogUniform
+
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    value = IntLogUniform(1, 64).suggest(trial, "batch_size")
+    assert trial.params == {"batch_size": value} and 1 <= value <= 64

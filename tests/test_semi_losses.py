@@ -90,8 +90,10 @@ def test_distribution_alignment_window_and_ema() -> None:
     a, b = 0.5 / 0.7, 0.5 / 0.3
     torch.testing.assert_close(out, torch.tensor([[a / (a + b), b / (a + b)]]), atol=1e-5,
                                rtol=1e-5)
-    with pytest.raises(ValueError):
-        DistributionAlignment(2)
+    # neither or both estimators: the message names the two arguments to choose between
+    for kwargs in ({}, {"momentum": 0.9, "window": 2}):
+        with pytest.raises(ValueError, match=r"exactly one of momentum .* or window"):
+            DistributionAlignment(2, **kwargs)
 
 
 def test_distribution_alignment_first_batch_initialises_the_ema():

@@ -441,3 +441,150 @@ def test_rebuilt_wrn_checkpoints_and_exports(method):
     m.eval()
     with torch.no_grad():
         torch.testing.assert_close(exported(imgs), m.logits((imgs - 0.5) / 0.5))
+
+
+# -- mutation-testing survivors (issue 26) --------------------------------------------------
+
+
+def test_cosine_ce_embedding_puts_small_features_on_the_unit_sphere():
+    """The cosine term compares the embedding with one-hot targets as unit vectors, so a
+    feature of small norm (early in training, or after weight decay) must be scaled up to
+    norm 1, not left short: only an all-zero vector may stay zero."""
+    head = CosineCEHead(2, 2).eval()
+    with torch.no_grad():
+        head.embed.weight.copy_(torch.eye(2))
+        head.embed.bias.zero_()
+    emb = head.embedding(torch.tensor([[0.03, 0.04], [0.0, 0.0]]))
+    torch.testing.assert_close(emb, torch.tensor([[0.6, 0.8], [0.0, 0.0]]))
+
+
+def test_dct_basis_is_the_2d_dct_ii_of_scipy():
+    """Every filter (u, v) of the bank is the outer product of the 1-D DCT-II basis
+    vectors u and v (rows of ``scipy.fft.dct`` of the identity), l1-normalised; a
+    frequency error along either axis would give Harm2d a different (possibly not
+    orthogonal) basis than the paper's."""
+    from scipy.fft import dct
+
+    for k in (2, 3, 5):
+        c = dct(np.eye(k), type=2, axis=0)  # c[u, x] = 2 cos(pi u (2x + 1) / 2k)
+        bank = dct_filters(k).double().numpy()
+        raw = dct_filters(k, l1_norm=False).double().numpy()
+        for u in range(k):
+            for v in range(k):
+                f = np.outer(c[u], c[v]) / 4
+                np.testing.assert_allclose(raw[u * k + v], f, atol=1e-6)
+                np.testing.assert_allclose(bank[u * k + v], f / np.abs(f).sum(), atol=1e-6)
+
+
+def test_full_convolution_turns_the_stem_max_pool_into_2x2_stride_2():
+    """gem ``make_fconv_stem``: the padded 3x3/2 stem pool becomes a plain 2x2/2 pool,
+    so an 8x8 map gives the 4x4 block maxima (a 3x3 window would give 3x3 maps)."""
+    pool = torch.nn.MaxPool2d(3, 2, 1)
+    full_convolution(torch.nn.Sequential(torch.nn.Conv2d(1, 1, 1), pool))
+    x = torch.randn(1, 1, 8, 8)
+    torch.testing.assert_close(pool(x), x.view(1, 1, 4, 2, 4, 2).amax(dim=(3, 5)))
+
+
+def _fconv_block_reference(b, x: torch.Tensor, pad: int) -> torch.Tensor:
+    """A BasicBlock with full (pad 2) 3x3 convolutions and an identity zero-padded by
+    ``pad``, written out with functional ops (eval-mode BN)."""
+    def bn(m: torch.nn.BatchNorm2d, t: torch.Tensor) -> torch.Tensor:
+        return F.batch_norm(t, m.running_mean, m.running_var, m.weight, m.bias, False)
+
+    out = F.relu(bn(b.bn1, F.conv2d(x, b.conv1.weight, stride=b.conv1.stride, padding=2)))
+    out = bn(b.bn2, F.conv2d(out, b.conv2.weight, padding=2))
+    xp = F.pad(x, (pad,) * 4)
+    if b.downsample is not None:
+        conv, norm = b.downsample
+        xp = bn(norm, F.conv2d(xp, conv.weight, stride=conv.stride))
+    return F.relu(out + xp)
+
+
+@pytest.mark.parametrize("cin,cout,stride,pad", [(4, 4, 1, 2), (4, 8, 1, 2), (4, 8, 2, 3)])
+def test_fconv_basic_block_pads_the_identity_to_the_full_convolution_output(cin, cout,
+                                                                            stride, pad):
+    """gem ``BasicBlockFConv``: two full 3x3 convolutions grow the map by 2 px a side,
+    so the identity is padded by 2 (with or without a stride-1 1x1 projection), and by 3
+    before a strided 1x1 downsample ((h + 6) / 2 from the identity matches the
+    3x3 path's (h + 1) // 2 + 1 + 2 for even h)."""
+    from torchvision.models.resnet import BasicBlock
+
+    from scarcelab.methods.supervised.fconv import FConvResBlock
+
+    torch.manual_seed(0)
+    down = None
+    if cin != cout or stride > 1:
+        down = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                   torch.nn.BatchNorm2d(cout))
+    block = BasicBlock(cin, cout, stride, down)
+    for m in block.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    net = torch.nn.Sequential(block)
+    assert full_convolution(net) == 2
+    assert isinstance(net[0], FConvResBlock)
+    net.eval()
+    x = torch.randn(2, cin, 6, 6)
+    with torch.no_grad():
+        out = net(x)
+        ref = _fconv_block_reference(block, x, pad)
+    side = 6 + 4 if stride == 1 else 6  # strided: 6 -> (6 + 1) // 2 + 1 = 4 -> 4 + 2
+    assert out.shape == (2, cout, side, side)
+    torch.testing.assert_close(out, ref)
+
+
+def test_dsk_bottleneck_branch_has_torchvision_bottleneck_1x1_layers():
+    """gem's DSK bottleneck keeps the ResNet bottleneck's 1x1 convolutions: both without
+    bias (each is followed by BN) and the expanding conv3 followed by BN, as torchvision's
+    Bottleneck at width planes * M (base_width 64 * M) -- same parameter counts."""
+    from torchvision.models.resnet import Bottleneck
+
+    from scarcelab.methods.supervised.dsk import M, _BottleneckBranch
+
+    def count(*mods: torch.nn.Module) -> int:
+        return sum(p.numel() for m in mods for p in m.parameters())
+
+    cin, planes = 32, 8
+    branch = _BottleneckBranch(cin, planes, 1, 4)
+    ref = Bottleneck(cin, planes, base_width=64 * M)
+    assert count(branch.conv1) == count(ref.conv1, ref.bn1)
+    assert count(branch.conv3) == count(ref.conv3, ref.bn3)
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in branch.conv3)
+
+
+def test_scattering_front_builds_its_filters_once_per_input_size():
+    """The transform's filters are fixed: built for the first input size and reused (not
+    rebuilt every batch, which would cost an FFT filter bank per step); a new size gets
+    new ones."""
+    from scarcelab.methods.supervised.scattering import ScatteringFront
+
+    front = ScatteringFront(1, min_side=1)
+    x = torch.randn(1, 1, 4, 4)
+    out = front(x)
+    first = front.scat
+    torch.testing.assert_close(front(x), out)
+    assert front.scat is first
+    front(torch.randn(1, 1, 8, 8))
+    assert front.scat is not first and front.scat.phi_hat.shape == (8, 8)
+
+
+def test_scattering_front_too_small_input_says_why_and_what_to_do():
+    """A J too large for the image must fail the trial with a message naming J, the input
+    size and the fix, so the user can tell it from a crash."""
+    from scarcelab.errors import TrialFailed
+    from scarcelab.methods.supervised.scattering import ScatteringFront
+
+    with pytest.raises(TrialFailed, match=r"J=2 turns 8x8 inputs.*smaller than 4x4.*smaller J"):
+        ScatteringFront(2, min_side=4)(torch.randn(1, 1, 8, 8))
+
+
+def test_scattering_wrn_hybrid_accepts_1x1_maps_and_blocks_report_stride_1():
+    """gem's WRN hybrid does not down-sample after the transform, so maps may be as small
+    as 1x1 (8x8 at J = 3); the de-strided blocks report stride 1, which the full-conv
+    residual padding reads."""
+    net = create_model("wrn16_2", in_channels=3)
+    method = get_method("scattering")(Standardized(net, [0.5] * 3, [0.25] * 3), 3, {"J": 3})
+    assert [b.stride for b in net.blocks] == [1] * len(net.blocks)
+    x = torch.randn(2, 3, 8, 8)
+    assert _final_pooling_input(method, net.bn, x) == (2, 128, 1, 1)
