@@ -287,3 +287,83 @@ def test_encoded_sets_tag_the_encoding_key_and_where_it_lives(tmp_path):
     d = _encoded_loader("synthetic_tiny")(default_data_dir(), np.random.default_rng(0), ctx)
     assert set(d.tags) == {"scarcelab.encoding_key", "scarcelab.encoding_source"}
     assert d.tags["scarcelab.encoding_source"].startswith("computed disk:")
+
+
+# -- encoded loader's standardisation and note, encoder progress (mutation sample 2) -------
+class _FixedCache:
+    """An encoding cache that answers every key with one hand-made encoding."""
+
+    def __init__(self, enc: Encoded) -> None:
+        self.enc = enc
+
+    def get(self, key: str) -> tuple[Encoded, str]:
+        return self.enc, "disk:fixed"
+
+    def put(self, key: str, enc: Encoded) -> str:  # pragma: no cover - never a miss
+        raise AssertionError("a hit must not be stored again")
+
+
+def _load_encoded(enc: Encoded):  # type: ignore[no-untyped-def]
+    from scarcelab.active.datasets import LoadContext, _encoded_loader, default_data_dir
+
+    return _encoded_loader("synthetic_tiny")(default_data_dir(), np.random.default_rng(0),
+                                             LoadContext("cpu", {}, _FixedCache(enc)))
+
+
+def test_encoded_standardisation_leaves_a_constant_feature_unscaled():
+    """Features are z-scored with the training set's mean and std; a feature constant on
+    the training set (std 0) is only centred, so a test value 3 above it stays 3 (not 1.5
+    or inf)."""
+    x_tr = np.array([[0.0, 5.0], [2.0, 5.0], [4.0, 5.0]], dtype=np.float32)
+    x_te = np.array([[2.0, 8.0]], dtype=np.float32)
+    y = np.array([0, 1, 2])
+    d = _load_encoded(Encoded(x_tr, y, x_te, y[:1], meta={"dim": 2, "encoder": "simclr"}))
+    sd0 = np.std([0.0, 2.0, 4.0])
+    np.testing.assert_allclose(d.x_train, [[-2 / sd0, 0], [0, 0], [2 / sd0, 0]], rtol=1e-6)
+    np.testing.assert_allclose(d.x_test, [[0.0, 3.0]], rtol=1e-6)
+
+
+def test_encoded_note_names_the_dimension_and_a_pretrained_encoders_source():
+    """The note a sweep logs says what the features are: their width and, for a pretrained
+    backbone, where it came from (not 'None None None epochs')."""
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    y = np.array([0, 1, 2, 0])
+    d = _load_encoded(Encoded(x, y, x, y, meta={"dim": 3, "encoder": "pretrained",
+                                                "source": "runs:/abc/model"}))
+    assert d.note.startswith("3-d embeddings from pretrained encoder runs:/abc/model; ")
+    assert "(disk:fixed)" in d.note
+    d2 = _load_encoded(Encoded(x, y, x, y, meta={"dim": 3, "encoder": "simclr",
+                                                 "arch": "small_cnn", "epochs": 2}))
+    assert d2.note.startswith("3-d embeddings from simclr small_cnn 2 epochs; ")
+
+
+def test_encoding_meta_carries_its_own_key():
+    """An encoding read back from a cache folder must say which key it was made under."""
+    x, y = _tiny_images(8)
+    cfg = EncoderConfig(method="simclr", arch="small_cnn", epochs=1, batch_size=8)
+    enc, key, _ = encode_dataset("t", x, y, x[:2], y[:2], 3, cfg, torch.device("cpu"), None)
+    assert enc.meta["key"] == key and enc.meta["dataset"] == "t"
+
+
+def test_encoder_steps_report_their_progress_and_final_loss(monkeypatch):
+    """Every step gets the true step, horizon and epoch (BYOL's and DINO's momentum and
+    SwAV's prototype freeze read ``progress.fraction``), and the stats report the last
+    step's loss as ``encoder_final_loss``."""
+    import scarcelab.train as train_mod
+    from scarcelab.active.encoded import train_encoder
+
+    seen: list[tuple[int, int, int, float]] = []
+    real = train_mod.optimizer_step
+
+    def spy(method, opt, sched, batch, progress, *a, **k):  # type: ignore[no-untyped-def]
+        out = real(method, opt, sched, batch, progress, *a, **k)
+        seen.append((progress.step, progress.total_steps, progress.epoch,
+                     float(out["loss"].detach())))
+        return out
+
+    monkeypatch.setattr(train_mod, "optimizer_step", spy)
+    x, _ = _tiny_images(24)  # batch 8 -> 3 steps per epoch, 2 epochs
+    cfg = EncoderConfig(method="simclr", arch="small_cnn", epochs=2, batch_size=8)
+    _, stats = train_encoder(x, 3, cfg, torch.device("cpu"))
+    assert [s[:3] for s in seen] == [(i, 6, i // 3) for i in range(6)]
+    assert stats["encoder_final_loss"] == seen[-1][3]

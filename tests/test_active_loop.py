@@ -326,3 +326,46 @@ def test_mc_dropout_of_a_linear_classifier_acts_on_its_input():
     assert len(lin.mc_dropouts()) == 1 and lin.mc_dropouts()[0] is lin.in_drop
     mlp = ALNet(4, 3, hidden=(5, 6), dropout=0.5)
     assert [id(d) for d in mlp.mc_dropouts()] == [id(d) for d in mlp.drops]
+
+
+# -- fit's batch-of-one guard, split without validation, float64 features (mutation sample 2) --
+def test_a_batch_of_one_trains_a_net_without_batchnorm():
+    """Only BatchNorm needs two samples per batch: a linear net fitted on one labeled
+    sample must still take its step (the seed set of a 1-per-class start can be tiny)."""
+    torch.manual_seed(0)
+    net = ALNet(2, 2)
+    before = [p.detach().clone() for p in net.parameters()]
+    x, y = torch.tensor([[1.0, -1.0]]), torch.tensor([1])
+    cfg = FitConfig(max_epochs=1, batch_size=4, restore_best=False)
+    fit(net, x, y, x, y, cfg, torch.Generator().manual_seed(0), torch.Generator().manual_seed(0))
+    assert any(not torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
+
+
+def test_no_validation_fraction_puts_every_training_sample_in_the_pool():
+    """val_fraction = 0 (allowed with test-set stopping) means no validation split at all:
+    the pool is the whole training set."""
+    from scarcelab.active.datasets import ALData
+    from scarcelab.active.loop import _split
+
+    y = np.array([0, 1] * 5)
+    data = ALData("t", np.zeros((10, 2), np.float32), y, np.zeros((2, 2), np.float32),
+                  y[:2], 2, "t")
+    cfg = dataset_config("honeypot").replace(val_fraction=0.0, stop_on="test")
+    val, pool, seed = _split(data, cfg, np.random.default_rng(0))
+    assert val.size == 0 and pool.tolist() == list(range(10))
+    assert np.isin(seed, pool).all() and sorted(y[seed].tolist()) == [0, 1]
+
+
+def test_float64_features_run_as_float32(monkeypatch):
+    """A loader may hand over float64 arrays; the loop casts them to the net's float32, so
+    the repetition runs and matches the float32 copy of the same data."""
+    from scarcelab.active import datasets as ds
+
+    data = _toy_real(monkeypatch, "toy_f64")
+    cfg = ds.dataset_config("honeypot").replace(budget=4, max_epochs=3)
+    wide = ds.ALData(data.name, data.x_train.astype(np.float64), data.y_train,
+                     data.x_test.astype(np.float64), data.y_test, 2, data.source)
+    runs = [run_repetition(d, cfg, make_strategy("margin"), 2, 0, 0, 0, 0)
+            for d in (data, wide)]
+    assert runs[0].labeled == runs[1].labeled
+    assert runs[0].accuracies == runs[1].accuracies

@@ -305,3 +305,52 @@ def test_dsa_divides_by_distances_below_one():
 
     s = dsa_scores(np.array([[0.1]]), np.array([0]), np.array([[0.0], [0.5]]), np.array([0, 1]))
     np.testing.assert_allclose(s, [0.2], rtol=1e-5)
+
+
+# -- BADGE's distance update, margin's wide-class path, CoreGCN's init (mutation sample 2) --
+def test_badge_second_pick_is_the_only_point_at_positive_gradient_distance():
+    """g = a ⊗ h: point 0 (|g| = 2) is picked first; point 2 duplicates it (distance 0) and
+    point 1 = g_0 / 2 lies at squared distance 1, so k-means++ (D² sampling) must pick 1
+    for every seed, never the duplicate."""
+    from scarcelab.active.strategies.badge import kmeanspp_gradients
+
+    a = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    h = torch.tensor([[2.0, 0.0], [1.0, 0.0], [2.0, 0.0]])
+    g = torch.einsum("ni,nj->nij", a, h).flatten(1)  # the explicit embeddings, brute force
+    assert torch.cdist(g, g)[0].pow(2).tolist() == [0.0, 1.0, 0.0]
+    for seed in range(20):
+        assert kmeanspp_gradients(a, h, 2, np.random.default_rng(seed)).tolist() == [0, 1]
+
+
+def test_margin_with_many_classes_is_top1_minus_top2():
+    """Above the column-pass width (17+ classes) the margin still is p_(1) - p_(2)."""
+    from scarcelab.active.strategies.margin import margin_scores
+
+    p = np.random.default_rng(0).dirichlet(np.ones(20), size=200)
+    ref = np.sort(p, axis=1)
+    np.testing.assert_allclose(margin_scores(p), ref[:, -1] - ref[:, -2], rtol=0, atol=0)
+
+
+def test_coregcn_weights_start_symmetric_around_zero(monkeypatch):
+    """Both GCN layers start from U(±1/sqrt(fan_in)) (PyTorch's Linear default): inside the
+    bound and of both signs, not shifted to one side."""
+    from scarcelab.active.strategies.coregcn import CoreGCN
+
+    start: list[torch.Tensor] = []
+    real = torch.optim.Adam
+
+    def spy(params, *a, **k):  # type: ignore[no-untyped-def]
+        params = list(params)
+        start.extend(p.detach().clone() for p in params)
+        return real(params, *a, **k)
+
+    monkeypatch.setattr(torch.optim, "Adam", spy)
+    emb = np.random.default_rng(0).normal(size=(30, 16))
+    gcn = CoreGCN(hidden=256, epochs=1)
+    gcn.gcn_features(emb, 5, torch.Generator().manual_seed(0))
+    w1, w2 = start
+    for w, fan_in in ((w1, 16), (w2, 256)):
+        bound = 1 / fan_in ** 0.5
+        assert w.abs().max() <= bound
+        assert (w < 0).float().mean() == pytest.approx(0.5, abs=0.15)
+        assert float(w.mean()) == pytest.approx(0.0, abs=0.2 * bound)
