@@ -259,3 +259,15 @@ def test_linear_probe_record_keys():
     assert res.info["time_features_s"] == metrics["time/features_s"][0]
     assert res.info["time_s"] == metrics["time/elapsed_s"][0]
     assert res.info["time_fit_s"] + res.info["time_features_s"] <= res.info["time_s"]
+
+
+def test_label_fraction_is_a_share_of_the_labeled_set():
+    """(0, 1]: 1.0 trains on every labeled image; more than all of them is a config error."""
+    from scarcelab.errors import ConfigError
+    from scarcelab.protocols.transfer import check_label_fraction
+
+    for ok in (1e-3, 0.5, 1.0):
+        check_label_fraction(ok)
+    for bad in (0.0, -0.1, 1.0001, 1.5, 2.0):
+        with pytest.raises(ConfigError, match="label_fraction"):
+            check_label_fraction(bad)
