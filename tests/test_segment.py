@@ -757,3 +757,20 @@ def test_segment_result_fields_match_what_the_run_logged(monkeypatch):
     assert tr.study.history("time/train_s") == [(0, res.train_s)]
     assert tr.study.history("time/eval_s") == [(0, res.eval_s)]
     assert res.eval_s > 0 and res.train_s > 0
+
+
+def test_auto_arch_falls_back_to_the_resolved_arch_when_the_encoder_names_none():
+    """``arch=auto`` with a pretrained encoder asks the factory for its own arch (None); when
+    the encoder's info names none, the run is tagged with the arch ``auto`` resolves to."""
+    from scarcelab.models import create_model
+
+    asked: list = []
+
+    def factory(arch):  # type: ignore[no-untyped-def]
+        asked.append(arch)
+        return create_model("small_cnn")
+
+    cfg = seg.SegmentConfig(encoder="runs:/abc123/model", arch="auto", device="cpu")
+    _, info = seg.resolve_backbone(cfg, factory)
+    assert asked == [None]
+    assert info["arch"] == cfg.resolved_arch() == "small_cnn"
