@@ -529,3 +529,21 @@ def test_a_restored_checkpoint_is_run_over_every_test_image_in_unit_range():
     assert proba.shape == (600, 3) and np.array_equal(y, test_y) and names == ["a", "b", "c"]
     np.testing.assert_allclose(proba, expected, rtol=1e-5, atol=1e-6)
     assert seen["trials"] == ["t0"]
+
+
+def test_a_new_stored_study_is_named_by_its_key_start_time_and_process(tmp_path):
+    """No ``study_name`` and nothing to resume: the shared storage gets a study named
+    ``<key>-<start time, %Y%m%dT%H%M%S>-<pid>``, so reruns of one command sort by time."""
+    import datetime as dt
+    import os
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    before = dt.datetime.now().replace(microsecond=0)
+    store, resume = search_mod._open_store(_one_trial_cfg(storage=url), InMemoryTracker(),
+                                           "sup-key")
+    after = dt.datetime.now()
+    assert resume is None
+    key, stamp, pid = store.study.study_name.rsplit("-", 2)
+    assert key == "sup-key" and pid == str(os.getpid())
+    assert before <= dt.datetime.strptime(stamp, "%Y%m%dT%H%M%S") <= after
+    assert optuna.load_study(study_name=store.study.study_name, storage=url) is not None
