@@ -72,6 +72,16 @@ def test_contaminated_pool_counts_flags_and_untouched_parts(tiny_bundle, r):
     assert tiny_bundle.unlabeled_ood is None  # the input bundle is not modified
 
 
+def test_a_pool_without_hidden_labels_gets_minus_one_for_every_image(tiny_bundle):
+    """An unlabeled pool with no hidden labels (``unlabeled_y`` None): every image, ID and
+    OOD alike, carries the "unknown" label -1 as an int64 array."""
+    bare = dataclasses.replace(tiny_bundle, unlabeled_y=None)
+    out = contaminate(bare, "gaussian", 0.3, seed=2)
+    assert out.unlabeled_y.dtype == np.int64
+    assert len(out.unlabeled_y) == len(out.unlabeled_x)
+    assert (out.unlabeled_y == -1).all()
+
+
 def test_contamination_is_deterministic_and_shuffled(tiny_bundle):
     a = contaminate(tiny_bundle, "gaussian", 0.3, seed=4)
     b = contaminate(tiny_bundle, "gaussian", 0.3, seed=4)

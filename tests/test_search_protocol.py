@@ -496,3 +496,54 @@ def test_an_unexpected_trial_error_is_logged_with_its_message(crashing_method, c
     msgs = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("trial 0 raised RuntimeError: boom: tensor 7 has the wrong shape" in m
                for m in msgs), msgs
+
+
+def test_a_restored_checkpoint_is_run_over_every_test_image_in_unit_range():
+    """A resumed study's checkpoint has no recorded test probabilities: the figures get the
+    model's softmax over *every* test image (more than one 512-image chunk), fed as the
+    exported model takes them, pixels scaled to [0, 1]."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+    test_x = rng.integers(0, 256, (600, 1, 2, 2), dtype=np.uint8)
+    test_y = rng.integers(0, 3, 600)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    with torch.no_grad():
+        model[1].weight.mul_(40.0)  # large enough that 1/256 vs 1/255 shows in the softmax
+        expected = torch.softmax(model(torch.as_tensor(test_x).float() / 255.0), 1).numpy()
+    seen: dict[str, Any] = {}
+
+    class Figures:
+        def log_evaluation(self, y, proba, class_names, positive_class=None):  # type: ignore[no-untyped-def]
+            seen["eval"] = (y, proba, class_names, positive_class)
+
+        def log_search(self, trials):  # type: ignore[no-untyped-def]
+            seen["trials"] = trials
+
+    bundle = SimpleNamespace(test_x=test_x, test_y=test_y,
+                             meta={"class_names": ["a", "b", "c"], "positive_class": None})
+    store = SimpleNamespace(study=SimpleNamespace(get_trials=lambda: ["t0"]))
+    search_mod._log_figures(Figures(), model, bundle, store, None)  # type: ignore[arg-type]
+    y, proba, names, _ = seen["eval"]
+    assert proba.shape == (600, 3) and np.array_equal(y, test_y) and names == ["a", "b", "c"]
+    np.testing.assert_allclose(proba, expected, rtol=1e-5, atol=1e-6)
+    assert seen["trials"] == ["t0"]
+
+
+def test_a_new_stored_study_is_named_by_its_key_start_time_and_process(tmp_path):
+    """No ``study_name`` and nothing to resume: the shared storage gets a study named
+    ``<key>-<start time, %Y%m%dT%H%M%S>-<pid>``, so reruns of one command sort by time."""
+    import datetime as dt
+    import os
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    before = dt.datetime.now().replace(microsecond=0)
+    store, resume = search_mod._open_store(_one_trial_cfg(storage=url), InMemoryTracker(),
+                                           "sup-key")
+    after = dt.datetime.now()
+    assert resume is None
+    key, stamp, pid = store.study.study_name.rsplit("-", 2)
+    assert key == "sup-key" and pid == str(os.getpid())
+    assert before <= dt.datetime.strptime(stamp, "%Y%m%dT%H%M%S") <= after
+    assert optuna.load_study(study_name=store.study.study_name, storage=url) is not None

@@ -757,3 +757,45 @@ def test_segment_result_fields_match_what_the_run_logged(monkeypatch):
     assert tr.study.history("time/train_s") == [(0, res.train_s)]
     assert tr.study.history("time/eval_s") == [(0, res.eval_s)]
     assert res.eval_s > 0 and res.train_s > 0
+
+
+def test_auto_arch_falls_back_to_the_resolved_arch_when_the_encoder_names_none():
+    """``arch=auto`` with a pretrained encoder asks the factory for its own arch (None); when
+    the encoder's info names none, the run is tagged with the arch ``auto`` resolves to."""
+    from scarcelab.models import create_model
+
+    asked: list = []
+
+    def factory(arch):  # type: ignore[no-untyped-def]
+        asked.append(arch)
+        return create_model("small_cnn")
+
+    cfg = seg.SegmentConfig(encoder="runs:/abc123/model", arch="auto", device="cpu")
+    _, info = seg.resolve_backbone(cfg, factory)
+    assert asked == [None]
+    assert info["arch"] == cfg.resolved_arch() == "small_cnn"
+
+
+@pytest.mark.parametrize(("aggregation", "selected"), [("image", 0.25), ("pooled", 0.75)])
+def test_the_aggregation_picks_the_validation_pq_that_selects_the_checkpoint(monkeypatch,
+                                                                            aggregation,
+                                                                            selected):
+    """``aggregation=image`` selects on the per-image mean PQ, ``pooled`` on the PQ of the
+    pooled counts: with the two told apart, the selected value is the one asked for."""
+    from scarcelab.tracker import InMemoryTracker
+
+    monkeypatch.setattr(seg, "load_nuclei", _synthetic_nuclei)
+    monkeypatch.setitem(seg.SEG_DATASETS._entries, "synthetic_nuclei", _synthetic_nuclei)
+    validate = seg._Run.validate
+
+    def told_apart(self, val, post):  # type: ignore[no-untyped-def]
+        return {**validate(self, val, post), "pq": 0.25, "pq_pooled": 0.75}
+
+    monkeypatch.setattr(seg._Run, "validate", told_apart)
+    cfg = seg.SegmentConfig(dataset="synthetic_nuclei", max_epochs=1, steps_per_epoch=1,
+                            batch_size=2, crop=32, window=32, scale=1.0, lr=0.0,
+                            n_overlays=0, device="cpu", arch="small_cnn",
+                            aggregation=aggregation)
+    tr = InMemoryTracker()
+    seg.run_segment(cfg, tr)
+    assert tr.study.history("seg/val_pq_selected") == [(0, selected)]

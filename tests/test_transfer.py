@@ -259,3 +259,49 @@ def test_linear_probe_record_keys():
     assert res.info["time_features_s"] == metrics["time/features_s"][0]
     assert res.info["time_s"] == metrics["time/elapsed_s"][0]
     assert res.info["time_fit_s"] + res.info["time_features_s"] <= res.info["time_s"]
+
+
+def test_label_fraction_is_a_share_of_the_labeled_set():
+    """(0, 1]: 1.0 trains on every labeled image; more than all of them is a config error."""
+    from scarcelab.errors import ConfigError
+    from scarcelab.protocols.transfer import check_label_fraction
+
+    for ok in (1e-3, 0.5, 1.0):
+        check_label_fraction(ok)
+    for bad in (0.0, -0.1, 1.0001, 1.5, 2.0):
+        with pytest.raises(ConfigError, match="label_fraction"):
+            check_label_fraction(bad)
+
+
+SEPARABLE_BINARY = "test_separable_binary_rgb"
+
+
+def _separable_binary(data_dir: object = None) -> RawDataset:
+    """Two classes (healthy dark, diseased bright) told apart by brightness."""
+    rng = np.random.default_rng(1)
+
+    def make(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = np.arange(n) % 2
+        base = np.array([50.0, 205.0])[y][:, None, None, None]
+        x = base + rng.normal(0, 12, (n, 3, 8, 8))
+        return np.clip(x, 0, 255).astype(np.uint8), y.astype(np.int64)
+
+    (xtr, ytr), (xte, yte) = make(100), make(40)
+    return RawDataset(name=SEPARABLE_BINARY, train_x=xtr, train_y=ytr, test_x=xte, test_y=yte,
+                      num_classes=2, class_names=["healthy", "diseased"], source="test")
+
+
+if SEPARABLE_BINARY not in DATASETS:
+    DATASETS.register(SEPARABLE_BINARY)(_separable_binary)
+
+
+def test_linear_probe_on_a_binary_task_records_its_positive_class():
+    """A binary task's linear probe, as the studies do: its positive class (the dataset's
+    default, class 1) is tagged by name and recorded in the run's configuration."""
+    enc, info = build_encoder("random", "small_cnn", 3, seed=0)
+    cfg = ProbeConfig(dataset=SEPARABLE_BINARY, encoder="random", device="cpu",
+                      probe_trials=3)
+    tr = InMemoryTracker()
+    run_linear(cfg, enc, info, tr)
+    assert tr.study.tags["scarcelab.positive_class"] == "diseased"
+    assert tr.artifacts["config.json"]["positive_class"] == 1

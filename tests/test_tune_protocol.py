@@ -433,3 +433,28 @@ def test_the_data_dir_is_where_the_dataset_is_read(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="no .*empty"):
         run_tune(_one_trial_cfg(tmp_path, dataset=FROM_DIR, data_dir=str(tmp_path / "empty")),
                  InMemoryTracker())
+
+
+def test_rebuild_puts_each_prior_trial_back_in_its_slot_as_it_ended():
+    """A resumed search's trials, in process: trial n is asked as trial n and keeps its
+    slot n, its state, its reports and value; only a trial cut by the wall-clock budget is
+    marked ``budget_cut`` (with how many reports it gave), not one that failed."""
+    from scarcelab.methods import METHODS
+    from scarcelab.protocols.study_store import StudyStore
+    from scarcelab.protocols.tune import PriorTrial, SearchResume, TuneSettings
+
+    prior = (PriorTrial(0, "complete", ((1, 0.4), (2, 0.5)), 0.5),
+             PriorTrial(1, "budget", ((1, 0.3),)),
+             PriorTrial(2, "failed"),
+             PriorTrial(3, "pruned", ((1, 0.1),)))
+    s = TuneSettings(arch="small_cnn", epochs=2, grace_period=1, n_trials=8,
+                     batch_sizes=(16, 32), augmentation="none")
+    store = StudyStore("rebuild", 0)
+    kept = tune._rebuild(store, SearchResume(trials=prior), METHODS.get("sup"), s, {})
+    assert kept == [0, 1, 2, 3]
+    trials = store.study.get_trials()
+    assert [t.user_attrs.get("slot") for t in trials] == [0, 1, 2, 3]
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL,
+                                         TrialState.FAIL, TrialState.PRUNED]
+    assert [t.user_attrs.get("budget_cut") for t in trials] == [None, 1, None, None]
+    assert trials[0].value == 0.5 and trials[0].intermediate_values == {1: 0.4, 2: 0.5}
