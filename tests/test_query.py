@@ -1082,3 +1082,22 @@ def test_the_report_run_takes_the_identity_options(store, tmp_path):
     assert tags["project"] == "liver" and tags["owner"] == "ana"
     assert tags["mlflow.note.content"] == "for the Monday meeting"
     assert tags["scarcelab.experiments"] == "qa,qb"
+
+
+@pytest.mark.parametrize("reader", [SqlReader, ApiReader])
+def test_params_of_one_role_are_only_that_roles(tmp_path, reader):
+    """``params(…, role)`` returns the params of the runs of that role, not every run's."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    c = MlflowClient(tracking_uri=uri)
+    e = c.create_experiment("p", artifact_location=str(tmp_path / "art"))
+    runs = {}
+    for role in ("study", "trial", "trial"):
+        rid = c.create_run(e, tags={ROLE_TAG: role}).info.run_id
+        c.log_batch(rid, params=[Param("lr", "0.1"), Param("role_of_run", role)])
+        c.set_terminated(rid, "FINISHED")
+        runs.setdefault(role, set()).add(rid)
+    r = reader(uri)
+    study = r.params([e], "study")
+    assert set(study["run_id"]) == runs["study"] and set(study["value"]) >= {"study"}
+    assert set(r.params([e], "trial")["run_id"]) == runs["trial"]
+    assert len(r.params([e])) == 6
