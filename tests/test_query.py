@@ -1118,10 +1118,10 @@ def test_a_studys_own_series_is_kept_in_step_order_even_where_its_clock_is_missi
 
 
 def test_a_record_of_every_trial_reads_their_histories_in_one_experiment_scoped_query(
-        frame_tracked, monkeypatch):
+        frame_store, monkeypatch):
     """All trials of the experiments: one join over the experiments (``run_ids=None``)
-    instead of a long ``IN (...)`` list of their ids, with the same record."""
-    t = frame_tracked
+    instead of a long ``IN (...)`` list of their ids."""
+    t = query.load("q", frame_store["uri"])  # fresh: the shared one caches its records
     asked = []
     real = t.reader.histories
 
