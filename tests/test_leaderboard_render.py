@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from io import StringIO
 
 import numpy as np
@@ -120,3 +121,79 @@ def test_leaderboard_bars_carry_capped_std_error_bars_and_name_rows_without_one(
     assert any("no std" in t.get_text() for t in ax_b.texts)
     assert not any("no std" in t.get_text() for t in ax_a.texts)
     assert math.isclose(max(p.get_width() for p in ax_a.patches), 0.7959999999999999)
+
+
+def test_html_meta_is_one_closed_paragraph_and_each_table_has_its_sections_id() -> None:
+    """The page's header note (experiments, tracking URI, generation time) is one
+    well-formed paragraph, and each section's table carries a stable id a link or a
+    stylesheet can point at (``report.html#table-leaderboard``)."""
+    from html.parser import HTMLParser
+
+    meta = render.report_meta(["e1", "e2"], "sqlite:///tmp/x.db")
+    assert list(meta) == ["experiments", "tracking URI", "generated"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", meta["generated"])
+    page = render.html_report([render.Section("leaderboard", _lb()),
+                               render.Section("many seeds", _lb())], meta=meta)
+
+    class P(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stack: list[str] = []
+            self.note: list[str] = []
+            self.ids: list[str] = []
+
+        def handle_starttag(self, tag, attrs):  # type: ignore[no-untyped-def]
+            a = dict(attrs)
+            if tag == "table":
+                self.ids.append(a.get("id") or "")
+            if tag == "p":
+                self.stack.append(a.get("class") or "")
+                self.note.append("")
+
+        def handle_endtag(self, tag):  # type: ignore[no-untyped-def]
+            if tag == "p":
+                self.stack.pop()
+
+        def handle_data(self, data):  # type: ignore[no-untyped-def]
+            if self.stack:
+                self.note[-1] += data
+
+    p = P()
+    p.feed(page)
+    assert p.stack == []  # every paragraph closed
+    assert p.note[0] == ("experiments: e1, e2" "tracking URI: sqlite:///tmp/x.db"
+                         f"generated: {meta['generated']}")
+    assert p.ids == ["table-leaderboard", "table-many-seeds"]
+
+
+def test_png_bytes_are_png_whatever_the_users_default_savefig_format() -> None:
+    """The report embeds them as ``data:image/png``: a matplotlibrc with
+    ``savefig.format: svg`` must not turn them into SVG."""
+    import matplotlib as mpl
+    import matplotlib.pyplot as plt
+
+    with mpl.rc_context({"savefig.format": "svg"}):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        data = render.png_bytes(fig)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gains_plot_marks_each_methods_worst_gain_on_its_own_row() -> None:
+    """Each method's row: its median gain as the bar, its worst gain as the marker."""
+    g = pd.DataFrame({"method": ["fixmatch", "mixmatch", "pseudo"],
+                      "median_gain": [0.05, 0.02, -0.01],
+                      "worst_gain": [0.01, -0.03, -0.08]})
+    fig = render.plot_gains(g)
+    ax = fig.axes[0]
+    (worst,) = [ln for ln in ax.get_lines() if ln.get_label() == "worst gain"]
+    ticks = zip(ax.get_yticklabels(), ax.get_yticks(), strict=True)
+    rows = {str(t.get_text()): y for t, y in ticks}
+    bars = {rows[m]: b.get_width() for m, b in zip(g["method"][::-1], ax.patches, strict=True)}
+    xs = np.asarray(worst.get_xdata(), float)
+    ys = np.asarray(ax.yaxis.convert_units(worst.get_ydata()), float)
+    got = dict(zip(ys, xs, strict=True))
+    want = {rows[m]: w for m, w in zip(g["method"], g["worst_gain"], strict=True)}
+    assert got == pytest.approx(want)
+    med = zip(g["method"], g["median_gain"], strict=True)
+    assert bars == pytest.approx({rows[m]: v for m, v in med})

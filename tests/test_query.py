@@ -1082,3 +1082,54 @@ def test_the_report_run_takes_the_identity_options(store, tmp_path):
     assert tags["project"] == "liver" and tags["owner"] == "ana"
     assert tags["mlflow.note.content"] == "for the Monday meeting"
     assert tags["scarcelab.experiments"] == "qa,qb"
+
+
+@pytest.mark.parametrize("reader", [SqlReader, ApiReader])
+def test_params_of_one_role_are_only_that_roles(tmp_path, reader):
+    """``params(…, role)`` returns the params of the runs of that role, not every run's."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    c = MlflowClient(tracking_uri=uri)
+    e = c.create_experiment("p", artifact_location=str(tmp_path / "art"))
+    runs = {}
+    for role in ("study", "trial", "trial"):
+        rid = c.create_run(e, tags={ROLE_TAG: role}).info.run_id
+        c.log_batch(rid, params=[Param("lr", "0.1"), Param("role_of_run", role)])
+        c.set_terminated(rid, "FINISHED")
+        runs.setdefault(role, set()).add(rid)
+    r = reader(uri)
+    study = r.params([e], "study")
+    assert set(study["run_id"]) == runs["study"] and set(study["value"]) >= {"study"}
+    assert set(r.params([e], "trial")["run_id"]) == runs["trial"]
+    assert len(r.params([e])) == 6
+
+
+def test_a_studys_own_series_is_kept_in_step_order_even_where_its_clock_is_missing():
+    """A study's series is its answer at each global epoch: every point, in step order —
+    also when an epoch logged no elapsed time (read as +inf) or the clock went back; trial
+    checkpoints are ordered by time instead."""
+    from scarcelab.tracking.query.frame import _record_rows
+
+    cand = pd.DataFrame({"study_id": ["s"] * 4, "run_id": ["s"] * 4, "step": [0, 1, 2, 3],
+                         "val": [0.5, 0.6, 0.55, 0.7], "elapsed_s": [5.0, np.nan, 4.0, 9.0],
+                         "source": ["study"] * 4, "start_time": [0] * 4})
+    cand = cand.rename(columns={"val": query.frame.VAL})
+    rec = _record_rows(cand)
+    assert list(rec["step"]) == [0, 1, 2, 3] and list(rec["order"]) == [0, 1, 2, 3]
+
+
+def test_a_record_of_every_trial_reads_their_histories_in_one_experiment_scoped_query(
+        frame_store, monkeypatch):
+    """All trials of the experiments: one join over the experiments (``run_ids=None``)
+    instead of a long ``IN (...)`` list of their ids."""
+    t = query.load("q", frame_store["uri"])  # fresh: the shared one caches its records
+    asked = []
+    real = t.reader.histories
+
+    def spy(run_ids, *a, **k):  # type: ignore[no-untyped-def]
+        asked.append((None if run_ids is None else len(run_ids), tuple(k.get("keys") or ())))
+        return real(run_ids, *a, **k)
+
+    monkeypatch.setattr(t.reader, "histories", spy)
+    rec = t.record("trials")
+    val = [n for n, keys in asked if "val/balanced_accuracy" in keys]
+    assert val == [None] and len(rec)

@@ -249,3 +249,35 @@ def test_the_cli_parses_view_without_importing_the_query_layer():
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          check=True).stdout.strip()
     assert out == f"2 [] True {NAMES}", out
+
+
+def test_static_view_names_read_from_the_view_files_are_the_registrys(monkeypatch):
+    """The ``ast`` reading alone (nothing registered yet, as in a fresh CLI process) finds
+    every ``@view("name", …)`` of the package's files, in the registry's order — in this
+    process, so the reading itself is what is checked."""
+    names = registry.view_names()
+    monkeypatch.setattr(registry.REGISTRY, "_loaded", False)
+    monkeypatch.setattr(registry.REGISTRY, "_entries", {})
+    assert registry.static_view_names() == names
+
+
+def test_sections_silence_only_the_views_user_warnings(tracked):
+    """``sections`` quiets the views' UserWarnings (their notes say it); any other warning,
+    e.g. numpy's RuntimeWarning or a pandas FutureWarning, still reaches the caller."""
+    import warnings
+
+    @registry.view("noisy_counts", note="Runs per role, with two warnings.")
+    def noisy(t, **filters):  # type: ignore[no-untyped-def]
+        warnings.warn("said in the note", UserWarning, stacklevel=2)
+        warnings.warn("mean of empty slice", RuntimeWarning, stacklevel=2)
+        return t.runs.groupby("role").size().rename("n").reset_index()
+
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            (sec,) = report.sections(tracked, ["noisy_counts"])
+        assert [(w.category, str(w.message)) for w in seen] == [
+            (RuntimeWarning, "mean of empty slice")]
+        assert not sec.table.empty
+    finally:
+        registry.REGISTRY._entries.pop("noisy_counts")
