@@ -308,27 +308,33 @@ def test_dsa_divides_by_distances_below_one():
 
 
 # -- BADGE's distance update, margin's wide-class path, CoreGCN's init (mutation sample 2) --
-def test_badge_second_pick_is_the_only_point_at_positive_gradient_distance():
-    """g = a ⊗ h: point 0 (|g| = 2) is picked first; point 2 duplicates it (distance 0) and
-    point 1 = g_0 / 2 lies at squared distance 1, so k-means++ (D² sampling) must pick 1
-    for every seed, never the duplicate."""
+def test_badge_third_pick_follows_the_updated_gradient_distances():
+    """g = a ⊗ h on a line: P0 = 4 (largest norm, picked first), its duplicate (distance 0
+    for ever), P1 = -2 and P2 = -1. After P1 or P2 is picked the other still lies at squared
+    distance 1 from it, so D² sampling must pick it third for every seed, never the
+    duplicate (an update that drives that distance to 0 would)."""
     from scarcelab.active.strategies.badge import kmeanspp_gradients
 
-    a = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
-    h = torch.tensor([[2.0, 0.0], [1.0, 0.0], [2.0, 0.0]])
+    a = torch.tensor([[1.0, 0.0]] * 4)
+    h = torch.tensor([[4.0], [4.0], [-2.0], [-1.0]])
     g = torch.einsum("ni,nj->nij", a, h).flatten(1)  # the explicit embeddings, brute force
-    assert torch.cdist(g, g)[0].pow(2).tolist() == [0.0, 1.0, 0.0]
+    assert torch.cdist(g, g)[2, 3].pow(2).item() == pytest.approx(1.0)
     for seed in range(20):
-        assert kmeanspp_gradients(a, h, 2, np.random.default_rng(seed)).tolist() == [0, 1]
+        got = kmeanspp_gradients(a, h, 3, np.random.default_rng(seed)).tolist()
+        assert got[0] == 0 and sorted(got) == [0, 2, 3]
 
 
 def test_margin_with_many_classes_is_top1_minus_top2():
-    """Above the column-pass width (17+ classes) the margin still is p_(1) - p_(2)."""
+    """Above the column-pass width (17+ classes) the margin still is p_(1) - p_(2), for any
+    float dtype (long double takes numpy's generic partition, which orders nothing beyond
+    its kth element)."""
     from scarcelab.active.strategies.margin import margin_scores
 
-    p = np.random.default_rng(0).dirichlet(np.ones(20), size=200)
-    ref = np.sort(p, axis=1)
-    np.testing.assert_allclose(margin_scores(p), ref[:, -1] - ref[:, -2], rtol=0, atol=0)
+    rng = np.random.default_rng(1)
+    for dt in (np.float32, np.float64, np.longdouble):
+        p = np.array([rng.permutation(20) for _ in range(300)]).astype(dt) / 190
+        ref = np.sort(p, axis=1)
+        np.testing.assert_array_equal(margin_scores(p), ref[:, -1] - ref[:, -2])
 
 
 def test_coregcn_weights_start_symmetric_around_zero(monkeypatch):
