@@ -95,18 +95,23 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-#: tests left out of every mutation run, and why. Each passes in the normal suite.
-DESELECT: dict[str, str] = {
-    # its SIGKILLed child process imports the package from mutmut's trampolined copy;
-    # under mutmut's stats collection the test failed (2 Dec 2026), which stops the run
-    "tests/test_contamination.py::test_a_killed_sweep_resumes_its_child_studies":
-        "kill-and-resume through a child process",
-    # the same for tune's SIGKILL-and-resume tests (their child runs `scarcelab tune`)
-    "tests/test_tune_resume.py::test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume":
-        "kill-and-resume through a child process",
-    "tests/test_tune_resume.py::test_kill9_in_a_shared_optuna_storage_search_then_resume":
-        "kill-and-resume through a child process",
-}
+#: tests left out of every mutation run, and why (each passes in the normal suite): they
+#: SIGKILL a child process that imports the package from mutmut's trampolined copy, and
+#: under mutmut's stats collection they failed (2 Dec 2026), which stops the target's run
+DESELECT: tuple[str, ...] = (
+    "tests/test_contamination.py::test_a_killed_sweep_resumes_its_child_studies",
+    "tests/test_tune_resume.py::test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume",
+    "tests/test_tune_resume.py::test_kill9_in_a_shared_optuna_storage_search_then_resume",
+)
+
+
+#: pytest options of every run of a target's selection (mutmut's, the baseline, --direct)
+PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider"]
+
+
+def _deselect_args() -> list[str]:
+    """pytest's ``--deselect`` pair for each of :data:`DESELECT`."""
+    return [x for node in DESELECT for x in ("--deselect", node)]
 
 
 def _tests(name: str) -> list[str]:
@@ -117,8 +122,7 @@ def _tests(name: str) -> list[str]:
 
 def _pytest(name: str) -> list[str]:
     """The target's whole selection in a fresh interpreter (baseline and --direct)."""
-    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-            *[x for node in DESELECT for x in ("--deselect", node)], *_tests(name)]
+    return [sys.executable, "-m", "pytest", *PYTEST_ARGS, *_deselect_args(), *_tests(name)]
 
 
 def _copy_tree(dst: Path) -> None:
@@ -155,12 +159,11 @@ def _config(only_mutate: list[str], tests: list[str], jobs: int, nested: bool) -
     project = '"MLproject", "python_env.yaml", "suites/"'
     also = (f'["bench/", "conftest.py", {project}]' if nested
             else f'["entrypoints/", "bench/", "conftest.py", {project}]')
-    deselect = [x for node in DESELECT for x in ("--deselect", node)]
     return ("\n[tool.mutmut]\n"
             f"source_paths = {sources}\n"
             f"only_mutate = {arr(only_mutate)}\n"
             f"pytest_add_cli_args_test_selection = {arr(tests)}\n"
-            f'pytest_add_cli_args = {arr(["-x", "-q", "-p", "no:cacheprovider", *deselect])}\n'
+            f"pytest_add_cli_args = {arr(PYTEST_ARGS + _deselect_args())}\n"
             f"also_copy = {also}\n")
 
 

@@ -36,7 +36,7 @@ CDALBENCH_STRATEGIES = {"random", "margin", "entropy", "least_confident", "bald"
 
 
 @pytest.fixture(autouse=True)
-def _fresh_provenance() -> Iterator[None]:
+def _fresh_provenance() -> None:
     """Each test starts with no recorded data files. Why: the record is process-wide
     (scarcelab.data.provenance) and only a logged run clears it, so a test that reads a file
     without logging a run (``_locate`` on a toy folder) left it in the next test's
@@ -44,7 +44,6 @@ def _fresh_provenance() -> Iterator[None]:
     from scarcelab.data import provenance
 
     provenance.reset()
-    yield
 
 
 @pytest.fixture
