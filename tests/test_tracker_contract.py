@@ -154,8 +154,8 @@ class SpoolSupplier(MlflowSupplier):
         monkeypatch.setattr("scarcelab.tracking.spool.RETRY_INTERVAL_S", 0.0)
         monkeypatch.setattr(mlflow_tracker, "deliver_op", self.outage)
         monkeypatch.setattr(mlflow_tracker, "Spool",
-                            lambda uri, deliver, root=None: Spool(uri, deliver, root=root,
-                                                                  remote=True))
+                            lambda uri, deliver, root=None, **kw: Spool(
+                                uri, deliver, root=root, remote=True))
         super().__init__(tmp_path)
 
     def seen(self) -> Seen:

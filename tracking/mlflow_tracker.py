@@ -422,6 +422,7 @@ class MlflowTracker(RunViews, Tracker):
             return None
 
     def close_orphan_trials(self, completed: set[int]) -> None:
+        self.flush()  # direct client calls below: after what is queued
         for t in self._orphans:
             number = t.data.tags.get(T.TRIAL, "")
             if number.isdigit() and int(number) in completed:
@@ -437,6 +438,7 @@ class MlflowTracker(RunViews, Tracker):
 
     def mark_trials_failed(self, study_key: str, numbers: list[int], reason: str) -> None:
         wanted = {str(n) for n in numbers}
+        self.flush()
         for run in self._study_runs(study_key, "trial"):
             if run.data.tags.get(T.TRIAL) in wanted:
                 _retry(self.client.set_tag, run.info.run_id, T.ERROR, reason)
@@ -569,7 +571,8 @@ class MlflowTracker(RunViews, Tracker):
         if dataset is not None:
             self._log_input(dataset)
         uri = mlflow.get_tracking_uri()
-        self.spool = Spool(uri, deliver_op, root=self._spool_root)
+        self.spool = Spool(uri, deliver_op, root=self._spool_root,
+                           background=os.environ.get("SCARCELAB_TRACKING_THREAD", "1") != "0")
         self.spool.ids["study"] = self.study_run_id
         self._replay_leftovers(uri)
         self._rv_start(name, tags, params)
@@ -589,6 +592,13 @@ class MlflowTracker(RunViews, Tracker):
         assert self.spool is not None, "start_study first"
         self.spool.submit(op)
         self.spool.flush()  # retries the backlog at most every few seconds
+
+    def flush(self) -> None:
+        """Wait until every record submitted so far is in a local store (its batches go
+        out on a delivery thread, ``tracking.spool``); a no-op before ``start_study``.
+        Call it before reading this study's records back from the store in-process."""
+        if self.spool is not None:
+            self.spool.drain()
 
     def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]) -> None:
         from mlflow.tracking.context.registry import resolve_tags
@@ -683,6 +693,7 @@ class MlflowTracker(RunViews, Tracker):
             # MLflow exports the live model itself. Exporting it here first and reading
             # the archive back (what the spool needs) would be a second torch.export of
             # the same model plus a load.
+            self.spool.drain()
             try:
                 _log_pt2(model.eval(), example, self.study_run_id, self._experiment_id,
                          metadata, None)

@@ -34,8 +34,22 @@ Crash safety:
   journal stays a clean prefix that a replay can trust.
 
 Errors are classified by type and HTTP status, never by searching the message text, and the
-spool is used only for remote tracking stores (``http(s)://``, ``databricks``): a local
-store (``sqlite:``, a folder) has no outage to wait out, so its errors are raised at once.
+outage spool is used only for remote tracking stores (``http(s)://``, ``databricks``): a
+local store (``sqlite:``, a folder) has no outage to wait out.
+
+A local store is still slow: one 8-metric ``log_batch`` into sqlite costs 7-8 ms of CPU in
+MLflow and SQLAlchemy (docs/performance.md, "Study wall time"), and a short-trial study
+makes a thousand of them. With ``background=True`` (what the MLflow tracker uses for a
+local store) metric, parameter and tag batches are handed to one delivery thread, in
+order, and the training thread goes on; every other operation (creating or ending a run,
+files, the model) first waits until the thread has delivered everything before it, then
+runs on the caller's thread as before, so a run is complete and closed when its
+``end_trial`` returns. A write the store refuses is raised on the caller's thread at its
+next tracker call (or at the close), naming the operation. Each queued batch is first
+appended to the folder's ``journal.jsonl`` (without fsync: a process crash — ``kill -9``,
+an OOM kill — leaves it in the page cache, and the next start against the same store
+replays it; an operating-system crash can lose the last queued batches). The journal is
+cut back to empty whenever the queue is drained.
 """
 
 from __future__ import annotations
@@ -46,11 +60,14 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import shutil
 import socket
 import sys
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,6 +80,11 @@ RETRY_INTERVAL_S = float(os.environ.get("SCARCELAB_SPOOL_RETRY_S", "5"))
 DEFAULT_ROOT = Path(os.environ.get("SCARCELAB_SPOOL_DIR")
                     or Path.home() / ".cache" / "scarcelab" / "spool")
 REMOTE_SCHEMES = ("http://", "https://", "databricks")
+# What a local store's delivery thread may take: batches of metrics, params and tags (and a
+# description line). Each is independent of the caller's next step; every other operation
+# creates, closes or uploads something the caller (or a reader) relies on at once.
+BACKGROUND_OPS = frozenset({"log_batch", "note_append"})
+_STOP = {"op": "__stop__"}
 
 
 def is_remote(tracking_uri: str) -> bool:
@@ -349,7 +371,7 @@ class Spool:
     def __init__(self, tracking_uri: str, deliver: Callable[[dict[str, Any], dict[str, str]],
                                                              str | None],
                  root: Path | None = None, folder: Path | None = None,
-                 remote: bool | None = None) -> None:
+                 remote: bool | None = None, background: bool = False) -> None:
         self.tracking_uri = tracking_uri
         self._deliver = deliver
         self.remote = is_remote(tracking_uri) if remote is None else remote
@@ -366,8 +388,15 @@ class Spool:
         self.ledger = MemoryLedger()  # what memory holds that the disk would not take
         self.lost: dict[str, Any] | None = None  # a dead writer's ledger, found on load
         self._lock_fd: int | None = None
+        self._bg: queue.Queue[dict[str, Any]] | None = None  # local store: delivery thread
+        self._bg_thread: threading.Thread | None = None
+        self._bg_error: tuple[dict[str, Any], BaseException] | None = None
+        self._journal_fd: int | None = None
+        self._journal_off = False  # the local journal failed (disk full): memory only
         if folder is not None:
             self._load()
+        elif background and not self.remote:
+            self._start_background()
 
     # -- persistence -----------------------------------------------------------------------
     def _ensure_dir(self) -> Path:
@@ -495,7 +524,14 @@ class Spool:
         """Deliver now, or keep in order behind what is already waiting."""
         op = {**op, "_id": op.get("_id") or uuid.uuid4().hex}
         if not self.remote:  # a local store: nothing to wait out, errors are real
-            self._send(op, journaled=False)
+            if self._bg is not None and op["op"] in BACKGROUND_OPS:
+                self._bg.put(self._journal_local(op))
+            else:
+                self._wait_background()
+                self._send(op, journaled=False)
+                if op["op"] == "create_run" and self.dir is not None:
+                    self._write_state()  # a replay after a crash must know the new run
+            self._raise_background_error()
             return
         if not self.pending:
             try:
@@ -598,8 +634,99 @@ class Spool:
         self.lost = None
         return True
 
+    # -- local stores: the delivery thread -------------------------------------------------
+    def _start_background(self) -> None:
+        self._bg = queue.Queue()
+        ref = weakref.ref(self)
+        self._bg_thread = threading.Thread(target=_deliver_in_background, args=(ref, self._bg),
+                                           name="scarcelab-tracking", daemon=True)
+        self._bg_thread.start()
+        # a process that ends without closing its tracker (an uncaught error before
+        # end_study) still delivers what it queued: atexit runs before daemon threads die
+        import atexit
+
+        atexit.register(_drain_at_exit, ref)
+
+    def _journal_local(self, op: dict[str, Any]) -> dict[str, Any]:
+        """Append ``op`` to the local journal (one ``write``, no fsync) so that a process
+        crash before its delivery leaves it for the next start to replay."""
+        if self._journal_off:
+            return op
+        try:
+            if self._journal_fd is None:
+                d = self._ensure_dir()
+                self._journal_fd = os.open(d / "journal.jsonl",
+                                           os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            body = {k: v for k, v in op.items() if k != "_id"}
+            rec = {"seq": self.journaled, "id": op["_id"], "op": body,
+                   "sum": _digest(self.journaled, op["_id"], body)}
+            line = (json.dumps(rec) + "\n").encode()
+            size = os.fstat(self._journal_fd).st_size
+            if os.write(self._journal_fd, line) != len(line):
+                os.ftruncate(self._journal_fd, size)
+                raise OSError(errno.ENOSPC, "short write to the spool journal")
+            self.journaled += 1
+        except OSError as e:
+            self._journal_off = True
+            msg = (f"tracking journal {self.dir} failed ({e}): queued tracking records are "
+                   "now kept in memory only until delivered (lost if this process is killed "
+                   "before that)")
+            log.error(msg)
+            print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
+        return op
+
+    def _wait_background(self) -> None:
+        """Block until the delivery thread has delivered everything queued so far, then
+        cut the journal back to empty (it only holds what is not yet delivered)."""
+        if self._bg is None:
+            return
+        self._bg.join()
+        if self._journal_fd is not None and self.journaled:
+            try:
+                os.ftruncate(self._journal_fd, 0)
+                self.journaled = self.delivered = 0
+                self._write_state()
+            except OSError as e:  # a replay re-sends delivered batches: idempotent
+                log.warning("could not reset the tracking journal in %s (%s)", self.dir, e)
+
+    def _raise_background_error(self) -> None:
+        if self._bg_error is None:
+            return
+        op, e = self._bg_error
+        self._bg_error = None
+        raise TrackingWriteError(
+            f"tracking store {self.tracking_uri} refused a queued {op['op']} of run "
+            f"{op.get('key')!r} ({type(e).__name__}: {str(e)[:500]}); the records queued "
+            "after it were still delivered") from e
+
+    def drain(self) -> None:
+        """Everything submitted so far is in the store when this returns (a local store's
+        delivery thread is idle); raises what the store refused meanwhile."""
+        self._wait_background()
+        self._raise_background_error()
+
+    def _stop_background(self) -> None:
+        if self._bg is None:
+            return
+        self._wait_background()
+        self._bg.put(_STOP)
+        if self._bg_thread is not None:
+            self._bg_thread.join()
+        self._bg = self._bg_thread = None
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
+        if self.dir is not None:  # everything went out: the folder has nothing to replay
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+        self.release()
+
     def close(self, timeout_s: float) -> Path | None:
         """Keep trying for ``timeout_s``; return the spool folder if anything is left."""
+        if self._bg is not None:
+            self._stop_background()
+            self._raise_background_error()
+            return None
         end = time.time() + timeout_s
         while self.pending:
             if self.flush(force=True):
@@ -621,6 +748,41 @@ class Spool:
             else None
         self.release()
         return left
+
+
+class TrackingWriteError(RuntimeError):
+    """A local tracking store refused a batch that its delivery thread was sending."""
+
+
+def _deliver_in_background(ref: weakref.ref[Spool], q: queue.Queue[dict[str, Any]]) -> None:
+    """The delivery thread: send each queued operation in order; keep the first refusal
+    for the caller's thread and go on with the rest (nothing queued after it is dropped)."""
+    while True:
+        op = q.get()
+        try:
+            if op is _STOP:
+                return
+            sp = ref()
+            if sp is None:
+                return
+            try:
+                sp._send(op, journaled=False)
+            except Exception as e:  # noqa: BLE001 - raised on the caller's thread
+                log.error("tracking store refused %s of %s: %s", op["op"], op.get("key"), e)
+                if sp._bg_error is None:
+                    sp._bg_error = (op, e)
+            del sp
+        finally:
+            q.task_done()
+
+
+def _drain_at_exit(ref: weakref.ref[Spool]) -> None:
+    sp = ref()
+    if sp is not None and sp._bg is not None:
+        try:
+            sp._stop_background()
+        except Exception as e:  # noqa: BLE001 - at exit: say it, do not mask the real exit
+            log.error("tracking records could not be delivered at exit: %s", e)
 
 
 def _owner_alive(st: dict[str, Any]) -> bool:
