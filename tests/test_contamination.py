@@ -441,6 +441,11 @@ def test_a_killed_sweep_resumes_its_child_studies(tmp_path, monkeypatch):
     assert sorted((point(r), r.info.status) for r in before.values()) == [
         ("clean r=0", "FINISHED"), ("gaussian r=0.5", "RUNNING"), ("tuning r=0", "FINISHED")]
     killed = next(r for r in before.values() if r.info.status == "RUNNING")
+    # The batch logged just before the SIGKILL may still have been in the delivery
+    # thread's queue: it is in the spool journal, which a start (the resume too) replays
+    # before it reads anything (tracking/spool.py).
+    mt.replay_leftovers(env["MLFLOW_TRACKING_URI"], tmp_path / "spool")
+    assert not list((tmp_path / "spool").iterdir())
     spent = c.get_run(killed.info.run_id).data.metrics["time/elapsed_s"]
 
     monkeypatch.setattr(mt.MlflowTracker, "log_model", lambda self, model, example: None)
