@@ -94,9 +94,11 @@ def test_a_refused_batch_is_raised_at_the_next_call_and_nothing_after_it_is_lost
     store = Recorder()
     store.refuse = 1
     sp = _local(tmp_path, store)
+    store.gate.clear()  # the refusal happens after the three submits returned
     sp.submit({"op": "log_batch", "key": "study", "metrics": [], "seq": 0})
     sp.submit({"op": "log_batch", "key": "study", "metrics": [], "seq": 1})
     sp.submit({"op": "log_batch", "key": "study", "metrics": [], "seq": 2})
+    store.gate.set()
     with pytest.raises(TrackingWriteError, match=r"refused a queued log_batch of run 'study'"
                        r".*ValueError: bad batch 1"):
         sp.submit({"op": "terminate", "key": "study", "status": "FAILED", "end_time": 1,

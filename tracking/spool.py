@@ -54,6 +54,7 @@ cut back to empty whenever the queue is drained.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import hashlib
@@ -641,11 +642,7 @@ class Spool:
         self._bg_thread = threading.Thread(target=_deliver_in_background, args=(ref, self._bg),
                                            name="scarcelab-tracking", daemon=True)
         self._bg_thread.start()
-        # a process that ends without closing its tracker (an uncaught error before
-        # end_study) still delivers what it queued: atexit runs before daemon threads die
-        import atexit
-
-        atexit.register(_drain_at_exit, ref)
+        _LIVE.add(self)
 
     def _journal_local(self, op: dict[str, Any]) -> dict[str, Any]:
         """Append ``op`` to the local journal (one ``write``, no fsync) so that a process
@@ -713,6 +710,7 @@ class Spool:
         if self._bg_thread is not None:
             self._bg_thread.join()
         self._bg = self._bg_thread = None
+        _LIVE.discard(self)
         if self._journal_fd is not None:
             os.close(self._journal_fd)
             self._journal_fd = None
@@ -776,13 +774,20 @@ def _deliver_in_background(ref: weakref.ref[Spool], q: queue.Queue[dict[str, Any
             q.task_done()
 
 
-def _drain_at_exit(ref: weakref.ref[Spool]) -> None:
-    sp = ref()
-    if sp is not None and sp._bg is not None:
-        try:
-            sp._stop_background()
-        except Exception as e:  # noqa: BLE001 - at exit: say it, do not mask the real exit
-            log.error("tracking records could not be delivered at exit: %s", e)
+# Spools whose delivery thread runs. A process that ends without closing its tracker (an
+# uncaught error before end_study) still delivers what it queued: atexit handlers run
+# before daemon threads are stopped.
+_LIVE: weakref.WeakSet[Spool] = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    for sp in list(_LIVE):
+        if sp._bg is not None:
+            try:
+                sp._stop_background()
+            except Exception as e:  # noqa: BLE001 - at exit: say it, do not mask the exit
+                log.error("tracking records could not be delivered at exit: %s", e)
 
 
 def _owner_alive(st: dict[str, Any]) -> bool:
