@@ -21,6 +21,7 @@ from scarcelab.errors import TrialFailed
 from scarcelab.methods import METHODS, SupervisedMethod
 from scarcelab.protocols.search import StudyConfig, StudyResult, run_study
 from scarcelab.tracker import InMemoryTracker, ResumeState
+from tests.guard_compare import assert_same_behaviour
 
 
 def _cfg(**kw: Any) -> StudyConfig:
@@ -839,7 +840,7 @@ RESUME = [{'calls': [('resume_state', 'guard'),
 def test_a_random_search_of_three_trials() -> None:
     t = _CallLog()
     res = run_study(_cfg(max_trials=3), t)
-    assert _record(t, res, params=True) == RANDOM
+    assert_same_behaviour(_record(t, res, params=True), RANDOM)
 
 
 def test_failed_trials_are_recorded_and_the_search_goes_on(guard_methods: None) -> None:
@@ -847,7 +848,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(guard_methods: None) 
     FAILED with its reason, the search runs all 8 and ends FINISHED."""
     t = _CallLog()
     res = run_study(_cfg(method="guard_mixed", max_trials=8), t)
-    assert _record(t, res) == FAILURES
+    assert_same_behaviour(_record(t, res), FAILURES)
 
 
 def test_unexpected_errors_in_a_row_abort_the_study(guard_methods: None) -> None:
@@ -855,7 +856,7 @@ def test_unexpected_errors_in_a_row_abort_the_study(guard_methods: None) -> None
     t = _CallLog()
     with pytest.raises(RuntimeError, match="boom: every step") as err:
         run_study(_cfg(method="guard_crashes", max_trials=6), t)
-    assert _record(t, None, raised=repr(err.value)) == ERRORS_IN_A_ROW
+    assert_same_behaviour(_record(t, None, raised=repr(err.value)), ERRORS_IN_A_ROW)
 
 
 def test_a_resumed_study_continues_the_search_and_its_best(tmp_path: Path) -> None:
@@ -869,4 +870,4 @@ def test_a_resumed_study_continues_the_search_and_its_best(tmp_path: Path) -> No
     r2 = run_study(_cfg(max_trials=2, storage=url, study_name="guard"), t2)
     t3 = _CallLog(ResumeState("guard", 3.0, 2, r2.best_checkpoint, same_record=True))
     r3 = run_study(_cfg(max_trials=2, storage=url, study_name="guard"), t3)
-    assert [_record(t1, r1), _record(t2, r2), _record(t3, r3)] == RESUME
+    assert_same_behaviour([_record(t1, r1), _record(t2, r2), _record(t3, r3)], RESUME)

@@ -16,6 +16,7 @@ from test_segment import _synthetic_nuclei
 from scarcelab.errors import TrialFailed
 from scarcelab.protocols import segment as seg
 from scarcelab.tracker import InMemoryTracker
+from tests.guard_compare import assert_same_behaviour
 
 
 class Recorder(InMemoryTracker):
@@ -149,7 +150,7 @@ def test_segment_records_exactly_what_it_did(  # type: ignore[no-untyped-def]
     validation, a cross-test set and one overlay; patience: lr 0 stops after epoch 1;
     budget: a budget that ends after the first step (one partial epoch, validated);
     nonfinite: a NaN loss in epoch 1 fails the run after epoch 0 was logged."""
-    assert _observe(name, monkeypatch) == EXPECTED[name]
+    assert_same_behaviour(_observe(name, monkeypatch), EXPECTED[name])
 
 
 # recorded on _train_and_test before its split (commit 9785cad's segment.py)
