@@ -55,7 +55,10 @@ import, first-call allocations); the process's whole CPU time, imports included,
 reported beside the timed repetition. The two must give the same labeled sequence (as
 rows: splice holds duplicate rows, whose equal scores scarcelab breaks by position and
 scikit-activeml at random, so the indices may differ where the training data cannot) and
-the same test-accuracy curve; the bench checks both.
+the same test-accuracy curve; the bench checks both. A third system (``ours_autograd``,
+left out with ``--no-autograd``) is scarcelab with its fit's fast path off
+(``SCARCELAB_AL_FASTFIT=0``: autograd and ``torch.optim``, scarcelab/active/fastfit.py), to
+show what that path is worth; it must give the same curve and rows too.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/al_peers.py --rounds 3
     .venv/bin/python bench/al_peers.py --part query --pools 10000 --dims 64 --rounds 1
@@ -459,7 +462,9 @@ def rep_worker(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(a.threads)
-    run = _ours_rep if a.system == "ours" else _theirs_rep
+    if a.system == "ours_autograd":  # scarcelab with its AL fit's fast path switched off
+        os.environ["SCARCELAB_AL_FASTFIT"] = "0"
+    run = _theirs_rep if a.system == "skactiveml" else _ours_rep
     c0 = time.process_time()
     run(a, 10)
     warm = time.process_time() - c0
@@ -579,7 +584,9 @@ def run_rep_part(a: argparse.Namespace) -> dict[str, Any]:
     per: dict[int, dict[str, list]] = {}
     for r in range(a.rounds):
         for q in a.rep_qs:
-            order = ("ours", "skactiveml") if (r + q) % 2 == 0 else ("skactiveml", "ours")
+            order = ["ours", "skactiveml"] if (r + q) % 2 == 0 else ["skactiveml", "ours"]
+            if a.autograd:
+                order.insert(r % 3, "ours_autograd")
             for system in order:
                 print(f"round {r + 1}/{a.rounds} q={q}: {system} "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
@@ -600,11 +607,17 @@ def run_rep_part(a: argparse.Namespace) -> dict[str, Any]:
     for q, d in per.items():
         rw = [t / o for o, t in zip(d["ours_wall_s"], d["skactiveml_wall_s"], strict=True)]
         rc = [t / o for o, t in zip(d["ours_cpu_s"], d["skactiveml_cpu_s"], strict=True)]
-        same_acc = all(x == d["ours_accuracies"][0] for x in
-                       d["ours_accuracies"] + d["skactiveml_accuracies"])
-        same_idx = all(x == d["ours_labeled"][0] for x in
-                       d["ours_labeled"] + d["skactiveml_labeled"])
-        same_lab = all(x == d["ours_rows"][0] for x in d["ours_rows"] + d["skactiveml_rows"])
+        systems = [k[:-len("_wall_s")] for k in d if k.endswith("_wall_s")]
+        same_acc = all(x == d["ours_accuracies"][0] for sy in systems
+                       for x in d[f"{sy}_accuracies"])
+        same_idx = all(x == d["ours_labeled"][0] for sy in systems
+                       for x in d[f"{sy}_labeled"])
+        same_lab = all(x == d["ours_rows"][0] for sy in systems for x in d[f"{sy}_rows"])
+        # where each run's curve first leaves scarcelab's first round (None: nowhere)
+        diverge = {f"{sys_}_{r + 1}": next((i for i, (u, v) in enumerate(zip(
+            acc, d["ours_accuracies"][0], strict=False)) if u != v), None)
+            for sys_ in systems
+            for r, acc in enumerate(d[f"{sys_}_accuracies"])}
         rows.append({"q": q, "ours_wall_s": _median(d["ours_wall_s"]),
                      "ours_cpu_s": _median(d["ours_cpu_s"]),
                      "theirs_wall_s": _median(d["skactiveml_wall_s"]),
@@ -618,6 +631,13 @@ def run_rep_part(a: argparse.Namespace) -> dict[str, Any]:
                          d["ours_proc_cpu_s"], d["skactiveml_proc_cpu_s"], strict=True)]),
                      "ratios_wall": rw, "ratios_cpu": rc, "same_accuracies": same_acc,
                      "same_labeled": same_lab, "same_indices": same_idx,
+                     "first_divergence": diverge,
+                     # the fit's fast path: scarcelab with it off / with it on (paired)
+                     "ratio_fastfit_wall": (_median([g / o for o, g in zip(
+                         d["ours_wall_s"], d["ours_autograd_wall_s"], strict=True)])
+                         if "ours_autograd_wall_s" in d else None),
+                     "autograd_wall_s": (_median(d["ours_autograd_wall_s"])
+                                         if "ours_autograd_wall_s" in d else None),
                      "auc_ours": float(np.mean(d["ours_accuracies"][0][:-1])),
                      "auc_theirs": float(np.mean(d["skactiveml_accuracies"][0][:-1]))})
     print("\n| q | ours wall / CPU (s) | skactiveml wall / CPU (s) | queries ours / theirs (s) "
@@ -633,6 +653,15 @@ def run_rep_part(a: argparse.Namespace) -> dict[str, Any]:
               f"{'yes' if t['same_labeled'] else 'NO'}, "
               f"{'yes' if t['same_indices'] else 'no'}, "
               f"{'yes' if t['same_accuracies'] else 'NO'} |")
+    for t in rows:
+        if t["ratio_fastfit_wall"] is not None:
+            print(f"q={t['q']}: scarcelab with the fit's fast path off (autograd + torch.optim,"
+                  f" SCARCELAB_AL_FASTFIT=0): {t['autograd_wall_s']:.1f} s wall, "
+                  f"{t['ratio_fastfit_wall']:.2f}x the fast path's")
+    for t in rows:
+        if not t["same_accuracies"]:
+            print(f"q={t['q']}: first curve point differing from scarcelab's round 1, per "
+                  f"system and round: {t['first_divergence']}")
     return {"rows": rows}
 
 
@@ -658,13 +687,16 @@ def main() -> None:
     p.add_argument("--rep-qs", type=int, nargs="+", default=[1, 5])
     p.add_argument("--rep-strategy", default="margin")
     p.add_argument("--budget", type=int, default=400)
+    p.add_argument("--no-autograd", dest="autograd", action="store_false",
+                   help="leave out the third system of the repetition part: scarcelab with "
+                        "its fit's fast path off (SCARCELAB_AL_FASTFIT=0)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--fixture-dir", default=None,
                    help="where the query fixtures go (default: a temporary folder)")
     p.add_argument("--out", default="", help="write every number as JSON here")
     # worker-only
-    p.add_argument("--system", choices=("ours", "skactiveml"))
+    p.add_argument("--system", choices=("ours", "skactiveml", "ours_autograd"))
     p.add_argument("--fixtures", nargs="*", default=[])
     p.add_argument("--q", type=int, default=1)
     p.add_argument("--json", default="")
@@ -707,6 +739,8 @@ def main() -> None:
             summary[f"rep_q{t['q']}_process_cpu_ratio"] = t["ratio_proc_cpu"]
             summary[f"rep_q{t['q']}_ours_s"] = t["ours_wall_s"]
             summary[f"rep_q{t['q']}_identical"] = t["same_accuracies"] and t["same_labeled"]
+            if t["ratio_fastfit_wall"] is not None:
+                summary[f"rep_q{t['q']}_fastfit_ratio"] = t["ratio_fastfit_wall"]
     if tmp is not None:
         tmp.cleanup()
     summary["rounds"] = a.rounds

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -217,20 +218,22 @@ class _Learner:
         self._spare: list[ALModel] = []
 
     def _fit(self, model: ALModel, idx: np.ndarray, dgen: torch.Generator,
-             mgen: torch.Generator, fc: FitConfig, opt: torch.optim.Optimizer | None
-             ) -> float:
-        """Fit ``model`` on the rows ``idx``; its test accuracy."""
+             mgen: torch.Generator, fc: FitConfig, opt: torch.optim.Optimizer | None,
+             score: bool = True) -> float:
+        """Fit ``model`` on the rows ``idx``; its test accuracy (NaN when not ``score``:
+        a fit inside a query, whose accuracy no curve records)."""
         if self.cfg.fitting == "scratch":
             model.load_state_dict(self.init_state)
         a, t = self.arrays, torch.from_numpy(idx).to(self.dev)
         fit(model, a.x_all[t], a.y_all[t], a.x_val, a.y_val, fc, dgen, mgen, opt)
-        return accuracy(model, a.x_te, a.y_te, fc.eval_batch_size)
+        return accuracy(model, a.x_te, a.y_te, fc.eval_batch_size) if score else math.nan
 
-    def fit_main(self, labeled: np.ndarray, fc: FitConfig | None = None) -> float:
+    def fit_main(self, labeled: np.ndarray, fc: FitConfig | None = None,
+                 score: bool = True) -> float:
         """A fit of the main trajectory (``fc``: the seed-set fit's settings), which draws on
         the repetition's own generators."""
         return self._fit(self.net, labeled, self.data_gen, self.model_gen,
-                         fc if fc is not None else self.fcfg, self.main_opt)
+                         fc if fc is not None else self.fcfg, self.main_opt, score)
 
     def add_labels(self, labeled: np.ndarray, picked: np.ndarray) -> np.ndarray:
         """``labeled`` plus the query; with fit_per_label under finetune, one fit per label
@@ -238,7 +241,7 @@ class _Learner:
         if self.cfg.fit_per_label and self.cfg.fitting == "finetune":
             for extra in picked[:-1]:
                 labeled = np.concatenate([labeled, [extra]])
-                self.fit_main(labeled)
+                self.fit_main(labeled, score=False)  # only the query's last fit is scored
             return np.concatenate([labeled, picked[-1:]])
         return np.concatenate([labeled, picked])
 
