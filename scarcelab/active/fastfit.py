@@ -131,7 +131,7 @@ class _Flat:
         for p, m, v in zip(self.params, self.m.split(self.sizes), self.v.split(self.sizes),
                            strict=True):
             st = opt.state[p]
-            if self.fresh or not st:
+            if self.fresh:
                 st["step"] = torch.tensor(0.0, dtype=torch.float32)
                 if is_nadam:
                     st["mu_product"] = torch.tensor(1.0, dtype=torch.float32)
@@ -185,17 +185,26 @@ def _loss_and_grads(flat: _Flat, x: torch.Tensor, y: torch.Tensor) -> None:
             g = _RELU_BACKWARD(g.mm(layers[i][0]), a, 0)
 
 
-def _nadam_step(flat: _Flat, group: dict) -> None:
-    """``torch.optim.NAdam``'s foreach update (torch/optim/nadam.py, ``_multi_tensor_nadam``,
-    non-capturable branch) on the flat buffers."""
+def _moments(flat: _Flat, group: dict) -> torch.Tensor:
+    """The part NAdam's and Adam's foreach updates share: the step count, L2 weight decay
+    folded into the gradient, and both moment averages. Returns the decayed gradient."""
     beta1, beta2 = group["betas"]
-    lr, wd, eps, md = group["lr"], group["weight_decay"], group["eps"], group["momentum_decay"]
+    wd = group["weight_decay"]
     flat.step += 1.0
-    s = flat.step
     grad = torch.add(flat.g, flat.p, alpha=wd) if wd != 0 else flat.g
     flat.m.lerp_(grad, 1 - beta1)
     flat.v.mul_(beta2)
     flat.v.addcmul_(grad, grad, value=1 - beta2)
+    return grad
+
+
+def _nadam_step(flat: _Flat, group: dict) -> None:
+    """``torch.optim.NAdam``'s foreach update (torch/optim/nadam.py, ``_multi_tensor_nadam``,
+    non-capturable branch) on the flat buffers."""
+    beta1, beta2 = group["betas"]
+    lr, eps, md = group["lr"], group["eps"], group["momentum_decay"]
+    grad = _moments(flat, group)
+    s = flat.step
     denom = flat.v.sqrt()
     bias_correction_sqrt = (1 - beta2 ** s) ** 0.5
     mu = beta1 * (1.0 - 0.5 * (0.96 ** (s * md)))
@@ -212,13 +221,9 @@ def _adam_step(flat: _Flat, group: dict) -> None:
     """``torch.optim.Adam``'s foreach update (torch/optim/adam.py, ``_multi_tensor_adam``,
     non-capturable, no amsgrad) on the flat buffers."""
     beta1, beta2 = group["betas"]
-    lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-    flat.step += 1.0
+    lr, eps = group["lr"], group["eps"]
+    _moments(flat, group)
     s = flat.step
-    grad = torch.add(flat.g, flat.p, alpha=wd) if wd != 0 else flat.g
-    flat.m.lerp_(grad, 1 - beta1)
-    flat.v.mul_(beta2)
-    flat.v.addcmul_(grad, grad, value=1 - beta2)
     bias_correction1 = 1 - beta1 ** s
     bias_correction2 = 1 - beta2 ** s
     step_size = lr / bias_correction1 * -1
@@ -246,10 +251,10 @@ def fast_fit(net: ALNet, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor,
     layers = flat.layers
     best_loss, best, bad, epochs = math.inf, None, 0, 0
     n = x.shape[0]
+    stop = n - n % cfg.batch_size if cfg.drop_last and n > cfg.batch_size else n
     with torch.no_grad():
         for _ in range(cfg.max_epochs):
             perm = torch.randperm(n, generator=data_gen)
-            stop = n - n % cfg.batch_size if cfg.drop_last and n > cfg.batch_size else n
             for s in range(0, stop, cfg.batch_size):
                 idx = perm[s:s + cfg.batch_size]
                 _loss_and_grads(flat, x.index_select(0, idx), y.index_select(0, idx))
