@@ -211,11 +211,16 @@ def decode_file(path: str | Path, channels: str = "auto") -> np.ndarray:
 
 
 def _open_pil(path: str | os.PathLike[str], data: bytes) -> Image.Image:
+    if not data:
+        raise BadImageFile(path, "empty file (0 bytes)")
     try:
         return Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
         raise BadImageFile(path, f"larger than Pillow's decompression-bomb limit ({e})",
                            "resize it beforehand, or pass --skip-bad-files") from None
+    except Image.UnidentifiedImageError:
+        raise BadImageFile(path, "not an image Pillow can read (unknown format or damaged "
+                           "header)") from None
     except Exception as e:  # noqa: BLE001 - Pillow raises many types on garbage
         raise BadImageFile(path, f"not an image Pillow can read ({_described(e)})") from None
 
@@ -319,11 +324,17 @@ def _check_decodable(path: str | os.PathLike[str], ds: Any) -> None:
 
 def _read_dicom(path: str | os.PathLike[str], data: bytes, header_only: bool) -> Any:
     pydicom = _pydicom(path)
+    if not data:
+        raise BadImageFile(path, "empty file (0 bytes)")
     try:
         ds = pydicom.dcmread(io.BytesIO(data), force=True, stop_before_pixels=header_only)
+    except Exception as e:  # noqa: BLE001 - InvalidDicomError, a header cut short
+        raise BadImageFile(path, f"not a readable DICOM file ({_described(e)})") from None
+    try:
         rows, cols = int(ds.Rows), int(ds.Columns)
-    except Exception as e:  # noqa: BLE001 - InvalidDicomError, a truncated header, no Rows
-        raise BadImageFile(path, f"not a readable DICOM image ({_described(e)})") from None
+    except (AttributeError, TypeError, ValueError):
+        raise BadImageFile(path, "not a DICOM image: no Rows/Columns (truncated, damaged, "
+                           "or not DICOM at all)") from None
     if rows < 1 or cols < 1:
         raise BadImageFile(path, f"DICOM image of {cols}x{rows} pixels")
     _check_decodable(path, ds)
@@ -788,7 +799,7 @@ def _scan(paths: list[str], index: _StatIndex, workers: _Workers, show: bool,
             continue
         row = known.get(p)
         if (row is not None and tuple(row[1:6]) == stats[i] and row[9] == DECODER_VERSION
-                and row[4] + _RACY_NS <= row[6] and row[5] + _RACY_NS <= row[6]):
+                and row[4] + _RACY_NS <= row[6]):
             sha[i] = row[7]
             header[i] = tuple(json.loads(row[8])) if row[8] else None  # type: ignore[assignment]
             if header[i] is not None:
