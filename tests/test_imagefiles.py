@@ -254,6 +254,35 @@ def test_dicom_rescale_and_first_voi_window(tmp_path, gray) -> None:  # type: ig
     assert ((got > 0) & (got < 255)).mean() > 0.3
 
 
+def test_dicom_voi_lut_sequence_and_palette_colour(tmp_path, gray) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("pydicom")
+    from pydicom.dataset import Dataset
+    from pydicom.sequence import Sequence
+
+    v12 = gray[11].astype(np.uint16) * 16
+    lut = Dataset()
+    lut.LUTDescriptor = [4096, 0, 12]
+    lut.LUTData = (4095 - np.arange(4096)).astype("<u2").tobytes()  # inverting, 12-bit out
+    p = _dicom(tmp_path / "lut.dcm", v12, VOILUTSequence=Sequence([lut]))
+    assert np.array_equal(m.decode_file(p)[0],
+                          np.rint((4095 - v12.astype(float)) * 255 / 4095).astype(np.uint8))
+    idx = gray[12]  # palette indices 0..255, a 16-bit palette per channel
+    red, green = np.arange(256) * 256 + 3, (255 - np.arange(256)) * 256 + 200
+    blue = np.full(256, 128 * 256 + 99)  # the high byte is the 8-bit value
+    q = _dicom(tmp_path / "pal.dcm", idx, photometric="PALETTE COLOR", bits=8,
+               RedPaletteColorLookupTableDescriptor=[256, 0, 16],
+               GreenPaletteColorLookupTableDescriptor=[256, 0, 16],
+               BluePaletteColorLookupTableDescriptor=[256, 0, 16],
+               RedPaletteColorLookupTableData=red.astype("<u2").tobytes(),
+               GreenPaletteColorLookupTableData=green.astype("<u2").tobytes(),
+               BluePaletteColorLookupTableData=blue.astype("<u2").tobytes())
+    got = m.decode_file(q)
+    assert got.shape == (3, 28, 28)
+    assert np.array_equal(got[0], idx) and np.array_equal(got[1], 255 - idx)
+    assert (got[2] == 128).all()
+    assert m._header(str(q), q.read_bytes())[0] == "colour"
+
+
 def test_dicom_multi_frame_takes_the_first_frame(tmp_path, gray) -> None:  # type: ignore[no-untyped-def]
     frames = np.stack([gray[6], gray[7], gray[8]]).astype(np.uint16) * 16
     got = m.decode_file(_dicom(tmp_path / "mf.dcm", frames))
