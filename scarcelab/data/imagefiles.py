@@ -190,7 +190,7 @@ def _read_bytes(path: str | os.PathLike[str]) -> bytes:
 def _is_dicom(path: str | os.PathLike[str], data: bytes) -> bool:
     """By content (the ``DICM`` preamble marker) or, for old files without a preamble, by
     the ``.dcm`` suffix."""
-    return data[128:132] == b"DICM" or Path(path).suffix.lower() == ".dcm"
+    return data[128:132] == b"DICM" or os.path.splitext(path)[1].lower() == ".dcm"
 
 
 def decode_file(path: str | Path, channels: str = "auto") -> np.ndarray:
@@ -592,8 +592,7 @@ def _decode_chunk(npy: str, rows: list[tuple[int, int, str]], transform: Transfo
             out[row] = to_model_input(decode_file(path), transform, channels, size=size)
         except BadImageFile as e:
             failed.append((row, e.reason, e.lasting))
-    out.flush()
-    del out
+    del out  # no msync here: the parent's one fsync of the file writes every row to disk
     return failed
 
 
