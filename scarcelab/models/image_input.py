@@ -132,7 +132,7 @@ def _transform(spec: InputSpec) -> Any:
     return tr
 
 
-def _pixels(a: np.ndarray, what: str) -> np.ndarray:
+def _pixels(a: np.ndarray) -> np.ndarray:
     """An array's intensities in a form ``to_model_input`` reads as the training data was
     stored: floats as [0, 1] (x255, rounded), integers within 0-255 (what JSON from
     ``mlflow models serve`` and Python lists give: int64) as uint8; ``uint16`` and integers
@@ -144,7 +144,7 @@ def _pixels(a: np.ndarray, what: str) -> np.ndarray:
         finite = bool(np.isfinite(a).all())
         lo, hi = (float(a.min()), float(a.max())) if finite else (float("nan"),) * 2
         if not finite or lo < -FLOAT_SLACK or hi > 1 + FLOAT_SLACK:
-            raise DataError(f"{what}: float image arrays are read as intensities in [0, 1], "
+            raise DataError(f"float image arrays are read as intensities in [0, 1], "
                             f"got values in [{lo:g}, {hi:g}]; divide 0-255 data by 255 or "
                             "pass uint8")
         return np.clip(np.rint(a * 255.0), 0, 255).astype(np.uint8)
@@ -225,7 +225,7 @@ def batches(data: Any, spec: InputSpec, batch_size: int = 256) -> Iterator[np.nd
     tr, out = _transform(spec), []
     for what, x in _items(data):
         try:
-            img = decode_file(Path(str(x))) if _is_path(x) else _pixels(np.asarray(x), what)
+            img = decode_file(Path(str(x))) if _is_path(x) else _pixels(np.asarray(x))
             out.append(to_model_input(img, tr, spec.channels, size=spec.size))
         except DataError as e:
             if _is_path(x):
