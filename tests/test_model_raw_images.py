@@ -70,6 +70,8 @@ def test_bad_inputs_are_one_line_naming_the_input():
         prepare([np.zeros((28, 28), np.float32), np.full((28, 28), 255.0)], spec)
     with pytest.raises(DataError, match="one image, not a batch"):
         prepare(np.zeros((5, 28, 28), np.uint8), spec)  # gray batch must be (N, 1, H, W)
+    with pytest.raises(DataError, match="ambiguous"):
+        prepare(np.zeros((2, 28, 28), np.uint8), spec)  # not gray + alpha, silently
     import pandas as pd
 
     with pytest.raises(DataError, match="one column of images"):

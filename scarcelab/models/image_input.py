@@ -188,6 +188,12 @@ def _items(data: Any) -> Iterator[tuple[str, Any]]:
         yield "input", data
         return
     if isinstance(data, np.ndarray) and data.dtype.kind not in "USO":
+        if data.ndim == 3 and data.shape[0] == 2 and data.shape[-1] > 4:
+            # (2, H, W) reads as gray + alpha; from JSON or a stack it is far more often
+            # two gray images, which would silently come back as one prediction
+            raise DataError(f"input: a (2, H, W) array {data.shape} is ambiguous; pass two "
+                            "gray images as (2, 1, H, W) or a list, one gray + alpha image "
+                            "as (H, W, 2)")
         if data.ndim == 4:
             for j, x in enumerate(data):
                 yield f"input[{j}]", x
