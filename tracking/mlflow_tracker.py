@@ -3,8 +3,10 @@
 Metrics go out with ``MlflowClient.log_batch`` — one request per epoch and scope, ~50x
 cheaper than one ``log_metric`` call per value (see ../shared/ENV.md, "Logging cost"; the
 numbers for this stack are in docs/tracking.md). Checkpoints are ``torch.save`` of plain
-tensors + ``log_artifact`` (fast) with their SHA-256 as a run tag; only the final model goes
-through ``mlflow.pytorch.log_model``, in the ``pt2`` format (once per study). Nothing read
+tensors + ``log_artifact`` (fast) with their SHA-256 as a run tag; only the final model is
+logged as an MLflow model (once per study): an image classifier as the raw-image model of
+``tracking/pyfunc_model.py`` (pt2 network + its preprocessing), anything else through
+``mlflow.pytorch.log_model``, both in the ``pt2`` format. Nothing read
 back from a store is unpickled (tracking/safe_io.py, docs/threat-model.md). Under
 ``mlflow run`` the study run *is* the run MLflow Projects
 created (``MLFLOW_RUN_ID``), so the UI shows the entry point's parameters and the study's

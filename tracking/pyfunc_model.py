@@ -14,13 +14,13 @@ One model folder, two flavors over one network:
 
 Nothing in the folder is code or a pickle. MLflow's two usual ways to ship a custom pyfunc
 both run something from the artifact store on whoever loads the model: a ``PythonModel``
-*instance* is cloudpickled (``python_model.pkl``; MLflow 3.17 refuses to load it unless
-``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true``), and "models from code" copies a ``.py`` file
-into the folder and executes it at load (``mlflow.models.utils._load_model_code_path``:
-``spec.loader.exec_module``). Here the pyfunc flavor names a *loader module*
-(``loader_module: scarcelab.tracking.pyfunc_model``, MLflow's custom-flavor mechanism,
-``mlflow.pyfunc.add_to_model``): the loading code is the installed scarcelab, the folder
-holds only JSON/YAML/text and the pt2 archive, which
+*instance* is cloudpickled (``python_model.pkl``, unpickled at load unless
+``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false``; MLflow 3.17's default is ``true``), and
+"models from code" copies a ``.py`` file into the folder and executes it at load
+(``mlflow.models.utils._load_model_code_path``: ``spec.loader.exec_module``). Here the
+pyfunc flavor names a *loader module* (``loader_module: scarcelab.tracking.pyfunc_model``,
+MLflow's custom-flavor mechanism, ``mlflow.pyfunc.add_to_model``): the loading code is the
+installed scarcelab; the folder holds only JSON/YAML/text and the pt2 archive, which
 :func:`scarcelab.tracking.safe_io.load_exported` checks for pickle payloads before
 reading. The price: predicting needs scarcelab installed (it does anyway, to decode files
 the way training did); it is the model's requirement.
