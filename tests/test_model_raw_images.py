@@ -292,6 +292,10 @@ def test_the_spooled_and_the_direct_path_log_the_same_model(tmp_path, monkeypatc
     logged = MlflowClient().get_run(t.study_run_id).data.metrics
     assert classification_metrics(raw.test_y, proba)["balanced_accuracy"] == pytest.approx(
         logged["best/test_balanced_accuracy"], abs=1e-12)
+    # registered (what --register-model does), the version is the same raw-image model
+    mlflow.register_model(f"runs:/{t.study_run_id}/model", "raw-images")
+    again = mlflow.pyfunc.load_model("models:/raw-images/1").predict(list(raw.test_x))
+    np.testing.assert_array_equal(again.iloc[:, 1:].to_numpy(), proba)
     spec = json.loads((model_dir / "data/preprocess.json").read_text())
     assert spec["size"] == [16, 16] and spec["channels"] == 1
     assert spec["class_names"] == raw.class_names

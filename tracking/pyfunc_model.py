@@ -79,12 +79,15 @@ def requirements(base: list[str]) -> list[str]:
 def _readme(spec: InputSpec) -> str:
     cols = ", ".join(f"`{c}`" for c in output_columns(spec.class_names))
     t = spec.transform
+    rule = t.get("fit_rule") or ("shorter side to the size, centre crop" if
+                                 t.get("fit", "crop") == "crop" else
+                                 "longer side to the size, centred pad")
     return f"""# scarcelab classifier
 
 Trained on {spec.channels}-channel images; the network takes {spec.size[0]}x{spec.size[1]}.
 Training transform: image_size={t.get('image_size')}, channels={t.get('channels')},
-fit={t.get('fit')} (shorter side resized, then centre {t.get('fit')}), resample
-{t.get('resample')}. Classes: {', '.join(spec.class_names)}.
+fit={t.get('fit')} ({rule}), resample {t.get('resample')}. An image of the network's size is
+used as it is. Classes: {', '.join(spec.class_names)}.
 
 ```python
 import mlflow
