@@ -56,6 +56,7 @@ from scarcelab.methods.base import Method
 from scarcelab.methods.space import sample
 from scarcelab.metrics.diagnostics import DiagnosticsConfig, EpochDiagnostics
 from scarcelab.models import create_model
+from scarcelab.models.image_input import transform_of
 from scarcelab.protocols.study_store import StudyStore, redact
 from scarcelab.protocols.trials import COMPLETE, MAX_CONSECUTIVE_ERRORS, TrialRunner, trial_seed
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
@@ -583,6 +584,7 @@ class _Search:
         if best.method is None:  # the best is the checkpoint a resumed study restored
             best.method = _method_from_checkpoint(self.method_cls, best.ckpt, bundle)
         model = export_classifier(best.method, best.ckpt, bundle.meta["class_names"])
+        model.transform = transform_of(bundle)  # the logged model replays it on raw images
         example = torch.rand(2, bundle.channels, *bundle.meta["resolution"])
         self.tracker.set_tags({T.N_TRIALS: str(n_trials),
                                T.N_FAILED: str(n_failed),

@@ -48,6 +48,7 @@ from scarcelab.errors import ConfigError
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export
 from scarcelab.models.encoder import check_norm
+from scarcelab.models.image_input import transform_of
 from scarcelab.protocols.probe import LinearProbe
 from scarcelab.protocols.search import AutoDevice, StudyConfig
 from scarcelab.tracker import DatasetInfo, Tracker
@@ -278,7 +279,7 @@ def _fit_linear(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any],
                       T.FEATURES: "cached" if not where.startswith("computed")
                       else "computed"})
     model = for_export(ExportedClassifier(copy.deepcopy(backbone), probe.to_linear(),
-                                          raw.class_names))
+                                          raw.class_names, transform_of(raw)))
     tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
     return _LinearFit(probe, proba, test, where, key, t_feat, t_fit, elapsed)
 

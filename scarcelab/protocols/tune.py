@@ -82,6 +82,7 @@ from scarcelab.methods.base import Method
 from scarcelab.methods.space import sample
 from scarcelab.metrics import classification_metrics
 from scarcelab.models import create_model
+from scarcelab.models.image_input import transform_of
 from scarcelab.models.standardize import Standardized, channel_stats
 from scarcelab.protocols.study_store import StudyStore, TrialSeededSampler, redact
 from scarcelab.protocols.trials import COMPLETE, TrialPruned, TrialRunner, trial_seed
@@ -992,8 +993,9 @@ class _Final:
         if i == 0:
             ckpt = {"state_dict": {k: v.detach().cpu() for k, v in method.state_dict().items()},
                     "probe": None}
-            tracker.log_model(export_classifier(method, ckpt, raw.class_names),
-                              torch.rand(2, raw.channels, *raw.resolution))
+            model = export_classifier(method, ckpt, raw.class_names)
+            model.transform = transform_of(self.bundle)  # replayed on raw images
+            tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
         return score
 
     def _fit_and_test(self, method: Method, train_cfg: TrainConfig, g: torch.Generator,
