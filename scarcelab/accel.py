@@ -174,15 +174,18 @@ class Accel:
         torch.backends.cuda.matmul.allow_tf32 = on
         torch.backends.cudnn.allow_tf32 = on
 
-    def prepare(self, module: nn.Module) -> nn.Module:
-        """``module`` (in place) in the configured weight layout, compiled if asked. Only
-        4-D tensors change layout, so MLPs are untouched."""
+    def prepare(self, module: nn.Module, compiled: nn.Module | None = None) -> nn.Module:
+        """``module`` (in place) in the configured weight layout, and ``compiled`` (a part
+        of it that its training calls, e.g. a method's backbone; default ``module``
+        itself) compiled if asked. Only 4-D tensors change layout, so MLPs are untouched.
+        ``nn.Module.compile`` works in place: parameter names, state dicts and deep
+        copies stay as they were."""
         import torch
 
         if self.nhwc_weights:
             module.to(memory_format=torch.channels_last)
         if self.compile not in ("off", AUTO):
-            module.compile(mode=self.compile)
+            (compiled if compiled is not None else module).compile(mode=self.compile)
         return module
 
     def images(self, x: torch.Tensor) -> torch.Tensor:
