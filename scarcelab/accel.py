@@ -136,9 +136,11 @@ class Accel:
         ``channels_last``, ...): the resolved values once :func:`resolve` has run."""
         return {n: getattr(self, n) for n in NAMES}
 
-    def resolved(self, device: str | torch.device, *, cpu_channels_last: str = "off"
-                 ) -> Accel:
-        return resolve(self, device, cpu_channels_last=cpu_channels_last)
+    def resolved(self, device: str | torch.device, *, cpu_channels_last: str = "off",
+                 fast_auto: bool = True) -> Accel:
+        """:func:`resolve` of this declaration."""
+        return resolve(self, device, cpu_channels_last=cpu_channels_last,
+                       fast_auto=fast_auto)
 
     # -- what it does ------------------------------------------------------------------
     @property
@@ -226,16 +228,18 @@ def has_fused(opt_cls: type[torch.optim.Optimizer], device: str | torch.device) 
 
 
 def resolve(accel: Accel | None, device: str | torch.device, *,
-            cpu_channels_last: str = "off") -> Accel:
+            cpu_channels_last: str = "off", fast_auto: bool = True) -> Accel:
     """Every ``auto`` of ``accel`` made concrete for ``device`` (module docstring: the CUDA
     defaults, and on other devices what scarcelab did before; ``cpu_channels_last`` is the
-    calling loop's own CPU layout). Concrete values are kept, after a check that the
-    device can run them; resolving twice changes nothing."""
+    calling loop's own CPU layout). ``fast_auto=False``: ``auto`` is the former behaviour
+    on every device (a loop the fast path does not help: the AL's tiny MLPs). Concrete
+    values are kept, after a check that the device can run them; resolving twice changes
+    nothing."""
     import torch
 
     accel = accel or Accel()
     dev = torch.device(device)
-    cuda = dev.type == "cuda"
+    cuda = dev.type == "cuda" and fast_auto
     out: dict[str, str] = {}
     for name in NAMES:
         v = getattr(accel, name)
