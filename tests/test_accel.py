@@ -371,8 +371,17 @@ def test_a_study_logs_its_resolved_settings_and_keys_only_given_ones() -> None:
     assert t.artifacts["config.json"]["accel"]["precision"] == "bf16"
     assert all(t.trials) and all(math.isfinite(v) for _, v, _ in t.study.metrics
                                  if isinstance(v, float))
+    # the key of a study that leaves every setting auto is the one it had before them
+    import dataclasses
+    import hashlib
+    import json
+
     plain = StudyConfig(**base)
-    assert _study_key(plain, "h") == _study_key(StudyConfig(**base, accel=Accel()), "h")
+    d = {k: v for k, v in dataclasses.asdict(plain).items()
+         if k not in ("storage", "study_name", "device", "started_at", "final_reserve_s",
+                      "label_fraction", "budget_clock", "accel")}
+    blob = json.dumps({**d, "split_hash": "h"}, sort_keys=True, default=str)
+    assert _study_key(plain, "h") == "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
     assert _study_key(plain, "h") != _study_key(StudyConfig(**base, accel=Accel(tf32="on")),
                                                 "h")
 
