@@ -352,7 +352,8 @@ def test_a_failed_retrain_records_its_traceback(monkeypatch):
     """Non-finite test logits fail the retrain: the run ends FAILED with the traceback
     (exception type and message), and the error reaches the caller."""
     monkeypatch.setattr(tune, "forward_images",
-                        lambda fn, x, bs, device: np.full((len(x), 3), np.nan, np.float32))
+                        lambda fn, x, bs, device, *rest: np.full((len(x), 3), np.nan,
+                                                                   np.float32))
     t = InMemoryTracker()
     with pytest.raises(TrialFailed, match="^non-finite test predictions$"):
         run_tune(TuneConfig(**TINY), t, resume=FinalResume(best_params=BEST))
