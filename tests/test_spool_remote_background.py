@@ -94,7 +94,9 @@ def test_remote_batches_go_out_on_the_thread_merged_one_request_per_run(tmp_path
         sp.submit(op)
     assert time.monotonic() - t0 < 20 and srv.got == []  # none of the 40 waited
     srv.gate.set()
+    t1 = time.monotonic()
     sp.drain()  # the caller waits: what the thread held goes now, not after 60 s
+    assert time.monotonic() - t1 < 30
     assert srv.threads == {"scarcelab-tracking"}
     assert len(srv.batches("study")) == 1 and len(srv.batches("t0")) == 1
     assert srv.metrics("study") == [m for o in ops if o["key"] == "study" for m in o["metrics"]]
