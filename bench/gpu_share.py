@@ -2,7 +2,7 @@
 aggregate throughput of 1 vs N small training processes sharing the card, with time
 slicing and (where it starts) CUDA MPS.
 
-    python bench/gpu_share.py [--procs 8] [--seconds 15] [--batch 256]
+    python bench/gpu_share.py [--procs 8] [--seconds 12] [--batch 64]
 
 Needs only torch (no Ray, no MLflow: it runs on a bare GPU machine from a source checkout).
 Each worker process is what a packed sweep cell is (``tracking/sweep/gpu.py``): it reads
@@ -131,8 +131,8 @@ def run(procs: int, seconds: float, batch: int, fraction: float | None) -> dict[
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--procs", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=15.0)
-    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--seconds", type=float, default=12.0)
+    p.add_argument("--batch", type=int, default=64)
     p.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
