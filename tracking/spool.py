@@ -3,10 +3,11 @@
 Every tracker call becomes one small operation (create a run, log a batch, upload a file,
 log the model, end a run). It is sent at once; if the server does not answer, it and every
 later operation go to a spool folder on local disk (``journal.jsonl`` + copies of the files)
-in order, and delivery is retried every few seconds from the training loop itself (no
-thread: the loop calls the tracker once per epoch anyway, and a single writer keeps the
-order trivially correct). Runs created during an outage get a local key first and their
-real id when the ``create_run`` is delivered; later operations name runs by key.
+in order, and delivery is retried every few seconds — by the delivery thread (below), or
+without one from the training loop itself (the loop calls the tracker once per epoch
+anyway); either way one thread at a time delivers, which keeps the order. Runs created
+during an outage get a local key first and their real id when the ``create_run`` is
+delivered; later operations name runs by key.
 
 If the process ends before everything is delivered, the folder stays, its path is printed,
 and ``python -m scarcelab.tracking.spool replay DIR`` (or the next tracker started against the same
@@ -1000,15 +1001,21 @@ def _deliver_in_background(ref: weakref.ref[Spool], q: queue.Queue[dict[str, Any
             if sp.pending:  # a backlog: its next retry is due then
                 timeout = max(0.05, sp.last_attempt + RETRY_INTERVAL_S - time.time())
             del sp
-        try:
-            op: dict[str, Any] | None = q.get(timeout=timeout)
-        except queue.Empty:
-            op = None
+        op: dict[str, Any] | None = None
+        if timeout != 0.0 or not len(held):  # held past its time: send before taking more
+            try:
+                op = q.get(timeout=timeout)
+            except queue.Empty:
+                op = None
         sp = ref()
         if sp is None:
             return
         try:
             _step(sp, q, held, op, merge)
+        except Exception as e:  # noqa: BLE001 - the thread must outlive it (callers join)
+            log.error("tracking delivery thread: %s", e)
+            if sp._bg_error is None:
+                sp._bg_error = ({"op": "delivery", "key": None}, e)
         finally:
             del sp
         if op is _STOP:
@@ -1041,8 +1048,10 @@ def _step(sp: Spool, q: queue.Queue[dict[str, Any]], held: _Held,
         sp._cut_queue_file(blocking=False)
         return
     if op is _STOP or op is _FLUSH:
-        send_held()
-        q.task_done()
+        try:
+            send_held()
+        finally:
+            q.task_done()
         return
     if not merge or op["op"] != "log_batch":
         send_held()  # what came before it goes first
