@@ -14,9 +14,9 @@ Everything after the study run exists goes through a :class:`~tracking.spool.Spo
 the tracking server is down, training goes on and the records wait on local disk, in
 order, until it is back (or are printed as a folder to replay). Metric, parameter and tag
 batches go out on the spool's delivery thread (batched every 2 s for a remote server), so
-the training thread does not wait for the store (``SCARCELAB_TRACKING_THREAD=0``: it does). The client API is used
-throughout instead of MLflow's fluent "active run" stack, because an operation that must
-wait in a spool cannot depend on process-global state.
+the training thread does not wait for the store (``SCARCELAB_TRACKING_THREAD=0``: it
+does). The client API is used throughout instead of MLflow's fluent "active run" stack,
+because an operation that must wait in a spool cannot depend on process-global state.
 
 Resuming (``resume_state``): the study run carries ``scarcelab.study_key`` and its owner
 (``host:pid``); a RUNNING study run of the same key whose owner is dead is reattached, its
