@@ -1,18 +1,30 @@
 """Tracking costs: stack start time, per-epoch tracking overhead (server vs embedded sqlite),
-and 1,000 metrics logged one by one vs batched vs asynchronously.
+1,000 metrics logged one by one vs batched vs asynchronously, and (``--part concurrent``)
+the server's write throughput with concurrent studies, 1 vs N ``mlflow server`` workers.
 
     .venv/bin/python bench/tracking.py [--epochs 50] [--n 1000]
+    .venv/bin/python bench/tracking.py --part concurrent --writers 8 --workers 1,4
 
 Starts a private stack on free ports (timed cold, then stopped and timed warm), measures,
 stops it. The last line is the summary (DESIGN §5). Numbers depend heavily on machine load:
 run it on an idle machine, and compare ratios rather than absolute times.
+
+The concurrent part starts ``--writers`` processes, each a tracker with one study and one
+trial logging epochs back to back (14 trial metrics + 2 study metrics per epoch, the
+supervised study's keys) for ``--seconds``, first with the delivery thread off (every
+write on the training thread, as remote tracking was before issue 40), then on (batched
+every 2 s; the queue is cut to ``--queue`` operations so that back-pressure shows the
+sustained rate within seconds). Each writer's epochs are counted until its records are
+all in the server (``flush``), so the aggregate epochs/s is what the server absorbed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,39 +90,123 @@ def thousand_metrics(uri: str, n: int) -> dict[str, float]:
     return out
 
 
+def writer(uri: str, mode: str, seconds: float, folder: str, index: int) -> None:
+    """One concurrent study (a process of its own): wait for ``go``, log epochs for
+    ``seconds``, wait until all of them are in the server, write what it did."""
+    mlflow.set_tracking_uri(uri)
+    d = Path(folder)
+    t = MlflowTracker(experiment="bench-concurrent", spool_root=d / f"spool-{index}")
+    t.start_study(f"w{index}", {"scarcelab.role": "study"}, {"writer": index}, {})
+    t.start_trial(0, {"scarcelab.role": "trial"}, {"lr": 0.1})
+    (d / f"ready-{index}").touch()
+    while not (d / "go").exists():
+        time.sleep(0.01)
+    n, blocked = 0, 0.0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a = time.perf_counter()
+        t.log_metrics({k: 0.5 + n * 1e-4 for k in EPOCH_KEYS}, n)
+        t.log_metrics({"best/val_balanced_accuracy": 0.5, "time/elapsed_s": float(n)}, n,
+                      scope="study")
+        blocked += time.perf_counter() - a
+        n += 1
+    t.flush()  # what it logged is in the server
+    total = time.perf_counter() - t0
+    t.end_trial("FINISHED")
+    t.end_study("FINISHED")
+    (d / f"out-{index}.json").write_text(json.dumps(
+        {"epochs": n, "total_s": total, "blocked_ms_per_epoch": 1e3 * blocked / max(1, n)}))
+
+
+def concurrent(st: Stack, writers: int, workers: list[int], seconds: float,
+               queue: int) -> dict[str, float]:
+    """Aggregate epochs/s of ``writers`` concurrent studies per worker count and mode."""
+    res: dict[str, float] = {}
+    MlflowClient(st.state.tracking_uri).create_experiment("bench-concurrent")
+    for w in workers:
+        st.state.mlflow_workers = w
+        st.stop_mlflow()
+        st.start_mlflow()
+        for mode in ("sync", "thread"):
+            d = Path(tempfile.mkdtemp(prefix="sl-conc-"))
+            env = {**os.environ, **st.state.client_env(), "SCARCELAB_SYSTEM_METRICS": "0",
+                   "SCARCELAB_TRACKING_THREAD": "0" if mode == "sync" else "1",
+                   "SCARCELAB_TRACKING_QUEUE": str(queue), "OMP_NUM_THREADS": "1"}
+            procs = [subprocess.Popen(
+                [sys.executable, __file__, "--writer", st.state.tracking_uri, mode,
+                 str(seconds), str(d), str(i)], env=env) for i in range(writers)]
+            end = time.time() + 600
+            while len(list(d.glob("ready-*"))) < writers and time.time() < end:
+                if any(p.poll() not in (None, 0) for p in procs):
+                    raise RuntimeError("a writer failed")
+                time.sleep(0.2)
+            (d / "go").touch()
+            for p in procs:
+                if p.wait(timeout=900) != 0:
+                    raise RuntimeError("a writer failed")
+            outs = [json.loads((d / f"out-{i}.json").read_text()) for i in range(writers)]
+            shutil.rmtree(d, ignore_errors=True)
+            eps = sum(o["epochs"] for o in outs) / max(o["total_s"] for o in outs)
+            blocked = sum(o["blocked_ms_per_epoch"] for o in outs) / writers
+            res[f"epochs_per_s_w{w}_{mode}"] = eps
+            res[f"blocked_ms_w{w}_{mode}"] = blocked
+            print(f"{writers} writers, {w} server worker(s), {mode}: {eps:.1f} epochs/s in "
+                  f"all, the training thread blocked {blocked:.2f} ms per epoch", flush=True)
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--part", choices=["basic", "concurrent", "all"], default="basic")
+    p.add_argument("--writers", type=int, default=8)
+    p.add_argument("--workers", default="1,4", help="server worker counts to compare")
+    p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--queue", type=int, default=200)
+    p.add_argument("--writer", nargs=5, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.writer:
+        writer(a.writer[0], a.writer[1], float(a.writer[2]), a.writer[3], int(a.writer[4]))
+        return
     root = tempfile.mkdtemp(prefix="sl-bench-", dir="/tmp")
     os.chmod(root, 0o755)
     st = Stack(root)
     st.configure(ports={k: free_port() for k in DEFAULT_PORTS})
+    res: dict[str, float] = {}
+    cold = warm = float("nan")
     try:
         cold = st.start()
-        st.stop()
-        warm = st.start()
-        print(f"stack start: cold {cold:.1f}s (initdb included), warm {warm:.1f}s")
+        if a.part != "concurrent":
+            st.stop()
+            warm = st.start()
+            print(f"stack start: cold {cold:.1f}s (initdb included), warm {warm:.1f}s")
         os.environ.update(st.state.client_env())
-        sqlite = f"sqlite:///{root}/bench-mlflow.db"
-        res = {}
-        for name, uri in (("server", st.state.tracking_uri), ("sqlite", sqlite)):
-            per_epoch_overhead(uri, 2)  # warm-up: tables, connections
-            res[f"epoch_ms_{name}"] = 1e3 * per_epoch_overhead(uri, a.epochs)
-            k = thousand_metrics(uri, a.n)
-            for mode, v in k.items():
-                res[f"{mode}_s_{name}"] = v
-            print(f"{name}: per-epoch tracking {res[f'epoch_ms_{name}']:.1f} ms; {a.n} metrics: "
-                  + ", ".join(f"{m} {v:.2f}s" for m, v in k.items()))
+        if a.part in ("basic", "all"):
+            sqlite = f"sqlite:///{root}/bench-mlflow.db"
+            for name, uri in (("server", st.state.tracking_uri), ("sqlite", sqlite)):
+                per_epoch_overhead(uri, 2)  # warm-up: tables, connections
+                res[f"epoch_ms_{name}"] = 1e3 * per_epoch_overhead(uri, a.epochs)
+                k = thousand_metrics(uri, a.n)
+                for mode, v in k.items():
+                    res[f"{mode}_s_{name}"] = v
+                print(f"{name}: per-epoch tracking {res[f'epoch_ms_{name}']:.1f} ms; {a.n} "
+                      "metrics: " + ", ".join(f"{m} {v:.2f}s" for m, v in k.items()))
+        if a.part in ("concurrent", "all"):
+            res.update(concurrent(st, a.writers, [int(w) for w in a.workers.split(",")],
+                                  a.seconds, a.queue))
     finally:
         st.stop()
         shutil.rmtree(root, ignore_errors=True)
-    print("scarcelab uses: one MlflowClient.log_batch per epoch and scope (through the spool)")
-    ratio = res["one_by_one_s_server"] / res["batched_s_server"]
+    print("scarcelab uses: one MlflowClient.log_batch per epoch and scope (through the spool; "
+          "a remote server's merged per run every 2 s on the delivery thread)")
+    extra = ""
+    if "one_by_one_s_server" in res:
+        extra = (f" batch_vs_one_by_one_server="
+                 f"{res['one_by_one_s_server'] / res['batched_s_server']:.0f}")
     print(f"stack_start_cold_s={cold:.1f} stack_start_warm_s={warm:.1f} "
           + " ".join(f"{k}={v:.3g}" for k, v in res.items())
-          + f" batch_vs_one_by_one_server={ratio:.0f} scarcelab_mode=log_batch")
+          + extra + " scarcelab_mode=log_batch")
 
 
 if __name__ == "__main__":

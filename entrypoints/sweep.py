@@ -4,6 +4,8 @@
     scarcelab sweep grid.yaml --address ray://head:10001    # a running Ray cluster
     scarcelab sweep grid.yaml --dry-run                     # print the cells, run nothing
     scarcelab sweep suites/cdalbench.yaml --smoke           # every method at a trivial size
+    scarcelab sweep suites/ssl_vs_ssl.yaml --full --gpus-per-cell 0.125 --mps true
+                                                            # 8 studies per GPU, CUDA MPS
     mlflow run . -e sweep -P spec=grid.yaml
 
 Re-running the same spec continues it: finished cells are skipped (docs/sweeps.md).
@@ -11,11 +13,53 @@ Re-running the same spec continues it: finished cells are skipped (docs/sweeps.m
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
-from scarcelab.entrypoints.options import Bool, Int, identity_options
+from scarcelab.entrypoints.options import DEFAULT_WORDS, Bool, Int, _Typed, identity_options
+
+
+class _Share(_Typed):
+    """``--gpus-per-cell`` / ``--gpu-memory-fraction``: ``auto``, a number the spec's check
+    accepts, or ``default`` (the spec's value: None)."""
+
+    name = "share"
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "auto|NUMBER|default"
+
+    def parse(self, value: str) -> Any:
+        from scarcelab.tracking.sweep.spec import check_gpus, check_memory_fraction
+
+        v = value.lower()
+        if v in DEFAULT_WORDS:
+            return None
+        check = check_gpus if self.key == "gpus_per_cell" else check_memory_fraction
+        if v == "auto":
+            return check("auto")
+        try:
+            number = float(v)
+        except ValueError:
+            raise ValueError("not 'auto', a number or 'default'") from None
+        return check(number)
+
+
+class _OptBool(Bool):
+    """``true`` / ``false``, or ``default`` (the spec's value: None)."""
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "true|false|default"
+
+    def parse(self, value: str) -> bool | None:
+        if value.lower() == "default":
+            return None
+        return super().parse(value)
 
 
 @main.command(name="sweep", short_help="Run a benchmark grid (YAML spec) on Ray.")
@@ -39,12 +83,25 @@ from scarcelab.entrypoints.options import Bool, Int, identity_options
 @click.option("--max-cells", type=Int(1, None), default=None,
               help="refuse a spec of more cells than this (default 10000), counted before "
               "any cell is built")
+@click.option("--gpus-per-cell", default="default", type=_Share("gpus_per_cell"),
+              help="GPUs each cell takes, over the spec's gpus_per_cell: a fraction packs "
+              "several cells on one GPU (0.125: 8 per GPU), auto: 1 where the cluster has "
+              "GPUs (docs/sweeps.md, 'Many studies on one GPU')")
+@click.option("--gpu-memory-fraction", default="default",
+              type=_Share("gpu_memory_fraction"),
+              help="cap of each cell's CUDA allocator, a fraction of its GPU, over the "
+              "spec's (auto: its GPU share when below 1, else no cap)")
+@click.option("--mps", default="default", type=_OptBool(),
+              help="true: start CUDA MPS so that cells sharing a GPU run at once (over the "
+              "spec's mps)")
 @identity_options
 def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, full: bool,
               full_scale: bool, smoke: bool, smoke_scale: bool, dry_run: bool,
-              max_cells: int | None, run_name: str, tags: dict[str, str],
-              description: str) -> None:
+              max_cells: int | None, gpus_per_cell: float | str | None,
+              gpu_memory_fraction: float | str | None, mps: bool | None, run_name: str,
+              tags: dict[str, str], description: str) -> None:
     """Run every cell of a grid spec as a Ray task; one sweep run in MLflow records them."""
+    import dataclasses
     import os
 
     from scarcelab.tracking.sweep.spec import MAX_CELLS, SpecError, load_spec
@@ -55,11 +112,18 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
         sp = load_spec(spec, full=full, smoke=smoke, max_cells=max_cells or MAX_CELLS)
     except SpecError as e:
         raise click.ClickException(str(e)) from None
+    over = {k: v for k, v in (("gpus_per_cell", gpus_per_cell),
+                              ("gpu_memory_fraction", gpu_memory_fraction),
+                              ("mps", mps)) if v is not None}
+    sp = dataclasses.replace(sp, **over)
     if dry_run:
         click.echo(f"sweep {sp.name}: {len(sp.cells)} cells -> experiment {sp.experiment!r} "
                    f"({sp.scale} scale, cpus_per_cell={sp.cpus_per_cell:g}, "
                    f"gpus_per_cell={sp.gpus_per_cell}, "
-                   f"retries={sp.retries if n_retries is None else n_retries})")
+                   + (f"gpu_memory_fraction={sp.gpu_memory_fraction}, "
+                      if sp.gpu_memory_fraction != "auto" else "")
+                   + ("mps=true, " if sp.mps else "")
+                   + f"retries={sp.retries if n_retries is None else n_retries})")
         from scarcelab.tracking.sweep.driver import RESOLVE, RESOLVE_DEFAULT
 
         for c in sp.cells:
@@ -82,7 +146,9 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
         command = " ".join(["scarcelab sweep", rel(spec)] + (["--smoke"] if smoke else []) +
                            (["--full"] if full else []) + ([f"--jobs {jobs}"] if jobs else []) +
                            ([f"--address {address}"] if address else []) +
-                           ([f"--retries {n_retries}"] if n_retries is not None else []))
+                           ([f"--retries {n_retries}"] if n_retries is not None else []) +
+                           [f"--{k.replace('_', '-')} {str(v).lower()}"
+                            for k, v in over.items()])
         import signal
 
         got: list[int] = []

@@ -9,6 +9,13 @@ like the resolver would), and it ends its run FINISHED. ``--set fail=1`` makes i
 with an ``Error:`` line, as an entry point does; ``--set sleep=1`` makes it write its pid
 under ``$FAKE_CELL_PIDS`` and sleep ``$FAKE_SLEEP_S`` seconds (a cell still running when the
 driver is interrupted).
+
+With ``$FAKE_CELL_REPORT`` set (tests/test_sweep_gpu_share.py) the cell writes
+``<that folder>/<run id>.json``: when its process started and ended (wall clock), the share
+it was given (``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
+``SCARCELAB_GPU_MEMORY_FRACTION``) and, with ``$FAKE_BARRIER`` = N, how many cells it saw
+alive at once: it marks itself ready and waits (at most ``$FAKE_BARRIER_S`` seconds) until N
+cells are.
 """
 
 from __future__ import annotations
@@ -16,9 +23,15 @@ from __future__ import annotations
 import os
 import sys
 
+SHARE_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+             "SCARCELAB_GPU_MEMORY_FRACTION")
+
 
 def main() -> int:
-    argv = sys.argv[sys.argv.index("-m") + 2:]  # after "-m scarcelab.entrypoints.cli"
+    import time
+
+    t_start = time.time()
+    argv = sys.argv[sys.argv.index("-m") + 2:]  # after "-m <the cell module>"
     opts = dict(zip(argv[1::2], argv[2::2], strict=True))
     if opts.get("--set") == "fail=1":
         print("Error: this cell fails on purpose (--set fail=1)", flush=True)
@@ -43,7 +56,27 @@ def main() -> int:
             return 1
         client.set_tag(run_id, "scarcelab.encoder", enc)
     client.log_param(run_id, "cell_argv", " ".join(argv))
+    report = os.environ.get("FAKE_CELL_REPORT")
+    saw = 0
+    if report:
+        import glob
+
+        n = int(os.environ.get("FAKE_BARRIER", "0"))
+        open(os.path.join(report, f"ready-{run_id}"), "w").close()
+        end = time.time() + float(os.environ.get("FAKE_BARRIER_S", "0"))
+        while True:
+            saw = len(glob.glob(os.path.join(report, "ready-*")))
+            if saw >= n or time.time() >= end:
+                break
+            time.sleep(0.05)
     client.set_terminated(run_id, "FINISHED")
+    if report:
+        import json
+
+        with open(os.path.join(report, f"{run_id}.json"), "w") as f:
+            json.dump({"start": t_start, "end": time.time(), "saw": saw, "module": sys.argv[
+                sys.argv.index("-m") + 1], "env": {k: os.environ.get(k) for k in SHARE_ENV}},
+                f)
     print(f"fake cell {argv[0]} finished", flush=True)
     return 0
 

@@ -124,7 +124,7 @@ def test_a_refusal_found_at_the_close_is_raised_there(tmp_path):
 def test_the_journal_holds_only_what_is_not_delivered(tmp_path):
     """Queued batches are journaled before the thread sends them; the journal is cut back
     when the queue drains, so a long study's journal does not grow."""
-    from scarcelab.tracking.spool import read_journal
+    from scarcelab.tracking.spool import QUEUE_FILE, read_journal
 
     store = Recorder()
     sp = _local(tmp_path, store)
@@ -132,13 +132,13 @@ def test_the_journal_holds_only_what_is_not_delivered(tmp_path):
     for i in range(3):
         sp.submit({"op": "log_batch", "key": "study", "metrics": [["m", 1.0, 1, i]], "seq": i})
     assert sp.dir is not None
-    records, why = read_journal(sp.dir / "journal.jsonl")
+    records, why = read_journal(sp.dir / QUEUE_FILE)
     assert why is None and [r["op"]["seq"] for r in records] == [0, 1, 2]
     state = json.loads((sp.dir / "state.json").read_text())
     assert state["ids"] == {"study": "run-study"} and state["pid"] == os.getpid()
     store.gate.set()
     sp.drain()
-    assert (sp.dir / "journal.jsonl").stat().st_size == 0
+    assert (sp.dir / QUEUE_FILE).stat().st_size == 0
     sp.submit({"op": "create_run", "key": "t0", "parent": "study", "seq": 3})
     # a run created after the folder exists is in its state at once (a replay needs its id)
     assert json.loads((sp.dir / "state.json").read_text())["ids"]["t0"] == "run-t0"

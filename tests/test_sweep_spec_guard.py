@@ -438,7 +438,7 @@ CASES: list[tuple[str, str, dict[str, Any], str | dict[str, Any]]] = [
      "g.yaml:3: a spec is a mapping with at least 'name' and 'grids'"),
     ('unknown-key-before-name', 'gridz: 1\nfoo: 2\n', {},
      ("g.yaml:1: unknown key 'gridz'; valid: cpus_per_cell, description, env, experiment, "
-      'full, gpus_per_cell, grids, name, retries, smoke')),
+      'full, gpu_memory_fraction, gpus_per_cell, grids, mps, name, retries, smoke')),
     ('name-missing', 'grids: []\n', {},
      "g.yaml:1: 'name' (the sweep's name) is required"),
     ('name-empty', "name: '  '\ngrids: []\n", {},

@@ -14,9 +14,11 @@ results in one place.
 
 Everything after the study run exists goes through a :class:`~tracking.spool.Spool`: if
 the tracking server is down, training goes on and the records wait on local disk, in
-order, until it is back (or are printed as a folder to replay). The client API is used
-throughout instead of MLflow's fluent "active run" stack, because an operation that must
-wait in a spool cannot depend on process-global state.
+order, until it is back (or are printed as a folder to replay). Metric, parameter and tag
+batches go out on the spool's delivery thread (batched every 2 s for a remote server), so
+the training thread does not wait for the store (``SCARCELAB_TRACKING_THREAD=0``: it
+does). The client API is used throughout instead of MLflow's fluent "active run" stack,
+because an operation that must wait in a spool cannot depend on process-global state.
 
 Resuming (``resume_state``): the study run carries ``scarcelab.study_key`` and its owner
 (``host:pid``); a RUNNING study run of the same key whose owner is dead is reattached, its
@@ -624,9 +626,11 @@ class MlflowTracker(RunViews, Tracker):
         self.spool.flush()  # retries the backlog at most every few seconds
 
     def flush(self) -> None:
-        """Wait until every record submitted so far is in a local store (its batches go
-        out on a delivery thread, ``tracking.spool``); a no-op before ``start_study``.
-        Call it before reading this study's records back from the store in-process."""
+        """Wait until every record submitted so far is in the store (its batches go out
+        on a delivery thread, ``tracking.spool``, and a remote server's are held up to 2 s
+        to go out together) — or, while a remote server is away, in the spool; a no-op
+        before ``start_study``. Call it before reading this study's records back from the
+        store in-process."""
         if self.spool is not None:
             self.spool.drain()
 

@@ -3,10 +3,11 @@
 Every tracker call becomes one small operation (create a run, log a batch, upload a file,
 log the model, end a run). It is sent at once; if the server does not answer, it and every
 later operation go to a spool folder on local disk (``journal.jsonl`` + copies of the files)
-in order, and delivery is retried every few seconds from the training loop itself (no
-thread: the loop calls the tracker once per epoch anyway, and a single writer keeps the
-order trivially correct). Runs created during an outage get a local key first and their
-real id when the ``create_run`` is delivered; later operations name runs by key.
+in order, and delivery is retried every few seconds — by the delivery thread (below), or
+without one from the training loop itself (the loop calls the tracker once per epoch
+anyway); either way one thread at a time delivers, which keeps the order. Runs created
+during an outage get a local key first and their real id when the ``create_run`` is
+delivered; later operations name runs by key.
 
 If the process ends before everything is delivered, the folder stays, its path is printed,
 and ``python -m scarcelab.tracking.spool replay DIR`` (or the next tracker started against the same
@@ -39,17 +40,32 @@ local store (``sqlite:``, a folder) has no outage to wait out.
 
 A local store is still slow: one 8-metric ``log_batch`` into sqlite costs 7-8 ms of CPU in
 MLflow and SQLAlchemy (docs/performance.md, "Study wall time"), and a short-trial study
-makes a thousand of them. With ``background=True`` (what the MLflow tracker uses for a
-local store) metric, parameter and tag batches are handed to one delivery thread, in
+makes a thousand of them; a remote server costs a round trip and ~28 ms of its CPU per
+write. With ``background=True`` (what the MLflow tracker uses, ``SCARCELAB_TRACKING_THREAD=0``
+turns it off) metric, parameter and tag batches are handed to one delivery thread, in
 order, and the training thread goes on; every other operation (creating or ending a run,
 files, the model) first waits until the thread has delivered everything before it, then
-runs on the caller's thread as before, so a run is complete and closed when its
-``end_trial`` returns. A write the store refuses is raised on the caller's thread at its
-next tracker call (or at the close), naming the operation. Each queued batch is first
-appended to the folder's ``journal.jsonl`` (without fsync: a process crash — ``kill -9``,
-an OOM kill — leaves it in the page cache, and the next start against the same store
-replays it; an operating-system crash can lose the last queued batches). The journal is
-cut back to empty whenever the queue is drained.
+runs on the caller's thread as before, so a run is complete and closed (or spooled) when
+its ``end_trial`` returns. The queue is bounded (``SCARCELAB_TRACKING_QUEUE`` operations):
+when it is full the caller waits, nothing is dropped. Each queued batch is first appended
+to the folder's ``queue.jsonl`` (without fsync: a process crash — ``kill -9``, an OOM kill
+— leaves it in the page cache, and the next start against the same store replays it; an
+operating-system crash can lose the last queued batches). The queue file is cut back to
+empty whenever the thread has handed on everything in it.
+
+For a remote server the thread also *batches*: the batches of one run that arrive within
+``SCARCELAB_TRACKING_BATCH_S`` (2 s) of the first go out as one ``log_batch`` (within
+MLflow's limits of 1000 metrics, 100 params and 100 tags per request; a full batch goes at
+once), so a study makes one request per run every 2 s instead of one per epoch and scope.
+Merging keeps every record: metrics keep their own step and timestamp (set when they were
+logged), a tag written twice in one batch keeps its last value (what two requests would
+leave), and a parameter logged again with another value starts a new request (MLflow then
+refuses it as it would have). When a merged request fails because the server is away, its
+operations (unmerged, in order) go to the outage spool exactly as a synchronous call's
+would, and the thread retries the backlog every ``SCARCELAB_SPOOL_RETRY_S``; a merged
+request the server refuses is sent again one operation at a time, so only the refused
+operation lands in ``rejected.jsonl``. A write a local store refuses is raised on the
+caller's thread at its next tracker call (or at the close), naming the operation.
 """
 
 from __future__ import annotations
@@ -86,6 +102,19 @@ REMOTE_SCHEMES = ("http://", "https://", "databricks")
 # creates, closes or uploads something the caller (or a reader) relies on at once.
 BACKGROUND_OPS = frozenset({"log_batch", "note_append"})
 _STOP = {"op": "__stop__"}
+_FLUSH = {"op": "__flush__"}  # the caller waits: send what is held now
+#: a remote server's batches of one run are held this long (from the first) and sent as one
+BATCH_S = float(os.environ.get("SCARCELAB_TRACKING_BATCH_S", "2"))
+#: operations the delivery thread may have waiting; past it the caller waits (never drops)
+QUEUE_MAX = int(os.environ.get("SCARCELAB_TRACKING_QUEUE", "10000"))
+#: what the delivery thread has not handed on yet (no fsync; replayed after a crash)
+QUEUE_FILE = "queue.jsonl"
+#: MLflow's log_batch limits (mlflow.utils.validation: MAX_METRICS_PER_BATCH,
+#: MAX_PARAMS_TAGS_PER_BATCH, MAX_ENTITIES_PER_BATCH), and a request size well inside its
+#: 1 MB MAX_BATCH_LOG_REQUEST_SIZE
+BATCH_LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
+BATCH_ENTITIES = 1000
+BATCH_BYTES = 500_000
 
 
 def is_remote(tracking_uri: str) -> bool:
@@ -366,13 +395,104 @@ class DiskFull(OSError):
     """The journal could not take a record (ENOSPC / EDQUOT)."""
 
 
+class _Chunk:
+    """``log_batch`` operations of one run that go out as one request: within MLflow's
+    limits, a tag written twice kept at its last value (the state two requests would leave)
+    and a parameter logged again with the same value kept once. A parameter logged again
+    with another value does not fit: it goes in the next request, where MLflow refuses it
+    exactly as it would have refused the second of two requests."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.parts: list[dict[str, Any]] = []
+        self.metrics: list[Any] = []
+        self.params: dict[str, str] = {}
+        self.tags: dict[str, str] = {}
+        self.bytes = 0
+
+    def _sizes(self, op: dict[str, Any]) -> tuple[int, int, int, int]:
+        params = {k for k, _ in op.get("params") or []} - set(self.params)
+        tags = {k for k, _ in op.get("tags") or []} - set(self.tags)
+        return (len(self.metrics) + len(op.get("metrics") or []),
+                len(self.params) + len(params), len(self.tags) + len(tags),
+                self.bytes + len(json.dumps(op, default=str)))
+
+    def fits(self, op: dict[str, Any]) -> bool:
+        if not self.parts:
+            return True  # alone it is what the caller asked for (the client splits it)
+        if any(self.params.get(k, v) != v for k, v in op.get("params") or []):
+            return False
+        m, p, t, size = self._sizes(op)
+        return (m <= BATCH_LIMITS["metrics"] and p <= BATCH_LIMITS["params"]
+                and t <= BATCH_LIMITS["tags"] and m + p + t <= BATCH_ENTITIES
+                and size <= BATCH_BYTES)
+
+    def full(self) -> bool:
+        m, p, t = len(self.metrics), len(self.params), len(self.tags)
+        return (m >= BATCH_LIMITS["metrics"] or p >= BATCH_LIMITS["params"]
+                or t >= BATCH_LIMITS["tags"] or m + p + t >= BATCH_ENTITIES
+                or self.bytes >= BATCH_BYTES)
+
+    def add(self, op: dict[str, Any]) -> None:
+        self.parts.append(op)
+        self.bytes += len(json.dumps(op, default=str))
+        self.metrics += op.get("metrics") or []
+        for k, v in op.get("params") or []:
+            self.params[k] = v
+        for k, v in op.get("tags") or []:
+            self.tags[k] = v
+
+    def op(self) -> dict[str, Any]:
+        """The request: the operation itself when it is alone."""
+        if len(self.parts) == 1:
+            return self.parts[0]
+        out: dict[str, Any] = {"op": "log_batch", "key": self.key, "_id": uuid.uuid4().hex}
+        for name, items in (("metrics", self.metrics),
+                            ("params", [[k, v] for k, v in self.params.items()]),
+                            ("tags", [[k, v] for k, v in self.tags.items()])):
+            if items:
+                out[name] = items
+        return out
+
+
+class _Held:
+    """What the delivery thread holds to send together (a remote server's batches): per
+    run, its chunks in order. Runs are independent records, so runs go out one after the
+    other; within a run the order of its operations is kept."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, list[_Chunk]] = {}
+        self.n = 0
+        self.since = 0.0  # monotonic time of the first operation held
+
+    def __len__(self) -> int:
+        return self.n
+
+    def add(self, op: dict[str, Any]) -> bool:
+        """Hold ``op``; True when a request is full (send now)."""
+        if not self.n:
+            self.since = time.monotonic()
+        chunks = self.runs.setdefault(str(op.get("key")), [])
+        if not chunks or not chunks[-1].fits(op):
+            chunks.append(_Chunk(str(op.get("key"))))
+        chunks[-1].add(op)
+        self.n += 1
+        return len(chunks) > 1 or chunks[-1].full()
+
+    def take(self) -> list[_Chunk]:
+        out = [c for chunks in self.runs.values() for c in chunks]
+        self.runs, self.n = {}, 0
+        return out
+
+
 class Spool:
     """Send-or-spool for one tracking URI. ``deliver(op, ids)`` does the real MLflow call."""
 
     def __init__(self, tracking_uri: str, deliver: Callable[[dict[str, Any], dict[str, str]],
                                                              str | None],
                  root: Path | None = None, folder: Path | None = None,
-                 remote: bool | None = None, background: bool = False) -> None:
+                 remote: bool | None = None, background: bool = False,
+                 batch_s: float | None = None, queue_max: int | None = None) -> None:
         self.tracking_uri = tracking_uri
         self._deliver = deliver
         self.remote = is_remote(tracking_uri) if remote is None else remote
@@ -389,14 +509,20 @@ class Spool:
         self.ledger = MemoryLedger()  # what memory holds that the disk would not take
         self.lost: dict[str, Any] | None = None  # a dead writer's ledger, found on load
         self._lock_fd: int | None = None
-        self._bg: queue.Queue[dict[str, Any]] | None = None  # local store: delivery thread
+        self._bg: queue.Queue[dict[str, Any]] | None = None  # the delivery thread's queue
         self._bg_thread: threading.Thread | None = None
         self._bg_error: tuple[dict[str, Any], BaseException] | None = None
-        self._journal_fd: int | None = None
-        self._journal_off = False  # the local journal failed (disk full): memory only
+        # a remote server's batches are held and merged; a local store's go one by one
+        self._batch_s = (BATCH_S if self.remote else 0.0) if batch_s is None else batch_s
+        self._queue_max = QUEUE_MAX if queue_max is None else queue_max
+        self._mu = threading.RLock()  # the backlog, the journal, ids: one thread at a time
+        self._qlock = threading.Lock()  # appending to queue.jsonl + queueing vs. cutting it
+        self._journal_fd: int | None = None  # queue.jsonl
+        self._qseq = 0  # records in queue.jsonl
+        self._journal_off = False  # queue.jsonl failed (disk full): memory only
         if folder is not None:
             self._load()
-        elif background and not self.remote:
+        elif background:
             self._start_background()
 
     # -- persistence -----------------------------------------------------------------------
@@ -448,6 +574,14 @@ class Spool:
         self.ids = st["ids"]
         self.delivered = int(st["delivered"])
         records, self.skipped = read_journal(self.dir / "journal.jsonl")
+        # what the writer's delivery thread had not handed on: after the outage backlog
+        # (it came later); some of it may have been delivered or spooled already, and
+        # re-sending a batch is idempotent. ``delivered`` counts through both files: a
+        # replay appends to neither.
+        queued, why = read_journal(self.dir / QUEUE_FILE)
+        if why:
+            self.skipped = "; ".join(x for x in (self.skipped, f"{QUEUE_FILE}: {why}") if x)
+        records += queued
         self.journaled = len(records)
         self.pending = [{**r["op"], "_id": r["id"]} for r in records[self.delivered:]]
         self.lost = MemoryLedger.read(self.dir)
@@ -524,15 +658,22 @@ class Spool:
     def submit(self, op: dict[str, Any]) -> None:
         """Deliver now, or keep in order behind what is already waiting."""
         op = {**op, "_id": op.get("_id") or uuid.uuid4().hex}
-        if not self.remote:  # a local store: nothing to wait out, errors are real
-            if self._bg is not None and op["op"] in BACKGROUND_OPS:
-                self._bg.put(self._journal_local(op))
-            else:
+        if self._bg is not None:
+            if op["op"] in BACKGROUND_OPS:
+                self._enqueue(op)
+            else:  # after everything before it, on this thread
                 self._wait_background()
-                self._send(op, journaled=False)
-                if op["op"] == "create_run" and self.dir is not None:
-                    self._write_state()  # a replay after a crash must know the new run
+                with self._mu:
+                    self._submit_now(op)
             self._raise_background_error()
+            return
+        self._submit_now(op)
+
+    def _submit_now(self, op: dict[str, Any]) -> None:
+        if not self.remote:  # a local store: nothing to wait out, errors are real
+            self._send(op, journaled=False)
+            if op["op"] == "create_run" and self.dir is not None:
+                self._write_state()  # a replay after a crash must know the new run
             return
         if not self.pending:
             try:
@@ -542,16 +683,21 @@ class Spool:
                 if not is_transient(e):
                     self._reject(op, e)
                     return
-                self._keep(op)
-                self.last_attempt = time.time()
-                self._write_state()
-                msg = (f"tracking server {self.tracking_uri} unreachable ({type(e).__name__}); "
-                       f"training goes on, records are spooled to {self.dir}")
-                log.warning(msg)
-                print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
+                self._outage([op], e)
                 return
         self._keep(op)
         self.flush()
+
+    def _outage(self, ops: list[dict[str, Any]], e: BaseException) -> None:
+        """The server did not answer: ``ops`` start the backlog on disk, said once."""
+        for op in ops:
+            self._keep(op)
+        self.last_attempt = time.time()
+        self._write_state()
+        msg = (f"tracking server {self.tracking_uri} unreachable ({type(e).__name__}); "
+               f"training goes on, records are spooled to {self.dir}")
+        log.warning(msg)
+        print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
 
     def _reject(self, op: dict[str, Any], e: BaseException) -> None:
         d = self._ensure_dir()
@@ -561,9 +707,12 @@ class Spool:
 
     def flush(self, force: bool = False) -> bool:
         """Try to deliver the backlog (at most every RETRY_INTERVAL_S unless ``force``);
-        True when nothing is left."""
+        True when nothing is left. With a delivery thread, the thread retries the backlog:
+        called from another thread this only says whether anything is left."""
         if not self.pending:
             return True
+        if self._bg is not None and threading.current_thread() is not self._bg_thread:
+            return False
         if not force and time.time() - self.last_attempt < RETRY_INTERVAL_S:
             return False
         self.last_attempt = time.time()
@@ -607,6 +756,17 @@ class Spool:
         if self.lost and not self._mark_lost():
             return False  # kept: the next replay marks them (the marks are idempotent)
         if self.dir is not None and not (self.dir / "rejected.jsonl").exists():
+            if self._bg is not None:
+                # the delivery thread's queue.jsonl lives here (open, under the lock): only
+                # the delivered backlog goes
+                # the state first: a crash in between re-sends the backlog (idempotent)
+                # rather than skipping queued records
+                self.delivered = self.journaled = 0
+                self._write_state()
+                (self.dir / "journal.jsonl").unlink(missing_ok=True)
+                shutil.rmtree(self.dir / "files", ignore_errors=True)
+                (self.dir / "files").mkdir(exist_ok=True)
+                return True
             shutil.rmtree(self.dir, ignore_errors=True)
             self.release()
             self.dir = None
@@ -635,34 +795,44 @@ class Spool:
         self.lost = None
         return True
 
-    # -- local stores: the delivery thread -------------------------------------------------
+    # -- the delivery thread ----------------------------------------------------------------
     def _start_background(self) -> None:
-        self._bg = queue.Queue()
+        self._bg = queue.Queue(maxsize=max(1, self._queue_max))
         ref = weakref.ref(self)
-        self._bg_thread = threading.Thread(target=_deliver_in_background, args=(ref, self._bg),
-                                           name="scarcelab-tracking", daemon=True)
+        self._bg_thread = threading.Thread(
+            target=_deliver_in_background, args=(ref, self._bg, self._batch_s,
+                                                 self.remote and self._batch_s > 0),
+            name="scarcelab-tracking", daemon=True)
         self._bg_thread.start()
         _LIVE.add(self)
 
-    def _journal_local(self, op: dict[str, Any]) -> dict[str, Any]:
-        """Append ``op`` to the local journal (one ``write``, no fsync) so that a process
+    def _enqueue(self, op: dict[str, Any]) -> None:
+        """Journal ``op`` in ``queue.jsonl`` and hand it to the thread; waits while the
+        queue is full (back-pressure: nothing is dropped)."""
+        assert self._bg is not None
+        with self._qlock:  # the thread cuts the file only when all of it was handed on
+            self._journal_queued(op)
+            self._bg.put(op)
+
+    def _journal_queued(self, op: dict[str, Any]) -> None:
+        """Append ``op`` to ``queue.jsonl`` (one ``write``, no fsync) so that a process
         crash before its delivery leaves it for the next start to replay."""
         if self._journal_off:
-            return op
+            return
         try:
             if self._journal_fd is None:
                 d = self._ensure_dir()
-                self._journal_fd = os.open(d / "journal.jsonl",
+                self._journal_fd = os.open(d / QUEUE_FILE,
                                            os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             body = {k: v for k, v in op.items() if k != "_id"}
-            rec = {"seq": self.journaled, "id": op["_id"], "op": body,
-                   "sum": _digest(self.journaled, op["_id"], body)}
+            rec = {"seq": self._qseq, "id": op["_id"], "op": body,
+                   "sum": _digest(self._qseq, op["_id"], body)}
             line = (json.dumps(rec) + "\n").encode()
             size = os.fstat(self._journal_fd).st_size
             if os.write(self._journal_fd, line) != len(line):
                 os.ftruncate(self._journal_fd, size)
                 raise OSError(errno.ENOSPC, "short write to the spool journal")
-            self.journaled += 1
+            self._qseq += 1
         except OSError as e:
             self._journal_off = True
             msg = (f"tracking journal {self.dir} failed ({e}): queued tracking records are "
@@ -670,21 +840,68 @@ class Spool:
                    "before that)")
             log.error(msg)
             print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
-        return op
+
+    def _cut_queue_file(self, blocking: bool = True) -> None:
+        """Empty ``queue.jsonl`` once everything in it was handed on (delivered, or in the
+        outage journal). From the caller after the queue drained, or from the thread when
+        it is idle (it then skips the cut while the caller is queueing)."""
+        if self._journal_fd is None or not self._qseq:
+            return
+        if not self._qlock.acquire(blocking=blocking):
+            return
+        try:
+            q = self._bg
+            if q is not None:
+                with q.mutex:
+                    if q.unfinished_tasks:
+                        return
+            os.ftruncate(self._journal_fd, 0)
+            self._qseq = 0
+        except OSError as e:  # a replay re-sends delivered batches: idempotent
+            log.warning("could not reset the tracking journal in %s (%s)", self.dir, e)
+        finally:
+            self._qlock.release()
 
     def _wait_background(self) -> None:
-        """Block until the delivery thread has delivered everything queued so far, then
-        cut the journal back to empty (it only holds what is not yet delivered)."""
+        """Block until the delivery thread has handed on everything queued so far (sent it
+        or, for a server that is away, spooled it), then cut ``queue.jsonl`` back to empty
+        (it only holds what is not handed on yet)."""
         if self._bg is None:
             return
+        self._bg.put(_FLUSH)  # what the thread holds for a batch goes now
         self._bg.join()
-        if self._journal_fd is not None and self.journaled:
-            try:
-                os.ftruncate(self._journal_fd, 0)
-                self.journaled = self.delivered = 0
-                self._write_state()
-            except OSError as e:  # a replay re-sends delivered batches: idempotent
-                log.warning("could not reset the tracking journal in %s (%s)", self.dir, e)
+        self._cut_queue_file()
+
+    def _bg_deliver(self, chunks: list[_Chunk]) -> None:
+        """The thread sends what it held: one request per chunk, in order. A remote
+        server's outage spools the chunk's operations (in order, unmerged) like a
+        synchronous call's; a refusal of a merged request is sorted out one by one."""
+        with self._mu:
+            for chunk in chunks:
+                if not self.remote:
+                    for op in chunk.parts:
+                        try:
+                            self._send(op, journaled=False)
+                        except Exception as e:  # noqa: BLE001 - raised on the caller's thread
+                            log.error("tracking store refused %s of %s: %s", op["op"],
+                                      op.get("key"), e)
+                            if self._bg_error is None:
+                                self._bg_error = (op, e)
+                    continue
+                if self.pending:  # behind the backlog, on disk
+                    for op in chunk.parts:
+                        self._keep(op)
+                    continue
+                try:
+                    self._send(chunk.op(), journaled=False)
+                except Exception as e:  # noqa: BLE001 - classified just below
+                    if is_transient(e):
+                        self._outage(chunk.parts, e)
+                    elif len(chunk.parts) > 1:
+                        for op in chunk.parts:  # only the refused one is rejected
+                            self._submit_now(op)
+                    else:
+                        self._reject(chunk.parts[0], e)
 
     def _raise_background_error(self) -> None:
         if self._bg_error is None:
@@ -697,12 +914,16 @@ class Spool:
             "after it were still delivered") from e
 
     def drain(self) -> None:
-        """Everything submitted so far is in the store when this returns (a local store's
-        delivery thread is idle); raises what the store refused meanwhile."""
+        """Everything submitted so far is in the store when this returns (the delivery
+        thread is idle; for a server that is away: in the spool); raises what a local
+        store refused meanwhile."""
         self._wait_background()
         self._raise_background_error()
 
     def _stop_background(self) -> None:
+        """Stop the thread once it has handed everything on. The folder goes when nothing
+        is left in it to deliver (an outage backlog and rejected operations stay, with the
+        lock, for :meth:`close`)."""
         if self._bg is None:
             return
         self._wait_background()
@@ -714,17 +935,23 @@ class Spool:
         if self._journal_fd is not None:
             os.close(self._journal_fd)
             self._journal_fd = None
-        if self.dir is not None:  # everything went out: the folder has nothing to replay
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None
+        if self.dir is None:
+            return
+        if self.pending or (self.dir / "rejected.jsonl").exists():
+            (self.dir / QUEUE_FILE).unlink(missing_ok=True)  # all of it was handed on
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)  # everything went out
+        self.dir = None
         self.release()
 
     def close(self, timeout_s: float) -> Path | None:
         """Keep trying for ``timeout_s``; return the spool folder if anything is left."""
         if self._bg is not None:
             self._stop_background()
+            if not self.remote:
+                self._raise_background_error()
+                return None
             self._raise_background_error()
-            return None
         end = time.time() + timeout_s
         while self.pending:
             if self.flush(force=True):
@@ -749,29 +976,92 @@ class Spool:
 
 
 class TrackingWriteError(RuntimeError):
-    """A local tracking store refused a batch that its delivery thread was sending."""
+    """A tracking store refused a batch that the delivery thread was sending (a local
+    store's refusal; a remote server's goes to ``rejected.jsonl``), or the thread could not
+    spool it."""
 
 
-def _deliver_in_background(ref: weakref.ref[Spool], q: queue.Queue[dict[str, Any]]) -> None:
-    """The delivery thread: send each queued operation in order; keep the first refusal
-    for the caller's thread and go on with the rest (nothing queued after it is dropped)."""
+def _deliver_in_background(ref: weakref.ref[Spool], q: queue.Queue[dict[str, Any]],
+                           batch_s: float, merge: bool) -> None:
+    """The delivery thread: send the queued operations in order. With ``merge`` (a remote
+    server) the batches of each run are held up to ``batch_s`` from the first one, or until
+    a request is full or the caller waits, and go out together; a ``note_append`` goes
+    after what came before it. While an outage backlog waits, it is retried every
+    ``RETRY_INTERVAL_S`` even when nothing new comes. A delivery error is kept for the
+    caller's thread; nothing queued after it is dropped."""
+    held = _Held()
     while True:
-        op = q.get()
-        try:
-            if op is _STOP:
-                return
+        timeout: float | None = None
+        if len(held):
+            timeout = max(0.0, held.since + batch_s - time.monotonic())
+        else:
             sp = ref()
             if sp is None:
                 return
-            try:
-                sp._send(op, journaled=False)
-            except Exception as e:  # noqa: BLE001 - raised on the caller's thread
-                log.error("tracking store refused %s of %s: %s", op["op"], op.get("key"), e)
-                if sp._bg_error is None:
-                    sp._bg_error = (op, e)
+            if sp.pending:  # a backlog: its next retry is due then
+                timeout = max(0.05, sp.last_attempt + RETRY_INTERVAL_S - time.time())
             del sp
+        op: dict[str, Any] | None = None
+        if timeout != 0.0 or not len(held):  # held past its time: send before taking more
+            try:
+                op = q.get(timeout=timeout)
+            except queue.Empty:
+                op = None
+        sp = ref()
+        if sp is None:
+            return
+        try:
+            _step(sp, q, held, op, merge)
+        except Exception as e:  # noqa: BLE001 - the thread must outlive it (callers join)
+            log.error("tracking delivery thread: %s", e)
+            if sp._bg_error is None:
+                sp._bg_error = ({"op": "delivery", "key": None}, e)
+        finally:
+            del sp
+        if op is _STOP:
+            return
+
+
+def _step(sp: Spool, q: queue.Queue[dict[str, Any]], held: _Held,
+          op: dict[str, Any] | None, merge: bool) -> None:
+    """One wake-up of the delivery thread: ``op`` arrived (None: a timeout)."""
+    def send_held() -> None:
+        n = len(held)
+        if not n:
+            return
+        try:
+            sp._bg_deliver(held.take())
+        except Exception as e:  # noqa: BLE001 - e.g. the spool's disk: raised on the caller
+            log.error("tracking delivery thread: %s", e)
+            if sp._bg_error is None:
+                sp._bg_error = ({"op": "log_batch", "key": None}, e)
+        finally:
+            for _ in range(n):
+                q.task_done()
+
+    if op is None:  # held long enough, or the backlog's retry is due
+        if len(held):
+            send_held()
+        elif sp.pending:
+            with sp._mu:
+                sp.flush()
+        sp._cut_queue_file(blocking=False)
+        return
+    if op is _STOP or op is _FLUSH:
+        try:
+            send_held()
         finally:
             q.task_done()
+        return
+    if not merge or op["op"] != "log_batch":
+        send_held()  # what came before it goes first
+        held.add(op)
+        send_held()
+        if merge:
+            sp._cut_queue_file(blocking=False)
+        return
+    if held.add(op):
+        send_held()
 
 
 # Spools whose delivery thread runs. A process that ends without closing its tracker (an
@@ -804,8 +1094,8 @@ def leftovers(tracking_uri: str, root: Path | None = None) -> list[Path]:
             st = json.loads(d.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if st.get("tracking_uri") == tracking_uri and not _owner_alive(st) and \
-                (d.parent / "journal.jsonl").exists():
+        if st.get("tracking_uri") == tracking_uri and not _owner_alive(st) and (
+                (d.parent / "journal.jsonl").exists() or (d.parent / QUEUE_FILE).exists()):
             out.append(d.parent)
     return out
 
@@ -853,8 +1143,8 @@ def _replay_target(d: Path) -> tuple[str | None, int]:
     state = d / "state.json"
     if not state.exists():
         what = ("has a journal but no state.json: it cannot be delivered (the run ids are in "
-                "state.json)") if (d / "journal.jsonl").exists() else \
-            "is not a spool folder (no state.json, no journal.jsonl)"
+                "state.json)") if (d / "journal.jsonl").exists() or (d / QUEUE_FILE).exists() \
+            else "is not a spool folder (no state.json, no journal.jsonl)"
         print(f"Error: {d} {what}; pass the folder the study printed, under {DEFAULT_ROOT}",
               file=sys.stderr)
         return None, 2

@@ -58,6 +58,13 @@ NODE_PREFIX = state_home() / "node"
 S3RVER_VERSION = "3"
 S3_KEY = "S3RVER"  # s3rver@3 accepts only its built-in account
 DEFAULT_PORTS = {"pg_port": 15432, "s3_port": 14568, "mlflow_port": 15000}
+#: ``mlflow server --workers``: uvicorn worker processes, each its own Python and its own
+#: database connection pool, each about one core of request handling. One worker (what the
+#: stack ran before issue 40) capped every study of a machine together: 8 concurrent
+#: studies writing synchronously got 15 epochs/s in all on the 2-core development machine,
+#: 2 workers 31 (docs/tracking.md, "Server workers"). More workers than cores only add
+#: processes; 4 serve 8 concurrent studies, whose writes the delivery thread also batches.
+DEFAULT_WORKERS = max(1, min(4, os.cpu_count() or 1))
 # Which role owns which database: the MLflow server's role owns its two databases, workers
 # get a role that can reach only the Optuna database; nobody but `start` uses the superuser.
 DB_ROLES = {"mlflow": "mlflow", "mlflow_auth": "mlflow", "optuna": "optuna"}
@@ -117,6 +124,7 @@ class StackState:
     pg_port: int = DEFAULT_PORTS["pg_port"]
     s3_port: int = DEFAULT_PORTS["s3_port"]
     mlflow_port: int = DEFAULT_PORTS["mlflow_port"]
+    mlflow_workers: int = DEFAULT_WORKERS
     bucket: str = "scarcelab"
     auth: bool = False
     pg_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))  # superuser
@@ -187,8 +195,10 @@ class Stack:
         write_secret(self.state_file, json.dumps(asdict(self.state), indent=2))
 
     def configure(self, *, host: str | None = None, ports: dict[str, int | None] | None = None,
-                  auth: bool | None = None, bucket: str | None = None) -> None:
-        """Apply explicit settings; unset ones keep what a previous ``start`` chose."""
+                  auth: bool | None = None, bucket: str | None = None,
+                  workers: int | None = None) -> None:
+        """Apply explicit settings; unset ones keep what a previous ``start`` chose. A new
+        worker count reaches a running server at its next ``restart-server``."""
         if self.is_running():
             changed = [k for k, v in (ports or {}).items() if v and getattr(self.state, k) != v]
             if changed or (auth is not None and auth != self.state.auth):
@@ -203,6 +213,10 @@ class Stack:
             self.state.auth = auth
         if bucket:
             self.state.bucket = bucket
+        if workers is not None:
+            if workers < 1:
+                raise StackError(f"--mlflow-workers must be at least 1, got {workers}")
+            self.state.mlflow_workers = int(workers)
 
     # -- process helpers -------------------------------------------------------------------
     @staticmethod
@@ -505,7 +519,8 @@ class Stack:
             return
         mlflow_bin = Path(sys.executable).parent / "mlflow"
         argv = [str(mlflow_bin), "server", "--host", self.state.host,
-                "--port", str(self.state.mlflow_port), "--workers", "1",
+                "--port", str(self.state.mlflow_port),
+                "--workers", str(self.state.mlflow_workers),
                 "--artifacts-destination", f"s3://{self.state.bucket}/artifacts"]
         if self.state.auth:
             argv += ["--app-name", "basic-auth"]
@@ -568,7 +583,8 @@ class Stack:
                    "port": s.s3_port, "endpoint": s.s3_endpoint, "bucket": s.bucket,
                    "signed_requests_only": s.auth},
             "mlflow": {"running": self.is_running(), "port": s.mlflow_port,
-                       "tracking_uri": s.tracking_uri, "auth": s.auth},
+                       "tracking_uri": s.tracking_uri, "auth": s.auth,
+                       "workers": s.mlflow_workers},
         }
 
     def env_lines(self) -> list[str]:
@@ -589,6 +605,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(f"--{k.replace('_', '-')}", type=int, default=None,
                        help=f"(default {DEFAULT_PORTS[k]}, or what the last start used; 0 = "
                        "pick a free one)")
+    p.add_argument("--mlflow-workers", type=int, default=None,
+                   help=f"mlflow server worker processes (default {DEFAULT_WORKERS}, or what "
+                   "the last start used; a running server takes a new count at "
+                   "restart-server)")
     p.add_argument("--auth", action=argparse.BooleanOptionalAction, default=None,
                    help="MLflow basic auth (user admin; password in `env` output) and an S3 "
                    "store that accepts only requests signed with generated keys")
@@ -600,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in DEFAULT_PORTS:
                 v = getattr(a, k)
                 ports[k] = free_port() if v == 0 else v
-            stack.configure(host=a.host, ports=ports, auth=a.auth)
+            stack.configure(host=a.host, ports=ports, auth=a.auth, workers=a.mlflow_workers)
             if a.action == "restart-server":
                 stack.stop_mlflow()
             was = stack.is_running()

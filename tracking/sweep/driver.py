@@ -40,6 +40,12 @@ re-opened by the continuation and ends with it, so its own end would span the ti
 sweep lay dead: before continuing it, the driver logs where the dead attempt really ended
 (``sweep/cell_end_s``), and a results page bounds the attempt's interval by it.
 
+Packing (``gpus_per_cell`` below 1, ``tracking/sweep/gpu.py``): Ray places several cells on
+one GPU; each cell gets its CPU share as ``OMP_NUM_THREADS``, a cap of its CUDA allocator
+(applied by the cell process, ``tracking/sweep/cell.py``) and, with ``mps: true``, the CUDA
+MPS daemon the driver starts. What a cell was given is on the sweep run
+(``scarcelab.sweep_resources``) and in the progress output.
+
 Dependencies (``"@<grid id>"`` option values, tracking/sweep/spec.py): a dependent cell is
 submitted once the cell it depends on has a FINISHED run — from this invocation or an
 earlier one — with the option set to ``runs:/<that run id>/model`` (the run the driver
@@ -146,14 +152,18 @@ INVOCATION_WALL = "sweep/invocation_wall_s"  # on the sweep run, step = invocati
 RESOLVE = {"hparams_from": "{run_id}"}
 RESOLVE_DEFAULT = "runs:/{run_id}/model"
 LOG_TAIL = 200_000  # bytes of a cell's output kept as its run's artifact
-# The module every cell runs: the console script's, as ``python -m`` (no PATH needed).
-CELL_MODULE = "scarcelab.entrypoints.cli"
+# The module every cell runs: the console script's command line, as ``python -m`` (no PATH
+# needed), after its share of a packed GPU is applied (tracking/sweep/cell.py).
+CELL_MODULE = "scarcelab.tracking.sweep.cell"
+#: on the sweep run: what each cell was given (JSON: CPUs, GPUs, memory cap, threads, MPS)
+RESOURCES_TAG = "scarcelab.sweep_resources"
 # Environment a cell takes from the driver when set there: where the data and the shared
 # search state live. Credentials are NOT forwarded to a remote cluster (they would travel
 # as task arguments): set them in the workers' own environment (docs/sweeps.md).
 FORWARD = ("SCARCELAB_DATA", "MLFLOW_S3_ENDPOINT_URL", "OMP_NUM_THREADS")
 FORWARD_EMBEDDED = ("OPTUNA_STORAGE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                    "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+                    "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                    "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 
 
 @dataclass
@@ -327,6 +337,7 @@ class Driver:
         self.commit = git_commit(self.cwd)
         self.invocation = 0
         self.lock: Any = None
+        self.share: dict[str, str] = {}  # each cell's share of the machine (its env)
         if NAME_FORBIDDEN.search(spec.name):  # it is quoted in MLflow search filters
             raise SpecError(f"{spec.where('name')}: the sweep name {spec.name!r} holds a "
                             "quote, backtick, backslash or control character; rename it")
@@ -492,8 +503,8 @@ class Driver:
         return str(self.client.create_run(exp, run_name=name, tags=tags).info.run_id)
 
     def _cell_env(self, run_id: str, embedded: bool) -> dict[str, str]:
-        env = {**self.spec.env, "MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": self.uri,
-               "PYTHONUNBUFFERED": "1"}
+        env = {**self.share, **self.spec.env, "MLFLOW_RUN_ID": run_id,
+               "MLFLOW_TRACKING_URI": self.uri, "PYTHONUNBUFFERED": "1"}
         names = FORWARD + (FORWARD_EMBEDDED if embedded else ())
         env.update({k: os.environ[k] for k in names if k in os.environ})
         if embedded and "PYTHONPATH" in os.environ:
@@ -565,8 +576,54 @@ class Driver:
         """Run ``todo`` to its end on a pool; ``earlier`` counts each cell's runs over
         re-runs (it grows here), ``finished`` holds the dependencies already done,
         ``resume`` the study run a cell's first attempt here continues."""
-        _Schedule(self, self._pool(), exp, sweep_run, todo, result, earlier, finished,
-                  resume).run()
+        pool = self._pool()
+        self._apply_share(pool, sweep_run)
+        from scarcelab.tracking.sweep.gpu import Mps, start_mps
+
+        mps = Mps()
+        if self.spec.mps:
+            if float(getattr(pool, "gpus", 0.0)) > 0:
+                mps = start_mps(self._say, embedded=not self.address)
+            else:
+                self._say("mps: true, but the cells take no GPU (gpus_per_cell resolved to "
+                          "0): CUDA MPS is not started")
+        try:
+            _Schedule(self, pool, exp, sweep_run, todo, result, earlier, finished,
+                      resume).run()
+        finally:
+            mps.stop(self._say)
+
+    def _say(self, line: str) -> None:
+        self.echo(f"[sweep {self.spec.name}] {line}")
+
+    def _apply_share(self, pool: Any, sweep_run: str) -> None:
+        """Each cell's share of the machine, from the pool's resolved resources: its
+        environment (``self.share``), one progress line, and the sweep run's tag."""
+        from scarcelab.tracking.sweep.gpu import share_env, slots_per_gpu, threads
+
+        # RayPool's resolved shares; a pool that does not say (a test's stand-in) is
+        # taken to hold what the spec asks, "auto" being no GPU
+        cpus = float(getattr(pool, "cpus", self.spec.cpus_per_cell))
+        gpus = float(getattr(pool, "gpus", 0.0 if self.spec.gpus_per_cell == "auto"
+                             else self.spec.gpus_per_cell))
+        fraction = self.spec.memory_fraction(gpus)
+        self.share = share_env(cpus, fraction, self.spec.env, {
+            k: os.environ[k] for k in FORWARD if k in os.environ})
+        omp = self.share.get("OMP_NUM_THREADS") or self.spec.env.get("OMP_NUM_THREADS") \
+            or os.environ.get("OMP_NUM_THREADS") or str(threads(cpus))
+        info = {"cpus_per_cell": cpus, "gpus_per_cell": gpus,
+                "cells_per_gpu": slots_per_gpu(gpus) if gpus else 0,
+                "gpu_memory_fraction": fraction, "omp_num_threads": omp,
+                "mps": self.spec.mps, "slots": pool.slots}
+        gpu = (f"{gpus:g} GPU ({info['cells_per_gpu']} per GPU"
+               + (f", memory capped at {fraction:g} of a GPU" if fraction else "") + ")"
+               if gpus else "no GPU")
+        self._say(f"each cell: {cpus:g} CPU, {gpu}, OMP_NUM_THREADS={omp}; "
+                  f"{pool.slots} at once")
+        try:
+            self.client.set_tag(sweep_run, RESOURCES_TAG, json.dumps(info))
+        except Exception as e:  # noqa: BLE001 - a description, not the record
+            self._say(f"could not tag the sweep run with its resources: {e}")
 
     def _pool(self) -> Any:
         """The Ray pool the cells run on; a cell no node can hold is the spec's error, at

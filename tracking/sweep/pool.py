@@ -3,8 +3,9 @@
 
 Why a wrapper at all: both callers need the same three things — start Ray embedded or
 join a cluster, declare per-task resources (with ``gpus="auto"`` meaning one GPU per task
-where the cluster has GPUs), and take results back in completion order while submitting
-more (retries, a queue of repetitions) — and neither should know Ray's API by heart.
+where the cluster has GPUs; a fraction such as 0.125 packs 8 tasks on one GPU), and take
+results back in completion order while submitting more (retries, a queue of repetitions)
+— and neither should know Ray's API by heart.
 Nothing here imports MLflow: the AL bench runs where only torch is installed.
 """
 
@@ -103,9 +104,11 @@ class RayPool:
             if not address:  # ours: do not leave an embedded cluster behind the error
                 ray.shutdown()
             raise Unplaceable(why, short)
-        slots = int(res.get("CPU", 1) // self.cpus)
+        # Ray counts resources to 1e-4: 10 cells of 0.1 GPU fit one GPU, although
+        # 1 // 0.1 is 9 in floating point
+        slots = int(res.get("CPU", 1) / self.cpus + 1e-6)
         if gpus:
-            slots = min(slots, int(res.get("GPU", 0) // gpus))
+            slots = min(slots, int(res.get("GPU", 0) / gpus + 1e-6))
         self.slots = max(1, slots)
         self._remote: dict[Callable[..., Any], Any] = {}
         self._pending: dict[Any, Hashable] = {}

@@ -9,7 +9,9 @@ the entry point's own options (``budget_minutes`` or ``budget-minutes`` for
     name: ssl-mini                 # the sweep (tag scarcelab.sweep); required
     experiment: ssl-mini           # MLflow experiment of every cell (default: name)
     cpus_per_cell: 1               # Ray resources of one cell
-    gpus_per_cell: auto            # auto: 1 when the cluster has GPUs, else 0
+    gpus_per_cell: auto            # auto: 1 when the cluster has GPUs, else 0; 0.125: 8 per GPU
+    gpu_memory_fraction: auto      # auto: gpus_per_cell when below 1, else no cap
+    mps: false                     # start CUDA MPS for cells sharing a GPU
     retries: 1                     # a failed cell is run again at most this often
     grids:
       - entry: semi
@@ -25,7 +27,11 @@ the entry point's own options (``budget_minutes`` or ``budget-minutes`` for
 Three scales: the grids as written (the *reference* scale), ``--full`` (the source study's
 own scale) and ``--smoke`` (a trivial size that still runs every method of the grid, for
 CI). A grid may carry its own ``full:`` / ``smoke:`` mapping, merged after the top-level
-one, for options only its entry point has (``segment``'s ``steps_per_epoch``). A smoke
+one, for options only its entry point has (``segment``'s ``steps_per_epoch``). The
+top-level ``full:`` / ``smoke:`` may also set the resource keys (``RESOURCE_KEYS``), which
+then replace the top-level ones at that scale: a suite's CPU reference grid takes no GPU
+(``gpus_per_cell: 0``) while its ``full:`` GPU scale packs eight studies on a card
+(``gpus_per_cell: 0.125``). A smoke
 sweep records into ``<experiment>-smoke`` (or the smoke block's ``experiment:``), so its
 trivial numbers never mix with a reference run's in one leaderboard.
 
@@ -63,8 +69,11 @@ from typing import Any
 
 import yaml
 
-TOP_KEYS = {"name", "experiment", "cpus_per_cell", "gpus_per_cell", "retries", "grids",
-            "full", "smoke", "description", "env"}
+#: a cell's share of a machine: Ray's resources, its GPU memory cap, CUDA MPS. Top-level,
+#: and in a top-level ``full:`` / ``smoke:`` block for that scale (docs/sweeps.md)
+RESOURCE_KEYS = ("cpus_per_cell", "gpus_per_cell", "gpu_memory_fraction", "mps")
+TOP_KEYS = {"name", "experiment", "retries", "grids", "full", "smoke", "description",
+            "env", *RESOURCE_KEYS}
 #: the scales a spec runs at (``scarcelab sweep --smoke`` / ``--full``)
 SCALES = ("reference", "smoke", "full")
 # Options the driver sets itself: a spec may not override them.
@@ -171,6 +180,10 @@ class SweepSpec:
     cells: list[Cell]
     cpus_per_cell: float = 1.0
     gpus_per_cell: float | str = "auto"
+    #: cap of each cell's CUDA allocator, a fraction of the device; "auto": gpus_per_cell
+    #: when it is below 1, else none (:meth:`memory_fraction`)
+    gpu_memory_fraction: float | str = "auto"
+    mps: bool = False  # CUDA MPS for the cells that share a GPU (tracking/sweep/gpu.py)
     retries: int = 1
     env: dict[str, str] = field(default_factory=dict)
     path: str = ""
@@ -189,6 +202,36 @@ class SweepSpec:
 
     def cell(self, cell_id: str) -> Cell:
         return next(c for c in self.cells if c.id == cell_id)
+
+    def memory_fraction(self, gpus: float) -> float | None:
+        """The memory cap of a cell that holds ``gpus`` GPUs (Ray's resolved share): the
+        explicit ``gpu_memory_fraction``, else its share of one card when it shares one,
+        else none (a whole card, or no GPU)."""
+        if self.gpu_memory_fraction != "auto":
+            return float(self.gpu_memory_fraction)
+        return float(gpus) if 0.0 < gpus < 1.0 else None
+
+
+def check_gpus(value: Any) -> float | str:
+    """``gpus_per_cell`` as Ray takes it: ``auto``, or a number >= 0 that is whole above 1
+    (Ray packs fractions of one GPU, never 1.5 GPUs); ValueError says what is wrong."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"must be a number >= 0, got {value!r}")
+    if value > 1 and value != int(value):
+        raise ValueError(f"must be a fraction of one GPU (e.g. 0.125: 8 cells per GPU) or a "
+                         f"whole number of GPUs, got {value!r}")
+    return float(value)
+
+
+def check_memory_fraction(value: Any) -> float | str:
+    """``gpu_memory_fraction``: ``auto`` or a fraction in (0, 1]."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ValueError(f"must be 'auto' or a fraction in (0, 1], got {value!r}")
+    return float(value)
 
 
 def _line(node: yaml.Node | None) -> int:
@@ -400,11 +443,7 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
     gnode = loc.child(node, "grids")
     if not isinstance(grids, list) or not grids:
         raise loc.error(gnode or node, "'grids' must be a non-empty list of grids")
-    over_key, over, smoke_exp = _scale_block(loc, data, scale)
-    cpus = _number(loc, data, "cpus_per_cell", 1, 0.01)
-    gpus: float | str = data.get("gpus_per_cell", "auto")
-    if gpus != "auto":
-        gpus = _number(loc, data, "gpus_per_cell", 0, 0)
+    over_key, over, smoke_exp, res = _scale_block(loc, data, scale)
     retries = int(_number(loc, data, "retries", 1, 0))
     env = _checked_env(loc, data)
     expanded = _Grids(loc, gnode, over_key, over, max_cells)
@@ -417,7 +456,10 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
     lines = {str(k.value): _line(k) for k, _ in node.value} \
         if isinstance(node, yaml.MappingNode) else {}
     return SweepSpec(name=name.strip(), experiment=experiment,
-                     cells=cells, cpus_per_cell=cpus, gpus_per_cell=gpus, retries=retries,
+                     cells=cells, cpus_per_cell=res["cpus_per_cell"],
+                     gpus_per_cell=res["gpus_per_cell"],
+                     gpu_memory_fraction=res["gpu_memory_fraction"], mps=res["mps"],
+                     retries=retries,
                      env={str(k): str(v) for k, v in env.items()}, path=path, text=text,
                      scale=scale, lines=lines)
 
@@ -460,14 +502,17 @@ def _checked_name(loc: _Located, data: Any) -> str:
     return name
 
 
-def _scale_block(loc: _Located, data: dict[str, Any],
-                 scale: str) -> tuple[str | None, dict[str, Any], str | None]:
+def _scale_block(loc: _Located, data: dict[str, Any], scale: str
+                 ) -> tuple[str | None, dict[str, Any], str | None, dict[str, Any]]:
     """(``full`` or ``smoke`` or None, the top-level options that scale merges into every
-    grid, the smoke block's own experiment). Both blocks are checked whichever scale runs,
-    so a broken ``smoke:`` fails the reference run too rather than first in CI."""
+    grid, the smoke block's own experiment, the resources at that scale: the top-level
+    ones with the block's ``RESOURCE_KEYS`` over them). Both blocks are checked whichever
+    scale runs, so a broken ``smoke:`` fails the reference run too rather than first in
+    CI."""
     over: dict[str, Any] = {}
     over_key = {"full": "full", "smoke": "smoke"}.get(scale)
     smoke_exp = None
+    res = _resources(loc, data, loc.node, defaults=True)
     for key in ("full", "smoke"):
         block = data.get(key) or {}
         if not isinstance(block, dict):
@@ -475,18 +520,48 @@ def _scale_block(loc: _Located, data: dict[str, Any],
         if key == "smoke" and "experiment" in block:
             smoke_exp = str(block["experiment"]).strip()
             block = {k: v for k, v in block.items() if k != "experiment"}
+        own = _resources(loc, block, loc.child(loc.node, key), defaults=False)
+        block = {k: v for k, v in block.items() if k not in RESOURCE_KEYS}
         if key == over_key:
             over = block
-    return over_key, over, smoke_exp
+            res.update(own)
+    return over_key, over, smoke_exp, res
+
+
+def _resources(loc: _Located, data: dict[str, Any], node: yaml.Node | None,
+               defaults: bool) -> dict[str, Any]:
+    """The ``RESOURCE_KEYS`` a mapping sets, checked (with their defaults for the top level),
+    an error pointing at the value."""
+    out: dict[str, Any] = {}
+    if defaults or "cpus_per_cell" in data:
+        out["cpus_per_cell"] = _number(loc, data, "cpus_per_cell", 1, 0.01, node)
+    for key, check, default in (("gpus_per_cell", check_gpus, "auto"),
+                                ("gpu_memory_fraction", check_memory_fraction, "auto")):
+        if key in data:
+            try:
+                out[key] = check(data[key])
+            except ValueError as e:
+                raise loc.error(loc.child(node, key), f"{key!r} {e}") from None
+        elif defaults:
+            out[key] = default
+    if "mps" in data:
+        if not isinstance(data["mps"], bool):
+            raise loc.error(loc.child(node, "mps"), f"'mps' must be true or false, got "
+                            f"{data['mps']!r}")
+        out["mps"] = data["mps"]
+    elif defaults:
+        out["mps"] = False
+    return out
 
 
 def _number(loc: _Located, data: dict[str, Any], key: str, default: float,
-            minimum: float) -> float:
-    """A top-level resource number; a bool is refused although Python counts it as one."""
+            minimum: float, node: yaml.Node | None = None) -> float:
+    """A resource number of ``data`` (the top level unless ``node`` says which mapping);
+    a bool is refused although Python counts it as one."""
     v = data.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int | float) or v < minimum:
-        raise loc.error(loc.child(loc.node, key), f"{key!r} must be a number >= {minimum}, "
-                        f"got {v!r}")
+        raise loc.error(loc.child(node or loc.node, key), f"{key!r} must be a number >= "
+                        f"{minimum}, got {v!r}")
     return float(v)
 
 
