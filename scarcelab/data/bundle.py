@@ -40,6 +40,19 @@ class RawDataset:
     # source (class 1 is used). See :func:`resolve_positive_class`.
     positive_class: int | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    # -- a real unlabeled pool (a user's own images, scarcelab.data.own; plugins may set
+    # these too). ``unlabeled_x``: the pool as given, uint8 (N, C, H, W), possibly empty;
+    # None keeps the realistic split's rule for public datasets (everything of ``train``
+    # neither labeled nor validation). With a pool given, ``train`` holds labeled images
+    # only and none of them ever joins the pool. ``test_from`` says where ``test`` came
+    # from: official | folder | holdout | fold i/k. ``digests`` are sha256 digests of each
+    # part's file contents (train, val, test with their labels; unlabeled), recorded in the
+    # split so that its hash changes when a file does. ``default_budget``: the source's
+    # default (n_labeled, n_val), else scarcelab.data.splits.default_budget's.
+    unlabeled_x: np.ndarray | None = None
+    test_from: str = "official"
+    digests: dict[str, str] = field(default_factory=dict)
+    default_budget: tuple[int, int] | None = None
 
     @property
     def channels(self) -> int:
