@@ -10,12 +10,15 @@ import click
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     SEED_MAX,
+    DatasetName,
     Device,
     Float,
     Folder,
     Int,
     Registered,
     apply_identity,
+    data_options,
+    dataset_options,
     identity_options,
     label_budget,
     opt_int,
@@ -31,8 +34,9 @@ from scarcelab.errors import ScarcelabError
               "best.pt | models:/<name>/<version>")
 @click.option("--protocol", default="linear", show_default=True,
               type=click.Choice(["linear", "finetune"]))
-@click.option("--dataset", default="pathology_crops", show_default=True,
-              type=Registered("dataset"))
+@click.option("--dataset", default="pathology_crops", show_default=True, type=DatasetName(),
+              help="a registered dataset or plugin, or your own images: folder:PATH or "
+              "csv:FILE (docs/own-images.md)")
 @click.option("--data-dir", default="", type=Folder(),
               help="existing data root (default: $SCARCELAB_DATA or ~/.cache/scarcelab)")
 @click.option("--arch", default="auto", show_default=True,
@@ -66,6 +70,7 @@ from scarcelab.errors import ScarcelabError
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--set", "overrides", default="", help="finetune: fixed hyperparameters")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@dataset_options
 @identity_options
 @verbosity_options
 def probe_cmd(**kw: Any) -> None:
@@ -90,6 +95,7 @@ def _run(kw: dict[str, Any]) -> None:
     from scarcelab.tracking.transfer import log_probe_outcome
 
     check_device(kw["device"])
+    opts = data_options(kw, kw["dataset"])
     cfg = ProbeConfig(
         dataset=kw["dataset"], encoder=kw["encoder"], protocol=kw["protocol"],
         data_dir=kw["data_dir"] or None, arch=kw["arch"], seed=opt_int(kw["seed"], "--seed") or 0,
@@ -103,9 +109,9 @@ def _run(kw: dict[str, Any]) -> None:
         batch_size=opt_int(kw["batch_size"], "--batch-size"),
         max_steps_per_epoch=opt_int(kw["max_steps_per_epoch"], "--max-steps-per-epoch"),
         max_trials=opt_int(kw["max_trials"], "--max-trials") or 0, device=kw["device"],
-        overrides=parse_overrides(kw["overrides"]))
+        overrides=parse_overrides(kw["overrides"]), data_options=opts)
     cfg.validate()
-    raw = load_raw(cfg.dataset, cfg.data_dir)
+    raw = load_raw(cfg.dataset, cfg.data_dir, cfg.data_options)
     arch: str | None = None if cfg.arch == "auto" else cfg.arch
     if arch is None and cfg.encoder == "random":
         arch = "resnet18" if cfg.resolved_device().startswith("cuda") else "small_cnn"

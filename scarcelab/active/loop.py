@@ -49,6 +49,7 @@ from scarcelab.active.datasets import (
     load_al_dataset,
     spec,
 )
+from scarcelab.data.own import dataset_label
 from scarcelab.errors import ConfigError, DataError
 from scarcelab.tracker import DatasetInfo, Tracker
 
@@ -70,13 +71,15 @@ class ALRunConfig:
     max_candidates: int | None = None  # None = the strategy's own default
     device: str = "cpu"  # "auto" = cuda when available
     encoder: dict[str, Any] = field(default_factory=dict)  # encoded_* sets (EncoderConfig)
+    data_options: Any = None  # a user's images: scarcelab.data.own.DataOptions
 
     def resolved(self) -> ALConfig:
         return dataset_config(self.dataset).replace(**self.overrides)
 
     def load_context(self, cache: Any = None, pretrained: Any = None,
                      pretrained_id: str = "") -> LoadContext:
-        return LoadContext(self.device, dict(self.encoder), cache, pretrained, pretrained_id)
+        return LoadContext(self.device, dict(self.encoder), cache, pretrained, pretrained_id,
+                           self.data_options)
 
 
 @dataclass
@@ -406,7 +409,8 @@ def _sweep_params(rc: ALRunConfig, cfg: ALConfig, name: str, strategy: Strategy
             "max_candidates": strategy.max_candidates,
             **{f"al.{k}": v for k, v in dataclasses.asdict(cfg).items()},
             **{f"strategy.{k}": v for k, v in rc.strategy_params.items()},
-            **{f"encoder.{k}": v for k, v in rc.encoder.items()}}
+            **{f"encoder.{k}": v for k, v in rc.encoder.items()},
+            **(rc.data_options.params() if rc.data_options is not None else {})}
 
 
 def _start_sweep(tracker: Tracker, rc: ALRunConfig, name: str, base_tags: dict[str, str],
@@ -414,7 +418,7 @@ def _start_sweep(tracker: Tracker, rc: ALRunConfig, name: str, base_tags: dict[s
     """Open the parent record; synthetic sets (``first`` None) have no single digest, as
     each repetition draws its own."""
     tracker.start_study(
-        f"al-{rc.dataset}-{name}-q{rc.query_size}",
+        f"al-{dataset_label(rc.dataset)}-{name}-q{rc.query_size}",
         {**base_tags, T.ROLE: "al_sweep", **(first.tags if first else {})}, params,
         {"al_config.json": {**params, "note": first.note if first else ""}},
         DatasetInfo(rc.dataset, first.source if first else f"synthetic:{rc.dataset}",

@@ -120,6 +120,10 @@ class DataOptions:
 
 
 def looks_like_path(text: str) -> bool:
+    """A bare path: it holds a separator, starts with ``~`` or ``.``, or ends in ``.csv``
+    — unless it starts with another scheme (``encoded_folder:…``, ``runs:/…``)."""
+    if re.match(r"[A-Za-z][\w.+-]+:", text):
+        return False
     return ("/" in text or os.sep in text or text.startswith(("~", "."))
             or text.lower().endswith(".csv"))
 
@@ -160,11 +164,12 @@ def is_own(name: str) -> bool:
 def dataset_label(name: str) -> str:
     """``name`` for run and model names: a user's data by its short slug
     (``folder-chest``), any other dataset by its name."""
+    prefix = "encoded_" if name.startswith("encoded_") else ""
     try:
-        ref = parse_ref(name)
+        ref = parse_ref(name[len(prefix):])
     except ConfigError:
         return name
-    return ref.slug if ref is not None else name
+    return prefix + ref.slug if ref is not None else name
 
 
 def pool_hint(name: str) -> str:

@@ -43,7 +43,8 @@ from scarcelab import tags as T
 from scarcelab.data import load_raw
 from scarcelab.data.augment import to_float
 from scarcelab.data.bundle import RawDataset, resolve_positive_class
-from scarcelab.data.splits import make_split
+from scarcelab.data.own import dataset_label
+from scarcelab.data.splits import labeled_rest, make_split
 from scarcelab.errors import ConfigError
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export
@@ -81,6 +82,8 @@ class ProbeConfig(AutoDevice):
     max_steps_per_epoch: int | None = None
     max_trials: int = 0
     overrides: dict[str, Any] = field(default_factory=dict)
+    # a user's images (folder:/csv:): scarcelab.data.own.DataOptions; None otherwise
+    data_options: Any = None
 
     def validate(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -129,7 +132,7 @@ def label_fraction_tag(split: dict[str, Any]) -> str:
     count over the pool — so that the transfer view never pools different label budgets."""
     if "label_fraction" in split:
         return f"{split['label_fraction']:g}"
-    pool = split["n_labeled"] + len(split["unlabeled"])
+    pool = split["n_labeled"] + len(labeled_rest(split))
     return "1" if split["n_labeled"] == pool else f"{split['n_labeled'] / pool:.4g}"
 
 
@@ -178,7 +181,7 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
     """
     cfg.validate()
     t0 = time.time()
-    raw = load_raw(cfg.dataset, cfg.data_dir)
+    raw = load_raw(cfg.dataset, cfg.data_dir, cfg.data_options)
     split = probe_split(cfg, raw)
     device = torch.device(cfg.resolved_device())
     pos = resolve_positive_class(raw)  # a binary task's disease class, as the studies
@@ -211,8 +214,12 @@ def _start_linear_study(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any]
                 "positive_class": pos,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
                 "n_test": len(raw.test_y), "encoder_info": enc_info}
+    resolved.pop("data_options")  # a user's images: the options, flat, as entered
+    if cfg.data_options is not None:
+        resolved.update(cfg.data_options.params())
     params = {k: v for k, v in resolved.items() if k not in _FINETUNE_ONLY}
-    tracker.start_study(name=f"probe-linear-{raw.name}-s{cfg.seed}", tags=tags, params=params,
+    tracker.start_study(name=f"probe-linear-{dataset_label(raw.name)}-s{cfg.seed}", tags=tags,
+                        params=params,
                         artifacts={"split.json": split, "config.json": resolved},
                         dataset=_dataset_info(raw, split))
 
@@ -308,7 +315,7 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
         raise ConfigError(f"finetune method={cfg.method!r}: pick a supervised method with a "
                           "classifier head (sup, mixup)")
     t0 = time.time()
-    raw = load_raw(cfg.dataset, cfg.data_dir)
+    raw = load_raw(cfg.dataset, cfg.data_dir, cfg.data_options)
     split = probe_split(cfg, raw)
     scfg = _finetune_study_config(cfg, split, str(enc_info.get("arch", cfg.arch)))
     factory = _encoder_factory(backbone, raw.channels)
@@ -343,7 +350,7 @@ def _finetune_study_config(cfg: ProbeConfig, split: dict[str, Any], arch: str) -
                        label_fraction=cfg.label_fraction, search="random",
                        batch_size=cfg.batch_size, max_steps_per_epoch=cfg.max_steps_per_epoch,
                        max_trials=cfg.max_trials, device=cfg.device, overrides=cfg.overrides,
-                       diag_samples=0)
+                       diag_samples=0, data_options=cfg.data_options)
 
 
 def _encoder_factory(backbone: nn.Module, channels: int) -> Callable[[int], nn.Module]:
