@@ -237,17 +237,23 @@ class DatasetName(Registered):
         return "NAME|folder:PATH|csv:FILE"
 
     def parse(self, value: str) -> str:
-        from scarcelab.data.own import check_ref
         from scarcelab.errors import ScarcelabError
         from scarcelab.registry import plugin_names
+
+        def check_ref(text: str) -> Any:
+            from scarcelab.data.own import check_ref
+
+            return check_ref(text)
 
         if not value:
             raise ValueError("must not be empty")
         prefix = "encoded_" if self.al and value.lower().startswith("encoded_") else ""
-        try:
-            ref = check_ref(value[len(prefix):])
-        except ScarcelabError as e:
-            raise ValueError(str(e)) from None
+        ref = None
+        if _maybe_own(value[len(prefix):]):  # else numpy stays unimported while parsing
+            try:
+                ref = check_ref(value[len(prefix):])
+            except ScarcelabError as e:
+                raise ValueError(str(e)) from None
         if ref is not None:
             return prefix + ref.name
         if self.al or value.lower() in plugin_names("dataset"):
@@ -260,6 +266,15 @@ class DatasetName(Registered):
                     f"; {value} is a file here: use csv:{value}" if here.is_file() else
                     "; your own images: folder:PATH or csv:FILE (docs/own-images.md)")
             raise ValueError(f"{e}{hint}") from None
+
+
+def _maybe_own(value: str) -> bool:
+    """Whether ``value`` may name a user's files (``scarcelab.data.own.parse_ref`` decides):
+    a folder:/csv: scheme or a path-like word."""
+    import os
+
+    return (value.split(":", 1)[0].lower() in ("folder", "csv") or "/" in value
+            or os.sep in value or value.startswith(("~", ".")) or value.lower().endswith(".csv"))
 
 
 def _static_index(kind: str) -> Any:

@@ -305,7 +305,8 @@ def scan_folder(ref: DatasetRef) -> Listing:
         raise DataError(f"{ref.name} is a file, not a folder (a CSV is csv:{root})")
     subdirs = {d.name for d in root.iterdir() if d.is_dir() and not _hidden(d.name)}
     if "labeled" not in subdirs:
-        near = difflib.get_close_matches("labeled", sorted(subdirs), n=1, cutoff=0.6)
+        near = difflib.get_close_matches("labeled", sorted(subdirs - set(FOLDER_PARTS)), n=1,
+                                         cutoff=0.6)
         hint = (f" (found {near[0]}/: rename it to labeled/)" if near else
                 " (found train/: rename it to labeled/)" if "train" in subdirs else "")
         raise DataError(f"{ref.name} has no labeled/ folder{hint}; {layout}")
@@ -516,7 +517,7 @@ def load(ref: DatasetRef, options: DataOptions | None = None, *,
                "unlabeled": _digest([parts["unlabeled"]["sha"][j] for j in pool_keep])}
     if has_val:
         digests["val"] = _digest(val["sha"], val["y"], np.arange(len(val["files"])))
-    n_ref = _smallest_train(y_all, opts) if test_from.startswith("fold") else len(train_i)
+    n_ref = _smallest_train(y_all, opts) if test_from.startswith("fold ") else len(train_i)
     raw = RawDataset(
         name=ref.name, train_x=x_lab[train_i], train_y=y_all[train_i], test_x=test_x,
         test_y=test_y, num_classes=len(lst.classes), class_names=list(lst.classes),
@@ -690,9 +691,10 @@ def _describe(ref: DatasetRef, lst: Listing, opts: DataOptions, dec: Any,
         "data.n_files": len(kept), "data.n_bad_files": len(dec.bad),
         "data.n_ignored_files": lst.ignored, "data.n_labeled_images": len(lst.labeled),
         "data.n_unlabeled_images": len(pool_keep), "data.n_pool_duplicates": n_dup,
-        "data.classes": ",".join(lst.classes)[:500], "data.test_from": test_from}
+        "data.classes": ",".join(lst.classes)[:500],
+        "data.test_from": test_from.split(" ")[0]}  # the fold itself is a tag
     tags = {T.TEST_FROM: test_from.split(" ")[0]}
-    if test_from.startswith("fold"):
+    if test_from.startswith("fold "):
         tags[T.FOLD] = test_from.split(" ")[1]
     manifest = {"dataset": ref.name, "root": str(lst.root), "classes": lst.classes,
                 "cache_key": dec.cache_key, "test_from": test_from,

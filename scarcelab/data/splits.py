@@ -188,7 +188,7 @@ def _test_text(raw: RawDataset) -> str:
     n = len(raw.test_y)
     if raw.test_from == "holdout":
         return f" ({n} more are the test hold-out, --test-fraction)"
-    if raw.test_from.startswith("fold"):
+    if raw.test_from.startswith("fold "):
         return f" ({n} more are the test images of {raw.test_from}, --folds)"
     return ""
 

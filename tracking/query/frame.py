@@ -256,7 +256,7 @@ class Tracked:
         studies = self.studies().set_index("run_id")
         with_series, without = self._split()
         meta_cols = [c for c in ("experiment", "family", "method", "dataset", "seed",
-                                 "n_labeled", "n_val", "budget_minutes", "arch")
+                                 "fold", "n_labeled", "n_val", "budget_minutes", "arch")
                      if c in studies]
         parts = []
         if source != "trials" and with_series:
@@ -385,7 +385,10 @@ NOT_SETTINGS = frozenset({"seed", "storage", "study_name", "data_dir", "register
                           "tags", "description",  # the run's labels (--tags, --description)
                           "experiment", "set", "hparams_from", "resume", "quiet", "verbose",
                           # derived from budget_minutes (the final-phase reserve kept)
-                          "final_reserve_s", "run_name"})
+                          "final_reserve_s", "run_name",
+                          # the test set's size follows from the data: the k folds of a
+                          # user's images (tag scarcelab.fold) differ in it by an image
+                          "n_test"})
 #: ``scarcelab.*`` tags that say how a study was run (every other tag is bookkeeping that
 #: differs between seeds or attempts: owner, split hash, trial counts, digests, ...)
 SETTING_TAGS = ("family", "method", "dataset", "arch", "search", "val_from", "protocol",
