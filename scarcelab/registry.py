@@ -42,6 +42,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._packages = packages
         self._entries: dict[str, T] = {}
+        self._plugins: set[str] = set()  # the entries loaded from plugins
         self._loaded = False
         _LIVE.setdefault(kind, self)
 
@@ -62,6 +63,7 @@ class Registry(Generic[T]):
             raise ConfigError(f"{self.kind} plugin {key!r} ({ep.value}) is not callable; "
                               "its entry point must name a loader function")
         self._entries[key] = obj
+        self._plugins.add(key)
         return True
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -155,8 +157,13 @@ _PLUGIN_CACHE: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
 
 
 def refresh_plugins() -> None:
-    """Forget the plugins read so far (a package installed while the process runs)."""
+    """Forget the plugins read and loaded so far (a package installed or removed while the
+    process runs): they are looked up again on next use."""
     _PLUGIN_CACHE.clear()
+    for reg in _LIVE.values():
+        for key in reg._plugins:
+            reg._entries.pop(key, None)
+        reg._plugins.clear()
 
 
 def plugin_names(kind: str) -> list[str]:

@@ -519,3 +519,104 @@ def test_16bit_tiff_and_dicom_in_a_folder(folder) -> None:  # type: ignore[no-un
 
     assert any(np.array_equal(r[0], stretched(a)) for r in raw.train_x)
     assert any(np.array_equal(r[0], stretched(ua)) for r in raw.unlabeled_x)
+
+
+# -- dataset plugins ------------------------------------------------------------------------
+
+PLUGIN = '''\
+"""A user's dataset package: a loader in entry-point group scarcelab.datasets."""
+import os
+from pathlib import Path
+
+import numpy as np
+
+if os.environ.get("TOY_PLUGIN_MARKER"):  # proves when the package is imported
+    Path(os.environ["TOY_PLUGIN_MARKER"]).write_text("imported")
+
+
+def load(data_dir=None):
+    from scarcelab.data.bundle import RawDataset
+
+    rng = np.random.default_rng(0)
+    y = np.arange(240) % 2
+    x = (rng.integers(0, 60, (240, 1, 12, 12)) + 150 * y[:, None, None, None]).astype(np.uint8)
+    return RawDataset(name="toyplug", train_x=x[:180], train_y=y[:180], test_x=x[180:],
+                      test_y=y[180:], num_classes=2, class_names=["a", "b"],
+                      source="toy_scarce_plugin")
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A real package installed the way pip leaves one: its module and a dist-info folder
+    with METADATA and entry_points.txt, on sys.path (no network, no pip)."""
+    from scarcelab.registry import refresh_plugins
+
+    site = tmp_path / "site"
+    (site / "toy_scarce_plugin").mkdir(parents=True)
+    (site / "toy_scarce_plugin" / "__init__.py").write_text(PLUGIN)
+    info = site / "toy_scarce_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-scarce-plugin\n"
+                                   "Version: 0.1\n")
+    (info / "entry_points.txt").write_text("[scarcelab.datasets]\n"
+                                           "toyplug = toy_scarce_plugin:load\n")
+    marker = tmp_path / "imported.txt"
+    monkeypatch.setenv("TOY_PLUGIN_MARKER", str(marker))
+    monkeypatch.syspath_prepend(str(site))
+    refresh_plugins()
+    yield site, marker
+    refresh_plugins()
+    sys.modules.pop("toy_scarce_plugin", None)
+
+
+def test_plugin_is_found_by_name_checks_and_listing_without_import(plugin) -> None:  # type: ignore[no-untyped-def]
+    from scarcelab.data import DATASETS
+    from scarcelab.data.catalog import describe
+    from scarcelab.entrypoints.options import DatasetName
+
+    site, marker = plugin
+    assert "toyplug" in DATASETS.names() and "toyplug" in DATASETS
+    assert DatasetName().parse("toyplug") == "toyplug"
+    e = describe("toyplug")
+    assert e.on_disk == "plugin" and "toy_scarce_plugin:load" in e.where
+    assert "toy-scarce-plugin" in e.where
+    assert not marker.exists()  # names, checks and listing read metadata only
+    raw = load_raw("toyplug")
+    assert marker.exists() and raw.name == "toyplug" and len(raw.train_y) == 180
+    out = subprocess.run([sys.executable, "-m", "scarcelab.entrypoints.cli", "list",
+                          "datasets"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}",
+                              "TOY_PLUGIN_MARKER": str(marker) + ".list"})
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("toyplug"))
+    assert "plugin" in line and "toy_scarce_plugin:load" in line
+    assert not Path(str(marker) + ".list").exists()
+
+
+def test_a_broken_plugin_is_one_line(plugin) -> None:  # type: ignore[no-untyped-def]
+    site, _ = plugin
+    (site / "toy_scarce_plugin" / "__init__.py").write_text("raise ImportError('no numpy2')\n")
+    from scarcelab.data import DATASETS
+
+    with pytest.raises(ConfigError, match="dataset plugin 'toyplug' .*toy_scarce_plugin:load.* "
+                       "failed to load: ImportError: no numpy2"):
+        DATASETS.get("toyplug")
+
+
+def test_a_sweep_cell_runs_a_study_on_the_plugin(plugin, store) -> None:  # type: ignore[no-untyped-def]
+    """A cell is a fresh ``python -m scarcelab.entrypoints.cli`` process (on a Ray node: that
+    node's Python): the plugin is found there from the installed package alone."""
+    import mlflow
+
+    from scarcelab.tracking.sweep.driver import run_cell_process
+
+    site, _ = plugin
+    res = run_cell_process(["supervised", "--method", "sup", "--dataset", "toyplug",
+                            "--experiment", "plug", "--n-labeled", "20", *STUDY],
+                           {"PYTHONPATH": f"{site}{os.pathsep}{REPO}"}, str(REPO),
+                           sys.executable)
+    assert res["rc"] == 0, res["output"][-3000:]
+    runs = mlflow.search_runs(experiment_names=["plug"])
+    study = runs[runs["tags.scarcelab.role"] == "study"].iloc[0]
+    assert study["tags.scarcelab.dataset"] == "toyplug" and study["status"] == "FINISHED"
