@@ -591,6 +591,7 @@ def test_plugin_is_found_by_name_checks_and_listing_without_import(plugin) -> No
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("toyplug"))
     assert "plugin" in line and "toy_scarce_plugin:load" in line
+    assert "--dataset folder:PATH or --dataset csv:FILE" in out.stdout  # how to name a folder
     assert not Path(str(marker) + ".list").exists()
 
 

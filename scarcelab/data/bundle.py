@@ -77,6 +77,10 @@ class DatasetBundle:
     ``unlabeled_origin`` (int, one per unlabeled image), set by the contamination protocol,
     is each image's index in the uncontaminated pool followed by the OOD draw (``n_id + j``
     for the j-th OOD image), so diagnostics can pick the same ID images at every ratio.
+    A dataset with a real pool (``RawDataset.unlabeled_x``) gives ``unlabeled_x`` exactly
+    that pool, ``unlabeled_y`` None (its labels are unknown, not hidden), and
+    ``meta["unlabeled"] == "given"`` with ``meta["test_from"]``; public datasets' bundles
+    carry neither key.
     """
 
     labeled_x: np.ndarray
