@@ -93,7 +93,7 @@ def test_unlabeled_pool_is_exactly_the_given_files(folder) -> None:  # type: ign
     assert len(raw.train_y) == len(files["labeled"]) and raw.test_from == "folder"
     assert _rows(raw.test_x) == _pixels(files["test"])
     assert raw.class_names == list(CLASSES)
-    split = make_split(raw, seed=3)
+    split = make_split(raw, 20, 10, seed=3)  # 30 labeled images left over: unused
     b = apply_split(raw, split)
     assert split["unlabeled"] == "given" and split["n_unlabeled"] == len(files["unlabeled"])
     # the pool digest, computed here from the files: sha256 over their sha256s in pool order
@@ -104,9 +104,11 @@ def test_unlabeled_pool_is_exactly_the_given_files(folder) -> None:  # type: ign
     # labeled and validation come from the labeled images; leftovers stay unused, never pooled
     assert not _rows(b.labeled_x) & _rows(b.unlabeled_x)
     assert not _rows(b.val_x) & _rows(b.unlabeled_x)
+    assert len(split["unused"]) == 30 and len(b.unlabeled_x) == len(files["unlabeled"])
     assert len(split["labeled"]) + len(split["val"]) + len(split["unused"]) == len(raw.train_y)
     # default budget: every labeled image, a fifth of them for validation
-    assert (split["n_labeled"], split["n_val"]) == (48, 12)
+    default = make_split(raw, seed=3)
+    assert (default["n_labeled"], default["n_val"], default["unused"]) == (48, 12, [])
 
 
 def test_pool_leaves_out_copies_of_labeled_images(folder) -> None:  # type: ignore[no-untyped-def]
