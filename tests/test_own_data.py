@@ -101,6 +101,9 @@ def test_unlabeled_pool_is_exactly_the_given_files(folder) -> None:  # type: ign
     want = hashlib.sha256("".join(f"{_sha(p)}\n" for p in order).encode()).hexdigest()
     assert split["unlabeled_sha256"] == want
     assert np.array_equal(b.unlabeled_x, raw.unlabeled_x) and b.unlabeled_y is None
+    # the transform the logged model replays: channels resolved, size as given
+    assert b.meta["transform"]["channels"] == "gray" == raw.transform["channels"]
+    assert b.meta["transform"]["image_size"] == "native"
     # labeled and validation come from the labeled images; leftovers stay unused, never pooled
     assert not _rows(b.labeled_x) & _rows(b.unlabeled_x)
     assert not _rows(b.val_x) & _rows(b.unlabeled_x)
@@ -148,6 +151,7 @@ def test_public_splits_keep_their_json_and_hash(medmnist_dir) -> None:  # type: 
     s = make_split(raw, 100, 100, seed=0)
     assert set(s) == {"dataset", "seed", "n_labeled", "n_val", "val_from", "labeled", "val",
                       "unlabeled", "test", "hash"}
+    assert "transform" not in apply_split(raw, s).meta and raw.transform is None
     assert len(s["unlabeled"]) == 546 - 200 and s["test"] == "official"
 
 

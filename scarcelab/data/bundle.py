@@ -53,6 +53,10 @@ class RawDataset:
     test_from: str = "official"
     digests: dict[str, str] = field(default_factory=dict)
     default_budget: tuple[int, int] | None = None
+    # the decode transform a user's files went through (imagefiles.Transform.params(), its
+    # channels resolved), which the logged model replays on raw images; None: the images
+    # are used as stored (public datasets)
+    transform: dict[str, str] | None = None
 
     @property
     def channels(self) -> int:
@@ -79,8 +83,9 @@ class DatasetBundle:
     for the j-th OOD image), so diagnostics can pick the same ID images at every ratio.
     A dataset with a real pool (``RawDataset.unlabeled_x``) gives ``unlabeled_x`` exactly
     that pool, ``unlabeled_y`` None (its labels are unknown, not hidden), and
-    ``meta["unlabeled"] == "given"`` with ``meta["test_from"]``; public datasets' bundles
-    carry neither key.
+    ``meta["unlabeled"] == "given"`` with ``meta["test_from"]``, and a user's images also
+    ``meta["transform"]`` (``RawDataset.transform``); public datasets' bundles carry none
+    of these keys.
     """
 
     labeled_x: np.ndarray

@@ -525,10 +525,20 @@ def load(ref: DatasetRef, options: DataOptions | None = None, *,
         val_y=val["y"] if has_val else None, source=ref.name, unlabeled_x=pool,
         test_from=test_from, digests=digests,
         default_budget=default_budget(n_ref, len(lst.classes),
-                                      len(val["files"]) if has_val else 0))
+                                      len(val["files"]) if has_val else 0),
+        transform=_resolved_transform(opts, dec.channels))
     _describe(ref, lst, opts, dec, parts, train_i, test_i, test_from, pool_keep, n_dup,
               paths, kept)
     return raw
+
+
+def _resolved_transform(opts: DataOptions, channels: int) -> dict[str, str]:
+    """The transform as training saw it, ``auto`` channels resolved (what the files were:
+    all gray or all colour), for the logged model to replay on a new file."""
+    from scarcelab.data.imagefiles import Transform
+
+    mode = opts.channels if opts.channels != "auto" else ("gray" if channels == 1 else "rgb")
+    return Transform(opts.image_size, mode, opts.fit).params()
 
 
 def _classes_index(classes: list[str]) -> dict[str, int]:

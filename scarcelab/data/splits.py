@@ -386,6 +386,8 @@ def apply_split(raw: RawDataset, split: dict[str, Any]) -> DatasetBundle:
     }
     if given:  # absent otherwise: public datasets keep their bundle as it was
         meta.update(unlabeled="given", test_from=raw.test_from)
+    if raw.transform is not None:
+        meta["transform"] = dict(raw.transform)
     return DatasetBundle(
         labeled_x=raw.train_x[lab],
         labeled_y=raw.train_y[lab],
