@@ -6,7 +6,9 @@ module, and torch with it, before the options have parsed.)
 The core reports everything through its :class:`~scarcelab.tracker.Tracker`, so progress is
 a tracker wrapper (:class:`ProgressTracker`) that watches the calls on their way to the real
 tracker — the search itself is not touched. The same wrapper adds the run's data provenance
-(``data_files.json``, see :mod:`scarcelab.data.provenance`), drops metrics that came out NaN
+(``data_files.json``, see :mod:`scarcelab.data.provenance`; for a user's images also the
+``data_manifest.json`` of every file and the decode params and tags the loader described),
+drops metrics that came out NaN
 (e.g. AUROC on a one-class test set: logged as missing, with a warning that says why
 (:mod:`scarcelab.metrics.undefined`), never as NaN) and
 logs parameters under the names ``mlflow run`` gives them (``entrypoints.options``).
@@ -247,10 +249,15 @@ class ProgressTracker(DelegatingTracker):
         from scarcelab.entrypoints.options import merge_params
 
         self.data_files = provenance.used()
+        described = provenance.described()  # a user's images: params, tags, manifest
         provenance.reset()  # the next run of this process records its own files
         artifacts = {**artifacts, "data_files.json": {"files": self.data_files}}
         tags = {**tags, T.DATA_FILES: provenance.summary(self.data_files)
                 or "none (generated data)"}
+        if described:
+            params = {**described["params"], **params}
+            tags = {**tags, **described["tags"]}
+            artifacts = {**artifacts, "data_manifest.json": described["manifest"]}
         if self.entry is not None and not os.environ.get("MLFLOW_RUN_ID"):
             params = merge_params(self.entry, params)
         self.inner.start_study(name, tags, params, artifacts, dataset)

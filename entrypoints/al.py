@@ -11,8 +11,10 @@ import click
 from scarcelab.entrypoints._accel import ACCEL_ENTRY, accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
+    DATASET_ENTRY,
     IDENTITY_ENTRY,
     SEED_MAX,
+    DatasetName,
     Device,
     Float,
     Folder,
@@ -23,6 +25,8 @@ from scarcelab.entrypoints.options import (
     apply_identity,
     check_device,
     check_fields,
+    data_options,
+    dataset_options,
     entry_params,
     identity_options,
     verbosity,
@@ -34,7 +38,7 @@ AL_ENTRY = {n: n for n in (
     "strategy", "dataset", "data_dir", "query_size", "budget", "seed_set", "repetitions",
     "seed_strategy", "seed_data", "seed_model", "max_candidates", "device", "encoder",
     "early_stop_on")} | {
-    "set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY}
+    "set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY, **DATASET_ENTRY}
 
 
 def _hidden(v: Any) -> tuple[int, ...]:
@@ -83,10 +87,10 @@ def _parse_set(over: dict[str, Any], dataset: str
 @main.command(name="al", short_help="Run one active-learning sweep (CDALBench protocol).")
 @click.option("--strategy", required=True, type=Registered("strategy"),
               help="query strategy (scarcelab list strategies)")
-@click.option("--dataset", default="splice", show_default=True, type=Word(),
+@click.option("--dataset", default="splice", show_default=True, type=DatasetName(al=True),
               help="splice, dna, usps, sms, honeypot, diverging_sine, an image dataset "
-              "(mnist_5k, cifar10_5k, any MedMNIST name) or encoded_<image dataset> "
-              "(scarcelab list al-datasets)")
+              "(mnist_5k, cifar10_5k, any MedMNIST name, your own folder:PATH or csv:FILE) "
+              "or encoded_<image dataset> (scarcelab list al-datasets)")
 @click.option("--data-dir", default="default", show_default=True, type=Folder(),
               help="existing folder with the data files (default: $SCARCELAB_DATA or "
               "~/.cache/scarcelab, then the project's shared data, announced); synthetic "
@@ -123,6 +127,7 @@ def _parse_set(over: dict[str, Any], dataset: str
               "arch=small_cnn,strategy.tau=5,encoder.epochs=50,encoder.arch=resnet18'")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 @accel_options
+@dataset_options
 @identity_options
 @verbosity_options
 @click.pass_context
@@ -131,18 +136,19 @@ def al_cmd(ctx: click.Context, strategy: str, dataset: str, data_dir: str | None
            seed_strategy: int, seed_data: int, seed_model: int, max_candidates: int | None,
            device: str, encoder: str, early_stop_on: str, overrides: dict[str, Any],
            experiment: str, quiet: bool, verbose: bool, run_name: str,
-           tags: dict[str, str], description: str, **accel: str) -> None:
+           tags: dict[str, str], description: str, **rest: Any) -> None:
     """Run the CDALBench protocol for one strategy; one MLflow run per repetition."""
-    ctx.meta["scarcelab.accel"] = accel_from(accel)
+    ctx.meta["scarcelab.accel"] = accel_from(rest, pop=True)
     level = verbosity(ctx, quiet, verbose)
     t0 = time.time()
     from scarcelab.errors import ScarcelabError
 
+    opts = data_options(rest, dataset)
     try:
         _al(ctx, level, t0, strategy, dataset, data_dir, query_size, budget, seed_set,
             repetitions, seed_strategy, seed_data, seed_model, max_candidates, device,
             encoder, early_stop_on, overrides, experiment,
-            {"run_name": run_name, "tags": tags, "description": description})
+            {"run_name": run_name, "tags": tags, "description": description}, opts)
     except ScarcelabError as e:  # bad input: a one-line error, not a traceback
         raise click.ClickException(str(e)) from e
 
@@ -151,7 +157,8 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         data_dir: str | None, query_size: int, budget: int | None, seed_set: int | None,
         repetitions: int, seed_strategy: int, seed_data: int, seed_model: int,
         max_candidates: int | None, device: str, encoder: str, early_stop_on: str,
-        overrides: dict[str, Any], experiment: str, ident: dict[str, Any]) -> None:
+        overrides: dict[str, Any], experiment: str, ident: dict[str, Any],
+        opts: Any = None) -> None:
     import os
 
     import torch
@@ -178,6 +185,7 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         encoder=({"method": encoder, **enc_params}
                  if spec(dataset).kind == "encoded" and ":/" not in encoder else {}),
         accel=ctx.meta["scarcelab.accel"],
+        data_options=opts,
     )
     resolved = _warn_cpu_arch(rc, dataset, device)
     ctx_data = None

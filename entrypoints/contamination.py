@@ -264,13 +264,20 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from scarcelab.data import provenance
     from scarcelab.entrypoints._progress import Display
+    from scarcelab.protocols.search import check_data
+
+    check_data(cfg)  # data, split, an empty ID pool: refused before the parent run exists
+    provenance.reset()  # each child records its own files when it loads them
 
     client = MlflowClient()
     key = sweep_key(cfg, sources, ratios, kw["tuning"], kw["ood_dir"])
     parent_id = os.environ.pop("MLFLOW_RUN_ID", None)
     exp_id = _experiment_id(client, parent_id, kw["experiment"])
-    name = ident["run_name"] or f"contamination-{cfg.method}-{cfg.dataset}"
+    from scarcelab.data.own import dataset_label
+
+    name = ident["run_name"] or f"contamination-{cfg.method}-{dataset_label(cfg.dataset)}"
     parent_id, done = _open_parent(client, cfg, exp_id, key, parent_id, name)
     mlflow.set_experiment(experiment_id=exp_id)
     _log_parent(client, ctx, parent_id, cfg, kw, sources, ratios, key, ident, name)

@@ -31,6 +31,8 @@ def list_cmd(what: str, data_dir: str | None) -> None:
         from scarcelab.active.datasets import list_al_datasets, spec
         for name in list_al_datasets():
             click.echo(f"{name}\t{spec(name).kind}")
+        click.echo("folder:PATH, csv:FILE\timage (your own images; encoded_folder:PATH "
+                   "encodes them, the encoder learning from their unlabeled/ too)")
     else:
         from scarcelab.active import STRATEGIES
         for name, _ in STRATEGIES.items():
@@ -41,7 +43,7 @@ def _datasets(data_dir: str | None) -> None:
     """An aligned table (name first, so ``cut -f1``-style scripts still see the names):
     sizes are the source's official train/val/test counts where it states them."""
     from scarcelab.data import DATASETS
-    from scarcelab.data.catalog import describe
+    from scarcelab.data.catalog import OWN_IMAGES, describe
     from scarcelab.data.download import data_root
 
     rows = [("dataset", "classes", "train/val/test", "on disk", "where")]
@@ -54,3 +56,4 @@ def _datasets(data_dir: str | None) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True))
                    + "  " + r[4])
     click.echo(f"data root: {data_root(data_dir)} (--data-dir or $SCARCELAB_DATA to change)")
+    click.echo(OWN_IMAGES)

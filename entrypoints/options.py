@@ -221,6 +221,62 @@ class Registered(Word):
                          .replace(" ()", ""))
 
 
+class DatasetName(Registered):
+    """``--dataset``: a registered name, an installed plugin's (entry-point group
+    ``scarcelab.datasets``, read from package metadata: nothing is imported), or a user's
+    images, ``folder:PATH`` / ``csv:FILE`` / a bare path (``scarcelab.data.own``), whose
+    folder or CSV is read and checked here (layout, header, rows, files present) and
+    given on as its canonical ``folder:/absolute/path``. With ``al``: the AL forms, i.e.
+    also ``encoded_<any of those>`` and names only the AL registry knows (checked by it)."""
+
+    def __init__(self, al: bool = False) -> None:
+        super().__init__("dataset")
+        self.al = al
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "NAME|folder:PATH|csv:FILE"
+
+    def parse(self, value: str) -> str:
+        from scarcelab.errors import ScarcelabError
+        from scarcelab.registry import plugin_names
+
+        def check_ref(text: str) -> Any:
+            from scarcelab.data.own import check_ref
+
+            return check_ref(text)
+
+        if not value:
+            raise ValueError("must not be empty")
+        prefix = "encoded_" if self.al and value.lower().startswith("encoded_") else ""
+        ref = None
+        if _maybe_own(value[len(prefix):]):  # else numpy stays unimported while parsing
+            try:
+                ref = check_ref(value[len(prefix):])
+            except ScarcelabError as e:
+                raise ValueError(str(e)) from None
+        if ref is not None:
+            return prefix + ref.name
+        if self.al or value.lower() in plugin_names("dataset"):
+            return value
+        try:
+            return super().parse(value)
+        except ValueError as e:
+            here = Path(value).expanduser()
+            hint = (f"; {value} is a folder here: use folder:{value}" if here.is_dir() else
+                    f"; {value} is a file here: use csv:{value}" if here.is_file() else
+                    "; your own images: folder:PATH or csv:FILE (docs/own-images.md)")
+            raise ValueError(f"{e}{hint}") from None
+
+
+def _maybe_own(value: str) -> bool:
+    """Whether ``value`` may name a user's files (``scarcelab.data.own.parse_ref`` decides):
+    a folder:/csv: scheme or a path-like word."""
+    import os
+
+    return (value.split(":", 1)[0].lower() in ("folder", "csv") or "/" in value
+            or os.sep in value or value.startswith(("~", ".")) or value.lower().endswith(".csv"))
+
+
 def _static_index(kind: str) -> Any:
     """One :class:`~scarcelab.registry.StaticIndex` per kind and process."""
     from scarcelab.registry import StaticIndex
@@ -559,6 +615,80 @@ def apply_identity(tracker: Any, kw: dict[str, Any]) -> None:
     setter = getattr(tracker, "set_identity", None)  # wrappers pass it on to MlflowTracker
     if callable(setter):
         setter(run_name=name, tags=tags, description=text)
+
+
+# -- a user's images: the dataset options ----------------------------------------------------
+
+#: MLproject parameter name -> click parameter name of :func:`dataset_options` (``folds``
+#: only on the commands that run k studies: supervised, semi, self)
+DATASET_ENTRY = {n: n for n in ("image_size", "channels", "fit", "skip_bad_files",
+                                "test_fraction")}
+FOLDS_ENTRY = {"folds": "folds"}
+
+
+def dataset_options(fn: Callable[..., Any] | None = None, *, folds: bool = False) -> Any:
+    """How a user's files (``--dataset folder:PATH|csv:FILE``) become a dataset, on every
+    command that takes a dataset (``scarcelab.data.own.DataOptions``; docs/own-images.md).
+    Registered datasets refuse values other than the defaults (:func:`data_options`)."""
+    if fn is None:
+        return lambda f: dataset_options(f, folds=folds)
+    opts = [
+        click.option("--image-size", default="default", show_default=True,
+                     type=Int(1, 4096, default_ok=True),
+                     help="own images: resize to this side in pixels (shorter side, then "
+                     "--fit); default = the files' own size, which must then agree"),
+        click.option("--channels", default="auto", show_default=True,
+                     type=Word(("auto", "gray", "rgb")),
+                     help="own images: auto keeps the files' own (mixed gray and colour is "
+                     "refused), gray or rgb converts every file"),
+        click.option("--fit", default="crop", show_default=True, type=Word(("crop", "pad")),
+                     help="own images: a non-square image becomes square by a centre crop "
+                     "or by padding with black"),
+        click.option("--skip-bad-files", default="false", show_default=True, type=Bool(),
+                     help="own images: skip unreadable files (counted in the run as "
+                     "data.n_bad_files) instead of stopping at the first"),
+        click.option("--test-fraction", default="0.2", show_default=True,
+                     type=Float(0.0, 0.9, lo_open=True),
+                     help="own images without test/: the share of labeled images held out "
+                     "(stratified, fixed seed) as the test set"),
+    ]
+    if folds:
+        opts.append(click.option(
+            "--folds", default="1", show_default=True, type=Int(1, 100),
+            help="own images without test/: k > 1 runs k studies, fold i's labeled images "
+            "the test set of study i (tags scarcelab.fold, scarcelab.test_from=fold)"))
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def data_options(kw: dict[str, Any], dataset: str) -> Any:
+    """Pop the dataset options from ``kw``: a ``DataOptions`` for a user's images (the
+    dataset parsed by :class:`DatasetName`, ``encoded_`` stripped), None for any other
+    dataset, which may not set them (one line naming them, before torch)."""
+    from scarcelab.data.own import DataOptions, is_own
+
+    vals = {k: kw.pop(k) for k in (*DATASET_ENTRY, *FOLDS_ENTRY) if k in kw}
+    opts = DataOptions(**vals)
+    if is_own(dataset.removeprefix("encoded_")):
+        return opts
+    if not opts.is_default():
+        given = [f"--{k.replace('_', '-')}" for k, v in vals.items()
+                 if getattr(DataOptions(), k) != v]
+        raise click.BadParameter(
+            f"{', '.join(given)} apply to your own images (folder:PATH or csv:FILE); "
+            f"dataset {dataset!r} has its own size, channels and test set: leave "
+            f"{'it' if len(given) == 1 else 'them'} at the default", param_hint="'--dataset'")
+    return None
+
+
+def check_dataset(name: str, hint: str = "'--dataset'") -> str:
+    """A dataset given as a plain word (``tune``): its canonical name, checked as
+    :class:`DatasetName` checks it, as a parameter error of ``hint``."""
+    try:
+        return DatasetName().parse(name.strip())
+    except ValueError as e:
+        raise click.BadParameter(f"{name!r}: {e}", param_hint=hint) from None
 
 
 # -- verbosity ------------------------------------------------------------------------------

@@ -11,12 +11,15 @@ from scarcelab.entrypoints._accel import accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     SEED_MAX,
+    DatasetName,
     Device,
     Float,
     Folder,
     Int,
     Registered,
     apply_identity,
+    data_options,
+    dataset_options,
     identity_options,
     label_budget,
     opt_int,
@@ -32,8 +35,9 @@ from scarcelab.errors import ScarcelabError
               "best.pt | models:/<name>/<version>")
 @click.option("--protocol", default="linear", show_default=True,
               type=click.Choice(["linear", "finetune"]))
-@click.option("--dataset", default="pathology_crops", show_default=True,
-              type=Registered("dataset"))
+@click.option("--dataset", default="pathology_crops", show_default=True, type=DatasetName(),
+              help="a registered dataset or plugin, or your own images: folder:PATH or "
+              "csv:FILE (docs/own-images.md)")
 @click.option("--data-dir", default="", type=Folder(),
               help="existing data root (default: $SCARCELAB_DATA or ~/.cache/scarcelab)")
 @click.option("--arch", default="auto", show_default=True,
@@ -68,6 +72,7 @@ from scarcelab.errors import ScarcelabError
 @click.option("--set", "overrides", default="", help="finetune: fixed hyperparameters")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 @accel_options
+@dataset_options
 @identity_options
 @verbosity_options
 def probe_cmd(**kw: Any) -> None:
@@ -92,6 +97,7 @@ def _run(kw: dict[str, Any]) -> None:
     from scarcelab.tracking.transfer import log_probe_outcome
 
     check_device(kw["device"])
+    opts = data_options(kw, kw["dataset"])
     cfg = ProbeConfig(
         dataset=kw["dataset"], encoder=kw["encoder"], protocol=kw["protocol"],
         data_dir=kw["data_dir"] or None, arch=kw["arch"], seed=opt_int(kw["seed"], "--seed") or 0,
@@ -105,9 +111,9 @@ def _run(kw: dict[str, Any]) -> None:
         batch_size=opt_int(kw["batch_size"], "--batch-size"),
         max_steps_per_epoch=opt_int(kw["max_steps_per_epoch"], "--max-steps-per-epoch"),
         max_trials=opt_int(kw["max_trials"], "--max-trials") or 0, device=kw["device"],
-        overrides=parse_overrides(kw["overrides"]), accel=accel_from(kw))
+        overrides=parse_overrides(kw["overrides"]), accel=accel_from(kw), data_options=opts)
     cfg.validate()
-    raw = load_raw(cfg.dataset, cfg.data_dir)
+    raw = load_raw(cfg.dataset, cfg.data_dir, cfg.data_options)
     arch: str | None = None if cfg.arch == "auto" else cfg.arch
     if arch is None and cfg.encoder == "random":
         arch = "resnet18" if cfg.resolved_device().startswith("cuda") else "small_cnn"

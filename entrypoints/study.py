@@ -16,8 +16,11 @@ import click
 from scarcelab.entrypoints._accel import ACCEL_ENTRY, accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
+    DATASET_ENTRY,
+    FOLDS_ENTRY,
     IDENTITY_ENTRY,
     Bool,
+    DatasetName,
     Device,
     Float,
     Folder,
@@ -29,6 +32,8 @@ from scarcelab.entrypoints.options import (
     apply_identity,
     check_device,
     check_overrides,
+    data_options,
+    dataset_options,
     entry_params,
     identity_options,
     verbosity,
@@ -47,23 +52,26 @@ STUDY_ENTRY = {n: n for n in (
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
     "hparams_from", "transfer_epochs", "positive_class", "class_weights")} | {"set": "overrides",
-                                                            **IDENTITY_ENTRY, **ACCEL_ENTRY}
-#: the supervised / semi / self entry points add the model registry option
-FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model"}
+                                                            **IDENTITY_ENTRY, **ACCEL_ENTRY,
+                                                            **DATASET_ENTRY}
+#: the supervised / semi / self entry points add the model registry option and --folds
+FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model", **FOLDS_ENTRY}
 
 
 def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breastmnist",
-                  family: str | None = None) -> Any:
+                  family: str | None = None, folds: bool = False) -> Any:
     """The options every study command shares (``dataset``: its default, as MLproject's;
-    ``family``: the methods ``--method`` accepts, checked without importing them)."""
+    ``family``: the methods ``--method`` accepts, checked without importing them;
+    ``folds``: whether ``--folds`` is one)."""
     if fn is None:
-        return lambda f: study_options(f, dataset=dataset, family=family)
+        return lambda f: study_options(f, dataset=dataset, family=family, folds=folds)
     opts = [
         click.option("--method", required=True, type=Registered("method", family),
                      help=f"registered {family or ''} method (scarcelab list methods)"
                      .replace("  ", " ")),
-        click.option("--dataset", default=dataset, show_default=True,
-                     type=Registered("dataset")),
+        click.option("--dataset", default=dataset, show_default=True, type=DatasetName(),
+                     help="a registered dataset or plugin (scarcelab list datasets), or your "
+                     "own images: folder:PATH or csv:FILE (docs/own-images.md)"),
         click.option("--data-dir", default="default", show_default=True, type=Folder(),
                      help="existing folder with <dataset>.npz (default: $SCARCELAB_DATA or "
                      "~/.cache/scarcelab; downloaded there if missing)"),
@@ -140,7 +148,7 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
     fn = accel_options(fn)  # listed after the options above
     for opt in reversed(opts):
         fn = opt(fn)
-    return identity_options(verbosity_options(fn))
+    return identity_options(verbosity_options(dataset_options(fn, folds=folds)))
 
 
 def check_study(kw: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +160,8 @@ def check_study(kw: dict[str, Any]) -> dict[str, Any]:
     check_device(kw["device"])
     method_cls = get_method(kw["method"])
     overrides = check_overrides(kw["overrides"], method_cls)
-    if kw["n_labeled"] == "all" and method_cls.views:
+    # own images bring their own pool: 'all' labels leave it whole (checked after loading)
+    if kw["n_labeled"] == "all" and method_cls.views and kw.get("data_options") is None:
         raise click.BadParameter(
             f"'all' labels every train sample, which leaves {kw['method']} "
             f"({method_cls.family}) no unlabeled data to learn from; give a number, or run "
@@ -164,6 +173,8 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
     """The ``StudyConfig`` for parsed ``study_options`` (shared by every study command)."""
     from scarcelab.protocols.search import StudyConfig
 
+    if "data_options" not in kw:
+        kw["data_options"] = data_options(kw, kw["dataset"])
     overrides = check_study(kw)
     hparams, hparams_source = None, "defaults"
     if (kw.get("hparams_from") or "defaults") != "defaults":
@@ -190,6 +201,7 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         positive_class=None if kw.get("positive_class") in (None, "", "default")
         else kw["positive_class"],
         accel=accel_from(kw),
+        data_options=kw["data_options"],
     )
 
 
@@ -200,26 +212,53 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     cfg = study_config(family, kw)
     import dataclasses
 
-    from scarcelab.entrypoints._progress import Display, ProgressTracker, fmt_time, summary_lines
+    from scarcelab.entrypoints._progress import Display
     from scarcelab.protocols.search import run_study
     from scarcelab.tracking.lifecycle import command_started_at
-    from scarcelab.tracking.mlflow_tracker import MlflowTracker, check_tracking_server
+    from scarcelab.tracking.mlflow_tracker import check_tracking_server
 
     # the budget is the command's wall time: its start-up counts (protocols.search)
     cfg = dataclasses.replace(cfg, started_at=command_started_at())
 
     check_tracking_server()  # a dead server: one clear line now, not a traceback later
-    inner = MlflowTracker(experiment=kw["experiment"] or None)
     reg = kw.get("register_model") or "none"
     if reg == "auto":  # a name that says what the model is, not just "model"
-        reg = f"scarcelab-{family}-{cfg.method}-{cfg.dataset}"
-    inner.register_model_as(None if reg in ("none", "default", "") else reg)
-    apply_identity(inner, ident)
-    tracker = ProgressTracker(inner, Display(level), budget_s=cfg.budget_minutes * 60.0,
-                              entry=entry_params(ctx, FAMILY_ENTRY))
+        from scarcelab.data.own import dataset_label
+
+        reg = f"scarcelab-{family}-{cfg.method}-{dataset_label(cfg.dataset)}"
+    reg = None if reg in ("none", "default", "") else reg
+    display = Display(level)
+    if cfg.data_options is not None and cfg.data_options.folds > 1:
+        _run_folds(family, cfg, kw, ctx, display, ident, reg, t0)
+        return
+    tracker = _tracker(kw, ident, reg, display, cfg, ctx)
     res = run_study(cfg, tracker)
+    _summary(tracker, cfg, res, t0)
+
+
+def _tracker(kw: dict[str, Any], ident: dict[str, Any], reg: str | None, display: Any,
+             cfg: Any, ctx: click.Context, parent: str | None = None, label: str = "") -> Any:
+    """The progress-reporting MLflow tracker of one study (a child of ``parent`` when
+    given: a fold of a --folds study)."""
+    from scarcelab.entrypoints._progress import ProgressTracker
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
+
+    inner: Any = MlflowTracker(experiment=kw["experiment"] or None)
+    inner.register_model_as(reg)
+    apply_identity(inner, dict(ident))
+    if parent is not None:
+        from scarcelab.entrypoints.contamination import ChildStudyTracker
+
+        inner = ChildStudyTracker(parent, inner)
+    return ProgressTracker(inner, display, budget_s=cfg.budget_minutes * 60.0, label=label,
+                           entry=entry_params(ctx, FAMILY_ENTRY))
+
+
+def _summary(tracker: Any, cfg: Any, res: Any, t0: float, what: str = "study") -> None:
+    from scarcelab.entrypoints._progress import fmt_time, summary_lines
+
     test = res.best_test.get("balanced_accuracy", float("nan"))
-    click.echo("\n".join(summary_lines(tracker, "study", time.time() - t0, [
+    click.echo("\n".join(summary_lines(tracker, what, time.time() - t0, [
         f"study {getattr(tracker, 'name', cfg.method)}: {res.n_trials} trials "
         f"({res.n_failed} failed), {tracker.epochs_total} epochs in this process, budget "
         f"{fmt_time(cfg.budget_minutes * 60)}",
@@ -231,13 +270,84 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
             f"deliver them with `python -m scarcelab.tracking.spool replay {tracker.spool_left}`")
 
 
+def _run_folds(family: str, cfg: Any, kw: dict[str, Any], ctx: click.Context, display: Any,
+               ident: dict[str, Any], reg: str | None, t0: float) -> None:
+    """``--folds k``: k studies, fold i's labeled images the test set of study i, as child
+    runs of one parent run (role ``folds``; under ``mlflow run`` the run it created), which
+    gets the mean and sample std over folds of the selected checkpoints' test and
+    validation balanced accuracy. Every fold's data, split and refusals are checked before
+    the parent exists. Each fold has the whole ``--budget-minutes`` (the command takes k
+    times it); each study is tagged ``scarcelab.fold=i/k``, and the leaderboard counts the
+    folds of a seed as samples of their own (docs/own-images.md, "Folds")."""
+    import dataclasses
+    import os
+
+    import mlflow
+    import numpy as np
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab import tags as T
+    from scarcelab.data import provenance
+    from scarcelab.data.own import dataset_label
+    from scarcelab.entrypoints.contamination import _experiment_id
+    from scarcelab.entrypoints.options import merge_params, param_str
+    from scarcelab.protocols.search import check_data, run_study
+
+    k = cfg.data_options.folds
+    cfgs = [dataclasses.replace(cfg, data_options=dataclasses.replace(cfg.data_options,
+                                                                      fold=i))
+            for i in range(k)]
+    for c in cfgs:  # every fold's refusal before any run exists
+        check_data(c)
+    provenance.reset()
+    client = MlflowClient()
+    parent = os.environ.pop("MLFLOW_RUN_ID", None)  # the fold studies are runs of their own
+    exp_id = _experiment_id(client, parent, kw["experiment"] or None)
+    base = ident["run_name"] or f"{cfg.method}-{dataset_label(cfg.dataset)}-s{cfg.seed}"
+    if parent is None:
+        parent = client.create_run(exp_id, run_name=f"{base}-folds").info.run_id
+        params = merge_params(entry_params(ctx, FAMILY_ENTRY), {"dataset": cfg.dataset})
+        for key, v in params.items():
+            client.log_param(parent, key, param_str(v))
+    mlflow.set_experiment(experiment_id=exp_id)
+    for key, v in {T.ROLE: "folds", T.FAMILY: family, T.METHOD: cfg.method,
+                   T.DATASET: cfg.dataset, T.SEED: str(cfg.seed), T.TEST_FROM: "fold",
+                   T.FOLD: f"-/{k}", **ident["tags"],
+                   **({"mlflow.note.content": ident["description"]}
+                      if ident["description"] else {})}.items():
+        client.set_tag(parent, key, v)
+    status, tests, vals = "FAILED", [], []
+    try:
+        for i, c in enumerate(cfgs):
+            label = f"fold {i + 1}/{k}"
+            display.line(f"{label}: study {i + 1} of {k}")
+            child = {**ident, "run_name": f"{base}-fold{i + 1}"}
+            tracker = _tracker(kw, child, reg, display, c, ctx, parent, label)
+            res = run_study(dataclasses.replace(c, started_at=time.time()), tracker)
+            tests.append(res.best_test.get("balanced_accuracy", float("nan")))
+            vals.append(res.best_val)
+            _summary(tracker, c, res, t0, what=label)
+        metrics = {"folds/n": float(k)}
+        for key, xs in (("test_balanced_accuracy", tests), ("val_balanced_accuracy", vals)):
+            metrics[f"folds/{key}_mean"] = float(np.mean(xs))
+            metrics[f"folds/{key}_std"] = float(np.std(xs, ddof=1))
+        for key, v in metrics.items():
+            client.log_metric(parent, key, v)
+        status = "FINISHED"
+    finally:
+        client.set_terminated(parent, status)
+    click.echo(f"{k} folds of {cfg.method} on {cfg.dataset} (parent run {parent}): test "
+               f"balanced accuracy {np.mean(tests):.4f} ± {np.std(tests, ddof=1):.4f} "
+               "(mean ± sample std over folds)")
+
+
 def _family_command(family: str, default_method: str) -> None:
     short = f"Run a budgeted {family} study of one method."
 
     @main.command(name=family, short_help=short, help=f"{short}\n\nFor example: scarcelab "
                   f"{family} --method {default_method} --dataset breastmnist "
                   "--budget-minutes 3")
-    @study_options(family=family)
+    @study_options(family=family, folds=True)
     @click.option("--register-model", default="none", show_default=True, type=Word(),
                   help="register the selected model in the MLflow model registry under "
                   "this name (a new version each study); auto = scarcelab-<family>-<method>-"

@@ -21,9 +21,12 @@ from scarcelab.entrypoints.options import (
     RunId,
     Word,
     apply_identity,
+    check_dataset,
     check_device,
     check_overrides,
     check_registered,
+    data_options,
+    dataset_options,
     identity_options,
     verbosity,
     verbosity_options,
@@ -42,8 +45,8 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
     device is checked here."""
     check_device(kw["device"])
     if kw["resume"]:
+        data_options(kw, "")  # the study run's own data (a user's options are not read back)
         return {}
-    from scarcelab.data import DATASETS
     from scarcelab.methods import METHODS
     from scarcelab.models import MODELS
 
@@ -53,7 +56,8 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
         raise click.BadParameter(f"{kw['method']!r} is a {kind} method; the tune protocol "
                                  "trains supervised classifiers (scarcelab list methods)",
                                  param_hint="'--method'")
-    check_registered(DATASETS, kw["dataset"], "'--dataset'")
+    kw["dataset"] = check_dataset(kw["dataset"])
+    kw["data_options"] = data_options(kw, kw["dataset"])
     if kw["arch"] not in ARCH_DEFAULTS:
         check_registered(MODELS, kw["arch"], "'--arch'")
     return check_overrides(kw["overrides"], method_cls)
@@ -74,7 +78,9 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
               "--resume")
 # the dataset is checked in check_tune (after the range checks of the other options, which
 # tests/test_tune_resume.py relies on), with the same did-you-mean message
-@click.option("--dataset", default="cifair10", show_default=True, type=Word())
+@click.option("--dataset", default="cifair10", show_default=True, type=Word(),
+              help="a registered dataset or plugin with a fixed validation split, or your "
+              "own images with a val/ set: folder:PATH or csv:FILE (docs/own-images.md)")
 @click.option("--data-dir", default="", type=Folder(),
               help="existing data root (default $SCARCELAB_DATA)")
 @click.option("--arch", default="default", show_default=True,
@@ -116,6 +122,7 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
               "taken from here)")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 @accel_options
+@dataset_options
 @identity_options
 @verbosity_options
 def tune_cmd(**kw: Any) -> None:
@@ -148,7 +155,8 @@ def tune_cmd(**kw: Any) -> None:
                 budget_minutes=kw["budget_minutes"], device=device,
                 overrides=overrides,
                 storage=os.environ.get("OPTUNA_STORAGE") or None,
-                study_name=kw["study_name"] or None, accel=accel)
+                study_name=kw["study_name"] or None, accel=accel,
+                data_options=kw["data_options"])
             # trial lines (ASHA rung of a pruned one), then one per retrain
             level = verbosity(click.get_current_context(), kw.pop("quiet"), kw.pop("verbose"))
             tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -41,8 +42,29 @@ class Registry(Generic[T]):
         self.kind = kind
         self._packages = packages
         self._entries: dict[str, T] = {}
+        self._plugins: set[str] = set()  # the entries loaded from plugins
         self._loaded = False
         _LIVE.setdefault(kind, self)
+
+    def _plugin(self, key: str) -> bool:
+        """Register the installed plugin named ``key`` (its entry point loaded now, not
+        before: a plugin is imported only when it is used); whether there is one. A name
+        the package registers itself always wins over a plugin's."""
+        ep = plugin_entry_points(self.kind).get(key)
+        if ep is None:
+            return False
+        try:
+            obj = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plugin: one line naming it
+            raise ConfigError(f"{self.kind} plugin {key!r} ({ep.value}, group "
+                              f"{PLUGIN_GROUPS[self.kind]}) failed to load: "
+                              f"{type(e).__name__}: {e}") from None
+        if not callable(obj):
+            raise ConfigError(f"{self.kind} plugin {key!r} ({ep.value}) is not callable; "
+                              "its entry point must name a loader function")
+        self._entries[key] = obj
+        self._plugins.add(key)
+        return True
 
     def register(self, name: str) -> Callable[[T], T]:
         key = name.lower()
@@ -73,13 +95,14 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         self._load()
         key = str(name).lower()
-        if key not in self._entries:
-            raise ConfigError(unknown_name(self.kind, name, sorted(self._entries)))
+        if key not in self._entries and not self._plugin(key):
+            raise ConfigError(unknown_name(self.kind, name, self.names()))
         return self._entries[key]
 
     def names(self) -> list[str]:
+        """Registered names, and those of installed plugins (not imported)."""
         self._load()
-        return sorted(self._entries)
+        return sorted(set(self._entries) | set(plugin_entry_points(self.kind)))
 
     def items(self) -> Iterator[tuple[str, T]]:
         self._load()
@@ -88,10 +111,63 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         self._load()
-        return str(name).lower() in self._entries
+        key = str(name).lower()
+        return key in self._entries or key in plugin_entry_points(self.kind)
 
     def create(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return self.get(name)(*args, **kwargs)  # type: ignore[operator]
+
+
+# -- plugins: a user's package of its own ---------------------------------------------------
+#: the entry-point group of each kind that takes plugins. A dataset plugin is a package that
+#: declares, e.g. in its pyproject.toml, ``[project.entry-points."scarcelab.datasets"]
+#: chest = "mypkg.data:load_chest"``, a loader ``(data_dir=None) -> RawDataset``; once it
+#: is installed (``pip install``; on every Ray node of a sweep too, e.g. through the
+#: cluster's ``runtime_env={"pip": [...]}``), ``--dataset chest`` finds it. Why entry
+#: points: the names are read from the installed packages' metadata, so listing and
+#: checking a name import nothing, and a user's loader travels as their own package, never
+#: as a fork of this one (issue 39).
+PLUGIN_GROUPS: dict[str, str] = {"dataset": "scarcelab.datasets"}
+#: characters a plugin's name may not hold: ``:`` and ``/`` belong to folder:/csv: names
+_PLUGIN_FORBIDDEN = re.compile(r"[:/\\\s]")
+
+
+def plugin_entry_points(kind: str) -> dict[str, Any]:
+    """Installed plugins of ``kind``: lower-case name -> its ``importlib.metadata``
+    entry point (metadata only; nothing is imported). Names holding ``:``, ``/`` or
+    whitespace are skipped: they could not be told from a path."""
+    group = PLUGIN_GROUPS.get(kind)
+    if group is None:
+        return {}
+    import sys
+    from importlib.metadata import entry_points
+
+    where = (group, tuple(sys.path))  # reading the metadata costs ~10 ms: once per path
+    if where not in _PLUGIN_CACHE:
+        out: dict[str, Any] = {}
+        for ep in entry_points(group=group):
+            key = ep.name.lower()
+            if not _PLUGIN_FORBIDDEN.search(key):
+                out.setdefault(key, ep)
+        _PLUGIN_CACHE[where] = out
+    return _PLUGIN_CACHE[where]
+
+
+_PLUGIN_CACHE: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+
+
+def refresh_plugins() -> None:
+    """Forget the plugins read and loaded so far (a package installed or removed while the
+    process runs): they are looked up again on next use."""
+    _PLUGIN_CACHE.clear()
+    for reg in _LIVE.values():
+        for key in reg._plugins:
+            reg._entries.pop(key, None)
+        reg._plugins.clear()
+
+
+def plugin_names(kind: str) -> list[str]:
+    return sorted(plugin_entry_points(kind))
 
 
 # -- names without imports ---------------------------------------------------------------

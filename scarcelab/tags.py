@@ -98,6 +98,12 @@ FINAL_RESUMED = "scarcelab.final_resumed"
 TEST_SET = "scarcelab.test_set"
 #: the order of the training images in a reconstructed copy (e.g. JPEG file number)
 TRAIN_ORDER = "scarcelab.train_order"
+#: a user's own images (folder:/csv:): where the test set came from — folder (test/),
+#: holdout (of the labeled images, --test-fraction) or fold (--folds)
+TEST_FROM = "scarcelab.test_from"
+#: the fold of a --folds k study, "i/k" (1-based): the leaderboard counts each fold of a
+#: seed as a sample of its own
+FOLD = "scarcelab.fold"
 
 # --- contamination ------------------------------------------------------------------------
 #: the OOD source(s) mixed into the unlabeled set (comma-separated on the sweep run)

@@ -108,6 +108,8 @@ class LoadContext:
     pretrained: Any = None
     pretrained_id: str = ""
     accel: Any = None  # the encoder's precision and kernels (scarcelab.accel.Accel)
+    #: a user's images (``folder:``/``csv:``): scarcelab.data.own.DataOptions
+    data_options: Any = None
 
 
 Loader = Callable[[Path, np.random.Generator, LoadContext], ALData]
@@ -202,12 +204,14 @@ def spec(name: str) -> ALDatasetSpec:
     (a linear classifier on self-supervised embeddings), for every name in
     ``scarcelab list datasets``."""
     from scarcelab.data import DATASETS
+    from scarcelab.data.own import is_own
 
     key = name.lower()
     if key in AL_DATASETS:
         return AL_DATASETS.get(key)
-    base = key.removeprefix("encoded_")
-    if base in DATASETS.names():
+    base = name.removeprefix("encoded_")  # a path keeps its case
+    if is_own(base) or base.lower() in DATASETS:
+        base = base if is_own(base) else base.lower()
         if key.startswith("encoded_"):
             return ALDatasetSpec(_encoded_loader(base), _ENCODED, kind="encoded")
         return ALDatasetSpec(_image_loader(base), _IMAGE, kind="image")
@@ -444,7 +448,7 @@ def _image_loader(base: str) -> Loader:
     def load(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
         from scarcelab.data import load_raw
 
-        raw = load_raw(base, _chosen(data_dir))
+        raw = load_raw(base, _chosen(data_dir), ctx.data_options)
         if raw.task != "multi-class":
             raise ConfigError(f"{base} is {raw.task}; AL needs a multi-class dataset")
         return ALData(base, _unit(raw.train_x), raw.train_y.astype(np.int64),
@@ -460,7 +464,7 @@ def _encoded_loader(base: str) -> Loader:
         from scarcelab.active.encoded import DiskEncodingCache, EncoderConfig, encode_dataset
         from scarcelab.data import load_raw
 
-        raw = load_raw(base, _chosen(data_dir))
+        raw = load_raw(base, _chosen(data_dir), ctx.data_options)
         if raw.task != "multi-class":
             raise ConfigError(f"{base} is {raw.task}; AL needs a multi-class dataset")
         cfg = EncoderConfig.from_dict(ctx.encoder)
@@ -471,7 +475,8 @@ def _encoded_loader(base: str) -> Loader:
         enc, key, where = encode_dataset(base, raw.train_x, raw.train_y, raw.test_x,
                                          raw.test_y, raw.num_classes, cfg,
                                          resolve_device(ctx.device), cache, ctx.pretrained,
-                                         ctx.pretrained_id, ctx.accel)
+                                         ctx.pretrained_id, ctx.accel,
+                                         unlabeled_x=raw.unlabeled_x)
         # Self-supervised features are small and uneven in scale (std ~0.02-0.04 per
         # dimension here), so a linear layer trained a few steps from a seed set of one
         # image per class barely leaves its initialisation; standardising with the training

@@ -129,16 +129,20 @@ class DiskEncodingCache:
 
 def encoding_key(train_x: np.ndarray, test_x: np.ndarray, cfg: EncoderConfig, arch: str,
                  pretrained: nn.Module | None = None, pretrained_id: str = "",
-                 accel: Accel | None = None) -> str:
+                 accel: Accel | None = None, unlabeled_x: np.ndarray | None = None) -> str:
     """The cache key of an encoding. ``accel`` (resolved): the precision and kernels it
     is made with, part of the key unless they are the former fp32 path (whose keys stay
-    as they were): a bf16 encoder's embeddings are not the fp32 one's."""
+    as they were): a bf16 encoder's embeddings are not the fp32 one's. ``unlabeled_x``: a
+    real pool the encoder also trains on (part of the key when it does)."""
     h = hashlib.sha256(f"scarcelab-encoding-v{FORMAT_VERSION}".encode())
     if accel is not None and accel != _FORMER:
         h.update(json.dumps(accel.params(), sort_keys=True).encode())
     for a in (train_x, test_x):
         h.update(str(a.shape).encode())
         h.update(np.ascontiguousarray(a).tobytes())
+    if unlabeled_x is not None and pretrained is None:  # trained on them too: part of the key
+        h.update(f"unlabeled{unlabeled_x.shape}".encode())
+        h.update(np.ascontiguousarray(unlabeled_x).tobytes())
     if pretrained is not None:
         h.update(pretrained_id.encode())
         for k, v in sorted(pretrained.state_dict().items()):
@@ -218,8 +222,13 @@ def encode_dataset(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: 
                    test_y: np.ndarray, num_classes: int, cfg: EncoderConfig,
                    device: torch.device, cache: EncodingCache | None,
                    pretrained: nn.Module | None = None, pretrained_id: str = "",
-                   accel: Accel | None = None) -> tuple[Encoded, str, str]:
+                   accel: Accel | None = None, unlabeled_x: np.ndarray | None = None
+                   ) -> tuple[Encoded, str, str]:
     """Embeddings of a dataset's images, from the cache when the key matches.
+
+    ``unlabeled_x``: a real unlabeled pool (a user's ``unlabeled/`` images), which the
+    encoder trained here learns from too — the self-supervised step is where images
+    without labels help an AL sweep, whose queries need labels to reveal.
 
     Returns (encoded, key, where): ``where`` says where the encoding came from or now
     lives (``disk:…``, ``mlflow-run:…``), prefixed ``computed `` when it was made here.
@@ -228,14 +237,17 @@ def encode_dataset(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: 
     """
     acc = encoder_accel(accel, device)
     arch = "pretrained" if pretrained is not None else cfg.resolved_arch(device)
-    key = encoding_key(train_x, test_x, cfg, arch, pretrained, pretrained_id, acc)
+    key = encoding_key(train_x, test_x, cfg, arch, pretrained, pretrained_id, acc,
+                       unlabeled_x=unlabeled_x)
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit[0], key, hit[1]
     if pretrained is not None:
         backbone, stats = pretrained, {}
         desc: dict[str, Any] = {"encoder": "pretrained", "source": pretrained_id}
     else:
-        backbone, stats = train_encoder(train_x, num_classes, cfg, device, acc)
+        images = train_x if unlabeled_x is None or not len(unlabeled_x) else \
+            np.concatenate([train_x, np.asarray(unlabeled_x)])
+        backbone, stats = train_encoder(images, num_classes, cfg, device, acc)
         desc = {"encoder": cfg.method, **dataclasses.asdict(cfg), "arch": arch}
     t0 = time.perf_counter()
     f_train = embed_images(backbone, train_x, device, accel=acc)

@@ -51,6 +51,7 @@ from scarcelab.active.datasets import (
     load_al_dataset,
     spec,
 )
+from scarcelab.data.own import dataset_label
 from scarcelab.errors import ConfigError, DataError
 from scarcelab.tracker import DatasetInfo, Tracker
 
@@ -75,6 +76,7 @@ class ALRunConfig:
     # precision and kernels of the fits and of an encoded set's encoder (scarcelab.accel;
     # ``auto``: the fast path for image backbones on CUDA, the former fp32 path otherwise)
     accel: Accel = field(default_factory=Accel)
+    data_options: Any = None  # a user's images: scarcelab.data.own.DataOptions
 
     def resolved(self) -> ALConfig:
         return dataset_config(self.dataset).replace(**self.overrides)
@@ -87,7 +89,7 @@ class ALRunConfig:
     def load_context(self, cache: Any = None, pretrained: Any = None,
                      pretrained_id: str = "") -> LoadContext:
         return LoadContext(self.device, dict(self.encoder), cache, pretrained, pretrained_id,
-                           self.accel)
+                           self.accel, self.data_options)
 
 
 @dataclass
@@ -425,7 +427,8 @@ def _sweep_params(rc: ALRunConfig, cfg: ALConfig, name: str, strategy: Strategy
             **rc.resolved_accel(cfg).params(),  # precision=..., as the CLI names them
             **{f"al.{k}": v for k, v in dataclasses.asdict(cfg).items()},
             **{f"strategy.{k}": v for k, v in rc.strategy_params.items()},
-            **{f"encoder.{k}": v for k, v in rc.encoder.items()}}
+            **{f"encoder.{k}": v for k, v in rc.encoder.items()},
+            **(rc.data_options.params() if rc.data_options is not None else {})}
 
 
 def _start_sweep(tracker: Tracker, rc: ALRunConfig, name: str, base_tags: dict[str, str],
@@ -433,7 +436,7 @@ def _start_sweep(tracker: Tracker, rc: ALRunConfig, name: str, base_tags: dict[s
     """Open the parent record; synthetic sets (``first`` None) have no single digest, as
     each repetition draws its own."""
     tracker.start_study(
-        f"al-{rc.dataset}-{name}-q{rc.query_size}",
+        f"al-{dataset_label(rc.dataset)}-{name}-q{rc.query_size}",
         {**base_tags, T.ROLE: "al_sweep", **(first.tags if first else {})}, params,
         {"al_config.json": {**params, "note": first.note if first else ""}},
         DatasetInfo(rc.dataset, first.source if first else f"synthetic:{rc.dataset}",

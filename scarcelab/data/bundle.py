@@ -40,6 +40,23 @@ class RawDataset:
     # source (class 1 is used). See :func:`resolve_positive_class`.
     positive_class: int | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    # -- a real unlabeled pool (a user's own images, scarcelab.data.own; plugins may set
+    # these too). ``unlabeled_x``: the pool as given, uint8 (N, C, H, W), possibly empty;
+    # None keeps the realistic split's rule for public datasets (everything of ``train``
+    # neither labeled nor validation). With a pool given, ``train`` holds labeled images
+    # only and none of them ever joins the pool. ``test_from`` says where ``test`` came
+    # from: official | folder | holdout | fold i/k. ``digests`` are sha256 digests of each
+    # part's file contents (train, val, test with their labels; unlabeled), recorded in the
+    # split so that its hash changes when a file does. ``default_budget``: the source's
+    # default (n_labeled, n_val), else scarcelab.data.splits.default_budget's.
+    unlabeled_x: np.ndarray | None = None
+    test_from: str = "official"
+    digests: dict[str, str] = field(default_factory=dict)
+    default_budget: tuple[int, int] | None = None
+    # the decode transform a user's files went through (imagefiles.Transform.params(), its
+    # channels resolved), which the logged model replays on raw images; None: the images
+    # are used as stored (public datasets)
+    transform: dict[str, str] | None = None
 
     @property
     def channels(self) -> int:
@@ -64,6 +81,11 @@ class DatasetBundle:
     ``unlabeled_origin`` (int, one per unlabeled image), set by the contamination protocol,
     is each image's index in the uncontaminated pool followed by the OOD draw (``n_id + j``
     for the j-th OOD image), so diagnostics can pick the same ID images at every ratio.
+    A dataset with a real pool (``RawDataset.unlabeled_x``) gives ``unlabeled_x`` exactly
+    that pool, ``unlabeled_y`` None (its labels are unknown, not hidden), and
+    ``meta["unlabeled"] == "given"`` with ``meta["test_from"]``, and a user's images also
+    ``meta["transform"]`` (``RawDataset.transform``); public datasets' bundles carry none
+    of these keys.
     """
 
     labeled_x: np.ndarray

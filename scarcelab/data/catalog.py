@@ -53,6 +53,20 @@ def _shared(rel: str, data_dir: str | Path | None) -> Path | None:
     return None
 
 
+#: what ``scarcelab list datasets`` says about a user's own images (docs/own-images.md)
+OWN_IMAGES = """\
+your own images (no code): --dataset folder:PATH or --dataset csv:FILE
+  folder:PATH  labeled/<class>/... (class = folder name), unlabeled/... (any depth: the
+               unlabeled pool), optional val/<class>/... and test/<class>/...
+  csv:FILE     header path,label[,split]; paths relative to the CSV; empty label =
+               unlabeled; split train|val|test (empty = train)
+  without test/: --test-fraction 0.2 of the labeled images is the test set, or --folds k
+  options: --image-size --channels auto|gray|rgb --fit crop|pad --skip-bad-files
+  (docs/own-images.md)
+plugins: a package of yours with a loader in entry-point group scarcelab.datasets
+  (docs/own-images.md, "Plugins"); installed ones are listed above as 'plugin'"""
+
+
 def describe(name: str, data_dir: str | Path | None = None) -> Entry:
     """The :class:`Entry` of a registered dataset, for the data root ``data_dir`` (None:
     ``$SCARCELAB_DATA`` or ``~/.cache/scarcelab``)."""
@@ -72,6 +86,12 @@ def describe(name: str, data_dir: str | Path | None = None) -> Entry:
     if name.startswith("synthetic"):
         return Entry(name, 3, SYNTHETIC_SIZES, "generated", "made in memory from the seed")
     if name not in StaticIndex("dataset").where:  # registered by code outside the package
+        from scarcelab.registry import plugin_entry_points
+
+        ep = plugin_entry_points("dataset").get(name)
+        if ep is not None:  # described from its metadata: listing imports no plugin
+            dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
+            return Entry(name, None, "-", "plugin", f"plugin {ep.value} (package {dist})")
         return Entry(name, None, "-", "-", "registered at run time (not a file of scarcelab)")
     mod = _module(name)
     source = getattr(mod, "SOURCE", None)

@@ -20,6 +20,8 @@ from typing import Any
 
 _USED: dict[str, dict[str, Any]] = {}
 _HASHES: dict[tuple[str, int, int], str] = {}
+#: what a loader of many files says about them (:func:`describe`)
+_DESCRIBED: dict[str, Any] = {}
 
 
 def sha256_file(path: Path) -> str:
@@ -61,6 +63,22 @@ def used() -> list[dict[str, Any]]:
 
 def reset() -> None:
     _USED.clear()
+    _DESCRIBED.clear()
+
+
+def describe(params: dict[str, Any], tags: dict[str, str], manifest: dict[str, Any]) -> None:
+    """What a loader of a user's many image files (``scarcelab.data.own``) says about them,
+    for the next run: params (the transform, the cache key, counts), tags and a manifest
+    (each file's relative path and sha256). Why not :func:`record` per image: thousands of
+    absolute paths in ``data_files.json`` and its tag, where one artifact lists them
+    relative to the data folder (which a copy elsewhere shares). The last call wins."""
+    _DESCRIBED.update(params=dict(params), tags=dict(tags), manifest=manifest)
+
+
+def described() -> dict[str, Any]:
+    """``{"params", "tags", "manifest"}`` of the last :func:`describe` since the last
+    :func:`reset`, or ``{}``."""
+    return dict(_DESCRIBED)
 
 
 def summary(files: list[dict[str, Any]], limit: int = 5000) -> str:

@@ -22,6 +22,15 @@ seeded order the full labeled set was drawn from, while the validation set stays
 the one of ``label_fraction=1``: results at 10 % and 100 % then differ only in the labels
 trained on, never in the images a model is selected on. The dropped images join the
 unlabeled pool (their labels are dropped, as for every other unlabeled image).
+
+A real unlabeled pool (``RawDataset.unlabeled_x``, a user's ``unlabeled/`` images): the
+labeled and validation sets are drawn from the labeled images exactly as above, and the
+unlabeled pool is the given one, whole and unchanged (``"unlabeled": "given"``, its size
+and a digest of its files' contents). Labeled images left over (neither labeled nor
+validation, or dropped by ``label_fraction``) are *unused* (``"unused"``): they never join
+the pool, which then holds exactly the files the user gave as unlabeled. The split also
+records where the test set came from (``"test"``: folder, holdout or fold i/k) and digests
+of the train, validation and test files, all inside its hash.
 """
 
 from __future__ import annotations
@@ -119,6 +128,12 @@ def make_split(
     source = resolve_val_from(raw, val_from, n_v)
     from_train = n_v if source == "train" else 0
     if n_pool + from_train > n_train:
+        if raw.unlabeled_x is not None:  # a user's images: say which ones and the fix
+            raise ConfigError(
+                f"n_labeled + n_val = {n_pool + from_train} exceeds the {n_train} labeled "
+                f"images of {raw.name} left for training{_test_text(raw)}; lower --n-labeled "
+                f"and --n-val to at most {n_train} together (e.g. --n-labeled "
+                f"{n_train - max(1, n_train // 3)} --n-val {max(1, n_train // 3)})")
         raise ConfigError(
             f"n_labeled + n_val = {n_pool + from_train} exceeds the {n_train} training "
             f"samples of {raw.name}"
@@ -145,8 +160,49 @@ def make_split(
     if label_fraction < 1.0:  # absent at 1: the splits drawn before it keep their JSON
         split["label_fraction"] = float(label_fraction)
         split["n_labeled_pool"] = n_pool
+    if raw.unlabeled_x is not None:
+        _given_pool(raw, split)
     split["hash"] = split_hash(split)
     return split
+
+
+#: split keys of a given pool (see the module docstring) that enter its hash
+GIVEN_KEYS = ("n_unlabeled", "unlabeled_sha256", "train_sha256", "val_sha256", "test_sha256")
+
+
+def _given_pool(raw: RawDataset, split: dict[str, Any]) -> None:
+    """The split of a dataset with a real pool: the leftover labeled images are unused,
+    the pool is the given one; sizes and content digests are recorded."""
+    split["unused"] = split["unlabeled"]
+    split["unlabeled"] = "given"
+    split["n_unlabeled"] = int(len(raw.unlabeled_x))  # type: ignore[arg-type]
+    split["test"] = raw.test_from
+    split["n_test"] = int(len(raw.test_y))
+    for part in ("unlabeled", "train", "val", "test"):
+        if part in raw.digests:
+            split[f"{part}_sha256"] = raw.digests[part]
+
+
+def _test_text(raw: RawDataset) -> str:
+    """`` (60 of its labeled images are the test hold-out, --test-fraction)`` etc."""
+    n = len(raw.test_y)
+    if raw.test_from == "holdout":
+        return f" ({n} more are the test hold-out, --test-fraction)"
+    if raw.test_from.startswith("fold "):
+        return f" ({n} more are the test images of {raw.test_from}, --folds)"
+    return ""
+
+
+def unlabeled_count(split: dict[str, Any]) -> int:
+    """The size of a split's unlabeled pool, given or drawn."""
+    return int(split["n_unlabeled"]) if split["unlabeled"] == "given" \
+        else len(split["unlabeled"])
+
+
+def labeled_rest(split: dict[str, Any]) -> list[int]:
+    """Train images neither labeled nor validation: the drawn pool of a public dataset,
+    the unused labeled images of a dataset with a given pool."""
+    return list(split["unused"]) if split["unlabeled"] == "given" else list(split["unlabeled"])
 
 
 def _check_request(raw: RawDataset, label_fraction: float) -> None:
@@ -174,10 +230,12 @@ def _sizes(
     """(n_labeled, n_val, n_pool): the requested sizes with defaults and ``"all"`` resolved
     and the realism rules applied; ``n_pool`` is the labeled size of ``label_fraction=1``,
     the set a smaller fraction is drawn from."""
-    d_lab, d_val = default_budget(raw.name, n_train)
+    d_lab, d_val = raw.default_budget or default_budget(raw.name, n_train)
     val_given = n_val not in (None, "default", "")
     if n_labeled in (None, "default", ""):
         n_labeled = d_lab
+        if raw.default_budget and not val_given:  # the source's own pair, e.g. all labels
+            n_val, val_given = d_val, True
     if n_labeled == "all":
         # "All labels": every train sample not held out for validation is labeled (the
         # unlabeled pool is empty). Model selection still uses a held-out validation set,
@@ -289,6 +347,7 @@ def split_hash(split: dict[str, Any]) -> str:
     payload = {k: split[k] for k in ("dataset", "labeled", "val", "unlabeled", "test")}
     if split.get("val_from", "train") != "train":
         payload["val_from"] = split["val_from"]
+    payload.update({k: split[k] for k in GIVEN_KEYS if k in split})  # a given pool only
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -302,13 +361,16 @@ def apply_split(raw: RawDataset, split: dict[str, Any]) -> DatasetBundle:
     if official and raw.val_y is None:
         raise DataError(f"split takes validation from the official validation split, which "
                         f"{raw.name!r} does not have")
-    for part in ("labeled", "val", "unlabeled"):
+    given = split.get("unlabeled") == "given"
+    _check_given(raw, split, given)
+    for part in ("labeled", "val", "unused" if given else "unlabeled"):
         in_val = part == "val" and official
         size = len(raw.val_y) if in_val else n  # type: ignore[arg-type]
         if split[part] and max(split[part]) >= size:
             raise DataError(f"split {part} indices exceed the {size} "
                             f"{'validation' if in_val else 'training'} samples of {raw.name}")
-    lab, val, unl = (np.asarray(split[k], dtype=np.int64) for k in ("labeled", "val", "unlabeled"))
+    lab, val = (np.asarray(split[k], dtype=np.int64) for k in ("labeled", "val"))
+    unl = np.asarray([] if given else split["unlabeled"], dtype=np.int64)
     val_x = raw.val_x if official else raw.train_x
     val_y = raw.val_y if official else raw.train_y
     meta = {
@@ -322,14 +384,33 @@ def apply_split(raw: RawDataset, split: dict[str, Any]) -> DatasetBundle:
         "source": raw.source,
         "md5": raw.md5,
     }
+    if given:  # absent otherwise: public datasets keep their bundle as it was
+        meta.update(unlabeled="given", test_from=raw.test_from)
+    if raw.transform is not None:
+        meta["transform"] = dict(raw.transform)
     return DatasetBundle(
         labeled_x=raw.train_x[lab],
         labeled_y=raw.train_y[lab],
-        unlabeled_x=raw.train_x[unl],
+        unlabeled_x=raw.unlabeled_x if given else raw.train_x[unl],  # type: ignore[arg-type]
         val_x=val_x[val],  # type: ignore[index]
         val_y=val_y[val],  # type: ignore[index]
         test_x=raw.test_x,
         test_y=raw.test_y,
         meta=meta,
-        unlabeled_y=raw.train_y[unl],
+        unlabeled_y=None if given else raw.train_y[unl],
     )
+
+
+def _check_given(raw: RawDataset, split: dict[str, Any], given: bool) -> None:
+    """A split of a given pool fits only that very pool (and a drawn one only a dataset
+    without one): the digests say whether the files are still the ones it was drawn on."""
+    if given != (raw.unlabeled_x is not None):
+        raise DataError(f"split of {raw.name} was drawn {'with' if given else 'without'} a "
+                        f"given unlabeled pool, but the dataset has {'none' if given else 'one'}")
+    if not given:
+        return
+    for part in ("unlabeled", "train", "val", "test"):
+        key = f"{part}_sha256"
+        if split.get(key) != raw.digests.get(part):
+            raise DataError(f"the {part} images of {raw.name} changed since the split "
+                            f"{split.get('hash')} was drawn ({key} differs); draw a new split")

@@ -50,7 +50,8 @@ from scarcelab import tags as T
 from scarcelab.accel import Accel
 from scarcelab.data import load_raw
 from scarcelab.data.bundle import DatasetBundle, resolve_positive_class
-from scarcelab.data.splits import apply_split, make_split
+from scarcelab.data.own import DataOptions, dataset_label
+from scarcelab.data.splits import apply_split, make_split, unlabeled_count
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.methods import get_method
 from scarcelab.methods.base import Method
@@ -163,6 +164,9 @@ class StudyConfig(AutoDevice):
     # binary tasks: the class the test metrics detect (index or class name); None = the
     # dataset's own (the disease: scarcelab.data.bundle.resolve_positive_class)
     positive_class: int | str | None = None
+    # a user's images (dataset folder:/csv:): decode transform, bad files, test hold-out or
+    # fold (scarcelab.data.own.DataOptions); None for every other dataset
+    data_options: DataOptions | None = None
     # ``time.time()`` at which the command started (entry points: the process, or the
     # ``mlflow run`` that launched it): the budget is then the command's wall time, its
     # start-up included (at most STARTUP_MAX_SHARE of it). None = the budget starts with
@@ -248,7 +252,7 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
 
 
 def prepare_data(cfg: StudyConfig) -> tuple[DatasetBundle, dict[str, Any]]:
-    raw = load_raw(cfg.dataset, cfg.data_dir)
+    raw = load_raw(cfg.dataset, cfg.data_dir, cfg.data_options)
     split = make_split(raw, cfg.n_labeled, cfg.n_val, cfg.seed, cfg.allow_large_val,
                        cfg.val_from, cfg.label_fraction)
     bundle = apply_split(raw, split)
@@ -258,6 +262,38 @@ def prepare_data(cfg: StudyConfig) -> tuple[DatasetBundle, dict[str, Any]]:
     if cfg.search == "none":  # transfer: validation joins the training set
         bundle.labeled_x = np.concatenate([bundle.labeled_x, bundle.val_x])
         bundle.labeled_y = np.concatenate([bundle.labeled_y, bundle.val_y])
+    return bundle, split
+
+
+def check_pool(cfg: StudyConfig, method_cls: type[Method], bundle: DatasetBundle,
+               split: dict[str, Any]) -> None:
+    """Refuse, before any record exists, a study whose method learns from unlabeled images
+    when the pool is empty: every trial would fail at its first batch (issue 39 saw 42
+    failed trial runs in 15 s). One line naming the numbers and the fix."""
+    if not method_cls.views or len(bundle.unlabeled_x):
+        return
+    what = f"{cfg.method} ({method_cls.family}) learns from unlabeled images"
+    if bundle.meta.get("unlabeled") == "given":
+        from scarcelab.data.own import pool_hint
+
+        raise ConfigError(f"{what}, but the unlabeled pool of {cfg.dataset} is empty; "
+                          f"{pool_hint(cfg.dataset)}, or run a supervised method")
+    n_train = split["n_labeled"] + split["n_val"] * (split["val_from"] == "train")
+    raise ConfigError(f"{what}, but n_labeled={split['n_labeled']}"
+                      + (f" + n_val={split['n_val']}" if split["val_from"] == "train" else "")
+                      + f" take all {n_train} training images of {cfg.dataset}, leaving the "
+                      "unlabeled pool empty; lower --n-labeled or --n-val")
+
+
+def check_data(cfg: StudyConfig) -> tuple[DatasetBundle, dict[str, Any]]:
+    """What :func:`run_study` checks before it opens a record — the configuration, the
+    data, the split and the unlabeled pool — for a caller that creates records of its own
+    first (a contamination sweep's parent, the parent of k folds): a refusal then leaves
+    no run behind."""
+    method_cls = get_method(cfg.method)
+    _validate(cfg, method_cls)
+    bundle, split = prepare_data(cfg)
+    check_pool(cfg, method_cls, bundle, split)
     return bundle, split
 
 
@@ -282,6 +318,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
     create_model(arch, in_channels=1)  # fail fast on an unknown arch, before loading data
     device = cfg.resolved_device()
     bundle, split = prepare_data(cfg)
+    check_pool(cfg, method_cls, bundle, split)  # before the transform adds OOD images
     if bundle_transform is not None:
         bundle = bundle_transform(bundle)
     diagnostics = EpochDiagnostics(bundle, device, DiagnosticsConfig(
@@ -295,7 +332,8 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
     tags[T.STUDY_KEY] = study_key
     tags[T.OPTUNA_STUDY] = store.name
     with tracker.open_study(
-            name=f"{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}", tags=tags,
+            name=f"{method_cls.registered_name}-{dataset_label(cfg.dataset)}-s{cfg.seed}",
+            tags=tags,
             params=_study_params(cfg, resolved),
             artifacts={"split.json": split, "config.json": resolved},
             dataset=_dataset_info(bundle)):
@@ -358,13 +396,16 @@ def _resolved_config(cfg: StudyConfig, method_cls: type[Method], arch: str,
                 "batch_size": train_cfg.batch_labeled,
                 "unlabeled_batch_size": train_cfg.batch_unlabeled,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
-                "n_unlabeled": len(split["unlabeled"]), "n_test": len(bundle.test_y),
+                "n_unlabeled": unlabeled_count(split), "n_test": len(bundle.test_y),
                 "val_from": split["val_from"],
                 "transfer_epochs": train_cfg.max_epochs if transfer else cfg.transfer_epochs,
                 "positive_class": bundle.meta.get("positive_class"),
                 "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
     resolved["storage"] = redact(cfg.storage)  # the URI holds the DB password
     resolved["accel"] = train_cfg.resolved_accel().params()  # as the trials run
+    resolved.pop("data_options")  # a user's images: the options, flat, as entered
+    if cfg.data_options is not None:
+        resolved.update(cfg.data_options.params())
     # a per-process timestamp, not a setting; the start-up it charged is logged as
     # time/startup_s, and the reserve actually kept is what is recorded
     resolved.pop("started_at")
@@ -633,6 +674,8 @@ def _study_key(cfg: StudyConfig, split_hash: str) -> str:
         d.pop("budget_clock")
     if cfg.accel.is_auto:  # the given settings (like device, not what they resolve to)
         d.pop("accel")
+    if d.get("data_options") is None:
+        d.pop("data_options", None)
     blob = json.dumps({**d, "split_hash": split_hash}, sort_keys=True, default=str)
     return "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -44,7 +44,8 @@ from scarcelab.accel import Accel
 from scarcelab.data import load_raw
 from scarcelab.data.augment import to_float
 from scarcelab.data.bundle import RawDataset, resolve_positive_class
-from scarcelab.data.splits import make_split
+from scarcelab.data.own import dataset_label
+from scarcelab.data.splits import labeled_rest, make_split
 from scarcelab.errors import ConfigError
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export
@@ -86,6 +87,8 @@ class ProbeConfig(AutoDevice):
     # precision and kernels (scarcelab.accel; ``auto``: per device): linear — the frozen
     # encoder's forward passes; finetune — the search's trials
     accel: Accel = field(default_factory=Accel)
+    # a user's images (folder:/csv:): scarcelab.data.own.DataOptions; None otherwise
+    data_options: Any = None
 
     def resolved_accel(self) -> Accel:
         """:attr:`accel` as the protocol runs it: the encoding's (linear; NCHW on CPU as it
@@ -145,7 +148,7 @@ def label_fraction_tag(split: dict[str, Any]) -> str:
     count over the pool — so that the transfer view never pools different label budgets."""
     if "label_fraction" in split:
         return f"{split['label_fraction']:g}"
-    pool = split["n_labeled"] + len(split["unlabeled"])
+    pool = split["n_labeled"] + len(labeled_rest(split))
     return "1" if split["n_labeled"] == pool else f"{split['n_labeled'] / pool:.4g}"
 
 
@@ -194,7 +197,7 @@ def run_linear(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any],
     """
     cfg.validate()
     t0 = time.time()
-    raw = load_raw(cfg.dataset, cfg.data_dir)
+    raw = load_raw(cfg.dataset, cfg.data_dir, cfg.data_options)
     split = probe_split(cfg, raw)
     device = torch.device(cfg.resolved_device())
     pos = resolve_positive_class(raw)  # a binary task's disease class, as the studies
@@ -228,9 +231,13 @@ def _start_linear_study(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any]
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
                 "n_test": len(raw.test_y), "encoder_info": enc_info,
                 "accel": cfg.resolved_accel().params()}
+    resolved.pop("data_options")  # a user's images: the options, flat, as entered
+    if cfg.data_options is not None:
+        resolved.update(cfg.data_options.params())
     params = {k: v for k, v in resolved.items() if k not in (*_FINETUNE_ONLY, "accel")}
     params.update(resolved["accel"])  # precision=..., as the CLI names them
-    tracker.start_study(name=f"probe-linear-{raw.name}-s{cfg.seed}", tags=tags, params=params,
+    tracker.start_study(name=f"probe-linear-{dataset_label(raw.name)}-s{cfg.seed}", tags=tags,
+                        params=params,
                         artifacts={"split.json": split, "config.json": resolved},
                         dataset=_dataset_info(raw, split))
 
@@ -331,7 +338,7 @@ def run_finetune(cfg: ProbeConfig, backbone: nn.Module, enc_info: dict[str, Any]
         raise ConfigError(f"finetune method={cfg.method!r}: pick a supervised method with a "
                           "classifier head (sup, mixup)")
     t0 = time.time()
-    raw = load_raw(cfg.dataset, cfg.data_dir)
+    raw = load_raw(cfg.dataset, cfg.data_dir, cfg.data_options)
     split = probe_split(cfg, raw)
     scfg = _finetune_study_config(cfg, split, str(enc_info.get("arch", cfg.arch)))
     factory = _encoder_factory(backbone, raw.channels)
@@ -366,7 +373,7 @@ def _finetune_study_config(cfg: ProbeConfig, split: dict[str, Any], arch: str) -
                        label_fraction=cfg.label_fraction, search="random",
                        batch_size=cfg.batch_size, max_steps_per_epoch=cfg.max_steps_per_epoch,
                        max_trials=cfg.max_trials, device=cfg.device, overrides=cfg.overrides,
-                       diag_samples=0, accel=cfg.accel)
+                       diag_samples=0, accel=cfg.accel, data_options=cfg.data_options)
 
 
 def _encoder_factory(backbone: nn.Module, channels: int) -> Callable[[int], nn.Module]:

@@ -78,6 +78,7 @@ from scarcelab.accel import Accel
 from scarcelab.data import DATASETS, load_raw
 from scarcelab.data.augment import AUGMENTATIONS
 from scarcelab.data.bundle import DatasetBundle, RawDataset, resolve_positive_class
+from scarcelab.data.own import dataset_label, is_own
 from scarcelab.errors import ConfigError, DataError, TrialFailed
 from scarcelab.methods import get_method
 from scarcelab.methods.base import Method
@@ -167,6 +168,8 @@ class TuneConfig:
     # precision and kernels of every trial and retrain (scarcelab.accel; ``auto``: per
     # device), logged resolved as the params precision, channels_last, ...
     accel: Accel = field(default_factory=Accel)
+    # a user's images (folder:/csv:, with a val/ set): scarcelab.data.own.DataOptions
+    data_options: Any = None
 
     def resolved_accel(self) -> Accel:
         """:attr:`accel` as the trials and retrains run it (the epoch loop's resolution)."""
@@ -414,6 +417,8 @@ def whole_images(dataset: str, data_dir: str | None, raw: RawDataset
                  ) -> dict[str, np.ndarray] | None:
     """The dataset's whole-image training store (its loader's ``whole_images``), checked
     against ``raw`` row by row; None when the dataset has none."""
+    if is_own(dataset):  # a user's images are stored at the size they train at
+        return None
     fn = getattr(DATASETS.get(dataset), "whole_images", None)
     if fn is None:
         return None
@@ -438,6 +443,10 @@ def prepare(raw: RawDataset, whole: dict[str, np.ndarray] | None = None
     centre crops either way (gem ``compute_normalization_statistics``: ``Resize`` +
     ``CenterCrop``)."""
     if raw.val_x is None or raw.val_y is None:
+        if raw.unlabeled_x is not None:  # a user's images: say where the split goes
+            raise ConfigError(f"{raw.name} has no validation set; the tune protocol trains "
+                              "on train + val and needs a fixed one: add val/<class>/ images "
+                              "to the folder (CSV: rows with split val)")
         raise ConfigError(f"dataset {raw.name!r} has no fixed validation split; the tune "
                           "protocol needs published train/val/test splits (e.g. cifair10)")
     tv_x = np.concatenate([raw.train_x, raw.val_x])
@@ -557,7 +566,7 @@ def _load(cfg: TuneConfig, s: TuneSettings
           ) -> tuple[RawDataset, DatasetBundle, DatasetBundle, np.ndarray, np.ndarray]:
     """The dataset and its search and final bundles (whole images when the augmentation
     crops from the originals), with the ``trainval`` normalisation."""
-    raw = load_raw(cfg.dataset, cfg.data_dir)
+    raw = load_raw(cfg.dataset, cfg.data_dir, cfg.data_options)
     crops_whole = getattr(AUGMENTATIONS.get(s.augmentation), "takes_geometry", False)
     whole = whole_images(cfg.dataset, cfg.data_dir, raw) if crops_whole else None
     return (raw, *prepare(raw, whole))
@@ -640,8 +649,8 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
     s = cfg.settings()
     create_model(s.arch, in_channels=1)  # fail fast on an unknown arch
     raw, search_b, final_b, mean, std = _load(cfg, s)
-    name = cfg.study_name or (f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
-                              f"-{time.strftime('%Y%m%dT%H%M%S')}")
+    title = f"tune-{method_cls.registered_name}-{dataset_label(cfg.dataset)}-s{cfg.seed}"
+    name = cfg.study_name or f"{title}-{time.strftime('%Y%m%dT%H%M%S')}"
     if isinstance(resume, FinalResume):
         return _resume_final(cfg, s, method_cls, raw, final_b, mean, std, name, tracker,
                              resume, train_images(search_b))
@@ -651,7 +660,6 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
     store.study.sampler = SlotSampler(cfg.seed)
     tags, resolved, params = _study_record(cfg, s, method_cls, raw, mean, std, name,
                                            train_images(search_b))
-    title = f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}"
     if resume is not None:  # the dead process's study record, continued: params stay
         tags = _continue_search(cfg, s, method_cls, store, tracker, resume, tags, params,
                                 title)
@@ -701,6 +709,9 @@ def _study_record(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], ra
                 "norm_std": std.round(5).tolist(), "n_train": len(raw.train_y),
                 "n_val": len(raw.val_y), "n_test": len(raw.test_y),
                 "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
+    resolved.pop("data_options")  # a user's images: the options, flat, as entered
+    if cfg.data_options is not None:
+        resolved.update(cfg.data_options.params())
     params = {k: v for k, v in resolved.items()
               if k not in ("overrides", "search_space", "norm_mean", "norm_std", "accel")}
     params.update(resolved["accel"])  # precision=..., channels_last=..., as the CLI names
@@ -716,8 +727,8 @@ def _resume_final(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], ra
     tags, _, params = _study_record(cfg, s, method_cls, raw, mean, std, name, images)
     _check_recorded(resume, params)
     missing = [i for i in range(cfg.n_final) if i not in resume.done]
-    with tracker.open_study(f"tune-{method_cls.registered_name}-{cfg.dataset}-s{cfg.seed}",
-                            tags, {}, {}):
+    title = f"tune-{method_cls.registered_name}-{dataset_label(cfg.dataset)}-s{cfg.seed}"
+    with tracker.open_study(title, tags, {}, {}):
         tracker.set_tags({T.FINAL_KEPT: ",".join(map(str, sorted(resume.done))),
                           T.FINAL_RESUMED: ",".join(map(str, missing))})
         final = _final(cfg, s, method_cls, raw, bundle, mean, std, resume.best_params,

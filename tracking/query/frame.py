@@ -256,7 +256,7 @@ class Tracked:
         studies = self.studies().set_index("run_id")
         with_series, without = self._split()
         meta_cols = [c for c in ("experiment", "family", "method", "dataset", "seed",
-                                 "n_labeled", "n_val", "budget_minutes", "arch")
+                                 "fold", "n_labeled", "n_val", "budget_minutes", "arch")
                      if c in studies]
         parts = []
         if source != "trials" and with_series:
@@ -385,7 +385,10 @@ NOT_SETTINGS = frozenset({"seed", "storage", "study_name", "data_dir", "register
                           "tags", "description",  # the run's labels (--tags, --description)
                           "experiment", "set", "hparams_from", "resume", "quiet", "verbose",
                           # derived from budget_minutes (the final-phase reserve kept)
-                          "final_reserve_s", "run_name"})
+                          "final_reserve_s", "run_name",
+                          # the test set's size follows from the data: the k folds of a
+                          # user's images (tag scarcelab.fold) differ in it by an image
+                          "n_test"})
 #: settings logged only since a change, with the value every study recorded before it ran
 #: with: a study without the param gets it, so that an older study and a newer one of the
 #: same configuration stay one row. The precision and kernel settings (issue 40,

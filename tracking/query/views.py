@@ -143,10 +143,14 @@ def _variants(t: Tracked, sel: pd.DataFrame) -> pd.DataFrame:
     out = sel.assign(config=config, setting=setting, variant=variant)
     if "search" not in out and "search" in cfg:
         out["search"] = cfg["search"].to_numpy()
-    # one sample per seed: the latest study of a (block, variant, seed)
+    # one sample per seed: the latest study of a (block, variant, seed); the folds of a
+    # --folds study (tag scarcelab.fold, "i/k") are samples of their own
     start = out["study_id"].map(studies["start_time"]) if "start_time" in studies else 0
     seed = out["seed"].astype(object).where(out["seed"].notna(), out["study_id"]) \
         if "seed" in out else out["study_id"]
+    if "fold" in out:
+        seed = seed.astype(str) + out["fold"].map(lambda f: f" fold {f}" if isinstance(f, str)
+                                                  else "")
     order = out.assign(_start=start, _seed=seed.astype(str)).sort_values(
         "_start", kind="stable")
     grp = order.groupby([*BLOCK, "family", "method", "config", "_seed"], dropna=False,
@@ -233,7 +237,8 @@ def leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = Fal
 
     A row is one variant of a method (:func:`per_study`): the label budget, validation
     size, architecture, budget and search are columns; any other setting that differs is
-    in ``setting``. ``n`` counts distinct seeds; ``n_runs`` the studies found; a seed run
+    in ``setting``. ``n`` counts distinct seeds (each fold of a ``--folds`` study a seed of
+    its own); ``n_runs`` the studies found; a seed run
     more than once counts once — the latest study — and ``repeats`` says which was kept.
 
     ``filters``: ``family``, ``dataset``, ``n_labeled``, ``budget_minutes``, ``method``.

@@ -277,6 +277,24 @@ class _Located:
         return SpecError(f"{self.path}:{_line(node)}: {msg}")
 
 
+def _dataset_at(value: str, spec_path: str) -> str:
+    """A dataset of a user's files (``folder:data/chest``, ``encoded_csv:labels.csv``, a bare
+    path) with its path made absolute against the spec file's folder: a cell runs in
+    another working directory (on a Ray node: the same path must exist there, e.g. a
+    shared filesystem). Other names are returned unchanged; the cell's own option check
+    reads the folder or CSV."""
+    from scarcelab.data.own import parse_ref
+    from scarcelab.errors import ConfigError
+
+    base = Path(spec_path).parent if spec_path and not spec_path.startswith("<") else None
+    prefix = "encoded_" if value.startswith("encoded_") else ""
+    try:
+        ref = parse_ref(value[len(prefix):], base)
+    except ConfigError:  # the cell's own check says it in its one line
+        return value
+    return prefix + ref.name if ref is not None else value
+
+
 def entry_options(entry: str) -> dict[str, str] | None:
     """Option name (underscored) -> its help, for a registered entry point; None if the
     entry point does not exist. Reads the click commands: no heavy import happens."""
@@ -680,7 +698,10 @@ class _Grids:
                 raise loc.error(kn, f"{entry} has no option {raw_key!r}; valid: "
                                 f"{', '.join(sorted(k for k in opts if k not in RESERVED))}")
             values = self._values(raw_key, key, value, kn, refs)
-            axes.append((key, [_scalar(v) for v in values]))
+            strs = [_scalar(v) for v in values]
+            if key == "dataset":
+                strs = [_dataset_at(v, loc.path) for v in strs]
+            axes.append((key, strs))
         return axes, refs
 
     def _values(self, raw_key: Any, key: str, value: Any, kn: yaml.Node | None,
