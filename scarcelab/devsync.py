@@ -46,9 +46,11 @@ _SYNCING = {
     "aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal",
     "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select",
     "aten::bincount", "aten::_unique", "aten::_unique2", "aten::unique_dim",
-    "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::masked_scatter",
-    "aten::masked_scatter_", "aten::_linalg_svd", "aten::linalg_svd", "aten::_linalg_eigh",
-    "aten::linalg_eig", "aten::linalg_eigvals", "aten::allclose",
+    "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::allclose",
+    # cuSOLVER's status is checked on the host (PyTorch's docs: "synchronizes that
+    # device with the CPU")
+    "aten::_linalg_svd", "aten::linalg_svd", "aten::_linalg_eigh", "aten::linalg_eig",
+    "aten::linalg_eigvals",
 }
 #: ops whose index tensors are copied to the device even when 0-dimensional
 _INDEXING = {
@@ -180,9 +182,6 @@ class TransferCounter(TorchDispatchMode):
                 isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
                 for i in tree_flatten(args[1])[0]):
             self._record("sync", f"{name} with a boolean mask (nonzero)")
-        elif name in ("aten::masked_fill", "aten::masked_fill_") and len(args) > 2 \
-                and isinstance(args[2], torch.Tensor) and self.tag(args[2]) == DEVICE:
-            self._record("sync", f"{name} with a device value (.item())")
 
     def _tag_outputs(self, out: Any, args: Any, tags: list[Any], on_device: bool,
                      name: str) -> None:
@@ -292,7 +291,8 @@ class TransferCounter(TorchDispatchMode):
 
         def one_hot(tensor: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
             # the CPU kernel reads min and max back to check the labels; the CUDA one does
-            # not when the number of classes is given (a device-side assert instead)
+            # not when the number of classes is given, relying on scatter's device-side
+            # assert (pytorch aten/src/ATen/native/Onehot.cpp)
             counter._quiet += num_classes >= 0
             try:
                 return orig_one_hot(tensor, num_classes)

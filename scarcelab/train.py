@@ -551,8 +551,8 @@ def train_trial(
     gives a checkpoint of this epoch. Raises :class:`TrialFailed` on a non-finite loss, at
     the end of the epoch it happened in (the epoch's remaining steps run first: the check
     is read from the device once per epoch, :class:`NonFiniteWatch`), before that epoch's
-    diagnostics and evaluation. ``deadline`` is a :class:`Budget` (the diagnostics' time is then paused out of it) or
-    an absolute ``time.time()`` value.
+    diagnostics and evaluation. ``deadline`` is a :class:`Budget` (the diagnostics' time
+    is then paused out of it) or an absolute ``time.time()`` value.
     """
     budget = deadline if isinstance(deadline, Budget) else _Deadline(deadline)
     if cfg.stop_on not in ("val", "train_loss"):

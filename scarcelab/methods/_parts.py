@@ -97,9 +97,9 @@ class _HostMirror:
     which is a blocking copy on a GPU. The buffers stay the truth for checkpoints:
     loading a state dict drops the mirror, and the next use reads the buffers once."""
 
-    def __init__(self, module: nn.Module, names: tuple[str, ...]) -> None:
+    def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
-        self.values: dict[str, int] | None = {n: int(getattr(module, n)) for n in names}
+        self.values: dict[str, int] | None = dict.fromkeys(names, 0)  # the buffers' start
 
     def get(self, module: nn.Module) -> dict[str, int]:
         if self.values is None:  # after load_state_dict: one read
@@ -130,7 +130,7 @@ class FeatureQueue(nn.Module):
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
         self.register_buffer("count", torch.zeros((), dtype=torch.long))
         self.size = size
-        self._host = _HostMirror(self, ("ptr", "count"))
+        self._host = _HostMirror(("ptr", "count"))
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
@@ -296,7 +296,7 @@ class DistributionAlignment(nn.Module):
         self.register_buffer("p_model", uniform.clone())
         self.register_buffer("history", torch.zeros(window or 1, num_classes))
         self.register_buffer("n_seen", torch.zeros((), dtype=torch.long))
-        self._host = _HostMirror(self, ("n_seen",))
+        self._host = _HostMirror(("n_seen",))
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
