@@ -508,5 +508,48 @@ def cuda_syncs_per_step(method: Any, bundle: Any, cfg: Any, steps: tuple[int, in
                      sources=sorted(set(sources)))
 
 
+def cuda_rule_check(device: str = "cuda") -> dict[str, tuple[int | None, bool]]:
+    """The :class:`TransferCounter`'s rules against CUDA itself: per case, the syncs CUDA
+    reports (``set_sync_debug_mode``) and whether the counter counts that case. A case
+    where CUDA reports a sync the counter does not count is a hole in the CPU test. On a
+    machine without CUDA every count is None."""
+    cases: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], Any], bool]] = {
+        "pageable .to(device)": (lambda x, y: torch.rand(64).to(x.device), True),
+        "pinned .to(device, non_blocking=True), once": (
+            lambda x, y: torch.rand(64).pin_memory().to(x.device, non_blocking=True), True),
+        ".item()": (lambda x, y: x.sum().item(), True),
+        "bool(t)": (lambda x, y: bool(x.sum() > 0), True),
+        ".tolist()": (lambda x, y: y.tolist(), True),
+        "bincount": (lambda x, y: torch.bincount(y, minlength=4), True),
+        "boolean mask": (lambda x, y: x[x > 0.5], True),
+        "unique": (lambda x, y: torch.unique(y), True),
+        "linalg.svdvals": (lambda x, y: torch.linalg.svdvals(x.view(8, 8)), True),
+        "new_tensor(0.5)": (lambda x, y: x.new_tensor(0.5), True),
+        "torch.tensor([...], device=)": (lambda x, y: torch.tensor([1.0, 2.0], device=x.device),
+                                         True),
+        "one_hot(y, num_classes)": (lambda x, y: torch.nn.functional.one_hot(y, 4), False),
+        "where(c, python float, t)": (lambda x, y: torch.where(x > 0.5, 1.0, x), False),
+        "t * 0-dim CPU tensor": (lambda x, y: x * torch.tensor(2.0), False),
+        "t[i] = python float": (lambda x, y: x.clone().__setitem__(1, 5.0), False),
+        "new_full((), 0.5)": (lambda x, y: x.new_full((), 0.5), False),
+        "index_put_ with long indices": (
+            lambda x, y: x.clone().index_put_((y,), x[: len(y)]), False),
+        "argsort(stable) of uint8": (
+            lambda x, y: torch.argsort((x > 0.5).to(torch.uint8), stable=True), False),
+        "scatter_add_": (lambda x, y: torch.zeros(4, dtype=torch.long, device=x.device)
+                         .scatter_add_(0, y, torch.ones_like(y)), False),
+    }
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return {k: (None, c) for k, (_, c) in cases.items()}
+    x = torch.rand(64, device=device)
+    y = torch.randint(0, 4, (16,), device=device)
+    out = {}
+    for name, (fn, counted) in cases.items():
+        fn(x, y)  # warm-up: first-call allocations and library loads are not the case
+        n, _ = _count_cuda_syncs(lambda f=fn: f(x, y))
+        out[name] = (n, counted)
+    return out
+
+
 __all__ = ["DEVICE", "HOST", "Event", "StepTransfers", "SyncCount", "TransferCounter",
-           "count_step_transfers", "cuda_syncs_per_step"]
+           "count_step_transfers", "cuda_rule_check", "cuda_syncs_per_step"]

@@ -417,3 +417,6 @@ def test_cuda_sync_count_says_it_measured_nothing_off_cuda(tiny_bundle: Any) -> 
     r = devsync.cuda_syncs_per_step(_method("sup", 1, tiny_bundle.num_classes), tiny_bundle,
                                     TrainConfig(batch_labeled=8))
     assert r.per_step is None and r.per_epoch is None and "not measured" in r.note
+    rules = devsync.cuda_rule_check("cpu")
+    assert rules and all(n is None for n, _ in rules.values())
+    assert rules[".item()"][1] and not rules["one_hot(y, num_classes)"][1]
