@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from scarcelab.accel import Accel, resolve, step_autocast
-from scarcelab.data.augment import AUGMENTATIONS, to_float
+from scarcelab.data.augment import AUGMENTATIONS, as_view, to_float, upload
 from scarcelab.data.bundle import DatasetBundle
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.methods._parts import balanced_class_weights
@@ -177,7 +178,13 @@ class TrialResult:
 
 
 class BatchSource:
-    """Draws and augments batches from a bundle held on the device as uint8 tensors."""
+    """Draws and augments batches from a bundle held on the device as uint8 tensors.
+
+    A step's random numbers (the batch indices, every view's parameters and the method's
+    own :meth:`~scarcelab.methods.base.Method.host_draws`) are drawn first, on the host
+    generator and in the generator's order, then reach the device in one copy
+    (``scarcelab.data.augment.upload``); the augmentations then run on the device with
+    nothing to wait for (docs/performance.md, "A step without a sync")."""
 
     def __init__(
         self,
@@ -188,17 +195,20 @@ class BatchSource:
         device: torch.device,
         generator: torch.Generator,
         labeled_views: tuple[str, ...] | None = None,
+        host_draws: Callable[[int, int], dict[str, Any] | None] | None = None,
     ) -> None:
         self.device = device
         self.g = generator
         self.xl = torch.as_tensor(bundle.labeled_x).to(device)
         self.yl = torch.as_tensor(bundle.labeled_y, dtype=torch.long).to(device)
         self.xu = torch.as_tensor(bundle.unlabeled_x).to(device)
-        self.labeled_views = [AUGMENTATIONS.get(v) for v in (
+        self.labeled_views = [as_view(AUGMENTATIONS.get(v)) for v in (
             method.labeled_views if labeled_views is None else labeled_views)]
-        self.views = [AUGMENTATIONS.get(v) for v in method.views]
+        self.views = [as_view(AUGMENTATIONS.get(v)) for v in method.views]
+        self.host_draws = host_draws
         # labeled images stored whole for a crop of the original (the tune protocol's
-        # RandomResizedCrop sets): every labeled view must take their original sizes
+        # RandomResizedCrop sets): every labeled view must take their original sizes,
+        # kept on the host, where the crop boxes are drawn
         geo = bundle.meta.get("labeled_geometry")
         self.sizes = self.out_size = None
         if geo is not None:
@@ -210,7 +220,7 @@ class BatchSource:
                                   f"{bundle.labeled_x.shape[-1]} px for a crop of the "
                                   f"original; view(s) {bad} cannot make "
                                   f"{geo['out_size']}-px crops of them")
-            self.sizes = torch.as_tensor(geo["sizes"]).to(device)
+            self.sizes = torch.as_tensor(geo["sizes"])
             self.out_size = int(geo["out_size"])
         self.bl = batch_labeled if self.labeled_views else 0
         self.bu = batch_unlabeled if self.views else 0
@@ -220,35 +230,53 @@ class BatchSource:
         self._perm_u = torch.empty(0, dtype=torch.long)
 
     def _take(self, which: str, n: int, size: int) -> torch.Tensor:
+        """The next ``n`` indices of the pool's running permutation, on the host."""
         perm = getattr(self, f"_perm_{which}")
         while len(perm) < n:
             perm = torch.cat([perm, torch.randperm(size, generator=self.g)])
         setattr(self, f"_perm_{which}", perm[n:])
-        return perm[:n].to(self.device)
+        return perm[:n]
 
     @property
     def samples_per_step(self) -> int:
         return self.bl + self.bu
 
+    def draw(self) -> dict[str, Any]:
+        """Every random number of the next batch, on the host: labeled indices and views,
+        unlabeled indices and views (the generator's order since views were first drawn
+        on it), then the method's own draws."""
+        out: dict[str, Any] = {}
+        if self.bl:
+            idx = self._take("l", self.bl, len(self.xl))
+            geo = ({} if self.sizes is None
+                   else {"sizes": self.sizes[idx], "out_size": self.out_size})
+            shape = self.xl.shape[1:]
+            out["l"] = (idx, [v.draw(self.g, self.bl, shape, **geo) for v in self.labeled_views])
+        if self.bu:
+            idx = self._take("u", self.bu, len(self.xu))
+            shape = self.xu.shape[1:]
+            out["u"] = (idx, [v.draw(self.g, self.bu, shape) for v in self.views])
+        if self.host_draws is not None:
+            out["method"] = self.host_draws(self.bl, self.bu)
+        return out
+
     def next(self) -> Batch:
+        drawn = upload(self.draw(), self.device)  # the step's one host-to-device copy
         xs: list[torch.Tensor] = []
         y = torch.empty(0, dtype=torch.long, device=self.device)
         if self.bl:
-            idx = self._take("l", self.bl, len(self.xl))
+            idx, params = drawn["l"]
             x = to_float(self.xl[idx])
-            if self.sizes is None:
-                xs = [normalize(aug(x, self.g)) for aug in self.labeled_views]
-            else:
-                xs = [normalize(aug(x, self.g, sizes=self.sizes[idx], out_size=self.out_size))
-                      for aug in self.labeled_views]
+            xs = [normalize(v.apply(x, p)) for v, p in zip(self.labeled_views, params,
+                                                           strict=True)]
             y = self.yl[idx]
         us: list[torch.Tensor] = []
         u_idx = None
         if self.bu:
-            u_idx = self._take("u", self.bu, len(self.xu))
+            u_idx, params = drawn["u"]
             u = to_float(self.xu[u_idx])
-            us = [normalize(aug(u, self.g)) for aug in self.views]
-        return Batch(x=xs, y=y, u=us, u_index=u_idx)
+            us = [normalize(v.apply(u, p)) for v, p in zip(self.views, params, strict=True)]
+        return Batch(x=xs, y=y, u=us, u_index=u_idx, draws=drawn.get("method"))
 
 
 @torch.no_grad()
@@ -414,6 +442,55 @@ def make_optimizer(method: Method, total_steps: int, fused: bool | None = None, 
     return opt, sched
 
 
+class NonFiniteWatch:
+    """The first non-finite loss of a run of steps, recorded on the device.
+
+    Checking ``isfinite(loss)`` on the host every step reads the device back, which on a
+    GPU waits for the whole step to finish: the host could never queue the next step
+    ahead. Here each step only adds a few kernels that keep the first bad step's index
+    and loss value on the device; :meth:`check` reads them once (the epoch loop: at the
+    end of each epoch) and raises the :class:`TrialFailed` the per-step check raised.
+    The steps after the bad one still run (on NaN weights) until then."""
+
+    def __init__(self) -> None:
+        self._step: torch.Tensor | None = None  # float64: the first bad step, -1 if none
+        self._value: torch.Tensor | None = None  # float64: its loss
+
+    def observe(self, loss: torch.Tensor, step: int) -> None:
+        loss = loss.detach()
+        if self._step is None or self._value is None:
+            self._step = torch.full((), -1.0, dtype=torch.float64, device=loss.device)
+            self._value = torch.zeros((), dtype=torch.float64, device=loss.device)
+        first = torch.isfinite(loss).logical_not_() & (self._step < 0)
+        self._step = torch.where(first, float(step), self._step)
+        self._value = torch.where(first, loss.to(torch.float64), self._value)
+
+    def check(self, epoch: int) -> None:
+        """Raise for a non-finite loss seen so far (one read of the device)."""
+        if self._step is None or self._value is None:
+            return
+        step, value = torch.stack([self._step, self._value]).tolist()
+        if step >= 0:
+            raise TrialFailed(f"non-finite loss ({value}) at epoch {epoch}, step {int(step)}")
+
+
+#: the epoch loop's watch; None: :func:`optimizer_step` checks each loss on the spot
+_WATCH: ContextVar[NonFiniteWatch | None] = ContextVar("scarcelab_nonfinite_watch",
+                                                       default=None)
+
+
+@contextmanager
+def deferred_finite_check(watch: NonFiniteWatch) -> Iterator[NonFiniteWatch]:
+    """Within the block, :func:`optimizer_step` records non-finite losses in ``watch``
+    instead of reading each loss back; the caller calls ``watch.check`` when it can
+    afford one read (the epoch loop: at each epoch's end)."""
+    token = _WATCH.set(watch)
+    try:
+        yield watch
+    finally:
+        _WATCH.reset(token)
+
+
 def optimizer_step(method: Method, opt: torch.optim.Optimizer,
                    sched: torch.optim.lr_scheduler.LambdaLR, batch: Batch,
                    progress: Progress, accel: Accel | None = None) -> dict[str, torch.Tensor]:
@@ -423,7 +500,11 @@ def optimizer_step(method: Method, opt: torch.optim.Optimizer,
 
     With a resolved bf16 ``accel`` the method's step (forward passes and losses) runs under
     autocast and its losses come out in fp32; backward, the optimiser and the post-update
-    hook run outside it, on the fp32 parameters."""
+    hook run outside it, on the fp32 parameters.
+
+    Inside :func:`deferred_finite_check` (the epoch loop) the check is recorded on the
+    device and raised at the epoch's end, so a step never waits on the device; called on
+    its own, it reads the loss and raises before the update, as it always did."""
     if accel is not None and accel.bf16:
         with step_autocast(accel, method):
             losses = method.step(batch, progress)
@@ -431,7 +512,10 @@ def optimizer_step(method: Method, opt: torch.optim.Optimizer,
     else:
         losses = method.step(batch, progress)
     loss = losses["loss"]
-    if not torch.isfinite(loss):
+    watch = _WATCH.get()
+    if watch is not None:
+        watch.observe(loss, progress.step)
+    elif not torch.isfinite(loss):
         raise TrialFailed(f"non-finite loss ({loss.item()}) at epoch {progress.epoch}, "
                           f"step {progress.step}")
     opt.zero_grad(set_to_none=True)
@@ -513,9 +597,11 @@ def train_trial(
     After each epoch's steps, the ``diagnostics`` of the callbacks that have one run (in
     their order, timed together outside the budget); after its evaluation, every
     callback's ``on_epoch_end(report, improved, snapshot)``, in order; ``snapshot()``
-    gives a checkpoint of this epoch. Raises :class:`TrialFailed` on a non-finite loss.
-    ``deadline`` is a :class:`Budget` (the diagnostics' time is then paused out of it) or
-    an absolute ``time.time()`` value.
+    gives a checkpoint of this epoch. Raises :class:`TrialFailed` on a non-finite loss, at
+    the end of the epoch it happened in (the epoch's remaining steps run first: the check
+    is read from the device once per epoch, :class:`NonFiniteWatch`), before that epoch's
+    diagnostics and evaluation. ``deadline`` is a :class:`Budget` (the diagnostics' time
+    is then paused out of it) or an absolute ``time.time()`` value.
     """
     budget = deadline if isinstance(deadline, Budget) else _Deadline(deadline)
     if cfg.stop_on not in ("val", "train_loss"):
@@ -551,7 +637,8 @@ class _EpochLoop:
         _prepare_method(method, bundle, cfg, device, self.accel)
         self.source = BatchSource(bundle, type(method), cfg.batch_labeled,
                                   cfg.batch_unlabeled, device, generator,
-                                  labeled_views=cfg.labeled_views)
+                                  labeled_views=cfg.labeled_views,
+                                  host_draws=method.host_draws)
         self.spe = steps_per_epoch(bundle, self.source.samples_per_step,
                                    cfg.max_steps_per_epoch)
         self.total = self.spe * cfg.max_epochs
@@ -617,26 +704,32 @@ class _EpochLoop:
 
     def _steps(self, epoch: int) -> _Steps:
         """Up to an epoch of optimiser steps, each only if it and an evaluation still fit
-        in the budget."""
+        in the budget. A non-finite loss is recorded on the device and raises
+        :class:`TrialFailed` once the epoch's steps are done (:class:`NonFiniteWatch`:
+        the one read of the device per epoch, instead of one per step)."""
         now = self.budget.now
         sums: dict[str, torch.Tensor] = {}
         t_data = 0.0
         n = 0
-        for _ in range(self.spe):
-            if self.budget.remaining() <= self.step_s + self.eval_s:
-                return _Steps(sums, n, t_data, True)
-            ts, td = now(), time.perf_counter()
-            batch = self.accel.batch(self.source.next())  # the input layout (NHWC: on)
-            t_data += time.perf_counter() - td
-            progress = Progress(step=self.step, total_steps=self.total, epoch=epoch)
-            losses = optimizer_step(self.method, self.opt, self.sched, batch, progress,
-                                    self.accel)
-            for k, v in losses.items():
-                sums[k] = sums.get(k, 0.0) + v.detach()
-            n += 1
-            self.step += 1
-            self.step_s = now() - ts
-        return _Steps(sums, n, t_data, False)
+        out_of_time = False
+        with deferred_finite_check(NonFiniteWatch()) as watch:
+            for _ in range(self.spe):
+                if self.budget.remaining() <= self.step_s + self.eval_s:
+                    out_of_time = True
+                    break
+                ts, td = now(), time.perf_counter()
+                batch = self.accel.batch(self.source.next())  # the input layout (NHWC: on)
+                t_data += time.perf_counter() - td
+                progress = Progress(step=self.step, total_steps=self.total, epoch=epoch)
+                losses = optimizer_step(self.method, self.opt, self.sched, batch, progress,
+                                        self.accel)
+                for k, v in losses.items():
+                    sums[k] = sums.get(k, 0.0) + v.detach()
+                n += 1
+                self.step += 1
+                self.step_s = now() - ts
+        watch.check(epoch)
+        return _Steps(sums, n, t_data, out_of_time)
 
     def _diagnostics(self, callbacks: tuple[EpochCallback, ...], epoch: int
                      ) -> dict[str, float]:

@@ -7,6 +7,15 @@ over samples. All randomness comes from an explicit ``torch.Generator`` so that 
 reproducible from its seed and augmentation never perturbs (or depends on) the global RNG
 that model initialisation and data order use.
 
+Each registered augmentation is a :class:`View`, split where the host meets the device:
+``draw(g, n, shape)`` makes every random number a batch needs on the generator (a CPU
+generator: CPU and GPU runs draw the same numbers) together with what only the host
+decides (RandAugment's per-op group sizes, the crop boxes that fix an output size), and
+``apply(x, params)`` is the tensor work on the device. The training loop draws the
+indices and every view of a step first and moves them with one copy (:func:`upload`), so
+a step waits on no transfer (docs/performance.md). Called as ``(x, g) -> Tensor`` a view
+does both, for callers outside the loop.
+
 Entries of :data:`AUGMENTATIONS` are callables ``(x, g) -> Tensor`` returning a new tensor
 of the same shape, dtype and device, with values in [0, 1]:
 
@@ -21,7 +30,8 @@ of the same shape, dtype and device, with values in [0, 1]:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +45,157 @@ Augmentation = Callable[[Tensor, torch.Generator], Tensor]
 AUGMENTATIONS: Registry[Augmentation] = Registry("augmentation")
 
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma, as PIL's convert("L")
+
+#: a view's host parameters: tensors drawn on the generator and plain host values
+Params = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------
+# one copy per step
+
+
+#: pack the host parameters into one buffer even when the device is the CPU, where
+#: :func:`upload` otherwise hands them over as they are: what a test sets to run the
+#: CUDA code path, and count its copies, on a CPU-only machine
+PACK_ON_CPU = False
+
+
+def _leaves(tree: Any, out: list[Tensor]) -> Any:
+    """``tree`` (dicts, lists and tuples of tensors and host values) with each tensor
+    replaced by its position in ``out``."""
+    if isinstance(tree, Tensor):
+        out.append(tree)
+        return _Leaf(len(out) - 1)
+    if isinstance(tree, dict):
+        return {k: _leaves(v, out) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_leaves(v, out) for v in tree)
+    return tree
+
+
+class _Leaf(int):
+    """A tensor's position in :func:`_leaves`' list (an int type of its own, so that a
+    host int in the tree is never mistaken for one)."""
+
+
+def _fill(tree: Any, tensors: Sequence[Tensor]) -> Any:
+    if isinstance(tree, _Leaf):
+        return tensors[tree]
+    if isinstance(tree, dict):
+        return {k: _fill(v, tensors) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_fill(v, tensors) for v in tree)
+    return tree
+
+
+def _pack(tensors: Sequence[Tensor], pin: bool
+          ) -> tuple[Tensor, list[tuple[int, torch.dtype, torch.Size]]]:
+    """The tensors' bytes in one uint8 buffer (each at an 8-byte-aligned offset, so that
+    any dtype can be viewed back in place) and where each one lies."""
+    parts: list[Tensor] = []
+    layout: list[tuple[int, torch.dtype, torch.Size]] = []
+    off = 0
+    for t in tensors:
+        pad = -off % 8
+        if pad:
+            parts.append(torch.zeros(pad, dtype=torch.uint8))
+            off += pad
+        raw = t.contiguous().reshape(-1).view(torch.uint8)
+        layout.append((off, t.dtype, t.shape))
+        parts.append(raw)
+        off += raw.numel()
+    buf = torch.empty(off, dtype=torch.uint8, pin_memory=pin)
+    if parts:
+        torch.cat(parts, out=buf)
+    return buf, layout
+
+
+def upload(tree: Any, device: torch.device, pack: bool | None = None) -> Any:
+    """``tree`` with its host tensors on ``device``, moved by *one* copy.
+
+    A pageable ``.to(device)`` waits until the GPU has finished all queued work (the copy
+    is synchronous for the host), so moving each of a step's ~20 random-parameter
+    tensors separately stalled the CPU ~20 times per step. Here their bytes are packed
+    into one pinned buffer and copied with ``non_blocking=True``: the host queues the copy
+    and goes on (the caching host allocator keeps the buffer alive until the copy is
+    done). The tensors come back as views of the device buffer, bit for bit. On the CPU
+    nothing is copied and the tree is returned as it is (unless ``pack`` or
+    :data:`PACK_ON_CPU` asks for the packed path). Host values (ints, lists, None) pass
+    through unchanged."""
+    if pack is None:
+        pack = device.type != "cpu" or PACK_ON_CPU
+    if not pack:
+        return tree
+    tensors: list[Tensor] = []
+    skeleton = _leaves(tree, tensors)
+    if any(t.device.type != "cpu" for t in tensors):  # drawn on a device generator
+        return _fill(skeleton, [t.to(device) for t in tensors])
+    buf, layout = _pack(tensors, pin=device.type == "cuda")
+    dev = buf.to(device, non_blocking=True)
+    out = []
+    for off, dtype, shape in layout:
+        n = math.prod(shape) * dtype.itemsize
+        out.append(dev[off:off + n].view(dtype).view(shape))
+    return _fill(skeleton, out)
+
+
+_CONSTANTS: dict[tuple[Any, ...], Tensor] = {}
+
+
+def _const(like: Tensor, values: Sequence[float]) -> Tensor:
+    """``values`` as a 1-D tensor of ``like``'s dtype on its device, made once per
+    (values, device, dtype): a tensor built from Python numbers on every call is a
+    host-to-device copy on every call."""
+    key = (tuple(values), like.device, like.dtype)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = torch.tensor(values, dtype=like.dtype).to(like.device)
+        _CONSTANTS[key] = t
+    return t
+
+
+class View:
+    """A registered augmentation: ``draw`` on the host, ``apply`` on the device.
+
+    ``draw(g, n, shape, **geometry) -> params`` makes, in a fixed order, every random
+    number the batch of ``n`` images of ``shape`` (C, H, W) needs, as host tensors, and
+    decides on the host whatever fixes the work's shapes; ``apply(x, params)`` takes those
+    params on ``x``'s device. Calling the view, ``(x, g) -> Tensor``, does both with one
+    :func:`upload`. ``takes_geometry``: the view crops originals stored whole, given their
+    sizes and the output side (``sizes=``, ``out_size=``)."""
+
+    def __init__(self, draw: Callable[..., Params], apply: Callable[[Tensor, Params], Tensor],
+                 doc: str, takes_geometry: bool = False) -> None:
+        self._draw, self._apply = draw, apply
+        self.__doc__ = doc
+        self.takes_geometry = takes_geometry
+
+    def draw(self, g: torch.Generator, n: int, shape: Sequence[int], **geometry: Any
+             ) -> Params:
+        if geometry and not self.takes_geometry:
+            raise TypeError(f"augmentation {getattr(self, 'registered_name', '?')!r} "
+                            f"takes no geometry ({sorted(geometry)})")
+        return self._draw(g, n, tuple(shape), **geometry)
+
+    def apply(self, x: Tensor, params: Params) -> Tensor:
+        return self._apply(x, params)
+
+    def __call__(self, x: Tensor, g: torch.Generator, **geometry: Any) -> Tensor:
+        _check(x)
+        if geometry.get("sizes") is not None:  # the boxes are drawn on the host
+            geometry["sizes"] = torch.as_tensor(geometry["sizes"]).cpu()
+        params = self.draw(g, x.shape[0], x.shape[1:], **geometry)
+        return self.apply(x, upload(params, x.device))
+
+
+def as_view(fn: Augmentation) -> View:
+    """A plain ``(x, g) -> Tensor`` augmentation as a :class:`View` whose draws happen in
+    ``apply`` (on the device, after the other views' draws): what a registered function
+    that was never split gets."""
+    if isinstance(fn, View):
+        return fn
+    return View(lambda g, n, shape: {"g": g}, lambda x, p: fn(x, p["g"]),
+                fn.__doc__ or "", getattr(fn, "takes_geometry", False))
 
 
 # ---------------------------------------------------------------------------------------
@@ -62,22 +223,22 @@ def _check(x: Tensor) -> None:
         )
 
 
-def _rand(g: torch.Generator, *shape: int, device: torch.device) -> Tensor:
-    """U[0, 1) drawn on the generator's device, then moved to ``device``.
+def _rand(g: torch.Generator, *shape: int) -> Tensor:
+    """U[0, 1) drawn on the generator's device (the host, for a CPU generator).
 
-    Drawing on ``g.device`` lets a CPU generator drive a GPU batch (the parameter tensors
-    are tiny) and keeps results identical across devices for a CPU generator.
+    A CPU generator drives a GPU batch (the parameter tensors are tiny and travel in the
+    step's one :func:`upload`) and keeps results identical across devices.
     """
-    return torch.rand(shape, generator=g, device=g.device).to(device)
+    return torch.rand(shape, generator=g, device=g.device)
 
 
-def _randint(g: torch.Generator, low: int, high: int, *shape: int, device: torch.device) -> Tensor:
+def _randint(g: torch.Generator, low: int, high: int, *shape: int) -> Tensor:
     """Integers uniform in [low, high), as :func:`_rand`."""
-    return torch.randint(low, high, shape, generator=g, device=g.device).to(device)
+    return torch.randint(low, high, shape, generator=g, device=g.device)
 
 
-def _uniform(g: torch.Generator, low: float, high: float, n: int, device: torch.device) -> Tensor:
-    return low + (high - low) * _rand(g, n, device=device)
+def _uniform(g: torch.Generator, low: float, high: float, n: int) -> Tensor:
+    return low + (high - low) * _rand(g, n)
 
 
 def _as_work(x: Tensor) -> Tensor:
@@ -89,7 +250,7 @@ def _gray(x: Tensor) -> Tensor:
     """Luma (N, 1, H, W); for one channel the image itself."""
     if x.shape[1] == 1:
         return x
-    w = x.new_tensor(_GRAY_WEIGHTS).view(1, 3, 1, 1)
+    w = _const(x, _GRAY_WEIGHTS).view(1, 3, 1, 1)
     return (x * w).sum(1, keepdim=True)
 
 
@@ -162,27 +323,30 @@ def _pad_for(side: int) -> int:
     return min(round(0.125 * side), side - 1)
 
 
-def _weak(x: Tensor, g: torch.Generator) -> Tensor:
-    n, _, h, w = x.shape
+def _draw_weak(g: torch.Generator, n: int, shape: tuple[int, ...]) -> Params:
+    _, h, w = shape
     py, px = _pad_for(h), _pad_for(w)
-    flip = _rand(g, n, device=x.device) < 0.5
-    dy = _randint(g, -py, py + 1, n, device=x.device)
-    dx = _randint(g, -px, px + 1, n, device=x.device)
-    return flip_crop(x, dy, dx, flip)
+    flip = _rand(g, n) < 0.5
+    dy = _randint(g, -py, py + 1, n)
+    dx = _randint(g, -px, px + 1, n)
+    return {"flip": flip, "dy": dy, "dx": dx}
 
 
-@AUGMENTATIONS.register("identity")
-def identity(x: Tensor, g: torch.Generator) -> Tensor:
-    """No augmentation (evaluation, or supervised baselines without augmentation)."""
-    _check(x)
-    return x
+def _weak(x: Tensor, p: Params) -> Tensor:
+    return flip_crop(x, p["dy"], p["dx"], p["flip"])
 
 
-@AUGMENTATIONS.register("weak")
-def weak(x: Tensor, g: torch.Generator) -> Tensor:
-    """Random horizontal flip (p=0.5) + random crop with reflect padding of 12.5% of the side."""
-    _check(x)
-    return _weak(_as_work(x), g).to(x.dtype)
+def _apply_weak(x: Tensor, p: Params) -> Tensor:
+    return _weak(_as_work(x), p).to(x.dtype)
+
+
+identity = AUGMENTATIONS.register("identity")(View(
+    lambda g, n, shape: {}, lambda x, p: x,
+    "No augmentation (evaluation, or supervised baselines without augmentation)."))
+
+weak = AUGMENTATIONS.register("weak")(View(
+    _draw_weak, _apply_weak,
+    "Random horizontal flip (p=0.5) + random crop with reflect padding of 12.5% of the side."))
 
 
 # ---------------------------------------------------------------------------------------
@@ -210,11 +374,13 @@ def _color(x: Tensor, m: Tensor) -> Tensor:
     return _blend(x, _gray(x).expand_as(x), 0.05 + 0.9 * m)
 
 
+_SMOOTH = (1.0, 1.0, 1.0, 1.0, 5.0, 1.0, 1.0, 1.0, 1.0)  # PIL's SMOOTH kernel, unnormalised
+
+
 def _sharpness(x: Tensor, m: Tensor) -> Tensor:
     """Blend towards PIL's SMOOTH filter (border pixels kept, as PIL and torchvision do)."""
     c = x.shape[1]
-    kernel = x.new_ones(3, 3)
-    kernel[1, 1] = 5.0
+    kernel = _const(x, _SMOOTH).view(3, 3)
     kernel = (kernel / kernel.sum()).expand(c, 1, 3, 3)
     smooth = x.clone()
     smooth[..., 1:-1, 1:-1] = F.conv2d(x, kernel, groups=c)
@@ -276,16 +442,23 @@ def randaugment_ops(channels: int) -> tuple[str, ...]:
     return (*pixel, *_GEOMETRIC_OPS)
 
 
-def _apply_pixel_ops(x: Tensor, ops: Tensor, mags: Tensor, names: tuple[str, ...]) -> Tensor:
-    """Apply op ``names[ops[i]]`` with magnitude ``mags[i]`` to sample i, grouped by op.
-
-    One sort and one counts transfer per round, then each op runs once on its contiguous
-    group: the cost is that of one pass over the batch, not one per op.
-    """
+def _group_ops(ops: Tensor, mags: Tensor, names: tuple[str, ...]) -> Params:
+    """Host side of :func:`_apply_pixel_ops`: the samples' order grouped by op (a stable
+    sort), each group's size, and the magnitudes in that order. Computed from the host
+    copy of the draws: the group sizes decide the device work's shapes, and reading them
+    back from the device would stall the step."""
     order = torch.argsort(ops, stable=True)
     counts = torch.bincount(ops, minlength=len(names)).tolist()
+    return {"order": order, "counts": counts, "mags": mags.index_select(0, order)}
+
+
+def _apply_pixel_ops(x: Tensor, groups: Params, names: tuple[str, ...]) -> Tensor:
+    """Apply op ``names[ops[i]]`` with magnitude ``mags[i]`` to sample i, grouped by op
+    (:func:`_group_ops`): each op runs once on its contiguous group, so the cost is that
+    of one pass over the batch, not one per op.
+    """
+    order, counts, ms = groups["order"], groups["counts"], groups["mags"]
     xs = x.index_select(0, order)
-    ms = mags.index_select(0, order)
     chunks: list[Tensor] = []
     start = 0
     table = {**_PIXEL_OPS, **_RGB_PIXEL_OPS}
@@ -305,7 +478,8 @@ def _geometric_matrix(ops: Tensor, mags: Tensor, names: tuple[str, ...], h: int,
     """
     n = ops.shape[0]
     signed = 2.0 * mags - 1.0
-    eye = torch.eye(3, device=ops.device).expand(n, 3, 3).clone()
+    eye = signed.new_zeros(n, 3, 3)  # on the draws' device (the host, in a draw)
+    eye.diagonal(dim1=1, dim2=2).fill_(1.0)
 
     def sel(name: str) -> Tensor:
         return torch.where(ops == names.index(name), signed, torch.zeros_like(signed))
@@ -330,27 +504,28 @@ def _warp(x: Tensor, pixel_matrix: Tensor, fill: float, mode: str) -> Tensor:
     rotations on non-square images. Outside pixels get ``fill``.
     """
     n, _, h, w = x.shape
-    to_norm = torch.diag(x.new_tensor([2.0 / w, 2.0 / h, 1.0]))
-    from_norm = torch.diag(x.new_tensor([w / 2.0, h / 2.0, 1.0]))
+    to_norm = torch.diag(_const(x, (2.0 / w, 2.0 / h, 1.0)))
+    from_norm = torch.diag(_const(x, (w / 2.0, h / 2.0, 1.0)))
     theta = (to_norm @ pixel_matrix.to(x.dtype) @ from_norm)[:, :2]
     grid = _affine_grid(theta.contiguous(), h, w)
     out = F.grid_sample(x - fill, grid, mode=mode, padding_mode="zeros", align_corners=False)
     return out.add_(fill).clamp_(0.0, 1.0)
 
 
-def cutout(x: Tensor, g: torch.Generator, max_frac: float = 0.5, fill: float = 0.0) -> Tensor:
-    """Fill one random square per sample (side uniform in 1..``max_frac`` * side) with ``fill``.
+def _draw_cutout(g: torch.Generator, n: int, shape: tuple[int, ...], max_frac: float
+                 ) -> Params:
+    _, h, w = shape
+    largest = max(1, int(max_frac * min(h, w)))
+    size = _randint(g, 1, largest + 1, n)
+    cy = _randint(g, 0, h, n)
+    cx = _randint(g, 0, w, n)
+    return {"size": size, "cy": cy, "cx": cx}
 
-    The square's centre is uniform over the image and the square is clipped at the border,
-    as in FixMatch's Cutout. Implemented as a broadcast mask, no loop.
-    """
-    _check(x)
+
+def _cutout(x: Tensor, p: Params, fill: float) -> Tensor:
     n, _, h, w = x.shape
     dev = x.device
-    largest = max(1, int(max_frac * min(h, w)))
-    size = _randint(g, 1, largest + 1, n, device=dev)
-    cy = _randint(g, 0, h, n, device=dev)
-    cx = _randint(g, 0, w, n, device=dev)
+    size, cy, cx = p["size"], p["cy"], p["cx"]
     y0 = (cy - size // 2).clamp_(min=0)
     x0 = (cx - size // 2).clamp_(min=0)
     rows = torch.arange(h, device=dev).view(1, h)
@@ -361,35 +536,59 @@ def cutout(x: Tensor, g: torch.Generator, max_frac: float = 0.5, fill: float = 0
     return _select(mask, fill, x)
 
 
-@AUGMENTATIONS.register("strong")
-def strong(x: Tensor, g: torch.Generator, n_ops: int = 2) -> Tensor:
-    """FixMatch's strong view: weak flip+crop, RandAugment (``n_ops`` ops), Cutout.
+def cutout(x: Tensor, g: torch.Generator, max_frac: float = 0.5, fill: float = 0.0) -> Tensor:
+    """Fill one random square per sample (side uniform in 1..``max_frac`` * side) with ``fill``.
 
-    Each sample draws ``n_ops`` ops uniformly from :func:`randaugment_ops` and a magnitude
-    uniform over each op's range. Pixel ops run in the drawn order; the geometric ops of
-    all rounds are composed into one affine map and applied by a single grid_sample
-    (nearest neighbour as PIL's default, grey fill as FixMatch), i.e. after the pixel
-    ops: pixel ops commute
-    with warps up to interpolation and fill, and one resampling instead of two is both
-    faster and less blurry. Cutout (grey, side up to half the image) comes last.
+    The square's centre is uniform over the image and the square is clipped at the border,
+    as in FixMatch's Cutout. Implemented as a broadcast mask, no loop.
     """
     _check(x)
+    p = _draw_cutout(g, x.shape[0], tuple(x.shape[1:]), max_frac)
+    return _cutout(x, upload(p, x.device), fill)
+
+
+def _draw_strong(g: torch.Generator, n: int, shape: tuple[int, ...], n_ops: int = 2
+                 ) -> Params:
+    """Weak flip+crop, per round the ops and magnitudes (grouped by op on the host) and
+    the composed geometric map of all rounds, Cutout: drawn in that order."""
+    if n == 0:
+        return {}
+    c, h, w = shape
+    names = randaugment_ops(c)
+    crop = _draw_weak(g, n, shape)
+    matrix = torch.eye(3).expand(n, 3, 3)
+    rounds = []
+    for _ in range(n_ops):
+        ops = _randint(g, 0, len(names), n)
+        mags = _rand(g, n)
+        rounds.append(_group_ops(ops, mags, names))
+        matrix = matrix @ _geometric_matrix(ops, mags, names, h, w)
+    return {"weak": crop, "rounds": rounds, "matrix": matrix,
+            "cutout": _draw_cutout(g, n, shape, max_frac=0.5)}
+
+
+def _apply_strong(x: Tensor, p: Params) -> Tensor:
     if x.shape[0] == 0:
         return x.clone()
     work = _as_work(x)
-    n, c, h, w = work.shape
-    dev = work.device
-    names = randaugment_ops(c)
-    out = _weak(work, g)
-    matrix = torch.eye(3, device=dev).expand(n, 3, 3)
-    for _ in range(n_ops):
-        ops = _randint(g, 0, len(names), n, device=dev)
-        mags = _rand(g, n, device=dev)
-        out = _apply_pixel_ops(out, ops, mags, names)
-        matrix = matrix @ _geometric_matrix(ops, mags, names, h, w)
-    out = _warp(out, matrix, fill=0.5, mode="nearest")
-    out = cutout(out, g, max_frac=0.5, fill=0.5)
+    names = randaugment_ops(work.shape[1])
+    out = _weak(work, p["weak"])
+    for groups in p["rounds"]:
+        out = _apply_pixel_ops(out, groups, names)
+    out = _warp(out, p["matrix"], fill=0.5, mode="nearest")
+    out = _cutout(out, p["cutout"], fill=0.5)
     return out.to(x.dtype)
+
+
+strong = AUGMENTATIONS.register("strong")(View(_draw_strong, _apply_strong, """\
+FixMatch's strong view: weak flip+crop, RandAugment (2 ops), Cutout.
+
+Each sample draws 2 ops uniformly from :func:`randaugment_ops` and a magnitude uniform
+over each op's range. Pixel ops run in the drawn order; the geometric ops of all rounds
+are composed into one affine map and applied by a single grid_sample (nearest neighbour
+as PIL's default, grey fill as FixMatch), i.e. after the pixel ops: pixel ops commute
+with warps up to interpolation and fill, and one resampling instead of two is both
+faster and less blurry. Cutout (grey, side up to half the image) comes last."""))
 
 
 # ---------------------------------------------------------------------------------------
@@ -421,7 +620,7 @@ def _hsv_to_rgb(hue: Tensor, sat: Tensor, val: Tensor) -> Tensor:
     Closed form f(n) = V - V S clip(min(k, 4 - k), 0, 1) with k = (n + 6 H) mod 6 and
     n = 5, 3, 1 for R, G, B, instead of selecting one of six sectors per pixel.
     """
-    n = hue.new_tensor([5.0, 3.0, 1.0]).view(1, 3, 1, 1)
+    n = _const(hue, (5.0, 3.0, 1.0)).view(1, 3, 1, 1)
     k = 6.0 * _frac((n + 6.0 * hue.unsqueeze(1)) / 6.0)
     ramp = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
     v = val.unsqueeze(1)
@@ -433,67 +632,72 @@ def _adjust_hue(x: Tensor, shift: Tensor) -> Tensor:
     return _hsv_to_rgb(_frac(hue + shift.view(-1, 1, 1)), sat, val)
 
 
-def _random_resized_box(
-    g: torch.Generator, n: int, h: int, w: int, device: torch.device, tries: int = 10
-) -> tuple[Tensor, Tensor]:
+def _random_resized_box(g: torch.Generator, n: int, h: int, w: int, tries: int = 10
+                        ) -> tuple[Tensor, Tensor]:
     """Relative crop width and height for torchvision's RandomResizedCrop, vectorised.
 
     Scale (0.2, 1) of the area, log-uniform aspect ratio in (3/4, 4/3); like torchvision,
     up to ``tries`` candidates per sample and a clamp-to-image fallback (rarely needed).
     """
-    area = _uniform(g, 0.2, 1.0, n * tries, device).view(tries, n)
-    log_ratio = _uniform(g, math.log(3 / 4), math.log(4 / 3), n * tries, device).view(tries, n)
+    area = _uniform(g, 0.2, 1.0, n * tries).view(tries, n)
+    log_ratio = _uniform(g, math.log(3 / 4), math.log(4 / 3), n * tries).view(tries, n)
     ratio = log_ratio.exp() * (h / w)  # aspect in pixels -> in relative units
     rel_w = (area * ratio).sqrt()
     rel_h = (area / ratio).sqrt()
     ok = (rel_w <= 1.0) & (rel_h <= 1.0)
-    first = ok.long().argmax(0)  # first valid try (0 if none)
-    pick = torch.arange(n, device=device)
-    return rel_w[first, pick].clamp(max=1.0), rel_h[first, pick].clamp(max=1.0)
+    first = ok.long().argmax(0).view(1, n)  # first valid try (0 if none)
+    return (rel_w.gather(0, first).view(n).clamp(max=1.0),
+            rel_h.gather(0, first).view(n).clamp(max=1.0))
 
 
-@AUGMENTATIONS.register("simclr")
-def simclr(x: Tensor, g: torch.Generator) -> Tensor:
-    """A SimCLR view (CIFAR recipe): resized crop, flip, colour jitter (p=0.8), grayscale.
-
-    Crop and flip are one affine map per sample and one bilinear grid_sample back to the
-    input size. Jitter: brightness 0.4, contrast 0.4 and, for RGB only, saturation 0.4 and
-    hue 0.1 (single-channel images have no colour to jitter), applied in that fixed order
-    (they commute up to clipping, so a per-sample random order would change little);
-    samples that skip jitter get neutral factors instead of a branch. Random grayscale
-    (p=0.2) for RGB only. Gaussian blur is omitted, as in SimCLR's CIFAR-10 setup.
-    """
-    _check(x)
-    work = _as_work(x)
-    n, c, h, w = work.shape
-    dev = work.device
-    rel_w, rel_h = _random_resized_box(g, n, h, w, dev)
-    cx = (2.0 * _rand(g, n, device=dev) - 1.0) * (1.0 - rel_w)
-    cy = (2.0 * _rand(g, n, device=dev) - 1.0) * (1.0 - rel_h)
-    flip = torch.where(_rand(g, n, device=dev) < 0.5, -1.0, 1.0)
-    theta = torch.zeros(n, 2, 3, device=dev, dtype=work.dtype)
+def _draw_simclr(g: torch.Generator, n: int, shape: tuple[int, ...]) -> Params:
+    """The crop+flip map (N, 2, 3) and the jitter factors, in float32 on the host."""
+    c, h, w = shape
+    rel_w, rel_h = _random_resized_box(g, n, h, w)
+    cx = (2.0 * _rand(g, n) - 1.0) * (1.0 - rel_w)
+    cy = (2.0 * _rand(g, n) - 1.0) * (1.0 - rel_h)
+    flip = torch.where(_rand(g, n) < 0.5, -1.0, 1.0)
+    theta = rel_w.new_zeros(n, 2, 3)
     theta[:, 0, 0] = rel_w * flip
     theta[:, 0, 2] = cx
     theta[:, 1, 1] = rel_h
     theta[:, 1, 2] = cy
-    grid = _affine_grid(theta, h, w)
-    out = F.grid_sample(work, grid, mode="bilinear", padding_mode="border", align_corners=False)
-
-    jitter = _rand(g, n, device=dev) < 0.8
-    one = torch.ones(n, device=dev, dtype=work.dtype)
-    brightness = torch.where(jitter, _uniform(g, 0.6, 1.4, n, dev), one)
-    contrast = torch.where(jitter, _uniform(g, 0.6, 1.4, n, dev), one)
-    out = _blend(out, torch.zeros_like(out), brightness)
-    out = _blend(out, _gray(out).mean(dim=(1, 2, 3), keepdim=True).expand_as(out), contrast)
+    jitter = _rand(g, n) < 0.8
+    one = torch.ones_like(rel_w)
+    p = {"theta": theta,
+         "brightness": torch.where(jitter, _uniform(g, 0.6, 1.4, n), one),
+         "contrast": torch.where(jitter, _uniform(g, 0.6, 1.4, n), one)}
     if c == 3:
-        saturation = torch.where(jitter, _uniform(g, 0.6, 1.4, n, dev), one)
-        hue = torch.where(jitter, _uniform(g, -0.1, 0.1, n, dev), torch.zeros_like(one))
-        out = _blend(out, _gray(out).expand_as(out), saturation)
-        out = _adjust_hue(out, hue)
-        grayscale = (_rand(g, n, device=dev) < 0.2).view(n, 1, 1, 1)
-        out = _select(grayscale, _gray(out), out)
+        p["saturation"] = torch.where(jitter, _uniform(g, 0.6, 1.4, n), one)
+        p["hue"] = torch.where(jitter, _uniform(g, -0.1, 0.1, n), torch.zeros_like(one))
+        p["grayscale"] = _rand(g, n) < 0.2
+    return p
+
+
+def _apply_simclr(x: Tensor, p: Params) -> Tensor:
+    work = _as_work(x)
+    n, c, h, w = work.shape
+    grid = _affine_grid(p["theta"].to(work.dtype), h, w)
+    out = F.grid_sample(work, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    out = _blend(out, torch.zeros_like(out), p["brightness"].to(work.dtype))
+    out = _blend(out, _gray(out).mean(dim=(1, 2, 3), keepdim=True).expand_as(out),
+                 p["contrast"].to(work.dtype))
+    if c == 3:
+        out = _blend(out, _gray(out).expand_as(out), p["saturation"].to(work.dtype))
+        out = _adjust_hue(out, p["hue"].to(work.dtype))
+        out = _select(p["grayscale"].view(n, 1, 1, 1), _gray(out), out)
     return out.clamp_(0.0, 1.0).to(x.dtype)
 
+
+simclr = AUGMENTATIONS.register("simclr")(View(_draw_simclr, _apply_simclr, """\
+A SimCLR view (CIFAR recipe): resized crop, flip, colour jitter (p=0.8), grayscale.
+
+Crop and flip are one affine map per sample and one bilinear grid_sample back to the
+input size. Jitter: brightness 0.4, contrast 0.4 and, for RGB only, saturation 0.4 and
+hue 0.1 (single-channel images have no colour to jitter), applied in that fixed order
+(they commute up to clipping, so a per-sample random order would change little);
+samples that skip jitter get neutral factors instead of a branch. Random grayscale
+(p=0.2) for RGB only. Gaussian blur is omitted, as in SimCLR's CIFAR-10 setup."""))
 
 
 # ---------------------------------------------------------------------------------------
@@ -509,8 +713,11 @@ RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)  # torchvision's default, which gem keeps
 
 
 def _vflip(x: Tensor, g: torch.Generator) -> Tensor:
-    flip = (_rand(g, x.shape[0], device=x.device) < 0.5).view(-1, 1, 1, 1)
-    return _select(flip, x.flip(2), x)
+    return _apply_vflip(x, (_rand(g, x.shape[0]) < 0.5).to(x.device))
+
+
+def _apply_vflip(x: Tensor, flip: Tensor) -> Tensor:
+    return _select(flip.view(-1, 1, 1, 1), x.flip(2), x)
 
 
 def rrc_boxes(g: torch.Generator, hw: Tensor, min_area: float, tries: int = 10
@@ -525,17 +732,16 @@ def rrc_boxes(g: torch.Generator, hw: Tensor, min_area: float, tries: int = 10
     dev = hw.device
     hgt, wid = hw[:, 0].double(), hw[:, 1].double()
     area = (hgt * wid).view(1, n)
-    target = area * _uniform(g, min_area, 1.0, n * tries, dev).double().view(tries, n)
-    log_r = _uniform(g, math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1]), n * tries, dev)
+    target = area * _uniform(g, min_area, 1.0, n * tries).to(dev).double().view(tries, n)
+    log_r = _uniform(g, math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1]), n * tries).to(dev)
     ratio = log_r.double().view(tries, n).exp()
     w = (target * ratio).sqrt().round()
     h = (target / ratio).sqrt().round()
     ok = (w > 0) & (w <= wid) & (h > 0) & (h <= hgt)
-    first = ok.long().argmax(0)
-    pick = torch.arange(n, device=dev)
-    w, h = w[first, pick], h[first, pick]
-    top = (_rand(g, n, device=dev).double() * (hgt - h + 1)).floor()
-    left = (_rand(g, n, device=dev).double() * (wid - w + 1)).floor()
+    first = ok.long().argmax(0).view(1, n)
+    w, h = w.gather(0, first).view(n), h.gather(0, first).view(n)
+    top = (_rand(g, n).to(dev).double() * (hgt - h + 1)).floor()
+    left = (_rand(g, n).to(dev).double() * (wid - w + 1)).floor()
     # fallback (torchvision): the whole image, or its centre at the nearest allowed ratio
     in_ratio = wid / hgt
     fw = torch.where(in_ratio > RRC_RATIO[1], (hgt * RRC_RATIO[1]).round(), wid)
@@ -545,6 +751,15 @@ def rrc_boxes(g: torch.Generator, hw: Tensor, min_area: float, tries: int = 10
     top = torch.where(found, top, ((hgt - h) / 2).floor())
     left = torch.where(found, left, ((wid - w) / 2).floor())
     return torch.stack([top, left, h, w], 1)
+
+
+def _supersample(boxes: Tensor, hw: Tensor, sh: int, sw: int, out: int) -> int:
+    """:func:`crop_resize`'s default ``k``: the batch's median stored-pixels-per-output-pixel
+    ratio, rounded, within 1..4 (a host decision: it sets the grid's size)."""
+    _, _, h, w = boxes.double().unbind(1)
+    hw = hw.double()
+    factor = torch.maximum(h * sh / hw[:, 0], w * sw / hw[:, 1]).median() / out
+    return int(min(4, max(1, round(float(factor)))))
 
 
 def crop_resize(x: Tensor, boxes: Tensor, hw: Tensor, out: int, hflip: Tensor | None = None,
@@ -564,10 +779,7 @@ def crop_resize(x: Tensor, boxes: Tensor, hw: Tensor, out: int, hflip: Tensor | 
     hw = hw.to(dev, torch.float64)
     b = boxes.to(dev, torch.float64)
     top, left, h, w = b.unbind(1)
-    if supersample is None:
-        factor = torch.maximum(h * sh / hw[:, 0], w * sw / hw[:, 1]).median() / out
-        supersample = int(min(4, max(1, round(float(factor)))))
-    k = supersample
+    k = _supersample(b, hw, sh, sw, out) if supersample is None else supersample
     fx = torch.ones(n, dtype=torch.float64, device=dev)
     fy = fx.clone()
     if hflip is not None:
@@ -584,6 +796,30 @@ def crop_resize(x: Tensor, boxes: Tensor, hw: Tensor, out: int, hflip: Tensor | 
     return F.avg_pool2d(y, k) if k > 1 else y
 
 
+def _draw_rrc(g: torch.Generator, n: int, shape: tuple[int, ...], min_area: float,
+              hflip: bool, vflip: bool, sizes: Tensor | None = None,
+              out_size: int | None = None) -> Params:
+    """The crop boxes (drawn and placed on the host, from the originals' sizes), the flips,
+    the output side and the supersampling factor: the two last set the work's shapes."""
+    _, h, w = shape
+    hw = torch.as_tensor(sizes) if sizes is not None else torch.tensor([[h, w]]).expand(n, 2)
+    if hw.shape != (n, 2):
+        raise ValueError(f"sizes must be (N, 2) = ({n}, 2) original (height, width), got "
+                         f"{tuple(hw.shape)}")
+    boxes = rrc_boxes(g, hw, min_area)
+    out = out_size or h
+    return {"boxes": boxes, "hw": hw.double(),
+            "hflip": _rand(g, n) < 0.5 if hflip else None,
+            "vflip": _rand(g, n) < 0.5 if vflip else None,
+            "out": out, "k": _supersample(boxes, hw, h, w, out)}
+
+
+def _apply_rrc(x: Tensor, p: Params) -> Tensor:
+    out = crop_resize(_as_work(x), p["boxes"], p["hw"], p["out"], hflip=p["hflip"],
+                      vflip=p["vflip"], supersample=p["k"])
+    return out.clamp_(0.0, 1.0).to(x.dtype)
+
+
 def random_resized_crop(x: Tensor, g: torch.Generator, min_area: float, hflip: bool,
                         vflip: bool = False, *, sizes: Tensor | None = None,
                         out_size: int | None = None) -> Tensor:
@@ -593,63 +829,51 @@ def random_resized_crop(x: Tensor, g: torch.Generator, min_area: float, hflip: b
     ``sizes`` (N, 2) are the originals' (height, width) when ``x`` holds whole images
     resized to a common side (the training store of the RandomResizedCrop datasets);
     without it each image is its own original. ``out_size`` defaults to x's side."""
-    _check(x)
-    work = _as_work(x)
-    n, _, h, w = work.shape
-    dev = work.device
-    hw = (torch.as_tensor(sizes).to(dev) if sizes is not None
-          else torch.tensor([[h, w]], device=dev).expand(n, 2))
-    if hw.shape != (n, 2):
-        raise ValueError(f"sizes must be (N, 2) = ({n}, 2) original (height, width), got "
-                         f"{tuple(hw.shape)}")
-    boxes = rrc_boxes(g, hw, min_area)
-    fh = _rand(g, n, device=dev) < 0.5 if hflip else None
-    fv = _rand(g, n, device=dev) < 0.5 if vflip else None
-    out = crop_resize(work, boxes, hw, out_size or h, hflip=fh, vflip=fv)
-    return out.clamp_(0.0, 1.0).to(x.dtype)
+    return _rrc_view(min_area, hflip, vflip, "")(x, g, sizes=sizes, out_size=out_size)
 
 
-def _rrc_view(min_area: float, hflip: bool, vflip: bool = False) -> Augmentation:
-    """A registered RandomResizedCrop view. ``takes_geometry``: the loop passes the
-    originals' sizes and the output side when the labeled images are stored whole."""
+def _rrc_view(min_area: float, hflip: bool, vflip: bool, doc: str) -> View:
+    """A RandomResizedCrop view. ``takes_geometry``: the loop passes the originals' sizes
+    and the output side when the labeled images are stored whole."""
 
-    def view(x: Tensor, g: torch.Generator, sizes: Tensor | None = None,
-             out_size: int | None = None) -> Tensor:
-        return random_resized_crop(x, g, min_area, hflip, vflip, sizes=sizes,
-                                   out_size=out_size)
+    def draw(g: torch.Generator, n: int, shape: tuple[int, ...], sizes: Tensor | None = None,
+             out_size: int | None = None) -> Params:
+        return _draw_rrc(g, n, shape, min_area, hflip, vflip, sizes, out_size)
 
-    view.takes_geometry = True  # type: ignore[attr-defined]
-    return view
+    return View(draw, _apply_rrc, doc, takes_geometry=True)
 
 
-@AUGMENTATIONS.register("deic_shift_hflip")
-def deic_shift_hflip(x: Tensor, g: torch.Generator) -> Tensor:
-    """ciFAIR-10: shift by up to 12.5 % (4 px at 32) with reflect padding + horizontal flip."""
-    return weak(x, g)
+def _draw_shift_hvflip(g: torch.Generator, n: int, shape: tuple[int, ...]) -> Params:
+    return {**_draw_weak(g, n, shape), "vflip": _rand(g, n) < 0.5}
 
 
-@AUGMENTATIONS.register("deic_shift_hvflip")
-def deic_shift_hvflip(x: Tensor, g: torch.Generator) -> Tensor:
-    """EuroSAT: shift 12.5 % (8 px at 64) + horizontal and vertical flips."""
-    return _vflip(weak(x, g), g)
-
-
-deic_rrc10_hflip = AUGMENTATIONS.register("deic_rrc10_hflip")(_rrc_view(0.1, hflip=True))
-deic_rrc10_hflip.__doc__ = "ImageNet: RandomResizedCrop with A_min = 10 % + horizontal flip."
-deic_rrc40_hflip = AUGMENTATIONS.register("deic_rrc40_hflip")(_rrc_view(0.4, hflip=True))
-deic_rrc40_hflip.__doc__ = "CUB: RandomResizedCrop with A_min = 40 % + horizontal flip."
-deic_rrc40_hvflip = AUGMENTATIONS.register("deic_rrc40_hvflip")(
-    _rrc_view(0.4, hflip=True, vflip=True))
-deic_rrc40_hvflip.__doc__ = ("ISIC 2018: RandomResizedCrop with A_min = 40 % + horizontal "
-                             "and vertical flips.")
-deic_rrc20 = AUGMENTATIONS.register("deic_rrc20")(_rrc_view(0.2, hflip=False))
-deic_rrc20.__doc__ = ("CLaMM: RandomResizedCrop with A_min = 20 %, no flips (script "
-                      "orientation matters).")
+deic_shift_hflip = AUGMENTATIONS.register("deic_shift_hflip")(View(
+    _draw_weak, _apply_weak,
+    "ciFAIR-10: shift by up to 12.5 % (4 px at 32) with reflect padding + horizontal flip."))
+deic_shift_hvflip = AUGMENTATIONS.register("deic_shift_hvflip")(View(
+    _draw_shift_hvflip, lambda x, p: _apply_vflip(_apply_weak(x, p), p["vflip"]),
+    "EuroSAT: shift 12.5 % (8 px at 64) + horizontal and vertical flips."))
+deic_rrc10_hflip = AUGMENTATIONS.register("deic_rrc10_hflip")(_rrc_view(
+    0.1, hflip=True, vflip=False,
+    doc="ImageNet: RandomResizedCrop with A_min = 10 % + horizontal flip."))
+deic_rrc40_hflip = AUGMENTATIONS.register("deic_rrc40_hflip")(_rrc_view(
+    0.4, hflip=True, vflip=False,
+    doc="CUB: RandomResizedCrop with A_min = 40 % + horizontal flip."))
+deic_rrc40_hvflip = AUGMENTATIONS.register("deic_rrc40_hvflip")(_rrc_view(
+    0.4, hflip=True, vflip=True,
+    doc="ISIC 2018: RandomResizedCrop with A_min = 40 % + horizontal and vertical flips."))
+deic_rrc20 = AUGMENTATIONS.register("deic_rrc20")(_rrc_view(
+    0.2, hflip=False, vflip=False,
+    doc="CLaMM: RandomResizedCrop with A_min = 20 %, no flips (script orientation matters)."))
 
 
 __all__ = [
     "AUGMENTATIONS",
+    "PACK_ON_CPU",
     "Augmentation",
+    "Params",
+    "View",
+    "as_view",
     "crop_resize",
     "cutout",
     "flip_crop",
@@ -660,5 +884,6 @@ __all__ = [
     "simclr",
     "strong",
     "to_float",
+    "upload",
     "weak",
 ]

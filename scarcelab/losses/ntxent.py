@@ -20,5 +20,6 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Ten
     z = F.normalize(torch.cat([z1, z2]), dim=1)
     sim = z @ z.t() / temperature
     sim = sim.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
-    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+    # n..2n-1, 0..n-1, made on the device (a host arange would be copied every step)
+    targets = (torch.arange(2 * n, device=z.device) + n) % (2 * n)
     return F.cross_entropy(sim, targets)

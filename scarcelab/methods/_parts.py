@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -88,11 +89,38 @@ def sharpen(probs: torch.Tensor, temperature: float) -> torch.Tensor:
     return p / p.sum(dim=-1, keepdim=True)
 
 
+class _HostMirror:
+    """Host copies of a module's integer counter buffers, kept in step with them.
+
+    A counter such as a queue's write position changes by amounts the host knows (batch
+    sizes), so the host can follow it exactly instead of reading the device buffer back,
+    which is a blocking copy on a GPU. The buffers stay the truth for checkpoints:
+    loading a state dict drops the mirror, and the next use reads the buffers once."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.values: dict[str, int] | None = dict.fromkeys(names, 0)  # the buffers' start
+
+    def get(self, module: nn.Module) -> dict[str, int]:
+        if self.values is None:  # after load_state_dict: one read
+            self.values = {n: int(getattr(module, n)) for n in self.names}
+        return self.values
+
+    def set(self, module: nn.Module, **values: int) -> None:
+        """Write the host values and the buffers (a fill from a host number: no copy)."""
+        mirror = self.get(module)
+        for n, v in values.items():
+            mirror[n] = v
+            getattr(module, n).fill_(v)
+
+
 class FeatureQueue(nn.Module):
     """A fixed-size FIFO of vectors (and optional integer labels / soft labels).
 
     Serves MoCo's negatives queue and CoMatch's memory bank alike. Stored as buffers so a
-    checkpoint restores it; ``filled`` tells how many rows are valid yet.
+    checkpoint restores it; ``filled`` tells how many rows are valid yet. The write
+    position and fill count are followed on the host (:class:`_HostMirror`), so pushing
+    and reading never wait on the device.
     """
 
     def __init__(self, size: int, dim: int, label_dim: int = 0) -> None:
@@ -102,10 +130,15 @@ class FeatureQueue(nn.Module):
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
         self.register_buffer("count", torch.zeros((), dtype=torch.long))
         self.size = size
+        self._host = _HostMirror(("ptr", "count"))
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._host.values = None
 
     @property
     def filled(self) -> int:
-        return int(self.count)
+        return self._host.get(self)["count"]
 
     @torch.no_grad()
     def push(self, feats: torch.Tensor, labels: torch.Tensor | None = None) -> None:
@@ -114,12 +147,13 @@ class FeatureQueue(nn.Module):
             feats = feats[-self.size :]
             labels = labels[-self.size :] if labels is not None else None
             n = self.size
-        idx = (int(self.ptr) + torch.arange(n, device=feats.device)) % self.size
+        host = self._host.get(self)
+        ptr, count = host["ptr"], host["count"]
+        idx = (ptr + torch.arange(n, device=feats.device)) % self.size
         self.feats[idx] = feats.detach().to(self.feats.dtype)
         if labels is not None:
             self.labels[idx] = labels.detach().reshape(n, -1).to(self.labels.dtype)
-        self.ptr.fill_((int(self.ptr) + n) % self.size)
-        self.count.fill_(min(self.size, int(self.count) + n))
+        self._host.set(self, ptr=(ptr + n) % self.size, count=min(self.size, count + n))
 
     def get(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Valid rows (order not significant)."""
@@ -169,8 +203,21 @@ def balanced_class_weights(counts: list[int] | torch.Tensor) -> torch.Tensor:
     return inv / total
 
 
+def mixup_draw(alpha: float, n: int, keep_larger: bool = False) -> dict[str, Any] | None:
+    """The random part of :func:`mixup` for a batch of ``n``, drawn on the host from the
+    global torch RNG in mixup's order (λ, then the partner permutation); ``None`` when
+    ``alpha <= 0`` (no mixing, nothing drawn). What ``Method.host_draws`` hands over."""
+    if alpha <= 0:
+        return None
+    lam = float(torch.distributions.Beta(alpha, alpha).sample())
+    if keep_larger:
+        lam = max(lam, 1.0 - lam)
+    return {"lam": lam, "perm": torch.randperm(n)}
+
+
 def mixup(
-    x: torch.Tensor, targets: torch.Tensor, alpha: float, keep_larger: bool = False
+    x: torch.Tensor, targets: torch.Tensor, alpha: float, keep_larger: bool = False,
+    drawn: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Mixup (Zhang et al. 2018): convex combination with a random partner in the batch.
 
@@ -178,14 +225,18 @@ def mixup(
     ``keep_larger`` applies MixMatch's ``lam' = max(lam, 1 - lam)`` so that the mixed
     sample stays closer to its own input, which is what lets MixMatch tell the labeled and
     unlabeled halves of a mixed batch apart. Randomness comes from the global torch RNG,
-    which the training loop seeds per trial, so a run is reproducible from its seed.
+    which the training loop seeds per trial, so a run is reproducible from its seed:
+    ``drawn`` is :func:`mixup_draw`'s result made before the step (the partner
+    permutation then arrives on the device with the batch); without it it is drawn here.
     """
     if alpha <= 0:
         return x, targets, 1.0
-    lam = float(torch.distributions.Beta(alpha, alpha).sample())
-    if keep_larger:
-        lam = max(lam, 1.0 - lam)
-    perm = torch.randperm(x.shape[0]).to(x.device)
+    d = drawn if drawn is not None else mixup_draw(alpha, x.shape[0], keep_larger)
+    assert d is not None
+    lam, perm = d["lam"], d["perm"].to(x.device)
+    if perm.shape[0] != x.shape[0]:
+        raise ValueError(f"mixup: a permutation of {perm.shape[0]} drawn for a batch of "
+                         f"{x.shape[0]}")
     mixed_x = lam * x + (1.0 - lam) * x[perm]
     mixed_t = lam * targets + (1.0 - lam) * targets[perm]
     return mixed_x, mixed_t, lam
@@ -245,27 +296,34 @@ class DistributionAlignment(nn.Module):
         self.register_buffer("p_model", uniform.clone())
         self.register_buffer("history", torch.zeros(window or 1, num_classes))
         self.register_buffer("n_seen", torch.zeros((), dtype=torch.long))
+        self._host = _HostMirror(("n_seen",))
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._host.values = None
 
     @torch.no_grad()
     def update(self, probs: torch.Tensor) -> None:
         mean = probs.detach().mean(dim=0).to(self.p_model.dtype)
+        seen = self._host.get(self)["n_seen"]  # followed on the host: no read-back
         if self.momentum is not None:
-            if int(self.n_seen) == 0:
+            if seen == 0:
                 self.p_model.copy_(mean)
             else:
                 self.p_model.mul_(self.momentum).add_(mean, alpha=1.0 - self.momentum)
         else:
-            slot = int(self.n_seen) % int(self.window or 1)
+            slot = seen % int(self.window or 1)
             self.history[slot] = mean
-            filled = min(int(self.n_seen) + 1, int(self.window or 1))
+            filled = min(seen + 1, int(self.window or 1))
             self.p_model.copy_(self.history[:filled].mean(dim=0))
-        self.n_seen.add_(1)
+        self._host.set(self, n_seen=seen + 1)
 
     @torch.no_grad()
     def forward(self, probs: torch.Tensor, update: bool = True) -> torch.Tensor:
         if update:
             self.update(probs)
-        p_model = self.p_model if int(self.n_seen) > 0 else probs.detach().mean(dim=0)
+        seen = self._host.get(self)["n_seen"]
+        p_model = self.p_model if seen > 0 else probs.detach().mean(dim=0)
         aligned = probs * (self.target + 1e-6) / (p_model + 1e-6)
         return aligned / aligned.sum(dim=-1, keepdim=True)
 
@@ -316,12 +374,15 @@ class LearningStatus(nn.Module):
         self.selected = torch.full((n_unlabeled,), -1, dtype=torch.long, device=device)
 
     def learning_effect(self, warmup: bool) -> torch.Tensor:
-        used = self.selected[self.selected >= 0]
-        counts = torch.bincount(used, minlength=self.num_classes).float()
+        # counts per class by a scatter over all samples (bin 0: the unused ones): boolean
+        # selection and bincount both read the device back to size their output
+        bins = torch.zeros(self.num_classes + 1, dtype=torch.long, device=self.selected.device)
+        bins.scatter_add_(0, self.selected + 1, torch.ones_like(self.selected))
+        counts = bins[1:].float()
         denom = counts.max()
         if warmup:
-            denom = torch.maximum(denom, (self.selected < 0).sum().float())
-        return counts / denom if float(denom) > 0 else torch.zeros_like(counts)
+            denom = torch.maximum(denom, bins[0].float())
+        return torch.where(denom > 0, counts / denom, torch.zeros_like(counts))
 
     def thresholds(self, tau: float, warmup: bool) -> torch.Tensor:
         sigma = self.learning_effect(warmup)
@@ -330,5 +391,14 @@ class LearningStatus(nn.Module):
     @torch.no_grad()
     def update(self, index: torch.Tensor, pseudo: torch.Tensor, conf: torch.Tensor,
                tau: float) -> None:
+        """Record the confident (``>= tau``) predictions of the samples at ``index``.
+
+        Written for every sample (the unconfident ones rewrite their current value), not
+        for a boolean selection of them, whose size the host would have to read back. The
+        unconfident writes go first, so where an index occurs twice (a batch spanning two
+        passes over the pool) the last confident prediction wins, as with the selection.
+        """
         keep = conf >= tau
-        self.selected[index[keep]] = pseudo[keep]
+        values = torch.where(keep, pseudo, self.selected[index])
+        order = torch.argsort(keep.to(torch.uint8), stable=True)
+        self.selected.index_put_((index[order],), values[order])

@@ -28,13 +28,16 @@ class Batch:
     ``x`` holds the labeled views in the order of ``Method.labeled_views``; ``u`` the
     unlabeled views in the order of ``Method.views`` (several views of the *same*
     unlabeled samples); ``u_index`` their positions in the unlabeled pool, for methods
-    that keep per-sample state (memory banks, class-wise thresholds).
+    that keep per-sample state (memory banks, class-wise thresholds). ``draws``: what
+    the method's :meth:`Method.host_draws` drew for this step, already on the device
+    (``None`` when the batch came from elsewhere: the method then draws in ``step``).
     """
 
     x: list[torch.Tensor]
     y: torch.Tensor
     u: list[torch.Tensor]
     u_index: torch.Tensor | None = None
+    draws: dict[str, Any] | None = None
 
 
 @dataclass
@@ -161,6 +164,15 @@ class Method(nn.Module, metaclass=ABCMeta):
 
     def after_optimizer_step(self, progress: Progress) -> None:
         """Hook for EMA teachers, queues and other post-update state."""
+
+    def host_draws(self, n_labeled: int, n_unlabeled: int) -> dict[str, Any] | None:
+        """Random numbers the next ``step`` needs from the global RNG, drawn on the host
+        *now* (by the batch source, just before the step, so nothing else draws in
+        between and the global RNG's stream is the one ``step`` itself would draw) so that
+        they reach the device in the step's one copy (``Batch.draws``), instead of each
+        being a blocking copy of its own. ``n_labeled`` / ``n_unlabeled``: the batch's
+        sizes. ``None`` (the default): the method draws nothing per step."""
+        return None
 
     def _pseudo_targets(self, x: torch.Tensor, index: torch.Tensor | None
                         ) -> PseudoTargets | None:

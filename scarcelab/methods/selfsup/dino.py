@@ -62,10 +62,13 @@ class DINO(SelfSupMethod):
         student = self.head_last(h).split([n, n])
         with torch.no_grad():
             teacher = self.teacher_last(self.teacher_mlp(self.teacher_backbone(x))).split([n, n])
-            if not bool(self.center_ready):  # start the running centre at the first batch's
-                # mean instead of 0, so early losses are not those of an uncentred teacher
-                update_center(self.center, list(teacher), 0.0)
-                self.center_ready.fill_(True)
+            # start the running centre at the first batch's mean instead of 0, so early
+            # losses are not those of an uncentred teacher; chosen on the device (a
+            # branch on center_ready would read it back every step)
+            first = torch.cat([t.detach() for t in teacher]).mean(0, keepdim=True)
+            self.center.copy_(torch.where(self.center_ready, self.center,
+                                          first.reshape(self.center.shape)))
+            self.center_ready.fill_(True)
         loss = dino_loss(list(student), list(teacher), self.center,
                          float(self.hp["temperature"]), float(self.hp["teacher_temperature"]))
         update_center(self.center, list(teacher), float(self.hp["center_momentum"]))

@@ -153,7 +153,7 @@ class DS3L(SemiMethod):
             "loss_labeled": loss_l,
             "loss_unlabeled": loss_u,
             "weight_mean": w.mean(),
-            "rampup": loss_l.new_tensor(coef),
+            "rampup": loss_l.new_full((), coef),  # a fill: no host-to-device copy
         }
         if with_lc:
             out["loss_consistency_labeled"] = loss_lc

@@ -54,7 +54,7 @@ class MeanTeacher(SemiMethod):
             "loss": loss_l + float(self.hp["lambda_u"]) * ramp * loss_u,
             "loss_labeled": loss_l,
             "loss_unlabeled": loss_u,
-            "rampup": loss_l.new_tensor(ramp),
+            "rampup": loss_l.new_full((), ramp),  # a fill: no host-to-device copy
         }
 
     def after_optimizer_step(self, progress: Progress) -> None:

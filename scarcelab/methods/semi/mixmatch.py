@@ -20,11 +20,13 @@ SSL-vs-SSL App. F.1 (α ~ U(0.1, 1), λU = 7.5·10^U(0, 2)); batch 64/64.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 from scarcelab.methods import Batch, Losses, Progress, PseudoTargets, SemiMethod, register
-from scarcelab.methods._parts import linear_rampup, mixup, sharpen
+from scarcelab.methods._parts import linear_rampup, mixup, mixup_draw, sharpen
 from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, Uniform, pow10
 
 
@@ -57,6 +59,10 @@ class MixMatch(SemiMethod):
         q = sharpen(torch.softmax(logits, dim=-1), float(self.hp["temperature"]))
         return PseudoTargets(logits, q.argmax(dim=-1), torch.ones(len(x), device=x.device))
 
+    def host_draws(self, n_labeled: int, n_unlabeled: int) -> dict[str, Any] | None:
+        n = n_labeled + len(self.views) * n_unlabeled  # the whole batch is mixed
+        return {"mixup": mixup_draw(float(self.hp["alpha"]), n, keep_larger=True)}
+
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, us = batch.x[0], batch.u
         n_x = len(x)
@@ -64,7 +70,8 @@ class MixMatch(SemiMethod):
         inputs = torch.cat([x, *us])
         targets = torch.cat([F.one_hot(batch.y, self.num_classes).float(), *([q] * len(us))])
         mixed_x, mixed_t, lam = mixup(inputs, targets, float(self.hp["alpha"]),
-                                      keep_larger=True)
+                                      keep_larger=True,
+                                      drawn=batch.draws["mixup"] if batch.draws else None)
         logits = self.logits(mixed_x)
         loss_l = self.labeled_soft_loss(logits[:n_x], mixed_t[:n_x])
         loss_u = F.mse_loss(torch.softmax(logits[n_x:], dim=-1), mixed_t[n_x:])
@@ -73,6 +80,6 @@ class MixMatch(SemiMethod):
             "loss": loss_l + float(self.hp["lambda_u"]) * ramp * loss_u,
             "loss_labeled": loss_l,
             "loss_unlabeled": loss_u,
-            "mixup_lambda": loss_l.new_tensor(lam),
-            "rampup": loss_l.new_tensor(ramp),
+            "mixup_lambda": loss_l.new_full((), lam),  # fills: no host-to-device copy
+            "rampup": loss_l.new_full((), ramp),
         }

@@ -36,8 +36,10 @@ def supcon_loss(z: torch.Tensor, labels: torch.Tensor, temperature: float) -> to
     pos = (labels[:, None] == labels[None, :]) & ~self_mask
     n_pos = pos.sum(dim=1)
     per_anchor = -(log_prob.masked_fill(~pos, 0.0)).sum(dim=1) / n_pos.clamp(min=1)
-    has_pos = n_pos > 0
-    return per_anchor[has_pos].mean() if bool(has_pos.any()) else z.sum() * 0.0
+    # the mean over anchors that have a positive, as a weighted sum (a boolean selection
+    # and a branch on "any" would read the device back): 0, with a graph, when none has
+    has_pos = (n_pos > 0).to(per_anchor.dtype)
+    return (per_anchor * has_pos).sum() / has_pos.sum().clamp(min=1.0)
 
 
 @register("supcon")
