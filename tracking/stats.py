@@ -134,9 +134,9 @@ def paired_t(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
     mean, the t-interval ``mean ± t_{n-1, 1-alpha/2} · sd / sqrt(n)`` and the two-sided
     p-value, as ``scipy.stats.ttest_rel`` computes it. Fewer than 2 pairs give the mean
     alone (NaN elsewhere): one difference says nothing about its spread. Differences that
-    are all equal have no spread: all zero is no evidence (t 0, p 1), all equal and
-    non-zero is certain under the model (t ±inf, p 0) and the interval is that value,
-    where scipy would return NaN."""
+    are all equal (up to rounding) have no spread: all zero is no evidence (t 0, p 1), all
+    equal and non-zero is certain under the model (t ±inf, p 0) and the interval is that
+    value, where scipy would return NaN or a p of 1e-31 from rounding noise."""
     d = np.asarray(x, dtype=float) - np.asarray(y, dtype=float)
     d = d[~np.isnan(d)]
     n = len(d)
@@ -146,7 +146,9 @@ def paired_t(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
     if n < 2:
         return PairedT(1, mean, np.nan, np.nan, np.nan, np.nan, np.nan)
     sd = float(d.std(ddof=1))
-    if sd == 0.0 or not np.isfinite(sd):
+    if not sd > 1e-12 * max(1.0, abs(mean)):  # equal up to rounding (0.9-0.8 vs 0.8-0.7)
+        sd = 0.0
+    if sd == 0.0:
         t = 0.0 if mean == 0.0 else float(np.sign(mean)) * np.inf
         return PairedT(n, mean, 0.0, mean, mean, t, 1.0 if mean == 0.0 else 0.0)
     se = sd / np.sqrt(n)

@@ -353,8 +353,8 @@ def _positive(v: Any, where: str) -> float | None:
 def grid_yaml(grid: Grid) -> str:
     """The grid file: what compare runs, with comments saying what each key does."""
     def dump(v: Any) -> str:
-        return yaml.safe_dump(v, default_flow_style=True, width=1000).strip().removesuffix(
-            "\n...").strip()
+        text = yaml.safe_dump(v, default_flow_style=True, width=1000, sort_keys=False)
+        return text.strip().removesuffix("\n...").strip()
 
     fams = grid.families
     lines = [
