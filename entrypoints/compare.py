@@ -33,6 +33,12 @@ from scarcelab.entrypoints.options import (
     _Typed,
     identity_options,
 )
+from scarcelab.tracking.compare.grid import (
+    CELL_OVERHEAD_S,
+    DEFAULT_METHODS,
+    MIN_CELL_MINUTES,
+    SWEEP_OVERHEAD_S,
+)
 
 
 class MaybeFloat(_Typed):
@@ -117,8 +123,8 @@ def _command_line(ctx: click.Context) -> str:
 @click.option("--dataset", default="", help="any dataset the study commands accept "
               "(scarcelab list datasets), passed to every study unchanged")
 @click.option("--methods", default="default", type=Text(),
-              help="comma-separated methods; default: sup,mixup,fixmatch,mixmatch,simclr,"
-              "byol (at least one labeled-only method: the gain's reference)")
+              help=f"comma-separated methods; default: {','.join(DEFAULT_METHODS)} (at "
+              "least one labeled-only method: the gain's reference)")
 @click.option("--seeds", default="0,1,2", show_default=True, type=IntList(lo=0),
               help="seeds (each one split of labeled / validation images, shared by all "
               "methods): at least 2")
@@ -157,12 +163,13 @@ def _command_line(ctx: click.Context) -> str:
 @click.option("--alpha", default="0.05", show_default=True,
               type=Float(0.0, 0.5, lo_open=True), help="significance level of the tie test "
               "and 1 - confidence of the gain's interval")
-@click.option("--min-cell-minutes", default="1", show_default=True,
+@click.option("--min-cell-minutes", default=f"{MIN_CELL_MINUTES:g}", show_default=True,
               type=Float(0.0, None, lo_open=True),
               help="refuse a budget that leaves a study less than this")
-@click.option("--overhead-seconds", default="15", show_default=True,
+@click.option("--overhead-seconds", default=f"{CELL_OVERHEAD_S:g}", show_default=True,
               type=Float(0.0, None), help="seconds a study's cell takes beyond its budget")
-@click.option("--fixed-seconds", default="90", show_default=True, type=Float(0.0, None),
+@click.option("--fixed-seconds", default=f"{SWEEP_OVERHEAD_S:g}", show_default=True,
+              type=Float(0.0, None),
               help="seconds of an invocation outside the studies (start, reports)")
 @click.option("--dry-run", is_flag=True, help="print the grid, the budget split, the "
               "estimate and every study's command; run and log nothing")

@@ -163,7 +163,7 @@ def test_dry_run_prints_quoted_commands_and_writes_and_logs_nothing(tmp_path: Pa
     assert r.exit_code == 0, r.output
     out = r.output
     assert "2 methods x 2 seeds = 4 studies" in out and "each study 2 min" in out
-    assert "estimate: 90 s + 2 wave(s) x (2 min + 15 s)" in out
+    assert "estimate: 60 s + 2 wave(s) x (2 min + 15 s)" in out
     cmds = [ln.split("  ", 1)[1] for ln in out.splitlines() if "  scarcelab " in ln]
     assert len(cmds) == 4
     argv = shlex.split(cmds[0])  # a shell reads back exactly the cell's arguments

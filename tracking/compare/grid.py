@@ -39,6 +39,10 @@ DEFAULT_OPTIONS = {"diag_samples": "0"}
 LABELED_ONLY = "supervised"
 #: What compare sets per cell: a grid's options may not.
 RESERVED = ("method", "dataset", "seed", "budget_minutes", "experiment", "run_name")
+#: Options a compare cell may not set to other values than these, and why.
+REFUSED = {"folds": (("1",), "--folds runs k studies in one cell, which the report cannot "
+                     "pair by seed; leave it at 1 (seeds draw the labeled / validation "
+                     "images; the test hold-out is the same for every seed)")}
 #: Keys of a grid file.
 GRID_KEYS = ("dataset", "methods", "seeds", "options", "method_options", "budget_hours",
              "cell_minutes")
@@ -50,7 +54,7 @@ SEED_MAX = 2**32 - 1
 CELL_OVERHEAD_S = 15.0
 #: Seconds of one compare invocation outside the cells (Python and Ray start-up, the sweep
 #: run, the sweep's own report, this report). Measured: docs/compare.md.
-SWEEP_OVERHEAD_S = 90.0
+SWEEP_OVERHEAD_S = 60.0
 #: The smallest per-study budget a computed split may give (minutes): a study's start-up
 #: (imports, data, the first trial) takes 10-20 s on a CPU and is charged to its budget.
 MIN_CELL_MINUTES = 1.0
@@ -171,6 +175,8 @@ def check_option(entries: set[str], key: str, value: Any, where: str) -> tuple[s
     k = str(key).strip().replace("-", "_")
     if not k:
         raise GridError(f"{where}: an option needs a name (KEY=VALUE)")
+    if k in REFUSED and _scalar(value) not in REFUSED[k][0]:
+        raise GridError(f"{where}: {k}={_scalar(value)}: {REFUSED[k][1]}")
     if k in RESERVED:
         raise GridError(f"{where}: {k!r} is set by compare for each cell (methods, dataset, "
                         "seeds and the budget are the grid's own keys); remove it")
@@ -218,13 +224,13 @@ def check_dataset(name: str, where: str, base: Path | None = None) -> str:
         p = (base or Path.cwd()) / m.group(2)
         if p.exists():
             name = f"{m.group(1)}:{p.resolve()}"
-    for entry in ("semi",):  # every study command shares the one --dataset type
-        par = _param(entry, "dataset")
-        try:
-            par.type.convert(name, par, click.Context(_command(entry)))
-        except click.BadParameter as e:
-            raise GridError(f"{where}: {name!r}: {e.message}") from None
-    return name
+    par = _param("semi", "dataset")  # every study command shares the one --dataset type
+    try:
+        conv = par.type.convert(name, par, click.Context(_command("semi")))
+    except click.BadParameter as e:
+        raise GridError(f"{where}: {name!r}: {e.message}") from None
+    # the type's canonical form where it gives one (a user's folder as folder:/absolute)
+    return conv if isinstance(conv, str) and conv else name
 
 
 # -- the grid ---------------------------------------------------------------------------

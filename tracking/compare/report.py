@@ -255,7 +255,7 @@ def _answer(an: Analysis, grid: Grid, plan: Plan, col: Collected) -> list[str]:
                    f"`mlflow.pyfunc.load_model(\"{uri}\")` or `mlflow.pytorch.load_model` "
                    "(what it takes: README, \"What is tracked\").")
     total = float(an.table["wall_s_total"].sum(skipna=True)) if len(an.table) else 0.0
-    whole = (f"; the whole compare {_t(col.invocation_wall_s)} over {col.invocations} "
+    whole = (f"; the sweep ran {_t(col.invocation_wall_s)} over {col.invocations} "
              "invocation(s)") if math.isfinite(col.invocation_wall_s) else ""
     out.append(f"- **Cost:** {grid.n_cells} studies with a budget of {plan.cell_minutes:g} "
                f"min each; their cells ran {_t(total)} in all (sum of wall times, failed "
