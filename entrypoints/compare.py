@@ -303,7 +303,11 @@ def _report(grid: Any, plan: Any, spec: Any, out: Path, alpha: float, command: s
     if do_log:
         rid = R.log(paths, spec.experiment, col, an, run_name=run_name, tags=tags,
                     description=description)
-        click.echo(f"report run: {rid} (experiment {spec.experiment!r})")
+        import os
+
+        where = "the run mlflow run opened" if os.environ.get("MLFLOW_RUN_ID") else \
+            f"experiment {spec.experiment!r}"
+        click.echo(f"report run: {rid} ({where})")
     n_done = int((col.per_seed["status"] == "FINISHED").sum())
     if n_done < len(col.per_seed):
         click.echo(f"{len(col.per_seed) - n_done} of {len(col.per_seed)} studies have no "

@@ -172,7 +172,7 @@ def headline_rows(an: Analysis) -> tuple[list[str], list[list[str]]]:
     for r in an.table.itertuples(index=False):
         d = r._asdict()
         if d["verdict"] == "failed":
-            rows.append(["–", f"`{d['method']}`", d["family"], "failed (no finished study)",
+            rows.append(["–", f"`{d['method']}`", d["family"], "no finished study",
                          "–", "–", "–", "–", "–", "–", _t(d["wall_s_total"]),
                          _t(d["cpu_s_total"])])
             continue
