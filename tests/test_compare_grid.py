@@ -67,6 +67,8 @@ def test_slots_of_cpu_gpu_and_packed_cells() -> None:
     assert (two.slots, two.cpus_per_cell) == (2, 8.0)
     assert G.resources(3, "", None, None, 0, n_cpus=2, n_gpus=0).slots == 3  # --jobs
     assert G.resources(None, "ray://h:1", 8, None, "auto").slots == 8
+    given = G.resources(None, "", 4, None, "auto", n_cpus=16, n_gpus=0)
+    assert (given.slots, given.cpus_per_cell, given.gpus_per_cell) == (4, 4.0, 0.0)
     with pytest.raises(G.GridError, match="--slots"):
         G.resources(None, "ray://h:1", None, None, "auto")
     with pytest.raises(G.GridError, match="no GPU"):
@@ -159,7 +161,7 @@ def test_dry_run_prints_quoted_commands_and_writes_and_logs_nothing(tmp_path: Pa
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store.db'}")
     r = CliRunner().invoke(main, [*BASE, "--methods", "sup,fixmatch", "--seeds", "0,1",
                                   "--option", "description=two words; a 'quote'",
-                                  "--jobs", "2", "--dry-run"])
+                                  "--jobs", "2", "--gpus-per-cell", "0", "--dry-run"])
     assert r.exit_code == 0, r.output
     out = r.output
     assert "2 methods x 2 seeds = 4 studies" in out and "each study 2 min" in out

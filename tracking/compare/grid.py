@@ -450,9 +450,13 @@ def resources(jobs: int | None, address: str, slots: int | None,
                         "once (each study's budget is the total over them)")
     if slots is not None:
         g = gpus_per_cell
-        if not address and g == "auto":
+        if address:  # a cluster's nodes are not known here: one CPU unless told
+            return Resources(slots, cpus_per_cell or 1.0, g, "--slots")
+        if g == "auto":
             g = 1.0 if (count_gpus() if n_gpus is None else n_gpus) else 0.0
-        return Resources(slots, cpus_per_cell or 1.0, g, "--slots")
+        if cpus_per_cell is None:  # this machine's cores shared by the slots
+            cpus_per_cell = float(max(1, (n_cpus or os.cpu_count() or 1) // slots))
+        return Resources(slots, cpus_per_cell, g, "--slots")
     n_cpus = n_cpus if n_cpus is not None else (os.cpu_count() or 1)
     n_gpus = n_gpus if n_gpus is not None else count_gpus()
     g = (1.0 if n_gpus else 0.0) if gpus_per_cell == "auto" else float(gpus_per_cell)
