@@ -173,3 +173,13 @@ def test_a_labeled_only_winner_has_zero_gain_and_nothing_finished_is_said() -> N
     empty = analyse(_per_seed({}).reindex(columns=["method", "seed", TEST, VAL, "run_id"]),
                     {"sup": "supervised", "fixmatch": "semi"})
     assert empty.best is None and set(empty.table["verdict"]) == {"failed"}
+
+
+def test_no_common_seed_compares_nothing_but_lists_every_method() -> None:
+    ps = _per_seed({"sup": [0.7, 0.8], "fixmatch": [0.9, 0.6]}, drop=(("sup", 1),
+                                                                     ("fixmatch", 0)))
+    an = analyse(ps, {"sup": "supervised", "fixmatch": "semi"})
+    assert an.best is None and an.seeds_used == [] and an.seeds_dropped == [0, 1]
+    t = an.table.set_index("method")
+    assert set(t["verdict"]) == {"untested"} and t.loc["fixmatch", f"{TEST}_mean"] == 0.6
+    assert "no seed has a finished study of every method" in an.notes[0]

@@ -91,11 +91,21 @@ def analyse(per_seed: pd.DataFrame, families: dict[str, str], alpha: float = 0.0
     an.seeds_used = [int(s) for s in complete.index]
     an.seeds_dropped = [int(s) for s in wide.index if s not in complete.index]
     an.scores = complete
+    if complete.empty:  # each method finished on other seeds: nothing can be paired
+        an.notes.append("no seed has a finished study of every method: nothing is compared "
+                        "(re-run the same command to finish the missing studies)")
+        rows = [{"method": m, "family": families[m], "verdict": "untested", "n_seeds": 0,
+                 f"{TEST}_mean": wide[m].mean(), "studies": int((ok["method"] == m).sum()),
+                 "wall_s_total": _total(ok[ok["method"] == m], "wall_s"),
+                 "cpu_s_total": _total(ok[ok["method"] == m], "cpu_s")} for m in present]
+        an.table = _failed_rows(pd.DataFrame(rows, columns=COLUMNS), failed, families,
+                                per_seed)
+        return an
     vwide = ok.pivot_table(index="seed", columns="method", values=VAL, aggfunc="last"
                            ).reindex(index=complete.index, columns=present)
     means, vals = complete.mean(axis=0), vwide.mean(axis=0)
     order = _order(means, vals)
-    an.best = order[0] if len(complete) else None
+    an.best = order[0]
     base = [m for m in order if families[m] == LABELED_ONLY]
     an.baseline = base[0] if base else None
     n = len(complete)

@@ -187,11 +187,18 @@ def headline_rows(an: Analysis) -> tuple[list[str], list[list[str]]]:
             if d["method"] == an.baseline:
                 gain = "(reference)"
         name = f"**`{d['method']}`**" if d["verdict"] in ("best", "tied") else f"`{d['method']}`"
-        rows.append([str(d["rank"]), name, d["family"], d["verdict"], score,
+        rows.append([_cell(d["rank"]), name, d["family"], d["verdict"], score,
                      _f(d[f"{VAL}_mean"]), _p(d["p_vs_best_holm"]), gain,
-                     d["wins"] if d["method"] != an.baseline else "–",
+                     _cell(d["wins"]) if d["method"] != an.baseline else "–",
                      _t(d["wall_s_mean"]), _t(d["wall_s_total"]), _t(d["cpu_s_total"])])
     return header, rows
+
+
+def _cell(x: Any) -> str:
+    """A table cell: a missing value is a dash, a whole number has no decimals."""
+    if x is None or (isinstance(x, float) and math.isnan(x)) or x == "":
+        return "–"
+    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
 
 
 def _answer(an: Analysis, grid: Grid, plan: Plan, col: Collected) -> list[str]:
@@ -201,8 +208,7 @@ def _answer(an: Analysis, grid: Grid, plan: Plan, col: Collected) -> list[str]:
     ci = f"{round((1 - an.alpha) * 100):g} %"
     out = []
     if an.best is None:
-        return ["- **No answer:** no seed has a finished study of every method "
-                f"({', '.join(an.notes) or 'see below'})."]
+        return [f"- **No answer:** {'; '.join(an.notes) or 'no study finished'}."]
     b = t.loc[an.best]
     out.append(f"- **Best: `{an.best}`** ({b['family']}) — validation-selected test "
                f"balanced accuracy {_f(b[f'{TEST}_mean'])}"
