@@ -183,3 +183,36 @@ def test_no_common_seed_compares_nothing_but_lists_every_method() -> None:
     t = an.table.set_index("method")
     assert set(t["verdict"]) == {"untested"} and t.loc["fixmatch", f"{TEST}_mean"] == 0.6
     assert "no seed has a finished study of every method" in an.notes[0]
+
+
+def test_the_report_page_renders_every_case() -> None:
+    """The markdown page for an answer, for a labeled-only winner and for no answer (no
+    seed common to the methods): no crash, the headline rows, the answer's lines."""
+    from scarcelab.tracking.compare import grid as G
+    from scarcelab.tracking.compare import report as R
+
+    class Spec:
+        experiment, name = "exp", "compare-x"
+
+    fams = {"sup": "supervised", "fixmatch": "semi"}
+    g = G.build_grid("synthetic_tiny", list(fams), [0, 1, 2], {})
+    plan = G.plan_budget(6, 2, None, 2.0)
+    cases = {"answer": ({"sup": [0.7, 0.72, 0.69], "fixmatch": [0.8, 0.85, 0.79]}, ()),
+             "labeled-only wins": ({"sup": [0.9, 0.92, 0.89], "fixmatch": [0.8, 0.85, 0.79]},
+                                   ()),
+             "none": ({"sup": [0.7, 0.72, 0.69], "fixmatch": [0.8, 0.85, 0.79]},
+                      (("sup", 1), ("sup", 2), ("fixmatch", 0)))}
+    for case, (table, drop) in cases.items():
+        ps = _per_seed(table, drop=drop).assign(status="FINISHED", split_hash="h",
+                                                budget_minutes=2.0, error="")
+        an = analyse(ps, fams)
+        md = R.markdown(an, R.Collected(ps, uri="sqlite:///x.db"), g, plan, Spec, "cmd", "now")
+        head = md.split("## Headline table")[1].split("## Per seed")[0]
+        assert head.count("| `") + head.count("| **`") == 2, (case, head)
+        if case == "answer":
+            assert "**Best: `fixmatch`**" in md and "**Winning model:** `runs:/fixmatch-" in md
+            assert "the best semi/self method, `fixmatch`, +0.110" in md
+        elif case == "labeled-only wins":
+            assert "No method beat `sup` on average." in md
+        else:
+            assert "**No answer:** no seed has a finished study of every method" in md
