@@ -293,8 +293,9 @@ def _report(grid: Any, plan: Any, spec: Any, out: Path, alpha: float, command: s
             do_log: bool, run_name: str, tags: dict[str, str], description: str) -> None:
     from scarcelab.tracking.compare import report as R
     from scarcelab.tracking.compare.analysis import analyse
+
     col = R.collect(spec, grid)
-    an = analyse(col.per_seed[col.per_seed["status"] == "FINISHED"], grid.families, alpha)
+    an = analyse(col.per_seed, grid.families, alpha)
     paths = R.write(an, col, grid, plan, spec, out, command)
     text = paths["report.md"].read_text()
     answer = text.split("## The answer", 1)[1].split("## Per seed", 1)[0]

@@ -147,6 +147,12 @@ def test_a_failed_study_is_named_and_its_seed_left_out(runs) -> None:  # type: i
     _check_summary(summary, _expected(cells, [0, 1]))
     assert "`simclr` seed 2: FAILED — exit 1: Error: simclr:2 fails on purpose" in md
     assert "seeds 2: left out of the paired statistics" in md
+    # its cost is counted although it never finished
+    walls = [c.data.metrics["sweep/cell_wall_s"] for c in cells
+             if c.data.tags["scarcelab.cell_label"].startswith("self method=simclr")]
+    s = summary.set_index("method")
+    assert len(walls) == 3 and s.loc["simclr", "failed_attempts"] == 1
+    assert s.loc["simclr", "wall_s_total"] == pytest.approx(sum(walls))
     per_seed = pd.read_csv(out / "per_seed.csv")  # (the last invocation's, same rows)
     assert len(per_seed) == 12
 
@@ -175,6 +181,12 @@ def test_the_same_command_resumes_and_answers_on_every_seed(runs) -> None:  # ty
             "report/grid.yaml", "report/sweep.yaml"} <= arts
     sweep = MlflowClient().get_run(rep.data.tags["scarcelab.sweep_run"])
     assert sweep.data.tags["scarcelab.role"] == "sweep"
+    # the cost counts every attempt: simclr's failed one of the first invocation too
+    s = summary.set_index("method")
+    walls = [c.data.metrics["sweep/cell_wall_s"] for c in cells
+             if c.data.tags["scarcelab.cell_label"].startswith("self method=simclr")]
+    assert len(walls) == 4 and s.loc["simclr", "failed_attempts"] == 1
+    assert s.loc["simclr", "wall_s_total"] == pytest.approx(sum(walls))
     # the per-seed table is the store's, run by run
     per_seed = pd.read_csv(out / "per_seed.csv")
     for c in finished:

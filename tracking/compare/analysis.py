@@ -70,8 +70,9 @@ def analyse(per_seed: pd.DataFrame, families: dict[str, str], alpha: float = 0.0
     """The answer from ``per_seed``: one row per finished study with ``method``, ``seed``,
     :data:`TEST`, :data:`VAL`, ``run_id`` and the cost columns ``wall_s`` / ``cpu_s``
     (optional ``wall_s_all`` / ``cpu_s_all`` / ``failed_attempts``: every attempt's cost,
-    failed ones included). ``families`` gives every method of the grid (those with no
-    finished study are reported as failed).
+    failed ones included). Rows without a test score (a cell that did not finish) count
+    only in the costs. ``families`` gives every method of the grid (those with no finished
+    study are reported as failed).
 
     Paired statistics need complete blocks: the seeds on which every method with a finished
     study has one (the others are listed in ``seeds_dropped``; imputing them would invent
@@ -96,8 +97,9 @@ def analyse(per_seed: pd.DataFrame, families: dict[str, str], alpha: float = 0.0
                         "(re-run the same command to finish the missing studies)")
         rows = [{"method": m, "family": families[m], "verdict": "untested", "n_seeds": 0,
                  f"{TEST}_mean": wide[m].mean(), "studies": int((ok["method"] == m).sum()),
-                 "wall_s_total": _total(ok[ok["method"] == m], "wall_s"),
-                 "cpu_s_total": _total(ok[ok["method"] == m], "cpu_s")} for m in present]
+                 "wall_s_total": _total(per_seed[per_seed["method"] == m], "wall_s"),
+                 "cpu_s_total": _total(per_seed[per_seed["method"] == m], "cpu_s")}
+                for m in present]
         an.table = _failed_rows(pd.DataFrame(rows, columns=COLUMNS), failed, families,
                                 per_seed)
         return an
@@ -131,6 +133,7 @@ def analyse(per_seed: pd.DataFrame, families: dict[str, str], alpha: float = 0.0
         else:
             verdict = "worse" if adj[m] < alpha else "tied"
         mine = ok[ok["method"] == m]
+        every = per_seed[per_seed["method"] == m]  # unfinished cells cost time too
         diffs = (complete[m] - complete[an.baseline]).to_numpy() if an.baseline else []
         rows.append({
             "rank": rank, "method": m, "family": families[m], "verdict": verdict,
@@ -142,10 +145,10 @@ def analyse(per_seed: pd.DataFrame, families: dict[str, str], alpha: float = 0.0
             "gain_high": g.high if g else np.nan, "gain_p": g.p if g else np.nan,
             "wins": f"{int(np.sum(np.asarray(diffs) > 0))}/{n}" if an.baseline else "",
             "studies": len(mine),
-            "wall_s_mean": _mean(mine, "wall_s"), "wall_s_total": _total(mine, "wall_s"),
-            "cpu_s_total": _total(mine, "cpu_s"),
-            "failed_attempts": int(mine["failed_attempts"].sum())
-            if "failed_attempts" in mine else 0,
+            "wall_s_mean": _mean(mine, "wall_s"), "wall_s_total": _total(every, "wall_s"),
+            "cpu_s_total": _total(every, "cpu_s"),
+            "failed_attempts": int(every["failed_attempts"].sum())
+            if "failed_attempts" in every else 0,
         })
     table = pd.DataFrame(rows, columns=COLUMNS)
     an.table = _failed_rows(table, failed, families, per_seed)
