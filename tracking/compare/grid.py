@@ -575,10 +575,9 @@ def sweep_text(grid: Grid, plan: Plan, res: Resources, name: str, experiment: st
             grids.append({"entry": fams[m], "method": m, "dataset": grid.dataset, "seed": s,
                           "budget_minutes": minutes_text(plan.cell_minutes),
                           **grid.cell_options(m)})
-    threads = str(max(1, int(res.cpus_per_cell)))
+    # no env: the sweep gives each cell its CPU share's threads (OMP_NUM_THREADS, MKL_...)
     data = {"name": name, "experiment": experiment, "cpus_per_cell": res.cpus_per_cell,
-            "gpus_per_cell": res.gpus_per_cell, "retries": retries,
-            "env": {"OMP_NUM_THREADS": threads}, "grids": grids}
+            "gpus_per_cell": res.gpus_per_cell, "retries": retries, "grids": grids}
     head = ("# Written by scarcelab compare (docs/compare.md): its grid as a sweep spec.\n"
             "# `scarcelab sweep THIS_FILE` runs (or continues) the same cells.\n")
     return head + yaml.safe_dump(data, sort_keys=False, width=1000)
