@@ -19,6 +19,11 @@ this runner when the session collects the smoke test — at the start of the ses
 ``JOBS=1`` beside the other tests (``2`` when the smoke test runs alone) — and the smoke
 test waits for it and then checks the pages. ``OUT_DIR/status.json`` says, per suite, how
 each sweep ended; ``OUT_DIR/runner.log`` has the driver's progress lines.
+
+After the suites, ``scarcelab compare`` runs its smoke (:data:`COMPARE_ARGS`: 3 methods x 2
+seeds, one tiny trial each) into the same store, twice (the second a resume); its status is
+``status.json``'s ``compare`` entry and its report ``OUT_DIR/compare/``.
+``SCARCELAB_SMOKE_ONLY=compare`` (or a comma-separated list of suite names) runs only those.
 """
 
 from __future__ import annotations
@@ -36,6 +41,15 @@ SUITES = sorted((REPO / "suites").glob("*.yaml"))
 NEEDED = ["medmnist/breastmnist.npz", "medmnist/pneumoniamnist.npz", "tabular/splice",
           "pathology_crops", "consep_patches", "nuclei_cpm15", "cifar10_jpg", "ood"]
 
+
+#: ``scarcelab compare``'s smoke (docs/compare.md): one method per family x two seeds, each
+#: study one trial of 2 steps, through the real command (its sweep, its store, its report);
+#: run twice, the second time a resume that runs nothing
+COMPARE_ARGS = ["--methods", "sup,fixmatch,simclr", "--seeds", "0,1", "--cell-minutes", "0.5",
+                "--min-cell-minutes", "0.1", "--retries", "1",
+                *[a for kv in ("arch=small_cnn", "device=cpu", "max_epochs=1",
+                               "max_steps_per_epoch=2", "max_trials=1", "batch_size=16",
+                               "unlabeled_batch_size=32") for a in ("--option", kv)]]
 
 #: the option that names what a grid compares (first found)
 METHOD_KEYS = ("method", "strategy")
@@ -108,14 +122,59 @@ def start(out: Path, jobs: int, data: Path) -> object:
                                 preexec_fn=_die_with_parent)
 
 
+def compare_dataset(out: Path, data: Path) -> str:
+    """The compare smoke's dataset: a folder of PNG files written from BreastMNIST
+    (``labeled/<class>/``: 120 train images, ``unlabeled/``: the next 300, ``test/<class>/``:
+    the test set), where the study commands take a user's folder (``folder:PATH``,
+    docs/own-images.md); ``breastmnist`` itself where they do not."""
+    import numpy as np
+    from PIL import Image
+
+    from scarcelab.tracking.compare.grid import GridError, check_dataset
+
+    folder = out / "own_breast"
+    z = np.load(data / "medmnist" / "breastmnist.npz")
+    x, y = z["train_images"], np.asarray(z["train_labels"]).reshape(-1)
+    names = {0: "malignant", 1: "normal_benign"}
+    parts = [("labeled", x[:120], y[:120]), ("unlabeled", x[120:420], None),
+             ("test", z["test_images"], np.asarray(z["test_labels"]).reshape(-1))]
+    for part, imgs, labels in parts:
+        for i, img in enumerate(imgs):
+            sub = folder / part / (names[int(labels[i])] if labels is not None else "")
+            sub.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.asarray(img, dtype=np.uint8)).save(sub / f"{part}_{i:04d}.png")
+    try:
+        return check_dataset(f"folder:{folder}", "smoke")
+    except GridError:
+        return "breastmnist"
+
+
+def run_compare(out: Path, jobs: int, data: Path) -> dict[str, object]:
+    """The compare smoke: the command twice (the second a resume), into the suites' store."""
+    import subprocess
+
+    ds = compare_dataset(out, data)
+    cmd = [sys.executable, "-m", "scarcelab.entrypoints.cli", "compare", "--dataset", ds,
+           *COMPARE_ARGS, "--jobs", str(jobs), "--output", str(out / "compare")]
+    res: dict[str, object] = {"dataset": ds, "command": cmd}
+    for key in ("first", "resume"):
+        t0 = time.time()
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=out,
+                           stdin=subprocess.DEVNULL, check=False)
+        res[key] = {"rc": r.returncode, "seconds": time.time() - t0,
+                    "output": (r.stdout + r.stderr)[-20_000:]}
+    return res
+
+
 def main(out: Path, jobs: int) -> int:
     os.chdir(out)
     sys.path.insert(0, str(REPO))
     from scarcelab.tracking.sweep.driver import run_sweep
 
     status: dict[str, dict[str, object]] = {}
+    only = os.environ.get("SCARCELAB_SMOKE_ONLY", "").split(",")  # e.g. "compare"
     with open(out / "runner.log", "a", buffering=1) as log:
-        for path in SUITES:
+        for path in [p for p in SUITES if not only[0] or p.stem in only]:
             t0 = time.time()
             try:
                 res = run_sweep(smoke_spec(path), jobs=jobs,  # type: ignore[arg-type]
@@ -126,6 +185,16 @@ def main(out: Path, jobs: int) -> int:
                                if o.status == "FAILED"], "seconds": time.time() - t0}
             except Exception:  # noqa: BLE001 - recorded for the test to report
                 status[path.stem] = {"error": traceback.format_exc(), "seconds": time.time() - t0}
+            (out / "status.json").write_text(json.dumps(status, indent=1))
+        if not only[0] or "compare" in only:
+            t0 = time.time()
+            try:
+                data = Path(os.environ.get("SCARCELAB_DATA", REPO.parent / "shared" / "data"))
+                status["compare"] = run_compare(out, jobs, data)
+            except Exception:  # noqa: BLE001 - recorded for the test to report
+                status["compare"] = {"error": traceback.format_exc()}
+            status["compare"]["seconds"] = time.time() - t0
+            print(f"compare smoke: {status['compare']['seconds']:.0f} s", file=log)
             (out / "status.json").write_text(json.dumps(status, indent=1))
     return 0
 

@@ -240,6 +240,11 @@ CLI_ONLY = {
                 "--tracking-uri": "mlflow run sets MLFLOW_TRACKING_URI",
                 "specs": "positional specs; the entry point passes --spec"},
     "stack": {"args": "the pass-through to scripts/stack, whose own flags MLproject passes"},
+    "compare": {"--report-only": "MLproject passes --report-only-value true|false",
+                "--option": "repeatable; MLproject passes the same as one --options string",
+                "--dry-run": "terminal use", "--write-grid": "terminal use (writes a file "
+                "and stops)", "--jobs": "the pool size of a local run",
+                "--log": "the entry point always logs"},
 }
 #: MLproject defaults that differ from the CLI's on purpose, and why (each still differs:
 #: a stale entry fails)

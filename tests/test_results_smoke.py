@@ -153,3 +153,77 @@ def test_the_index_lists_every_suite(smoke):
     for path in SUITES:
         assert f"[{path.stem}]({path.stem}.md)" in text
     assert text.count("finished |") == len(SUITES)
+
+
+def test_compare_report_answers_from_the_store(smoke):
+    """``scarcelab compare``'s smoke (tests/smoke_runner.py): its headline table and per-seed
+    table are the store's studies, its statistics recomputed here (scipy, statsmodels), its
+    winning model the best method's study chosen on validation, and the same command run
+    again resumes without running a study."""
+    check_compare(smoke["status"].get("compare"), smoke_runner, mlflow)
+
+
+def check_compare(st, runner, mlf) -> None:  # type: ignore[no-untyped-def]
+    """The checks of the compare smoke, given its status entry (also run by hand on a
+    runner's output folder: docs/compare.md, "Tests")."""
+    import numpy as np
+    import pandas as pd
+    from scipy import stats as sps
+    from statsmodels.stats.multitest import multipletests
+
+    assert st is not None and "error" not in st, (st or {}).get("error", "not run")
+    first, again = st["first"], st["resume"]
+    assert first["rc"] == 0, first["output"][-5000:]
+    assert again["rc"] == 0 and "6 already finished, 0 to run" in again["output"], \
+        again["output"][-3000:]
+    out = Path(st["command"][st["command"].index("--output") + 1])
+    per_seed = pd.read_csv(out / "per_seed.csv")
+    summary = pd.read_csv(out / "summary.csv").set_index("method")
+    md = (out / "report.md").read_text()
+    client = mlf.tracking.MlflowClient()
+    exp = client.get_experiment_by_name(runner_experiment(st))
+    studies = [r for r in client.search_runs([exp.experiment_id],
+                                             "tags.`scarcelab.role` = 'study'")
+               if "scarcelab.cell" in r.data.tags and r.info.status == "FINISHED"]
+    assert len(studies) == 6 and len(per_seed) == 6 and set(per_seed["status"]) == {"FINISHED"}
+    score = {(r.data.tags["scarcelab.method"], int(r.data.tags["scarcelab.seed"])): r
+             for r in studies}
+    for row in per_seed.itertuples():
+        run = score[(row.method, row.seed)]
+        assert row.run_id == run.info.run_id
+        assert row.test_balanced_accuracy == run.data.metrics["best/test_balanced_accuracy"]
+        assert row.val_balanced_accuracy == run.data.metrics["best/val_balanced_accuracy"]
+        assert row.split_hash == run.data.tags["scarcelab.split_hash"]
+    # one split per seed, shared by the methods: the pairing the test relies on
+    assert per_seed.groupby("seed")["split_hash"].nunique().eq(1).all()
+    x = {m: np.array([score[(m, s)].data.metrics["best/test_balanced_accuracy"]
+                      for s in (0, 1)]) for m in ("sup", "fixmatch", "simclr")}
+    means = {m: v.mean() for m, v in x.items()}
+    best = max(means, key=lambda m: (means[m], summary.loc[m, "val_balanced_accuracy_mean"]))
+    assert summary.loc[best, "verdict"] == "best" and summary.loc[best, "rank"] == 1
+    others = [m for m in x if m != best]
+    p = {m: sps.ttest_rel(x[best], x[m]).pvalue for m in others}
+    adj = dict(zip(others, multipletests([p[m] for m in others], method="holm")[1],
+                   strict=True))
+    for m in x:
+        assert summary.loc[m, "test_balanced_accuracy_mean"] == pytest.approx(means[m])
+        assert summary.loc[m, "gain"] == pytest.approx(means[m] - means["sup"])
+        if m != best and np.isfinite(p[m]):
+            assert summary.loc[m, "p_vs_best_holm"] == pytest.approx(adj[m])
+        assert f"`{m}`" in md
+    fam = {"sup": "supervised", "fixmatch": "semi", "simclr": "self"}
+    assert summary["family"].to_dict() == fam
+    win = max((r for (m, _), r in score.items() if m == best),
+              key=lambda r: (r.data.metrics["best/val_balanced_accuracy"],
+                             -int(r.data.tags["scarcelab.seed"])))
+    assert f"**Winning model:** `runs:/{win.info.run_id}/model`" in md
+    reports = client.search_runs([exp.experiment_id], "tags.`scarcelab.role` = 'report'")
+    assert len(reports) == 2  # one per invocation, each with the files
+    arts = {a.path for a in client.list_artifacts(reports[0].info.run_id, "report")}
+    assert {"report/report.md", "report/summary.csv", "report/per_seed.csv"} <= arts
+
+
+def runner_experiment(st) -> str:  # type: ignore[no-untyped-def]
+    from scarcelab.tracking.compare.grid import sweep_name
+
+    return sweep_name(st["dataset"])

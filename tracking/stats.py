@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import matplotlib
 
@@ -31,8 +33,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from scipy import stats  # noqa: E402
 
-__all__ = ["average_ranks", "cd_diagram", "cliques", "friedman_test", "nemenyi_cd",
-           "nemenyi_pvalues", "wilcoxon_holm"]
+__all__ = ["PairedT", "average_ranks", "cd_diagram", "cliques", "friedman_test", "holm",
+           "nemenyi_cd", "nemenyi_pvalues", "paired_t", "wilcoxon_holm"]
 
 
 def _complete(scores: pd.DataFrame, need_methods: int = 2) -> pd.DataFrame:
@@ -95,16 +97,65 @@ def friedman_test(scores: pd.DataFrame) -> tuple[float, float]:
     return float(stat), float(stats.chi2.sf(stat, k - 1))
 
 
-def _holm(p: np.ndarray) -> np.ndarray:
-    """Holm's step-down adjusted p-values (monotone, capped at 1)."""
-    m = len(p)
-    order = np.argsort(p, kind="mergesort")
-    adj = np.empty(m)
+def holm(p: np.ndarray | Sequence[float]) -> np.ndarray:
+    """Holm's (1979) step-down adjusted p-values (monotone, capped at 1): the family-wise
+    error stays at most alpha over all the hypotheses, with no assumption on how the tests
+    depend on each other. A NaN p-value (a test that could not be run) stays NaN and does
+    not count as a hypothesis."""
+    p = np.asarray(p, dtype=float)
+    adj = np.full(len(p), np.nan)
+    ok = np.flatnonzero(~np.isnan(p))
+    m = len(ok)
+    order = ok[np.argsort(p[ok], kind="mergesort")]
     running = 0.0
     for i, idx in enumerate(order):
         running = max(running, min(1.0, (m - i) * p[idx]))
         adj[idx] = running
     return adj
+
+
+
+@dataclass(frozen=True)
+class PairedT:
+    """The mean of paired differences x - y with its two-sided t-interval and test."""
+
+    n: int
+    mean: float
+    sd: float  # sample standard deviation of the differences (ddof 1)
+    low: float  # the (1 - alpha) confidence interval of the mean difference
+    high: float
+    t: float
+    p: float  # two-sided, H0: mean difference = 0
+
+
+def paired_t(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
+             alpha: float = 0.05) -> PairedT:
+    """Student's paired t for the differences ``x - y`` (pairs with a NaN are dropped):
+    mean, the t-interval ``mean ± t_{n-1, 1-alpha/2} · sd / sqrt(n)`` and the two-sided
+    p-value, as ``scipy.stats.ttest_rel`` computes it. Fewer than 2 pairs give the mean
+    alone (NaN elsewhere): one difference says nothing about its spread. Differences that
+    are all equal (up to rounding) have no spread: all zero is no evidence (t 0, p 1), all
+    equal and non-zero is certain under the model (t ±inf, p 0) and the interval is that
+    value, where scipy would return NaN or a p of 1e-31 from rounding noise."""
+    d = np.asarray(x, dtype=float) - np.asarray(y, dtype=float)
+    d = d[~np.isnan(d)]
+    n = len(d)
+    if n == 0:
+        return PairedT(0, np.nan, np.nan, np.nan, np.nan, np.nan, np.nan)
+    mean = float(d.mean())
+    if n < 2:
+        return PairedT(1, mean, np.nan, np.nan, np.nan, np.nan, np.nan)
+    sd = float(d.std(ddof=1))
+    if not sd > 1e-12 * max(1.0, abs(mean)):  # equal up to rounding (0.9-0.8 vs 0.8-0.7)
+        sd = 0.0
+    if sd == 0.0:
+        t = 0.0 if mean == 0.0 else float(np.sign(mean)) * np.inf
+        return PairedT(n, mean, 0.0, mean, mean, t, 1.0 if mean == 0.0 else 0.0)
+    se = sd / np.sqrt(n)
+    t = mean / se
+    half = float(stats.t.ppf(1.0 - alpha / 2.0, n - 1)) * se
+    p = float(2.0 * stats.t.sf(abs(t), n - 1))
+    return PairedT(n, mean, sd, mean - half, mean + half, float(t), p)
 
 
 def wilcoxon_holm(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
@@ -124,7 +175,7 @@ def wilcoxon_holm(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
             p = float(stats.wilcoxon(x, y).pvalue)
         rows.append((a, b, p))
     out = pd.DataFrame(rows, columns=["a", "b", "p_value"])
-    out["p_holm"] = _holm(out["p_value"].to_numpy()) if len(out) else []
+    out["p_holm"] = holm(out["p_value"].to_numpy()) if len(out) else []
     out["significant"] = out["p_holm"] < alpha
     return out
 
