@@ -723,7 +723,9 @@ def _expand(message: str) -> str:
         opts = entry_options(m.group(1)) or {}
         return ", ".join(sorted(k for k in opts if k not in RESERVED))
 
-    entries = ", ".join(sorted(n for n in main.commands if n not in ("sweep", "list", "stack")))
+    from scarcelab.tracking.sweep.spec import NOT_CELLS
+
+    entries = ", ".join(sorted(n for n in main.commands if n not in NOT_CELLS))
     return re.sub(r"<options of (\S+)>", options, message).replace("<entry points>", entries)
 
 

@@ -363,10 +363,14 @@ def entry_continuation(entry: str) -> Continuation | None:
     return _CONTINUATIONS.get(cmd.name or entry) if cmd is not None else None
 
 
+#: commands that are not a cell: they run sweeps (a compare is one) or manage services
+NOT_CELLS = ("sweep", "list", "stack", "compare")
+
+
 def _entries() -> list[str]:
     from scarcelab.entrypoints.cli import main
 
-    return sorted(n for n in main.commands if n not in ("sweep", "list", "stack"))
+    return sorted(n for n in main.commands if n not in NOT_CELLS)
 
 
 def _check_tree(path: str, root: yaml.Node) -> None:
