@@ -202,7 +202,9 @@ def section_model(a: argparse.Namespace) -> dict[str, Any]:
                         kind: str = kind) -> Any:
                 with torch.autocast(a.device.split(":")[0], torch.bfloat16, enabled=amp):
                     o = model(xb)
-                    return F.cross_entropy(o, yb) if kind == "fixmatch" else o.float().square().mean()
+                    if kind == "fixmatch":
+                        return F.cross_entropy(o, yb)
+                    return o.float().square().mean()
 
             def step(i: int, model: Any = model, opt: Any = opt, loss_fn: Any = loss_fn
                      ) -> None:
