@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from scarcelab.entrypoints._accel import ACCEL_ENTRY, accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     IDENTITY_ENTRY,
@@ -33,7 +34,7 @@ AL_ENTRY = {n: n for n in (
     "strategy", "dataset", "data_dir", "query_size", "budget", "seed_set", "repetitions",
     "seed_strategy", "seed_data", "seed_model", "max_candidates", "device", "encoder",
     "early_stop_on")} | {
-    "set": "overrides", **IDENTITY_ENTRY}
+    "set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY}
 
 
 def _hidden(v: Any) -> tuple[int, ...]:
@@ -121,6 +122,7 @@ def _parse_set(over: dict[str, Any], dataset: str
               help="config overrides, e.g. 'fitting=scratch,lr=0.01,hidden=24x12,"
               "arch=small_cnn,strategy.tau=5,encoder.epochs=50,encoder.arch=resnet18'")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@accel_options
 @identity_options
 @verbosity_options
 @click.pass_context
@@ -129,8 +131,9 @@ def al_cmd(ctx: click.Context, strategy: str, dataset: str, data_dir: str | None
            seed_strategy: int, seed_data: int, seed_model: int, max_candidates: int | None,
            device: str, encoder: str, early_stop_on: str, overrides: dict[str, Any],
            experiment: str, quiet: bool, verbose: bool, run_name: str,
-           tags: dict[str, str], description: str) -> None:
+           tags: dict[str, str], description: str, **accel: str) -> None:
     """Run the CDALBench protocol for one strategy; one MLflow run per repetition."""
+    ctx.meta["scarcelab.accel"] = accel_from(accel)
     level = verbosity(ctx, quiet, verbose)
     t0 = time.time()
     from scarcelab.errors import ScarcelabError
@@ -174,6 +177,7 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         max_candidates=max_candidates, device=device,
         encoder=({"method": encoder, **enc_params}
                  if spec(dataset).kind == "encoded" and ":/" not in encoder else {}),
+        accel=ctx.meta["scarcelab.accel"],
     )
     resolved = _warn_cpu_arch(rc, dataset, device)
     ctx_data = None

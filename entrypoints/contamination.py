@@ -78,6 +78,8 @@ def sweep_key(cfg: StudyConfig, sources: list[str], ratios: list[float], tuning:
     rule of a study's key, ``protocols.search._study_key``)."""
     d = {k: v for k, v in dataclasses.asdict(cfg).items()
          if k not in ("storage", "study_name", "device")}
+    if cfg.accel.is_auto:  # settings added later, at their default: the key stays as it was
+        d.pop("accel")
     blob = json.dumps({**d, "ood": sources, "ratios": ratios, "tuning": tuning,
                        "ood_dir": ood_dir}, sort_keys=True, default=str)
     return "sweep-" + hashlib.sha256(blob.encode()).hexdigest()[:16]

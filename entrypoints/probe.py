@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from scarcelab.entrypoints._accel import accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     SEED_MAX,
@@ -66,6 +67,7 @@ from scarcelab.errors import ScarcelabError
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--set", "overrides", default="", help="finetune: fixed hyperparameters")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@accel_options
 @identity_options
 @verbosity_options
 def probe_cmd(**kw: Any) -> None:
@@ -103,7 +105,7 @@ def _run(kw: dict[str, Any]) -> None:
         batch_size=opt_int(kw["batch_size"], "--batch-size"),
         max_steps_per_epoch=opt_int(kw["max_steps_per_epoch"], "--max-steps-per-epoch"),
         max_trials=opt_int(kw["max_trials"], "--max-trials") or 0, device=kw["device"],
-        overrides=parse_overrides(kw["overrides"]))
+        overrides=parse_overrides(kw["overrides"]), accel=accel_from(kw))
     cfg.validate()
     raw = load_raw(cfg.dataset, cfg.data_dir)
     arch: str | None = None if cfg.arch == "auto" else cfg.arch

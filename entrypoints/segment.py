@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from scarcelab.entrypoints._accel import accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     SEED_MAX,
@@ -100,6 +101,7 @@ BIG = 10**6
               type=Int(1, None, default_ok=True))
 @click.option("--device", default="auto", show_default=True, type=Device())
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@accel_options
 @identity_options
 @verbosity_options
 def segment(**kw: Any) -> None:
@@ -126,7 +128,7 @@ def segment(**kw: Any) -> None:
         aggregation=kw["aggregation"], tune_threshold=kw["tune_threshold"],
         cross_test=tuple(kw["cross_test"]),
         max_val_tiles=kw["max_val_tiles"], max_train_tiles=kw["max_train_tiles"],
-        max_test_tiles=kw["max_test_tiles"], device=kw["device"])
+        max_test_tiles=kw["max_test_tiles"], device=kw["device"], accel=accel_from(kw))
     tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
                               Display(level), budget_s=cfg.budget_minutes * 60.0,
                               label="segment")

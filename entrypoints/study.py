@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from scarcelab.entrypoints._accel import ACCEL_ENTRY, accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     IDENTITY_ENTRY,
@@ -46,7 +47,7 @@ STUDY_ENTRY = {n: n for n in (
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
     "hparams_from", "transfer_epochs", "positive_class", "class_weights")} | {"set": "overrides",
-                                                            **IDENTITY_ENTRY}
+                                                            **IDENTITY_ENTRY, **ACCEL_ENTRY}
 #: the supervised / semi / self entry points add the model registry option
 FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model"}
 
@@ -136,6 +137,7 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      help="unlabeled subsample for the per-epoch C-Score diagnostics of "
                      "semi-supervised runs (0 = off)"),
     ]
+    fn = accel_options(fn)  # listed after the options above
     for opt in reversed(opts):
         fn = opt(fn)
     return identity_options(verbosity_options(fn))
@@ -187,6 +189,7 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         class_weights=kw.get("class_weights") or "balanced",
         positive_class=None if kw.get("positive_class") in (None, "", "default")
         else kw["positive_class"],
+        accel=accel_from(kw),
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from scarcelab.entrypoints._accel import ACCEL_ENTRY, accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     SEED_MAX,
@@ -60,8 +61,9 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
 
 # A sweep whose tune cell was killed continues that cell's study rather than tuning and
 # retraining it all again (hours of a final phase): --resume reads every setting back from
-# the study run, so the cell gives only where its data is and what it runs on.
-@continues_with("resume", carry=("data_dir", "device"))
+# the study run, so the cell gives only where its data is and what it runs on (and how: the
+# precision settings, which a resume checks against the study's).
+@continues_with("resume", carry=("data_dir", "device", *ACCEL_ENTRY))
 @main.command(name="tune", short_help="Tune a method with ASHA, retrain the best 10 times.",
               help="Tune a supervised method with ASHA and retrain the best "
               "configuration 10 times (Brigato et al. 2021), e.g. --method ole "
@@ -113,6 +115,7 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
               "mean ± std; settings come from the run (only --data-dir and --device are "
               "taken from here)")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
+@accel_options
 @identity_options
 @verbosity_options
 def tune_cmd(**kw: Any) -> None:
@@ -130,8 +133,9 @@ def tune_cmd(**kw: Any) -> None:
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        accel = accel_from(kw)
         if kw["resume"]:
-            tracker, res = _resume(kw["resume"], kw["data_dir"], device)
+            tracker, res = _resume(kw["resume"], kw["data_dir"], device, accel)
         else:
             cfg = TuneConfig(
                 method=kw["method"], dataset=kw["dataset"], data_dir=kw["data_dir"],
@@ -144,7 +148,7 @@ def tune_cmd(**kw: Any) -> None:
                 budget_minutes=kw["budget_minutes"], device=device,
                 overrides=overrides,
                 storage=os.environ.get("OPTUNA_STORAGE") or None,
-                study_name=kw["study_name"] or None)
+                study_name=kw["study_name"] or None, accel=accel)
             # trial lines (ASHA rung of a pruned one), then one per retrain
             level = verbosity(click.get_current_context(), kw.pop("quiet"), kw.pop("verbose"))
             tracker = ProgressTracker(MlflowTracker(experiment=kw["experiment"] or None),
@@ -171,9 +175,11 @@ def tune_cmd(**kw: Any) -> None:
                    f"over {len(res.final_test)} retrains")
 
 
-def _resume(run_id: str, data_dir: str | None, device: str) -> tuple[Any, Any]:
+def _resume(run_id: str, data_dir: str | None, device: str, accel: Any = None
+            ) -> tuple[Any, Any]:
     """Continue study run ``run_id``: the rest of its search and its final retraining, or
-    the retrains its final phase lacks (tracking.tune_resume)."""
+    the retrains its final phase lacks (tracking.tune_resume). ``accel``: this command's
+    precision settings; a study recorded under others is refused (RESUME_CHECKED)."""
     import sys
 
     from scarcelab.protocols.tune import FinalResume, TuneConfig, run_tune
@@ -183,7 +189,7 @@ def _resume(run_id: str, data_dir: str | None, device: str) -> tuple[Any, Any]:
     fields, prior, stale = read_study(run_id)
     if data_dir:
         fields["data_dir"] = data_dir
-    cfg = TuneConfig(**fields, device=device)
+    cfg = TuneConfig(**fields, device=device, **({"accel": accel} if accel else {}))
     if isinstance(prior, FinalResume):
         missing = [i for i in range(cfg.n_final) if i not in prior.done]
         what = (f"the final retraining of study run {run_id} ({cfg.method} on {cfg.dataset}, "

@@ -1,6 +1,7 @@
 """Optional dependencies: which extra of ``pip install scarcelab[...]`` brings a module.
 
-Ray (sweeps), scikit-image and h5py (pathology) are heavy and serve one command each, so a
+Ray (sweeps), scikit-image and h5py (pathology) are heavy and serve one command each, and
+pydicom (DICOM images in a dataset folder) serves only users with DICOM files, so a
 researcher installing scarcelab into an existing environment is not made to take them.
 The code imports them where they are used, through :func:`need`, so a
 missing one is a one-line error naming the command, the extra and the pip command instead
@@ -21,6 +22,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "ray": ("ray", "sweep"),
     "skimage": ("scikit-image", "pathology"),
     "h5py": ("h5py", "pathology"),
+    "pydicom": ("pydicom", "dicom"),
 }
 
 

@@ -11,16 +11,18 @@ tensors and is augmented per batch, so the loop never waits on a DataLoader.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
+from scarcelab.accel import Accel, resolve, step_autocast
 from scarcelab.data.augment import AUGMENTATIONS, to_float
 from scarcelab.data.bundle import DatasetBundle
 from scarcelab.errors import ConfigError, TrialFailed
@@ -117,16 +119,36 @@ class TrainConfig:
     # Protocols whose augmentation depends on the dataset (``scarcelab.protocols.tune``)
     # replace the method's ``labeled_views`` here; None keeps the method's own.
     labeled_views: tuple[str, ...] | None = None
-    # speed levers that leave the mathematics unchanged (docs/performance.md):
-    # NHWC weights (convolutions then run channels-last: 1.10x per FixMatch WRN-28-2 step
-    # on CPU, on by default; 2-D weights of MLPs are left as they are) and torch's fused
-    # Adam kernel
-    channels_last: bool = True
-    fused_optimizer: bool | None = None
     # the labeled loss: "balanced" weights each class by its inverse labeled frequency
     # (scarcelab.methods._parts.balanced_class_weights; the probe: sklearn's
     # class_weight="balanced"), as SSL-vs-SSL does for every method; "none" = unweighted
     class_weights: str = "none"
+    # precision and kernels (scarcelab.accel, docs/performance.md): bf16 autocast,
+    # channels-last weights / inputs, cuDNN benchmarking, fused optimiser, TF32, compile;
+    # ``auto`` resolved for ``device`` when the loop starts (on CPU: this loop's former
+    # behaviour, NHWC weights — CPU_CHANNELS_LAST — and nothing else)
+    accel: Accel = field(default_factory=Accel)
+    # the two former levers, still accepted: True/False set accel.channels_last to
+    # weights/off and accel.fused_optimizer to on/off (None: as accel says)
+    channels_last: InitVar[bool | None] = None
+    fused_optimizer: InitVar[bool | None] = None
+
+    def __post_init__(self, channels_last: bool | None, fused_optimizer: bool | None) -> None:
+        if channels_last is not None:
+            self.accel = dataclasses.replace(
+                self.accel, channels_last="weights" if channels_last else "off")
+        if fused_optimizer is not None:
+            self.accel = dataclasses.replace(
+                self.accel, fused_optimizer="on" if fused_optimizer else "off")
+
+    def resolved_accel(self) -> Accel:
+        """:attr:`accel` resolved for :attr:`device` as this loop resolves it."""
+        return resolve(self.accel, self.device, cpu_channels_last=CPU_CHANNELS_LAST)
+
+
+#: the shared epoch loop's CPU layout under ``channels_last=auto``: NHWC weights, measured
+#: 1.10x per FixMatch WRN-28-2 step on CPU (docs/performance.md); 2-D weights of MLPs stay
+CPU_CHANNELS_LAST = "weights"
 
 
 @dataclass
@@ -231,14 +253,21 @@ class BatchSource:
 
 @torch.no_grad()
 def forward_images(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, bs: int, device: torch.device
+    fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, bs: int, device: torch.device,
+    accel: Accel | None = None
 ) -> np.ndarray:
     """``fn`` over uint8 images (N, C, H, W), converted and normalised as in training, in
-    chunks of ``bs`` on ``device``; float32 numpy out (features or logits)."""
+    chunks of ``bs`` on ``device``; float32 numpy out (features or logits). ``accel`` (a
+    resolved :class:`~scarcelab.accel.Accel`): the training's input layout and autocast,
+    so that a bf16 model is evaluated as it trained."""
     out = []
     for i in range(0, len(x), bs):
         xb = normalize(to_float(torch.as_tensor(x[i : i + bs]).to(device)))
-        out.append(fn(xb).float().cpu())
+        if accel is None:
+            out.append(fn(xb).float().cpu())
+            continue
+        with accel.autocast(device):
+            out.append(fn(accel.images(xb)).float().cpu())
     return torch.cat(out).numpy() if out else np.zeros((0, 0))
 
 
@@ -262,16 +291,19 @@ def evaluate(
     """Validation balanced accuracy, test metrics, and the fitted probe if one is used
     (plus the test probabilities: :class:`Evaluation`)."""
     device = torch.device(cfg.device)
+    accel = cfg.resolved_accel()
     method.eval()
     try:
         # the tune protocol evaluates one set in both slots (its search: validation; its
         # retrains: train+val): the same images are run through the network once
         same = bundle.test_x is bundle.val_x
         if method.linear_probe:
-            fl = forward_images(method.features, bundle.labeled_x, cfg.eval_batch_size, device)
-            fv = forward_images(method.features, bundle.val_x, cfg.eval_batch_size, device)
+            fl = forward_images(method.features, bundle.labeled_x, cfg.eval_batch_size,
+                                device, accel)
+            fv = forward_images(method.features, bundle.val_x, cfg.eval_batch_size, device,
+                                accel)
             ft = fv if same else forward_images(method.features, bundle.test_x,
-                                                cfg.eval_batch_size, device)
+                                                cfg.eval_batch_size, device, accel)
             if not (np.isfinite(fl).all() and np.isfinite(fv).all() and np.isfinite(ft).all()):
                 raise TrialFailed("non-finite features from the encoder")
             probe = LinearProbe(bundle.num_classes, balanced=cfg.class_weights == "balanced"
@@ -281,9 +313,9 @@ def evaluate(
             probe = None
             bs = cfg.eval_batch_size
             pv = torch.softmax(torch.as_tensor(
-                forward_images(method.logits, bundle.val_x, bs, device)), 1).numpy()
+                forward_images(method.logits, bundle.val_x, bs, device, accel)), 1).numpy()
             pt = pv if same else torch.softmax(torch.as_tensor(
-                forward_images(method.logits, bundle.test_x, bs, device)), 1).numpy()
+                forward_images(method.logits, bundle.test_x, bs, device, accel)), 1).numpy()
             if not (np.isfinite(pv).all() and np.isfinite(pt).all()):
                 raise TrialFailed("non-finite predictions")
     finally:
@@ -347,24 +379,32 @@ def export_classifier(
     return for_export(ExportedClassifier(backbone, head, class_names))
 
 
-def make_optimizer(method: Method, total_steps: int, fused: bool | None = None
+def make_optimizer(method: Method, total_steps: int, fused: bool | None = None, *,
+                   accel: Accel | None = None
                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """Adam at the method's ``lr`` / ``weight_decay`` with a per-step cosine decay to 0 over
     ``total_steps`` — the one schedule of every method (SSL-vs-SSL §4), also for encoders
-    trained outside a study (``scarcelab.active.encoded``). ``fused`` picks torch's fused
-    Adam kernel (same update up to float rounding; ``None``: torch's default).
+    trained outside a study (``scarcelab.active.encoded``). The kernel: torch's fused one
+    when the resolved ``accel`` says so and the optimiser has one on the parameters'
+    device (same update up to float rounding); without ``accel``, ``fused`` picks it
+    (``None``: torch's default).
 
     A method declaring ``optimizer = "sgd"`` gets SGD with momentum 0.9 under the same
     per-step cosine annealing instead: the common optimiser of every method in Brigato et
     al.'s "Tune It or Don't Use It" protocol (``scarcelab.protocols.tune``)."""
     kind = getattr(method, "optimizer", "adam")
+    cls: type[torch.optim.Optimizer] = torch.optim.SGD if kind == "sgd" else torch.optim.Adam
+    if accel is not None:
+        kernel = accel.optimizer_kwargs(cls, next(method.parameters()).device)
+    else:  # the former keyword: Adam's only (SGD never took it)
+        kernel = {"fused": fused} if kind == "adam" else {}
     if kind == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(
             method.parameters(), lr=float(method.hp["lr"]), momentum=0.9,
-            weight_decay=float(method.hp["weight_decay"]))
+            weight_decay=float(method.hp["weight_decay"]), **kernel)
     elif kind == "adam":
         opt = torch.optim.Adam(method.parameters(), lr=float(method.hp["lr"]),
-                               weight_decay=float(method.hp["weight_decay"]), fused=fused)
+                               weight_decay=float(method.hp["weight_decay"]), **kernel)
     else:
         raise ConfigError(f"{type(method).__name__}.optimizer = {kind!r}: valid are "
                           "'adam' and 'sgd'")
@@ -376,11 +416,20 @@ def make_optimizer(method: Method, total_steps: int, fused: bool | None = None
 
 def optimizer_step(method: Method, opt: torch.optim.Optimizer,
                    sched: torch.optim.lr_scheduler.LambdaLR, batch: Batch,
-                   progress: Progress) -> dict[str, torch.Tensor]:
+                   progress: Progress, accel: Accel | None = None) -> dict[str, torch.Tensor]:
     """One update: the method's losses, a finite check (a NaN trial fails loudly instead of
     training on garbage), backward, optimiser and schedule steps, then the method's
-    post-update hook (EMA teachers, queues)."""
-    losses = method.step(batch, progress)
+    post-update hook (EMA teachers, queues).
+
+    With a resolved bf16 ``accel`` the method's step (forward passes and losses) runs under
+    autocast and its losses come out in fp32; backward, the optimiser and the post-update
+    hook run outside it, on the fp32 parameters."""
+    if accel is not None and accel.bf16:
+        with step_autocast(accel, method):
+            losses = method.step(batch, progress)
+        losses = {k: v.float() for k, v in losses.items()}
+    else:
+        losses = method.step(batch, progress)
     loss = losses["loss"]
     if not torch.isfinite(loss):
         raise TrialFailed(f"non-finite loss ({loss.item()}) at epoch {progress.epoch}, "
@@ -496,14 +545,17 @@ class _EpochLoop:
         self.method, self.bundle, self.cfg = method, bundle, cfg
         self.budget, self.probe_rng = budget, probe_rng
         device = torch.device(cfg.device)
-        _prepare_method(method, bundle, cfg, device)
+        # precision and kernels, resolved once for the device; the process-wide flags set
+        self.accel = cfg.resolved_accel()
+        self.accel.apply_globals(device)
+        _prepare_method(method, bundle, cfg, device, self.accel)
         self.source = BatchSource(bundle, type(method), cfg.batch_labeled,
                                   cfg.batch_unlabeled, device, generator,
                                   labeled_views=cfg.labeled_views)
         self.spe = steps_per_epoch(bundle, self.source.samples_per_step,
                                    cfg.max_steps_per_epoch)
         self.total = self.spe * cfg.max_epochs
-        self.opt, self.sched = make_optimizer(method, self.total, fused=cfg.fused_optimizer)
+        self.opt, self.sched = make_optimizer(method, self.total, accel=self.accel)
         self.res = TrialResult()
         self.since_best = 0
         self.best_loss = math.inf
@@ -574,10 +626,11 @@ class _EpochLoop:
             if self.budget.remaining() <= self.step_s + self.eval_s:
                 return _Steps(sums, n, t_data, True)
             ts, td = now(), time.perf_counter()
-            batch = self.source.next()
+            batch = self.accel.batch(self.source.next())  # the input layout (NHWC: on)
             t_data += time.perf_counter() - td
             progress = Progress(step=self.step, total_steps=self.total, epoch=epoch)
-            losses = optimizer_step(self.method, self.opt, self.sched, batch, progress)
+            losses = optimizer_step(self.method, self.opt, self.sched, batch, progress,
+                                    self.accel)
             for k, v in losses.items():
                 sums[k] = sums.get(k, 0.0) + v.detach()
             n += 1
@@ -622,13 +675,14 @@ class _EpochLoop:
 
 
 def _prepare_method(method: Method, bundle: DatasetBundle, cfg: TrainConfig,
-                    device: torch.device) -> None:
-    """Put the method on the device in training mode, in the configured memory format,
-    with the labeled loss's class weights, and let it see the data's sizes before the
-    first step (a method's queues and schedules depend on them)."""
+                    device: torch.device, accel: Accel | None = None) -> None:
+    """Put the method on the device in training mode, in the configured memory format
+    (its backbone compiled if asked), with the labeled loss's class weights, and let it
+    see the data's sizes before the first step (a method's queues and schedules depend on
+    them). ``accel``: resolved already (None: ``cfg``'s, resolved here)."""
     method.to(device).train()
-    if cfg.channels_last:
-        method.to(memory_format=torch.channels_last)
+    accel = accel or cfg.resolved_accel()
+    accel.prepare(method, compiled=method.backbone)
     info = data_info(bundle)
     method.class_weights = class_weights_for(cfg.class_weights, info.labeled_class_counts,
                                              device)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from test_segment_guard import Recorder, _cfg, synthetic  # noqa: F401 - a fixture
 
+from scarcelab.accel import NAMES as ACCEL_NAMES
 from scarcelab.errors import ConfigError
 from scarcelab.protocols import segment as seg
 
@@ -26,11 +27,19 @@ def test_the_study_record_is_unchanged(synthetic) -> None:  # type: ignore[no-un
     tags = {k: v for k, v in tr.study.tags.items() if k != "scarcelab.phase"}
     assert tr.study.name == "segment-synthetic_nuclei-small_cnn-s0"
     assert _digest(tags) == TAGS_DIGEST, sorted(tags.items())
-    assert _digest(tr.study.params) == PARAMS_DIGEST, sorted(tr.study.params.items())
+    # the precision and kernel settings (issue 40, recorded since): the former fp32 NCHW
+    # path, checked apart so that the recorded digests stay those of the recording
+    former = {"precision": "fp32", "channels_last": "off", "cudnn_benchmark": "off",
+              "fused_optimizer": "off", "tf32": "off", "compile": "off"}
+    assert {k: tr.study.params[k] for k in ACCEL_NAMES} == former
+    params = {k: v for k, v in tr.study.params.items() if k not in ACCEL_NAMES}
+    assert _digest(params) == PARAMS_DIGEST, sorted(params.items())
     assert tr.study.params["cross_test"] == "synthetic_nuclei"
     assert sorted(tr.artifacts) == ["config.json", "split.json"]
     assert _digest(tr.artifacts["split.json"]) == SPLIT_DIGEST
-    assert _digest(tr.artifacts["config.json"]) == CONFIG_DIGEST
+    config = dict(tr.artifacts["config.json"])
+    assert config.pop("accel") == former
+    assert _digest(config) == CONFIG_DIGEST
     assert (tr.dataset.name, tr.dataset.source) == ("synthetic_nuclei", "synthetic")
 
 

@@ -62,17 +62,17 @@ def _trace(monkeypatch: pytest.MonkeyPatch, bundle: Any, method: str = "sup", *,
     events: list[Any] = []
     step, ev = train_mod.optimizer_step, train_mod.evaluate
 
-    def slow_step(m: Any, opt: Any, sched: Any, batch: Any, progress: Any) -> Any:
+    def slow_step(m: Any, opt: Any, sched: Any, batch: Any, progress: Any, *rest: Any) -> Any:
         clock.t += STEP_S
         events.append(("step", progress.epoch, progress.step, progress.total_steps))
         if nan_at is not None and progress.step == nan_at:
             real = m.step
             m.step = lambda b, p: {k: v * float("nan") for k, v in real(b, p).items()}
             try:
-                return step(m, opt, sched, batch, progress)
+                return step(m, opt, sched, batch, progress, *rest)
             finally:
                 m.step = real
-        return step(m, opt, sched, batch, progress)
+        return step(m, opt, sched, batch, progress, *rest)
 
     def slow_eval(*a: Any, **k: Any) -> Any:
         clock.t += EVAL_S

@@ -191,6 +191,16 @@ def test_probe_command_linear_and_finetune(store, tmp_path):
     assert np.trace(cm["rows_true_cols_predicted"]) / 60 == pytest.approx(
         by["linear"].data.metrics["test/accuracy"])
     assert "checkpoints" in {a.path for a in c.list_artifacts(by["finetune"].info.run_id)}
+    # the linear probe's model takes raw images (issue 39): from them, its own test score
+    from scarcelab.data import load_raw
+    from scarcelab.metrics import classification_metrics
+
+    raw = load_raw(SEPARABLE)
+    out = mlflow.pyfunc.load_model(f"runs:/{by['linear'].info.run_id}/model").predict(
+        list(raw.test_x))
+    assert classification_metrics(raw.test_y, out.iloc[:, 1:].to_numpy())[
+        "balanced_accuracy"] == pytest.approx(by["linear"].data.metrics[
+            "test/balanced_accuracy"], abs=1e-12)
     # a segment run of the same encoder (as the segment entry point tags it)
     seg = c.create_run(exp, tags={"scarcelab.role": "segment", "scarcelab.encoder": "random",
                                   "scarcelab.dataset": "consep_patches"})

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from scarcelab.accel import NAMES as ACCEL_NAMES
 from scarcelab.models.encoder import build_encoder
 from scarcelab.protocols.transfer import ProbeConfig, run_finetune, run_linear
 from scarcelab.tracker import InMemoryTracker
@@ -23,8 +24,17 @@ class _Recording(InMemoryTracker):
         self.calls: list[tuple[Any, ...]] = []
 
     def start_study(self, name, tags, params, artifacts=None, dataset=None):  # type: ignore[no-untyped-def]
-        self.calls.append(("start_study", name, list(tags.items()), dict(params),
-                           dict(artifacts or {}), dataset))
+        # the precision and kernel settings (issue 40, recorded since): the former fp32
+        # NCHW path, checked here and left out of the recorded call
+        former = {"precision": "fp32", "channels_last": "off", "cudnn_benchmark": "off",
+                  "fused_optimizer": "off", "tf32": "off", "compile": "off"}
+        rest = {k: v for k, v in params.items() if k not in ACCEL_NAMES}
+        assert {k: params[k] for k in ACCEL_NAMES} == former
+        arts = dict(artifacts or {})
+        if "config.json" in arts:
+            arts["config.json"] = dict(arts["config.json"])
+            assert arts["config.json"].pop("accel") == former
+        self.calls.append(("start_study", name, list(tags.items()), rest, arts, dataset))
         super().start_study(name, tags, params, artifacts, dataset)
 
     def set_tags(self, tags, scope="study"):  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ import optuna
 import pytest
 
 import scarcelab.protocols.tune as tune
+from scarcelab.accel import NAMES as ACCEL_NAMES
 from scarcelab.errors import ConfigError, TrialFailed
 from scarcelab.tracker import InMemoryTracker
 from scarcelab.train import OnEpochEnd
@@ -29,7 +30,11 @@ class Recorder(InMemoryTracker):
         self.calls: list[tuple[Any, ...]] = []
 
     def start_study(self, name, tags, params, artifacts, dataset=None):
-        self.calls.append(("start_study", tuple(sorted(tags)), tuple(sorted(params)),
+        # the precision and kernel params (issue 40, logged since) are kept apart, so that
+        # the recorded keys stay those of the recording (their values: test below)
+        self.accel_params = {k: params[k] for k in ACCEL_NAMES if k in params}
+        self.calls.append(("start_study", tuple(sorted(tags)),
+                           tuple(sorted(k for k in params if k not in ACCEL_NAMES)),
                            tuple(sorted(artifacts))))
         super().start_study(name, tags, params, artifacts, dataset)
 
@@ -115,6 +120,10 @@ def _run(tmp_path, monkeypatch, faults: dict[int, str]) -> dict[str, Any]:
                     _r(res.best_value), [_r(x) for x in res.final_test])
     except Exception as e:  # noqa: BLE001 - what escapes is part of the behaviour
         out = repr(e)
+    # the precision and kernel params, logged since the recording: the CPU's former path
+    assert t.accel_params == {"precision": "fp32", "channels_last": "weights",
+                              "cudnn_benchmark": "off", "fused_optimizer": "off",
+                              "tf32": "off", "compile": "off"}
     study = optuna.load_study(study_name="guard", storage=storage)
     trials = sorted(study.get_trials(), key=lambda x: x.number)
     kinds: dict[str, set[tuple[Any, ...]]] = {}

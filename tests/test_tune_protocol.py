@@ -81,6 +81,19 @@ def test_asha_prunes_and_retrains_visible_in_optuna_and_mlflow(tmp_path, store):
                                     -t.number))
     assert res.best_params == best.params
     assert retrains[0].data.params["batch_size"] == str(best.params["batch_size"])
+    # retrain 0's model takes raw images (issue 39): from them, its own test score
+    import mlflow
+
+    from scarcelab.data import load_raw
+    from scarcelab.metrics import classification_metrics
+
+    raw = load_raw("synthetic_tiny_rgb")
+    out = mlflow.pyfunc.load_model(f"runs:/{tracker.study_run_id}/model").predict(
+        list(raw.test_x.transpose(0, 2, 3, 1)))  # (H, W, C) arrays
+    r0 = next(r for r in retrains if r.data.tags["scarcelab.retrain"] == "0")
+    assert classification_metrics(raw.test_y, out.iloc[:, 1:].to_numpy())[
+        "balanced_accuracy"] == pytest.approx(r0.data.metrics["test/balanced_accuracy"],
+                                              abs=1e-12)
     # the Table-3 view renders from this store
     from scarcelab.tracking.query.frame import load
     from scarcelab.tracking.query.table3 import render_table3, retrain_scores, table3
@@ -339,7 +352,8 @@ def test_a_failed_retrain_records_its_traceback(monkeypatch):
     """Non-finite test logits fail the retrain: the run ends FAILED with the traceback
     (exception type and message), and the error reaches the caller."""
     monkeypatch.setattr(tune, "forward_images",
-                        lambda fn, x, bs, device: np.full((len(x), 3), np.nan, np.float32))
+                        lambda fn, x, bs, device, *rest: np.full((len(x), 3), np.nan,
+                                                                   np.float32))
     t = InMemoryTracker()
     with pytest.raises(TrialFailed, match="^non-finite test predictions$"):
         run_tune(TuneConfig(**TINY), t, resume=FinalResume(best_params=BEST))

@@ -3,8 +3,10 @@
 Metrics go out with ``MlflowClient.log_batch`` — one request per epoch and scope, ~50x
 cheaper than one ``log_metric`` call per value (see ../shared/ENV.md, "Logging cost"; the
 numbers for this stack are in docs/tracking.md). Checkpoints are ``torch.save`` of plain
-tensors + ``log_artifact`` (fast) with their SHA-256 as a run tag; only the final model goes
-through ``mlflow.pytorch.log_model``, in the ``pt2`` format (once per study). Nothing read
+tensors + ``log_artifact`` (fast) with their SHA-256 as a run tag; only the final model is
+logged as an MLflow model (once per study): an image classifier as the raw-image model of
+``tracking/pyfunc_model.py`` (pt2 network + its preprocessing), anything else through
+``mlflow.pytorch.log_model``, both in the ``pt2`` format. Nothing read
 back from a store is unpickled (tracking/safe_io.py, docs/threat-model.md). Under
 ``mlflow run`` the study run *is* the run MLflow Projects
 created (``MLFLOW_RUN_ID``), so the UI shows the entry point's parameters and the study's
@@ -49,11 +51,15 @@ from torch import nn
 
 from scarcelab import tags as T
 from scarcelab.errors import ScarcelabError
+from scarcelab.models.classifier import ExportedClassifier
+from scarcelab.models.image_input import InputSpec
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
+from scarcelab.tracking import pyfunc_model
 from scarcelab.tracking.run_views import RunViews
 from scarcelab.tracking.safe_io import (
     CHECKSUM_TAG,
     UnsafeArtifact,
+    check_exported,
     export_model,
     load_checkpoint,
     load_exported,
@@ -176,7 +182,9 @@ def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
 
 
 def _deliver_model(client: MlflowClient, op: dict[str, Any], run_id: str) -> None:
-    """Log the exported model in MLflow's ``pt2`` format (no pickle: DESIGN §4.4)."""
+    """Log the exported model in MLflow's ``pt2`` format (no pickle: DESIGN §4.4); an
+    image classifier (``spec`` in the op) as the raw-image model of
+    ``tracking/pyfunc_model.py``, from the spooled archive as it is."""
     exp_id = client.get_run(run_id).info.experiment_id
     op_id = op.get("_id")
     if op_id and op.get("_replay"):
@@ -185,6 +193,11 @@ def _deliver_model(client: MlflowClient, op: dict[str, Any], run_id: str) -> Non
             filter_string=f"tags.`{SPOOL_OP_TAG}` = '{op_id}'")
         if done:
             return
+    if op.get("spec"):
+        check_exported(op["path"])  # copied into the model unread: checked, not loaded
+        _log_classifier(Path(op["path"]), InputSpec.from_json(op["spec"]), run_id, exp_id,
+                        op.get("metadata") or None, {SPOOL_OP_TAG: op_id} if op_id else None)
+        return
     module = load_exported(op["path"]).module()
     example = torch.load(op["example_path"], map_location="cpu", weights_only=True)
     _log_pt2(module, example, run_id, exp_id, op.get("metadata") or None,
@@ -225,6 +238,23 @@ def _log_pt2(module: nn.Module, example: torch.Tensor, run_id: str, experiment_i
                              input_example=example.numpy(), run_id=run_id,
                              metadata=metadata, tags=tags,
                              pip_requirements=model_requirements())
+
+
+def _log_classifier(network: Path, spec: InputSpec, run_id: str, experiment_id: str,
+                    metadata: dict[str, Any] | None, tags: dict[str, str] | None) -> None:
+    """An image classifier's model: the exported network plus its preprocessing, so that
+    ``mlflow.pyfunc`` predicts on raw images (``tracking/pyfunc_model.py``)."""
+    mlflow.set_experiment(experiment_id=experiment_id)  # as in _log_pt2
+    pyfunc_model.log_model(network, spec, run_id,
+                           pyfunc_model.requirements(model_requirements()), metadata, tags)
+
+
+def _classifier_spec(model: nn.Module, example: torch.Tensor) -> InputSpec | None:
+    """The raw-image contract of an image classifier; None for any other module (a
+    segmentation network, a test's stand-in), which is logged as the bare network."""
+    if isinstance(model, ExportedClassifier) and example.ndim == 4:
+        return InputSpec.of(model, example)
+    return None
 
 
 _GENERATED_NAME = re.compile(r"^[a-z]+-[a-z]+-\d{1,4}$")
@@ -688,6 +718,24 @@ class MlflowTracker(RunViews, Tracker):
         example = example.detach().cpu().contiguous()
         metadata = {T.MODEL_FORMAT: "pt2"}
         assert self.spool is not None and self.study_run_id is not None, "start_study first"
+        spec = _classifier_spec(model, example)
+        if spec is not None:
+            # one torch.export, here where the model is a live object; the archive goes
+            # into the model folder as it is (locally, or through the spool when remote)
+            try:
+                export_model(model, example, d / "model.pt2")
+            except Exception as e:  # noqa: BLE001 - the study's results stand without it
+                _export_failed(self, e)
+                return
+            if self.spool.remote:
+                self._submit({"op": "log_model", "key": "study", "path": str(d / "model.pt2"),
+                              "spec": spec.to_json(), "metadata": metadata})
+            else:
+                self.spool.drain()
+                _log_classifier(d / "model.pt2", spec, self.study_run_id,
+                                self._experiment_id, metadata, None)
+            self._rv()["model_logged"] = True
+            return
         if not self.spool.remote:
             # A local store has no outage to wait out, so nothing goes through the spool:
             # MLflow exports the live model itself. Exporting it here first and reading

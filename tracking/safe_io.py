@@ -104,13 +104,19 @@ def load_exported(path: str | Path) -> Any:
     """An ``ExportedProgram`` from a ``.pt2`` archive, after checking that none of its records
     is a pickle payload (MLflow's own validator: ``torch.export.load`` would otherwise unpickle
     weights and sample inputs with ``weights_only=False``)."""
+    check_exported(path)
+    return torch.export.load(str(path))
+
+
+def check_exported(path: str | Path) -> None:
+    """Raise :class:`UnsafeArtifact` unless the ``.pt2`` archive at ``path`` is free of
+    pickle payloads (MLflow's validator; it reads the zip's records, loads nothing)."""
     from mlflow.pytorch import _validate_pt2_archive_is_pickle_free
 
     try:
         _validate_pt2_archive_is_pickle_free(str(path))
     except Exception as e:  # noqa: BLE001 - MlflowException or a broken archive
         raise UnsafeArtifact(f"{path}: refused, {e}") from e
-    return torch.export.load(str(path))
 
 
 def trust_pickled_models() -> bool:

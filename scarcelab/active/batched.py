@@ -19,10 +19,13 @@ to sequential fits otherwise (dropout masks would be drawn in a different order)
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
+from typing import Any
 
 import torch
 from torch.nn import functional as F  # noqa: N812
 
+from scarcelab.accel import Accel
 from scarcelab.active.classifier import ALNet, FitConfig, _optimizer
 
 
@@ -42,17 +45,19 @@ def _forward(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor) ->
 def fit_many(net: ALNet, start: dict[str, torch.Tensor], sets: list[torch.Tensor],
              x_all: torch.Tensor, y_all: torch.Tensor, x_val: torch.Tensor,
              y_val: torch.Tensor, x_te: torch.Tensor, y_te: torch.Tensor, cfg: FitConfig,
-             data_gen: torch.Generator) -> list[float]:
+             data_gen: torch.Generator, accel: Accel | None = None) -> list[float]:
     """Test accuracy after fitting one copy of ``net`` (from weights ``start``) per index
     set in ``sets`` (equal lengths), each as :func:`~scarcelab.active.classifier.fit`
-    would. ``data_gen`` is consumed as one sequential fit would consume it."""
+    would (``accel``: its precision and kernels, resolved). ``data_gen`` is consumed as one
+    sequential fit would consume it."""
+    cast: Any = (lambda: accel.autocast(x_all.device)) if accel is not None else nullcontext
     tau = len(sets)
     order = [f"hidden.{i}" for i in range(len(net.hidden))] + ["head"]
     ws = [start[f"{n}.weight"].detach().unsqueeze(0).repeat(tau, 1, 1).requires_grad_()
           for n in order]
     bs = [start[f"{n}.bias"].detach().unsqueeze(0).repeat(tau, 1).requires_grad_()
           for n in order]
-    opt = _optimizer(cfg, [*ws, *bs])
+    opt = _optimizer(cfg, [*ws, *bs], accel)
     idx = torch.stack(sets)  # (τ, n)
     xs = x_all.flatten(1)[idx]  # (τ, n, D)
     ys = y_all[idx]  # (τ, n)
@@ -67,15 +72,16 @@ def fit_many(net: ALNet, start: dict[str, torch.Tensor], sets: list[torch.Tensor
         perm = torch.randperm(n, generator=data_gen)
         for s in range(0, n, cfg.batch_size):
             j = perm[s:s + cfg.batch_size]
-            logits = _forward(ws, bs, xs[:, j])
+            with cast():
+                logits = _forward(ws, bs, xs[:, j]).float()
             # sum over copies of each copy's mean loss: copy m's gradient is its own
             loss = F.cross_entropy(logits.flatten(0, 1), ys[:, j].flatten(),
                                    reduction="none").view(tau, -1).mean(1).sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-        with torch.no_grad():
-            lv = _forward(ws, bs, xv)
+        with torch.no_grad(), cast():
+            lv = _forward(ws, bs, xv).float()
             val = F.cross_entropy(lv.flatten(0, 1), y_val.repeat(tau),
                                   reduction="none").view(tau, -1).mean(1)
             improved = active & (val < best - 1e-12)
@@ -88,7 +94,7 @@ def fit_many(net: ALNet, start: dict[str, torch.Tensor], sets: list[torch.Tensor
             active &= bad < cfg.patience
         if not bool(active.any()):
             break
-    with torch.no_grad():
+    with torch.no_grad(), cast():
         xt = x_te.flatten(1).unsqueeze(0).expand(tau, -1, -1)
         pred = _forward(best_w, best_b, xt).argmax(2)
         return (pred == y_te.unsqueeze(0)).float().mean(1).tolist()

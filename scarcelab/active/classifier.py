@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from scarcelab.accel import Accel, resolve
 from scarcelab.active import fastfit
 from scarcelab.errors import ConfigError
 
@@ -198,18 +201,34 @@ def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
     return torch.cat([fn(x[s:s + bs]) for s in range(0, x.shape[0], bs)])
 
 
-def _optimizer(cfg: FitConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+def al_accel(accel: Accel | None, device: torch.device | str, arch: str) -> Accel:
+    """The AL fits' precision and kernels: ``auto`` is the CUDA fast path for an image
+    backbone only; an MLP classifier (``arch=mlp``: CDALBench's few-thousand-parameter
+    nets, whose steps are launch-bound) keeps the former fp32 path on every device unless
+    a setting is given. On CPU nothing changes (NCHW, as the AL always trained)."""
+    return resolve(accel, device, cpu_channels_last="off", fast_auto=arch != "mlp")
+
+
+def _autocast(accel: Accel | None, device: torch.device) -> Any:
+    return accel.autocast(device) if accel is not None else nullcontext()
+
+
+def _optimizer(cfg: FitConfig, params: list[nn.Parameter], accel: Accel | None = None
+               ) -> torch.optim.Optimizer:
     name = cfg.optimizer.lower()
     table = {"nadam": torch.optim.NAdam, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
              "sgd": torch.optim.SGD}
     if name not in table:
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}; valid: {sorted(table)}")
-    return table[name](params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
+    kernel: dict[str, Any] = {"foreach": True}
+    if accel is not None and params:  # a fused kernel replaces the foreach one
+        kernel = accel.optimizer_kwargs(table[name], params[0].device) or kernel
+    return table[name](params, lr=cfg.lr, weight_decay=cfg.weight_decay, **kernel)
 
 
 def fit(net: ALModel, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
         cfg: FitConfig, data_gen: torch.Generator, model_gen: torch.Generator,
-        opt: torch.optim.Optimizer | None = None) -> int:
+        opt: torch.optim.Optimizer | None = None, accel: Accel | None = None) -> int:
     """CDALBench Alg. 2: train at least one epoch, then stop once the validation loss has not
     improved for ``patience`` epochs; with ``cfg.restore_best`` the weights with the lowest
     validation loss are kept, otherwise those of the last epoch.
@@ -217,12 +236,17 @@ def fit(net: ALModel, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_v
     Mini-batch order comes from ``data_gen`` (s_D), dropout masks from ``model_gen`` (s_θ).
     ``opt``: an optimiser over ``net``'s parameters to continue (CDALBench creates one per
     repetition and keeps its state across fits); None = a fresh one for this fit.
+    ``accel`` (resolved, :func:`al_accel`): bf16 autocast around the forward passes (the
+    loss in fp32) and the input layout; None or the CPU's resolution: the former fp32 path.
     Returns the number of epochs run.
     """
-    opt = opt if opt is not None else _optimizer(cfg, list(net.parameters()))
+    opt = opt if opt is not None else _optimizer(cfg, list(net.parameters()), accel)
     net.set_dropout_generator(model_gen)
-    if fastfit.eligible(net, opt):  # the same result without autograd's per-step overhead
+    bf16 = accel is not None and accel.bf16
+    if not bf16 and fastfit.eligible(net, opt):  # the same result, no per-step autograd
         return fastfit.fast_fit(net, x, y, x_val, y_val, cfg, data_gen, opt)  # type: ignore[arg-type]
+    if accel is not None and accel.nhwc_inputs:
+        x, x_val = accel.images(x), accel.images(x_val)
     best_loss, best_state, bad, epochs = math.inf, None, 0, 0
     n = x.shape[0]
     has_bn = _has_batchnorm(net)  # once per fit, not per step
@@ -234,14 +258,19 @@ def fit(net: ALModel, x: torch.Tensor, y: torch.Tensor, x_val: torch.Tensor, y_v
             idx = perm[s:s + cfg.batch_size]
             if idx.numel() < 2 and has_bn:
                 continue  # a batch of one breaks BatchNorm's batch statistics
-            loss = F.cross_entropy(net(x[idx]), y[idx])
+            if bf16:
+                with _autocast(accel, x.device):
+                    logits = net(x[idx])
+                loss = F.cross_entropy(logits.float(), y[idx])
+            else:
+                loss = F.cross_entropy(net(x[idx]), y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
         epochs += 1
         net.eval()
-        with torch.no_grad():
-            logits = _chunked(net, x_val, cfg.eval_batch_size)
+        with torch.no_grad(), _autocast(accel, x.device):
+            logits = _chunked(net, x_val, cfg.eval_batch_size).float()
             val_loss = float(F.cross_entropy(logits, y_val))
         if val_loss < best_loss - 1e-12:
             best_loss, bad = val_loss, 0
@@ -263,25 +292,35 @@ def _has_batchnorm(net: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def accuracy(net: ALModel, x: torch.Tensor, y: torch.Tensor, eval_batch_size: int = 1024
-             ) -> float:
+def accuracy(net: ALModel, x: torch.Tensor, y: torch.Tensor, eval_batch_size: int = 1024,
+             accel: Accel | None = None) -> float:
     net.eval()
-    return float((_chunked(net, x, eval_batch_size).argmax(1) == y).float().mean())
+    if accel is not None:
+        x = accel.images(x)
+    with _autocast(accel, x.device):
+        return float((_chunked(net, x, eval_batch_size).argmax(1) == y).float().mean())
 
 
 class TorchModelView:
     """:class:`~scarcelab.active.base.ModelView` over an AL net (read-only use). Arrays are
     moved to the net's device in chunks and results come back as numpy on the CPU."""
 
-    def __init__(self, net: ALModel, eval_batch_size: int = 1024) -> None:
+    def __init__(self, net: ALModel, eval_batch_size: int = 1024,
+                 accel: Accel | None = None) -> None:
         self.net = net
         self.bs = eval_batch_size
         self.device = next(net.parameters()).device
+        self.accel = accel  # the fits' precision and input layout, resolved
 
     def _run(self, fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray) -> np.ndarray:
         xt = torch.as_tensor(x, dtype=torch.float32)
-        return torch.cat([fn(xt[s:s + self.bs].to(self.device)).float().cpu()
-                          for s in range(0, max(1, xt.shape[0]), self.bs)]).numpy()
+        if self.accel is None:
+            return torch.cat([fn(xt[s:s + self.bs].to(self.device)).float().cpu()
+                              for s in range(0, max(1, xt.shape[0]), self.bs)]).numpy()
+        acc = self.accel
+        with acc.autocast(self.device):
+            return torch.cat([fn(acc.images(xt[s:s + self.bs].to(self.device))).float().cpu()
+                              for s in range(0, max(1, xt.shape[0]), self.bs)]).numpy()
 
     @torch.no_grad()
     def predict_proba(self, x: np.ndarray) -> np.ndarray:

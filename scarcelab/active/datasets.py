@@ -107,6 +107,7 @@ class LoadContext:
     cache: Any = None
     pretrained: Any = None
     pretrained_id: str = ""
+    accel: Any = None  # the encoder's precision and kernels (scarcelab.accel.Accel)
 
 
 Loader = Callable[[Path, np.random.Generator, LoadContext], ALData]
@@ -470,7 +471,7 @@ def _encoded_loader(base: str) -> Loader:
         enc, key, where = encode_dataset(base, raw.train_x, raw.train_y, raw.test_x,
                                          raw.test_y, raw.num_classes, cfg,
                                          resolve_device(ctx.device), cache, ctx.pretrained,
-                                         ctx.pretrained_id)
+                                         ctx.pretrained_id, ctx.accel)
         # Self-supervised features are small and uneven in scale (std ~0.02-0.04 per
         # dimension here), so a linear layer trained a few steps from a seed set of one
         # image per class barely leaves its initialisation; standardising with the training

@@ -27,9 +27,22 @@ import numpy as np
 import torch
 from torch import nn
 
+from scarcelab.accel import Accel, resolve
 from scarcelab.errors import ConfigError
 
 FORMAT_VERSION = 1
+#: the encoder loop's CPU layout under ``channels_last=auto``: it never converted
+CPU_CHANNELS_LAST = "off"
+
+
+def encoder_accel(accel: Accel | None, device: torch.device | str) -> Accel:
+    """``accel`` resolved as the encoder's training and embedding run it."""
+    return resolve(accel, device, cpu_channels_last=CPU_CHANNELS_LAST)
+
+
+#: the encodings made before precision settings existed: a key leaves out settings equal
+#: to these, so their cache entries stay valid
+_FORMER = encoder_accel(None, "cpu")
 
 
 @dataclass
@@ -115,8 +128,14 @@ class DiskEncodingCache:
 
 
 def encoding_key(train_x: np.ndarray, test_x: np.ndarray, cfg: EncoderConfig, arch: str,
-                 pretrained: nn.Module | None = None, pretrained_id: str = "") -> str:
+                 pretrained: nn.Module | None = None, pretrained_id: str = "",
+                 accel: Accel | None = None) -> str:
+    """The cache key of an encoding. ``accel`` (resolved): the precision and kernels it
+    is made with, part of the key unless they are the former fp32 path (whose keys stay
+    as they were): a bf16 encoder's embeddings are not the fp32 one's."""
     h = hashlib.sha256(f"scarcelab-encoding-v{FORMAT_VERSION}".encode())
+    if accel is not None and accel != _FORMER:
+        h.update(json.dumps(accel.params(), sort_keys=True).encode())
     for a in (train_x, test_x):
         h.update(str(a.shape).encode())
         h.update(np.ascontiguousarray(a).tobytes())
@@ -131,10 +150,12 @@ def encoding_key(train_x: np.ndarray, test_x: np.ndarray, cfg: EncoderConfig, ar
 
 
 def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
-                  device: torch.device) -> tuple[nn.Module, dict[str, float]]:
+                  device: torch.device, accel: Accel | None = None
+                  ) -> tuple[nn.Module, dict[str, float]]:
     """Train ``cfg.method`` on uint8 images (N, C, H, W) for ``cfg.epochs`` epochs and return
     its backbone. All randomness comes from ``cfg.seed``; the global RNG is forked, not
-    consumed."""
+    consumed. ``accel``: precision and kernels (``auto`` per device; on CPU fp32 and the
+    NCHW layout this loop always had)."""
     from scarcelab.data.augment import AUGMENTATIONS, to_float
     from scarcelab.methods import METHODS, Batch, Progress
     from scarcelab.methods.base import DataInfo
@@ -152,14 +173,17 @@ def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         method = cls(create_model(arch, in_channels=images.shape[1]), num_classes, hp)
+    acc = encoder_accel(accel, device)
+    acc.apply_globals(device)
     method.to(device).train()
+    acc.prepare(method, compiled=method.backbone)
     n = len(images)
     method.on_train_start(DataInfo(0, n, num_classes, [0] * num_classes))
     views = [AUGMENTATIONS.get(v) for v in cls.views]
     bs = min(cfg.batch_size, n)
     spe = max(1, n // bs)
     total = spe * cfg.epochs
-    opt, sched = make_optimizer(method, total)
+    opt, sched = make_optimizer(method, total, accel=acc)
     x = torch.as_tensor(images).to(device)
     t0, step, last = time.perf_counter(), 0, float("nan")
     for epoch in range(cfg.epochs):
@@ -167,10 +191,10 @@ def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
         for s in range(spe):
             idx = perm[s * bs:(s + 1) * bs].to(device)
             u = to_float(x[idx])
-            batch = Batch(x=[], y=torch.empty(0, dtype=torch.long, device=device),
-                          u=[normalize(aug(u, gen)) for aug in views], u_index=idx)
+            batch = acc.batch(Batch(x=[], y=torch.empty(0, dtype=torch.long, device=device),
+                                    u=[normalize(aug(u, gen)) for aug in views], u_index=idx))
             progress = Progress(step=step, total_steps=total, epoch=epoch)
-            loss = optimizer_step(method, opt, sched, batch, progress)["loss"]
+            loss = optimizer_step(method, opt, sched, batch, progress, acc)["loss"]
             step += 1
         last = float(loss.detach())
     stats = {"encoder_train_s": time.perf_counter() - t0, "encoder_steps": float(step),
@@ -180,39 +204,45 @@ def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
 
 @torch.no_grad()
 def embed_images(backbone: nn.Module, images: np.ndarray, device: torch.device,
-                 batch_size: int = 512) -> np.ndarray:
-    """Backbone features of uint8 images, float32 (N, F), in evaluation mode."""
+                 batch_size: int = 512, accel: Accel | None = None) -> np.ndarray:
+    """Backbone features of uint8 images, float32 (N, F), in evaluation mode (under
+    ``accel``'s autocast and input layout, resolved as the encoder loop resolves it)."""
     from scarcelab.train import forward_images
 
     backbone.eval().to(device)
-    return forward_images(backbone, images, batch_size, device).astype(np.float32)
+    return forward_images(backbone, images, batch_size, device,
+                          encoder_accel(accel, device)).astype(np.float32)
 
 
 def encode_dataset(name: str, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
                    test_y: np.ndarray, num_classes: int, cfg: EncoderConfig,
                    device: torch.device, cache: EncodingCache | None,
-                   pretrained: nn.Module | None = None, pretrained_id: str = ""
-                   ) -> tuple[Encoded, str, str]:
+                   pretrained: nn.Module | None = None, pretrained_id: str = "",
+                   accel: Accel | None = None) -> tuple[Encoded, str, str]:
     """Embeddings of a dataset's images, from the cache when the key matches.
 
     Returns (encoded, key, where): ``where`` says where the encoding came from or now
     lives (``disk:…``, ``mlflow-run:…``), prefixed ``computed `` when it was made here.
+    ``accel``: the precision and kernels of the encoder's training and of the embedding
+    (``auto``: per device), part of the key when they are not the former fp32 path.
     """
+    acc = encoder_accel(accel, device)
     arch = "pretrained" if pretrained is not None else cfg.resolved_arch(device)
-    key = encoding_key(train_x, test_x, cfg, arch, pretrained, pretrained_id)
+    key = encoding_key(train_x, test_x, cfg, arch, pretrained, pretrained_id, acc)
     if cache is not None and (hit := cache.get(key)) is not None:
         return hit[0], key, hit[1]
     if pretrained is not None:
         backbone, stats = pretrained, {}
         desc: dict[str, Any] = {"encoder": "pretrained", "source": pretrained_id}
     else:
-        backbone, stats = train_encoder(train_x, num_classes, cfg, device)
+        backbone, stats = train_encoder(train_x, num_classes, cfg, device, acc)
         desc = {"encoder": cfg.method, **dataclasses.asdict(cfg), "arch": arch}
     t0 = time.perf_counter()
-    f_train, f_test = embed_images(backbone, train_x, device), embed_images(backbone, test_x,
-                                                                           device)
+    f_train = embed_images(backbone, train_x, device, accel=acc)
+    f_test = embed_images(backbone, test_x, device, accel=acc)
     enc = Encoded(f_train, train_y.astype(np.int64), f_test, test_y.astype(np.int64),
                   meta={**desc, **stats, "dataset": name, "key": key, "device": str(device),
+                        **({"accel": acc.params()} if acc != _FORMER else {}),
                         "embed_s": time.perf_counter() - t0,
                         "dim": int(f_train.shape[1]), "format_version": FORMAT_VERSION},
                   encoder_state={k: v.detach().cpu() for k, v in backbone.state_dict().items()})

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from scarcelab import tags as T
+from scarcelab.accel import Accel
 from scarcelab.active import STRATEGIES
 from scarcelab.active.base import QueryState, Strategy
 from scarcelab.active.batched import fit_many
@@ -37,6 +38,7 @@ from scarcelab.active.classifier import (
     TorchModelView,
     _optimizer,
     accuracy,
+    al_accel,
     build_net,
     fit,
     resolve_device,
@@ -70,13 +72,22 @@ class ALRunConfig:
     max_candidates: int | None = None  # None = the strategy's own default
     device: str = "cpu"  # "auto" = cuda when available
     encoder: dict[str, Any] = field(default_factory=dict)  # encoded_* sets (EncoderConfig)
+    # precision and kernels of the fits and of an encoded set's encoder (scarcelab.accel;
+    # ``auto``: the fast path for image backbones on CUDA, the former fp32 path otherwise)
+    accel: Accel = field(default_factory=Accel)
 
     def resolved(self) -> ALConfig:
         return dataset_config(self.dataset).replace(**self.overrides)
 
+    def resolved_accel(self, cfg: ALConfig | None = None) -> Accel:
+        """The fits' settings as they run (``cfg``: the resolved dataset config)."""
+        cfg = cfg or self.resolved()
+        return al_accel(self.accel, resolve_device(self.device), cfg.arch)
+
     def load_context(self, cache: Any = None, pretrained: Any = None,
                      pretrained_id: str = "") -> LoadContext:
-        return LoadContext(self.device, dict(self.encoder), cache, pretrained, pretrained_id)
+        return LoadContext(self.device, dict(self.encoder), cache, pretrained, pretrained_id,
+                           self.accel)
 
 
 @dataclass
@@ -197,11 +208,15 @@ class _Learner:
 
     def __init__(self, data: ALData, cfg: ALConfig, dev: torch.device, arrays: _DeviceData,
                  data_gen: torch.Generator, model_gen: torch.Generator,
-                 batched_oracle: bool) -> None:
+                 batched_oracle: bool, accel: Accel | None = None) -> None:
         self.data, self.cfg, self.dev, self.arrays = data, cfg, dev, arrays
         self.data_gen, self.model_gen = data_gen, model_gen
+        # precision and kernels, resolved (the former fp32 path on CPU and for MLPs)
+        self.accel = acc = al_accel(accel, dev, cfg.arch)
+        acc.apply_globals(dev)
         self.net = build_net(cfg.arch, tuple(data.x_train.shape), data.num_classes,
                              cfg.hidden, cfg.dropout, model_gen).to(dev)
+        acc.prepare(self.net, compiled=getattr(self.net, "backbone", self.net))
         self.init_state = copy.deepcopy(self.net.state_dict())
         self.fcfg = fcfg = cfg.fit_config()
         # The seed-set fit: a fixed number of epochs when first_fit_epochs > 0 (a patience
@@ -209,7 +224,7 @@ class _Learner:
         self.first_cfg = (dataclasses.replace(fcfg, max_epochs=cfg.first_fit_epochs,
                                               patience=cfg.first_fit_epochs + 1)
                           if cfg.first_fit_epochs > 0 else fcfg)
-        self.main_opt = (_optimizer(fcfg, list(self.net.parameters()))
+        self.main_opt = (_optimizer(fcfg, list(self.net.parameters()), acc)
                          if cfg.keep_optimizer else None)
         # The stacked fit mirrors the default fit only (fresh optimiser, best weights kept,
         # every batch); other settings use the sequential candidate fits.
@@ -225,8 +240,9 @@ class _Learner:
         if self.cfg.fitting == "scratch":
             model.load_state_dict(self.init_state)
         a, t = self.arrays, torch.from_numpy(idx).to(self.dev)
-        fit(model, a.x_all[t], a.y_all[t], a.x_val, a.y_val, fc, dgen, mgen, opt)
-        return accuracy(model, a.x_te, a.y_te, fc.eval_batch_size) if score else math.nan
+        fit(model, a.x_all[t], a.y_all[t], a.x_val, a.y_val, fc, dgen, mgen, opt, self.accel)
+        return (accuracy(model, a.x_te, a.y_te, fc.eval_batch_size, self.accel) if score
+                else math.nan)
 
     def fit_main(self, labeled: np.ndarray, fc: FitConfig | None = None,
                  score: bool = True) -> float:
@@ -263,7 +279,7 @@ class _Learner:
         trial.load_state_dict(self.net.state_dict())
         topt = None
         if self.main_opt is not None:  # the candidate continues a copy of the optimiser state
-            topt = _optimizer(self.fcfg, list(trial.parameters()))
+            topt = _optimizer(self.fcfg, list(trial.parameters()), self.accel)
             topt.load_state_dict(copy.deepcopy(self.main_opt.state_dict()))
         return self._fit(trial, np.concatenate([labeled, np.asarray(extra, dtype=np.int64)]),
                          dg, mg, self.fcfg, topt)
@@ -278,7 +294,7 @@ class _Learner:
                 .to(self.dev) for e in extras]
         a = self.arrays
         return fit_many(self.net, start, sets, a.x_all, a.y_all, a.x_val, a.y_val,  # type: ignore[arg-type]
-                        a.x_te, a.y_te, self.fcfg, dg)
+                        a.x_te, a.y_te, self.fcfg, dg, self.accel)
 
     def query_state(self, strategy: Strategy, labeled: np.ndarray, cand: np.ndarray,
                     acc: float) -> QueryState:
@@ -287,7 +303,8 @@ class _Learner:
         wants_oracle = getattr(strategy, "needs_oracle", False)
         return QueryState(
             x=self.data.x_train, labeled=labeled, y_labeled=self.data.y_train[labeled],
-            candidates=cand, model=TorchModelView(self.net), num_classes=self.data.num_classes,
+            candidates=cand, model=TorchModelView(self.net, accel=self.accel),
+            num_classes=self.data.num_classes,
             oracle_score=partial(self.oracle_score, labeled) if wants_oracle else None,
             oracle_scores=(partial(self.oracle_scores, labeled)
                            if wants_oracle and self.batched else None),
@@ -299,12 +316,13 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
                    data_rng: np.random.Generator | None = None,
                    device: str | torch.device = "cpu",
                    batched_oracle: bool = True,
-                   on_iteration: Callable[[int, int, float], None] | None = None
-                   ) -> RepetitionResult:
+                   on_iteration: Callable[[int, int, float], None] | None = None,
+                   accel: Accel | None = None) -> RepetitionResult:
     """One repetition of Alg. 1. ``data_rng`` continues the stream that generated ``data``
     (synthetic sets); otherwise it is created from ``seed_data + repetition``.
     ``on_iteration(repetition, labeled size, test accuracy)`` follows each fit (progress
-    display only; it must not touch any RNG)."""
+    display only; it must not touch any RNG). ``accel``: the fits' precision and kernels
+    (:func:`~scarcelab.active.classifier.al_accel`)."""
     _check_settings(cfg, query_size)
     s_d, s_t = seed_data + repetition, seed_model + repetition
     rng_d = data_rng if data_rng is not None else np.random.default_rng(s_d)
@@ -315,7 +333,7 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     val, pool, seed_idx = _split(data, cfg, rng_d)
     budget = min(cfg.budget, len(pool) - len(seed_idx))
     learner = _Learner(data, cfg, dev, _on_device(data, cfg, val, dev), data_gen, model_gen,
-                       batched_oracle)
+                       batched_oracle, accel)
     in_labeled = np.zeros(len(data.y_train), dtype=bool)
     in_labeled[seed_idx] = True
     in_pool = np.zeros(len(data.y_train), dtype=bool)
@@ -381,7 +399,7 @@ def run_one(rc: ALRunConfig, k: int, first: ALData | None,
     return run_repetition(data, cfg, strategy, rc.query_size, k, rc.seed_strategy,
                           rc.seed_data, rc.seed_model,
                           data_rng=None if first is not None else rng_d, device=rc.device,
-                          on_iteration=on_iteration)
+                          on_iteration=on_iteration, accel=rc.accel)
 
 
 def _sweep_tags(rc: ALRunConfig, cfg: ALConfig, name: str) -> dict[str, str]:
@@ -404,6 +422,7 @@ def _sweep_params(rc: ALRunConfig, cfg: ALConfig, name: str, strategy: Strategy
             "seed_strategy": rc.seed_strategy, "seed_data": rc.seed_data,
             "seed_model": rc.seed_model, "device": rc.device,
             "max_candidates": strategy.max_candidates,
+            **rc.resolved_accel(cfg).params(),  # precision=..., as the CLI names them
             **{f"al.{k}": v for k, v in dataclasses.asdict(cfg).items()},
             **{f"strategy.{k}": v for k, v in rc.strategy_params.items()},
             **{f"encoder.{k}": v for k, v in rc.encoder.items()}}

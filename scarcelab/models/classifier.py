@@ -1,11 +1,15 @@
 """The exported model: [0, 1] images in, logits out, normalisation inside.
 
 Whatever a method trains (a head on a backbone, or a frozen encoder plus a linear probe),
-the final artifact is this one module type, so users load every model the same way.
+the final artifact is this one module type, so users load every model the same way. The
+transform its training images went through (decode, channels, resize) travels with it
+(``transform``), so that the logged model can apply it to raw images
+(``scarcelab.models.image_input``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypeVar
 
 import torch
@@ -23,11 +27,15 @@ def normalize(x: torch.Tensor) -> torch.Tensor:
 
 
 class ExportedClassifier(nn.Module):
-    def __init__(self, backbone: nn.Module, head: nn.Module, class_names: list[str]) -> None:
+    def __init__(self, backbone: nn.Module, head: nn.Module, class_names: list[str],
+                 transform: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
         self.class_names = list(class_names)
+        #: ``Transform.params()`` of the training images; None: a dataset used at its
+        #: native size (``scarcelab.models.image_input.training_transform``)
+        self.transform = dict(transform) if transform else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(normalize(x)))

@@ -47,6 +47,7 @@ from torch import nn
 
 import scarcelab
 from scarcelab import tags as T
+from scarcelab.accel import Accel
 from scarcelab.data import load_raw
 from scarcelab.data.bundle import DatasetBundle, resolve_positive_class
 from scarcelab.data.splits import apply_split, make_split
@@ -56,6 +57,7 @@ from scarcelab.methods.base import Method
 from scarcelab.methods.space import sample
 from scarcelab.metrics.diagnostics import DiagnosticsConfig, EpochDiagnostics
 from scarcelab.models import create_model
+from scarcelab.models.image_input import transform_of
 from scarcelab.protocols.study_store import StudyStore, redact
 from scarcelab.protocols.trials import COMPLETE, MAX_CONSECUTIVE_ERRORS, TrialRunner, trial_seed
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
@@ -168,6 +170,9 @@ class StudyConfig(AutoDevice):
     started_at: float | None = None
     # seconds kept at the end of the budget for the final phase; None = FINAL_RESERVE_S
     final_reserve_s: float | None = None
+    # precision and kernels of every trial (scarcelab.accel; ``auto``: per device); logged
+    # resolved as the params precision, channels_last, ... (they change the numbers)
+    accel: Accel = field(default_factory=Accel)
 
     def budget_split(self, now: float) -> tuple[float, float]:
         """(start-up seconds charged to the budget, seconds reserved for the final phase)."""
@@ -315,7 +320,7 @@ def _train_config(cfg: StudyConfig, method_cls: type[Method], device: str) -> Tr
         max_steps_per_epoch=cfg.max_steps_per_epoch,
         batch_labeled=cfg.batch_size or method_cls.batch_sizes["labeled"],
         batch_unlabeled=cfg.unlabeled_batch_size or method_cls.batch_sizes["unlabeled"],
-        device=device, class_weights=cfg.class_weights)
+        device=device, class_weights=cfg.class_weights, accel=cfg.accel)
 
 
 def _study_tags(cfg: StudyConfig, method_cls: type[Method], arch: str, split: dict[str, Any],
@@ -359,6 +364,7 @@ def _resolved_config(cfg: StudyConfig, method_cls: type[Method], arch: str,
                 "positive_class": bundle.meta.get("positive_class"),
                 "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
     resolved["storage"] = redact(cfg.storage)  # the URI holds the DB password
+    resolved["accel"] = train_cfg.resolved_accel().params()  # as the trials run
     # a per-process timestamp, not a setting; the start-up it charged is logged as
     # time/startup_s, and the reserve actually kept is what is recorded
     resolved.pop("started_at")
@@ -369,7 +375,8 @@ def _resolved_config(cfg: StudyConfig, method_cls: type[Method], arch: str,
 def _study_params(cfg: StudyConfig, resolved: dict[str, Any]) -> dict[str, Any]:
     """The study's params: flat, so nested settings become one param per key."""
     params = {k: v for k, v in resolved.items()
-              if k not in ("overrides", "search_space", "hparams")}
+              if k not in ("overrides", "search_space", "hparams", "accel")}
+    params.update(resolved["accel"])  # precision=..., channels_last=..., as the CLI names
     params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
     params.update({f"hparams.{k}": v for k, v in (cfg.hparams or {}).items()})
     return params
@@ -583,6 +590,7 @@ class _Search:
         if best.method is None:  # the best is the checkpoint a resumed study restored
             best.method = _method_from_checkpoint(self.method_cls, best.ckpt, bundle)
         model = export_classifier(best.method, best.ckpt, bundle.meta["class_names"])
+        model.transform = transform_of(bundle)  # the logged model replays it on raw images
         example = torch.rand(2, bundle.channels, *bundle.meta["resolution"])
         self.tracker.set_tags({T.N_TRIALS: str(n_trials),
                                T.N_FAILED: str(n_failed),
@@ -623,6 +631,8 @@ def _study_key(cfg: StudyConfig, split_hash: str) -> str:
         d.pop("label_fraction")
     if d.get("budget_clock") == "wall":
         d.pop("budget_clock")
+    if cfg.accel.is_auto:  # the given settings (like device, not what they resolve to)
+        d.pop("accel")
     blob = json.dumps({**d, "split_hash": split_hash}, sort_keys=True, default=str)
     return "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -44,6 +44,7 @@ import copy
 import dataclasses
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ from torch import nn
 
 import scarcelab
 from scarcelab import tags as T
+from scarcelab.accel import Accel, resolve
 from scarcelab.data.nuclei import (
     SEG_DATASETS,
     NucleiDataset,
@@ -115,7 +117,12 @@ class SegmentConfig(AutoDevice):
     max_test_tiles: int | None = None
     n_overlays: int = 4
     device: str = "auto"
+    # precision and kernels (scarcelab.accel; ``auto``: per device, on CPU the NCHW fp32
+    # path this protocol always ran); logged resolved as the params precision, ...
+    accel: Accel = field(default_factory=Accel)
 
+    def resolved_accel(self) -> Accel:
+        return resolve(self.accel, self.resolved_device(), cpu_channels_last="off")
 
 
 @dataclass
@@ -237,11 +244,13 @@ def hovernet_loss(out: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str
 
 # -- evaluation -------------------------------------------------------------------------------
 def predict_set(model: nn.Module, tiles: list[NucleiTile], window: int, device: str,
-                scale: float = 1.0) -> list[np.ndarray]:
+                scale: float = 1.0, accel: Accel | None = None) -> list[np.ndarray]:
     """The network maps of every tile at the working ``scale`` (kept so that the
     watershed can be re-run cheaply with other thresholds); the windows of all tiles are
-    batched together (:func:`~scarcelab.models.nucleus_maps.predict_tiles`)."""
-    return predict_tiles(model, [rescale(t, scale).image for t in tiles], window, device)
+    batched together (:func:`~scarcelab.models.nucleus_maps.predict_tiles`), under the
+    training's autocast (``accel``, resolved)."""
+    with accel.autocast(device) if accel is not None else nullcontext():
+        return predict_tiles(model, [rescale(t, scale).image for t in tiles], window, device)
 
 
 def _pixels(tiles: list[NucleiTile]) -> int:
@@ -418,10 +427,13 @@ def _load_tiles(cfg: SegmentConfig) -> tuple[NucleiDataset, list[NucleiTile],
 
 
 def _build_model(cfg: SegmentConfig, backbone: nn.Module, n_types: int, device: str,
-                 arch: str) -> tuple[NucleusUNet, list[nn.Parameter], torch.optim.Optimizer]:
+                 arch: str, accel: Accel | None = None
+                 ) -> tuple[NucleusUNet, list[nn.Parameter], torch.optim.Optimizer]:
     """The U-Net, its trainable parameters and their optimiser. Seeded again so the
     decoder's initial weights do not depend on what the data loading drew; a crop or
-    window the encoder's stride does not divide is refused before any record is opened."""
+    window the encoder's stride does not divide is refused before any record is opened.
+    ``accel`` (resolved): the weights' layout, compile and the optimiser's kernel."""
+    accel = accel or cfg.resolved_accel()
     torch.manual_seed(cfg.seed)
     model = NucleusUNet(backbone, n_types=n_types).to(device)
     for name, v in (("crop", cfg.crop), ("window", cfg.window)):
@@ -430,8 +442,10 @@ def _build_model(cfg: SegmentConfig, backbone: nn.Module, n_types: int, device: 
                               f"stride {model.stride}")
     if cfg.protocol == "frozen":
         freeze_encoder(model)
+    accel.prepare(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.Adam(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                           **accel.optimizer_kwargs(torch.optim.Adam, device))
     return model, trainable, opt
 
 
@@ -451,15 +465,16 @@ def _open_study(cfg: SegmentConfig, tracker: Tracker, enc_info: dict[str, Any], 
     split = {"train": [t.name for t in train], "val": [t.name for t in val],
              "test": [t.name for t in test],
              "val_source_images": sorted({t.group for t in val})}
-    resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": device,
+    resolved = {**dataclasses.asdict(cfg), "accel": cfg.resolved_accel().params(),
+                "arch": arch, "device": device,
                 "n_types": n_types, "n_train_tiles": len(train), "n_val_tiles": len(val),
                 "n_test_tiles": len(test), "n_train_tiles_pool": n_train_pool,
                 "n_trainable_params": sum(p.numel() for p in trainable),
                 "encoder_info": enc_info}
     tracker.start_study(name=f"segment-{cfg.dataset}-{arch}-s{cfg.seed}", tags=tags,
                         params={k: v for k, v in resolved.items()
-                                if k not in ("cross_test", "encoder_info")} | {
-                            "cross_test": ",".join(cfg.cross_test)},
+                                if k not in ("cross_test", "encoder_info", "accel")} | {
+                            "cross_test": ",".join(cfg.cross_test)} | resolved["accel"],
                         artifacts={"split.json": split, "config.json": resolved},
                         dataset=DatasetInfo(cfg.dataset, data.source, data.digest()))
 
@@ -479,13 +494,15 @@ def run_segment(cfg: SegmentConfig, tracker: Tracker,
     data, train, val, test, n_train_pool, rng = _load_tiles(cfg)
     type_names = data.type_names if (cfg.types and data.type_names) else None
     n_types = len(type_names) if type_names else 0
-    model, trainable, opt = _build_model(cfg, backbone, n_types, device, arch)
+    accel = cfg.resolved_accel()
+    accel.apply_globals(device)
+    model, trainable, opt = _build_model(cfg, backbone, n_types, device, arch, accel)
     _open_study(cfg, tracker, enc_info, arch, device, data, (train, val, test),
                 n_train_pool, n_types, trainable)
     status = "FAILED"
     try:
         res = _train_and_test(cfg, tracker, model, opt, train, val, test, type_names,
-                              device, rng, arch)
+                              device, rng, arch, accel)
         status = "FINISHED"
         return res
     finally:
@@ -522,6 +539,7 @@ class _Run:
     start: float
     deadline: float
     sel: str  # the validation value that selects the checkpoint: pq or pq_pooled
+    accel: Accel = field(default_factory=lambda: Accel(precision="fp32", channels_last="off"))
     step_s: float = 0.0
     val_s: float = 0.0
     val_s_per_px: float = 0.0
@@ -535,8 +553,8 @@ class _Run:
                                                          list[np.ndarray]]:
         """``tiles`` predicted at the run's window and scale, then scored."""
         cfg = self.cfg
-        return score_maps(predict_set(self.model, tiles, cfg.window, self.device, cfg.scale),
-                          tiles, post, type_names)
+        return score_maps(predict_set(self.model, tiles, cfg.window, self.device, cfg.scale,
+                                      self.accel), tiles, post, type_names)
 
     def train(self, opt: torch.optim.Optimizer, train: list[NucleiTile],
               val: list[NucleiTile], post: PostProcess) -> tuple[_Selected, int]:
@@ -578,7 +596,10 @@ class _Run:
             batch = {k: v.to(self.device) for k, v in
                      make_batch(train_s, cfg.batch_size, cfg.crop, self.rng,
                                 self.type_names is not None, cfg.scale).items()}
-            terms = hovernet_loss(model(batch["x"]), batch)
+            # the forward pass under the run's autocast; HoVer-Net's loss on its fp32 output
+            with self.accel.autocast(self.device):
+                out = model(self.accel.images(batch["x"]))
+            terms = hovernet_loss(out.float(), batch)
             if not torch.isfinite(terms["loss"]):
                 raise TrialFailed(f"segment: non-finite loss at epoch {epoch}; lower lr "
                                   f"(now {cfg.lr})")
@@ -630,7 +651,7 @@ class _Run:
         value on validation for the selected checkpoint (NaN counts as -1; a tie goes to the
         one nearest HoVer-Net's), before the test set is seen."""
         cfg = self.cfg
-        val_maps = predict_set(self.model, val, cfg.window, self.device, cfg.scale)
+        val_maps = predict_set(self.model, val, cfg.window, self.device, cfg.scale, self.accel)
         grid = {e: score_maps(val_maps, val, dataclasses.replace(post, edge_threshold=e),
                               self.type_names)[0].result()[self.sel] for e in EDGE_GRID}
         edge = max(EDGE_GRID, key=lambda e: (np.nan_to_num(grid[e], nan=-1.0),
@@ -675,14 +696,16 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                     opt: torch.optim.Optimizer, train: list[NucleiTile],
                     val: list[NucleiTile], test: list[NucleiTile],
                     type_names: dict[int, str] | None, device: str,
-                    rng: np.random.Generator, arch: str) -> SegmentResult:
+                    rng: np.random.Generator, arch: str,
+                    accel: Accel | None = None) -> SegmentResult:
     """Training under the budget, then the selected checkpoint on the test set(s), every
     value on the study record. The test phase's draws (the cross-test caps) come from the
     same ``rng`` after training's, so a run's crops never depend on its cross-test sets."""
     start = time.time()
     run = _Run(cfg, tracker, model, device, type_names, rng, start,
                deadline=start + cfg.budget_minutes * 60.0,
-               sel="pq" if cfg.aggregation == "image" else "pq_pooled")
+               sel="pq" if cfg.aggregation == "image" else "pq_pooled",
+               accel=accel or cfg.resolved_accel())
     post = PostProcess()
     best, epochs = run.train(opt, train, val, post)
     train_time = time.time() - start

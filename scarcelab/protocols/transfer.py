@@ -40,6 +40,7 @@ from torch import nn
 
 import scarcelab
 from scarcelab import tags as T
+from scarcelab.accel import Accel
 from scarcelab.data import load_raw
 from scarcelab.data.augment import to_float
 from scarcelab.data.bundle import RawDataset, resolve_positive_class
@@ -48,6 +49,7 @@ from scarcelab.errors import ConfigError
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export
 from scarcelab.models.encoder import check_norm
+from scarcelab.models.image_input import transform_of
 from scarcelab.protocols.probe import LinearProbe
 from scarcelab.protocols.search import AutoDevice, StudyConfig
 from scarcelab.tracker import DatasetInfo, Tracker
@@ -81,6 +83,20 @@ class ProbeConfig(AutoDevice):
     max_steps_per_epoch: int | None = None
     max_trials: int = 0
     overrides: dict[str, Any] = field(default_factory=dict)
+    # precision and kernels (scarcelab.accel; ``auto``: per device): linear — the frozen
+    # encoder's forward passes; finetune — the search's trials
+    accel: Accel = field(default_factory=Accel)
+
+    def resolved_accel(self) -> Accel:
+        """:attr:`accel` as the protocol runs it: the encoding's (linear; NCHW on CPU as it
+        always was) or the search's epoch loop's (finetune)."""
+        if self.protocol == "linear":
+            from scarcelab.active.encoded import encoder_accel
+
+            return encoder_accel(self.accel, self.resolved_device())
+        from scarcelab.train import TrainConfig
+
+        return TrainConfig(device=self.resolved_device(), accel=self.accel).resolved_accel()
 
     def validate(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -210,8 +226,10 @@ def _start_linear_study(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any]
     resolved = {**dataclasses.asdict(cfg), "arch": arch, "device": str(device),
                 "positive_class": pos,
                 "n_labeled": split["n_labeled"], "n_val": split["n_val"],
-                "n_test": len(raw.test_y), "encoder_info": enc_info}
-    params = {k: v for k, v in resolved.items() if k not in _FINETUNE_ONLY}
+                "n_test": len(raw.test_y), "encoder_info": enc_info,
+                "accel": cfg.resolved_accel().params()}
+    params = {k: v for k, v in resolved.items() if k not in (*_FINETUNE_ONLY, "accel")}
+    params.update(resolved["accel"])  # precision=..., as the CLI names them
     tracker.start_study(name=f"probe-linear-{raw.name}-s{cfg.seed}", tags=tags, params=params,
                         artifacts={"split.json": split, "config.json": resolved},
                         dataset=_dataset_info(raw, split))
@@ -254,7 +272,7 @@ def _fit_linear(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any],
     enc, key, where = encode_dataset(raw.name, raw.train_x, raw.train_y, raw.test_x,
                                      raw.test_y, raw.num_classes, EncoderConfig(),
                                      device, cache, pretrained=backbone,
-                                     pretrained_id=cfg.encoder)
+                                     pretrained_id=cfg.encoder, accel=cfg.accel)
     t_feat = time.time() - tf
     lab = np.asarray(split["labeled"], dtype=np.int64)
     val = np.asarray(split["val"], dtype=np.int64)
@@ -278,16 +296,21 @@ def _fit_linear(cfg: ProbeConfig, raw: RawDataset, split: dict[str, Any],
                       T.FEATURES: "cached" if not where.startswith("computed")
                       else "computed"})
     model = for_export(ExportedClassifier(copy.deepcopy(backbone), probe.to_linear(),
-                                          raw.class_names))
+                                          raw.class_names, transform_of(raw)))
     tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
     return _LinearFit(probe, proba, test, where, key, t_feat, t_fit, elapsed)
 
 
 @torch.no_grad()
-def _predict(model: nn.Module, x: np.ndarray, device: torch.device, bs: int = 512) -> np.ndarray:
+def _predict(model: nn.Module, x: np.ndarray, device: torch.device, bs: int = 512,
+             accel: Accel | None = None) -> np.ndarray:
+    """Class probabilities of uint8 images; under ``accel``'s autocast and input layout
+    (resolved), as the study evaluated the checkpoint."""
     model.eval().to(device)
-    out = [torch.softmax(model(to_float(torch.as_tensor(x[i:i + bs]).to(device))), 1).cpu()
-           for i in range(0, len(x), bs)]
+    acc = accel or Accel(precision="fp32", channels_last="off")
+    with acc.autocast(device):
+        out = [torch.softmax(model(acc.images(to_float(torch.as_tensor(x[i:i + bs]).to(
+            device)))).float(), 1).cpu() for i in range(0, len(x), bs)]
     return torch.cat(out).numpy()
 
 
@@ -343,7 +366,7 @@ def _finetune_study_config(cfg: ProbeConfig, split: dict[str, Any], arch: str) -
                        label_fraction=cfg.label_fraction, search="random",
                        batch_size=cfg.batch_size, max_steps_per_epoch=cfg.max_steps_per_epoch,
                        max_trials=cfg.max_trials, device=cfg.device, overrides=cfg.overrides,
-                       diag_samples=0)
+                       diag_samples=0, accel=cfg.accel)
 
 
 def _encoder_factory(backbone: nn.Module, channels: int) -> Callable[[int], nn.Module]:
@@ -366,12 +389,14 @@ def _score_checkpoint(method_cls: Any, ckpt: dict[str, Any], raw: RawDataset,
     the confusion matrix the study does not return."""
     from scarcelab.data.splits import apply_split
     from scarcelab.protocols.search import _method_from_checkpoint
-    from scarcelab.train import export_classifier
+    from scarcelab.train import TrainConfig, export_classifier
 
     bundle = apply_split(raw, split)
     model = export_classifier(_method_from_checkpoint(method_cls, ckpt, bundle), ckpt,
                               raw.class_names)
-    proba = _predict(model, raw.test_x, torch.device(scfg.resolved_device()))
+    device = scfg.resolved_device()
+    proba = _predict(model, raw.test_x, torch.device(device),
+                     accel=TrainConfig(device=device, accel=scfg.accel).resolved_accel())
     # the study's own test metrics used the dataset's positive class: the same here
     test = classification_metrics(raw.test_y, proba, positive_class=resolve_positive_class(raw))
     return proba, test

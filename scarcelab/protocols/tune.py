@@ -73,6 +73,8 @@ from optuna.trial import TrialState
 
 import scarcelab
 from scarcelab import tags as T
+from scarcelab.accel import NAMES as ACCEL_NAMES
+from scarcelab.accel import Accel
 from scarcelab.data import DATASETS, load_raw
 from scarcelab.data.augment import AUGMENTATIONS
 from scarcelab.data.bundle import DatasetBundle, RawDataset, resolve_positive_class
@@ -82,6 +84,7 @@ from scarcelab.methods.base import Method
 from scarcelab.methods.space import sample
 from scarcelab.metrics import classification_metrics
 from scarcelab.models import create_model
+from scarcelab.models.image_input import transform_of
 from scarcelab.models.standardize import Standardized, channel_stats
 from scarcelab.protocols.study_store import StudyStore, TrialSeededSampler, redact
 from scarcelab.protocols.trials import COMPLETE, TrialPruned, TrialRunner, trial_seed
@@ -161,6 +164,13 @@ class TuneConfig:
     overrides: dict[str, Any] = field(default_factory=dict)
     storage: str | None = None
     study_name: str | None = None
+    # precision and kernels of every trial and retrain (scarcelab.accel; ``auto``: per
+    # device), logged resolved as the params precision, channels_last, ...
+    accel: Accel = field(default_factory=Accel)
+
+    def resolved_accel(self) -> Accel:
+        """:attr:`accel` as the trials and retrains run it (the epoch loop's resolution)."""
+        return TrainConfig(device=self.device, accel=self.accel).resolved_accel()
 
     def settings(self) -> TuneSettings:
         """The resolved settings. The final epoch count follows gem's ``full_train.py``:
@@ -196,7 +206,7 @@ def retrain_seed(seed: int, index: int) -> int:
 # a difference means different data or code defaults, and mixing the retrains would be wrong
 RESUME_CHECKED = ("method", "dataset", "arch", "seed", "epochs", "epochs_final", "n_final",
                   "max_steps_per_epoch", "augmentation", "train_images", "test_set",
-                  "n_train", "n_val", "n_test")
+                  "n_train", "n_val", "n_test", *ACCEL_NAMES)
 
 
 @dataclass(frozen=True)
@@ -685,13 +695,15 @@ def _study_record(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], ra
             T.OPTUNA_STUDY: name, T.TUNE_PHASE: cfg.phase,
             **{T.note(k): v for k, v in notes.items()}}
     resolved = {**dataclasses.asdict(cfg), **dataclasses.asdict(s),
+                "accel": cfg.resolved_accel().params(),
                 "train_images": images, "test_set": notes["test_set"],
                 "storage": redact(cfg.storage), "norm_mean": mean.round(5).tolist(),
                 "norm_std": std.round(5).tolist(), "n_train": len(raw.train_y),
                 "n_val": len(raw.val_y), "n_test": len(raw.test_y),
                 "search_space": {k: d.describe() for k, d in method_cls.search_space.items()}}
     params = {k: v for k, v in resolved.items()
-              if k not in ("overrides", "search_space", "norm_mean", "norm_std")}
+              if k not in ("overrides", "search_space", "norm_mean", "norm_std", "accel")}
+    params.update(resolved["accel"])  # precision=..., channels_last=..., as the CLI names
     params.update({f"override.{k}": v for k, v in cfg.overrides.items()})
     return tags, resolved, params
 
@@ -858,7 +870,7 @@ class _Search:
         train_cfg = TrainConfig(max_epochs=s.epochs, patience=10**9,
                                 max_steps_per_epoch=cfg.max_steps_per_epoch,
                                 batch_labeled=int(params["batch_size"]), device=cfg.device,
-                                labeled_views=(s.augmentation,))
+                                labeled_views=(s.augmentation,), accel=cfg.accel)
 
         def fit() -> TrialResult:
             method = build_method(self.method_cls, s.arch, self.raw, self.mean, self.std, hp)
@@ -981,7 +993,7 @@ class _Final:
         train_cfg = TrainConfig(max_epochs=s.final_epochs, patience=10**9,
                                 max_steps_per_epoch=cfg.max_steps_per_epoch,
                                 batch_labeled=self.batch, device=cfg.device,
-                                labeled_views=(s.augmentation,))
+                                labeled_views=(s.augmentation,), accel=cfg.accel)
         outcome = self.runner.run(i, lambda: self._fit_and_test(method, train_cfg, g, seed))
         assert outcome.value is not None  # anything else was raised
         res, test = outcome.value
@@ -992,8 +1004,9 @@ class _Final:
         if i == 0:
             ckpt = {"state_dict": {k: v.detach().cpu() for k, v in method.state_dict().items()},
                     "probe": None}
-            tracker.log_model(export_classifier(method, ckpt, raw.class_names),
-                              torch.rand(2, raw.channels, *raw.resolution))
+            model = export_classifier(method, ckpt, raw.class_names)
+            model.transform = transform_of(self.bundle)  # replayed on raw images
+            tracker.log_model(model, torch.rand(2, raw.channels, *raw.resolution))
         return score
 
     def _fit_and_test(self, method: Method, train_cfg: TrainConfig, g: torch.Generator,
@@ -1004,7 +1017,8 @@ class _Final:
                           probe_rng=np.random.default_rng(seed),
                           callbacks=[_TrainvalEpochs(self.tracker)])
         method.eval()
-        logits = forward_images(method.logits, self.raw.test_x, 512, torch.device(self.cfg.device))
+        logits = forward_images(method.logits, self.raw.test_x, 512,
+                                torch.device(self.cfg.device), train_cfg.resolved_accel())
         if not np.isfinite(logits).all():
             raise TrialFailed("non-finite test predictions")
         probs = torch.softmax(torch.as_tensor(logits), 1).numpy()

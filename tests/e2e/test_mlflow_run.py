@@ -70,5 +70,19 @@ def test_mlflow_run_semi_fixmatch_breastmnist(medmnist_dir, tmp_path):
     x = torch.as_tensor(data["test_images"]).float().unsqueeze(1) / 255
     acc = (model(x).argmax(1).numpy() == data["test_labels"].reshape(-1)).mean()
     assert acc == pytest.approx(s["metrics.best/test_accuracy"])
+    # the same model from raw files (issue 39): PNGs of the test images, 28 px and 64 px
+    from PIL import Image
+
+    pngs = []
+    for i, im in enumerate(data["test_images"]):
+        pngs.append(str(tmp_path / f"t{i}.png"))
+        Image.fromarray(im).save(pngs[-1])
+    raw_model = mlflow.pyfunc.load_model(f"runs:/{s.run_id}/model")
+    pred = raw_model.predict(pngs).iloc[:, 1:].to_numpy().argmax(1)
+    assert (pred == data["test_labels"].reshape(-1)).mean() == pytest.approx(
+        s["metrics.best/test_accuracy"])
+    big = np.stack([np.asarray(Image.fromarray(im).resize((64, 64))) for im in
+                    data["test_images"][:8]])[:, None]
+    assert len(raw_model.predict(big)) == 8  # the bare network's guard refused 64 px
     inputs = c.get_run(s.run_id).inputs.dataset_inputs
     assert inputs and inputs[0].dataset.name == "breastmnist"

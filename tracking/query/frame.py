@@ -386,6 +386,13 @@ NOT_SETTINGS = frozenset({"seed", "storage", "study_name", "data_dir", "register
                           "experiment", "set", "hparams_from", "resume", "quiet", "verbose",
                           # derived from budget_minutes (the final-phase reserve kept)
                           "final_reserve_s", "run_name"})
+#: settings logged only since a change, with the value every study recorded before it ran
+#: with: a study without the param gets it, so that an older study and a newer one of the
+#: same configuration stay one row. The precision and kernel settings (issue 40,
+#: scarcelab.accel) change a study's numbers — bf16 and fp32 studies are different rows —
+#: and before them every study ran the CPU's fp32 path with channels-last weights.
+ADDED_SETTINGS = {"precision": "fp32", "channels_last": "weights", "cudnn_benchmark": "off",
+                  "fused_optimizer": "off", "tf32": "off", "compile": "off"}
 #: ``scarcelab.*`` tags that say how a study was run (every other tag is bookkeeping that
 #: differs between seeds or attempts: owner, split hash, trial counts, digests, ...)
 SETTING_TAGS = ("family", "method", "dataset", "arch", "search", "val_from", "protocol",
@@ -423,7 +430,9 @@ def study_settings(studies: pd.DataFrame) -> pd.DataFrame:
     ``device`` counts by kind (``cuda:1`` is ``cuda``: a budget in minutes buys different
     training on a GPU and a CPU). A contamination child's configuration (``hparams.*``,
     ``hparams_source``) is the output of its sweep's tuning study — the tag ``tuning`` and
-    ``search`` say how it was chosen — so it is not a setting there."""
+    ``search`` say how it was chosen — so it is not a setting there. A setting of
+    :data:`ADDED_SETTINGS` a study lacks is the value it ran with (recorded before the
+    setting was logged)."""
     studies = studies.reset_index(drop=True)
     out: dict[str, pd.Series] = {}
     raw = {c[len("params."):]: c for c in studies.columns
@@ -456,6 +465,9 @@ def study_settings(studies: pd.DataFrame) -> pd.DataFrame:
         if name in studies:
             tag = canon(studies[name])
             out[name] = tag if name not in out else out[name].where(out[name].notna(), tag)
+    for name, former in ADDED_SETTINGS.items():
+        if name in out:  # only where some study has it: otherwise all alike already
+            out[name] = out[name].where(out[name].notna(), _canonical(former))
     if "device" in out:
         out["device"] = out["device"].map(
             lambda d: d.split(":", 1)[0] if isinstance(d, str) else d)
@@ -468,5 +480,5 @@ def study_settings(studies: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-__all__: Sequence[str] = ["NOT_SETTINGS", "SETTING_TAGS", "Tracked", "load", "study_settings",
-                          "tidy_runs"]
+__all__: Sequence[str] = ["ADDED_SETTINGS", "NOT_SETTINGS", "SETTING_TAGS", "Tracked", "load",
+                          "study_settings", "tidy_runs"]
