@@ -34,6 +34,9 @@ memory is returned between them), in this order:
 ``pack``       1 vs ``--pack`` concurrent FixMatch training processes on one GPU
                (PneumoniaMNIST, WRN-28-2, CUDA defaults, each capped at 1/n of the
                memory): aggregate steps/s over the same window and the GPU's busy share.
+``compile``    our FixMatch step again with ``--compile reduce-overhead`` (inductor + CUDA
+               graphs; compilation in the warm-up): whether compiling pays for a long
+               study. Last, so that the deadline cuts it first; not in ``--dry-run``.
 
 Ratios printed at the end: ours / model-only bf16 limit (target: our step within 1.5x of
 it), ours / USB end to end (target >= 2x), pack throughput / one study's (target >= 4x),
@@ -62,7 +65,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
-SECTIONS = ("env", "model", "ours", "usb", "usb_loader", "lightly", "study", "pack")
+SECTIONS = ("env", "model", "ours", "usb", "usb_loader", "lightly", "study", "pack",
+            "compile")
 RESULT = "RESULT "
 
 
@@ -238,15 +242,30 @@ def section_model(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+#: the precision/kernel profiles the bench compares (scarcelab.accel): ``cpu`` = what
+#: scarcelab does on a CPU (fp32, channels-last weights only, no fused kernel, no TF32), run
+#: on the GPU as the "before" of the CUDA defaults; ``cuda`` = ``auto`` on CUDA (bf16,
+#: channels-last weights and inputs, cuDNN benchmark, fused Adam, TF32); ``compile`` = the
+#: CUDA defaults plus ``torch.compile(mode="reduce-overhead")`` (CUDA graphs)
+PROFILES = {
+    "cpu": {"precision": "fp32", "channels_last": "weights", "cudnn_benchmark": "off",
+            "fused_optimizer": "off", "tf32": "off", "compile": "off"},
+    "cuda": {},
+    "compile": {"compile": "reduce-overhead"},
+}
+
+
 def _accel(profile: str, device: str) -> Any:
-    """The precision/kernel settings of a profile: ``cpu`` = the CPU defaults (fp32),
-    ``cuda`` = the documented CUDA defaults, resolved for ``device``. None where this
-    checkout has no ``scarcelab.accel`` (an older revision: its only settings)."""
-    try:
-        from scarcelab import accel as acc
-    except ImportError:
+    """The :class:`scarcelab.accel.Accel` of a profile (unresolved: the loop resolves it
+    for its device, as a study does); None for a checkout older than the settings (then
+    its only behaviour, the ``cpu`` profile, runs: ``--code`` measures such a "before")."""
+    import dataclasses
+
+    from scarcelab.train import TrainConfig
+    if "accel" not in {f.name for f in dataclasses.fields(TrainConfig)}:
         return None
-    return acc.for_profile(profile, device)
+    from scarcelab.accel import Accel
+    return Accel(**PROFILES[profile])
 
 
 def production_loop(method: str, arch: str, bundle: Any, device: str, profile: str,
@@ -262,13 +281,10 @@ def production_loop(method: str, arch: str, bundle: Any, device: str, profile: s
     cls = get_method(method)
     torch.manual_seed(0)
     m = cls(create_model(arch, in_channels=bundle.channels), bundle.num_classes, {})
-    kw: dict[str, Any] = {"max_epochs": 10**6, "patience": 10**6, "device": device,
-                          "max_steps_per_epoch": steps, "batch_labeled": bl,
-                          "batch_unlabeled": bu}
     accel = _accel(profile, device)
-    if accel is not None:
-        kw["accel"] = accel
-    cfg = TrainConfig(**kw)
+    cfg = TrainConfig(max_epochs=10**6, patience=10**6, device=device,
+                      max_steps_per_epoch=steps, batch_labeled=bl, batch_unlabeled=bu,
+                      **({} if accel is None else {"accel": accel}))
     return _EpochLoop(m, bundle, cfg, Budget(1e9), torch.Generator().manual_seed(0),
                       np.random.default_rng(0))
 
@@ -292,13 +308,16 @@ def count_syncs(fn: Callable[[], Any], device: str) -> int | None:
     return sum("synchroniz" in str(x.message).lower() for x in w)
 
 
-def section_ours(a: argparse.Namespace) -> dict[str, Any]:
+def section_ours(a: argparse.Namespace, profiles: tuple[str, ...] = ("cpu", "cuda"),
+                 methods: tuple[str, ...] = ("fixmatch", "simclr")) -> dict[str, Any]:
     bundle = rgb_bundle(a)
     sz = sizes(a)
     out: dict[str, Any] = {}
-    for method, arch, bl, bu in (("fixmatch", "wrn28_2", sz["labeled"], sz["unlabeled"]),
-                                 ("simclr", "resnet18", 0, sz["views"])):
-        for profile in ("cpu", "cuda"):
+    plan = {"fixmatch": ("wrn28_2", sz["labeled"], sz["unlabeled"]),
+            "simclr": ("resnet18", 0, sz["views"])}
+    for method in methods:
+        arch, bl, bu = plan[method]
+        for profile in profiles:
             loop = production_loop(method, arch, bundle, a.device, profile, bl, bu, a.steps)
             loop.spe = a.warmup  # the loop's steps per call of _steps
             t0 = time.perf_counter()
@@ -321,9 +340,17 @@ def section_ours(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _accel_params(loop: Any) -> dict[str, Any] | None:
-    acc = getattr(loop.cfg, "accel", None)
-    return None if acc is None else {k: str(v) for k, v in vars(acc).items()}
+def section_compile(a: argparse.Namespace) -> dict[str, Any]:
+    """Our FixMatch step with the network compiled in CUDA-graph mode (its compilation is
+    in the warm-up): whether ``compile`` pays for a long study."""
+    a.warmup = max(a.warmup, 3)
+    return section_ours(a, profiles=("compile",), methods=("fixmatch",))
+
+
+def _accel_params(loop: Any) -> dict[str, str]:
+    """The settings the loop resolved and ran with (what a study logs as params)."""
+    resolved = getattr(loop.cfg, "resolved_accel", None)
+    return resolved().params() if resolved else {"code": "before the settings: fp32"}
 
 
 def _peers(module: str) -> Any:
@@ -562,10 +589,7 @@ def one_study(a: argparse.Namespace, method: str, dataset: str, seconds: float,
     if a.dry_run:
         cfg_kw.update(batch_size=8, unlabeled_batch_size=16, max_steps_per_epoch=2,
                       max_epochs=3, diag_samples=32, arch="small_cnn")
-    acc = _accel("cuda" if a.device.startswith("cuda") else "cpu", a.device)
-    if acc is not None:
-        cfg_kw["accel"] = acc
-    cfg = StudyConfig(**cfg_kw)
+    cfg = StudyConfig(**cfg_kw)  # accel: auto, resolved for the device as a study does
     busy = GpuBusy()
     t0 = time.perf_counter()
     with busy.sampling():
@@ -673,7 +697,7 @@ def section_pack(a: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- driver
 def _argv(a: argparse.Namespace) -> list[str]:
     keep = ("device", "scale", "steps", "warmup", "threads", "data", "usb_workers",
-            "study_s", "study_arch", "pack", "pack_s", "pack_start_s")
+            "study_s", "study_arch", "pack", "pack_s", "pack_start_s", "code")
     out = []
     for k in keep:
         v = getattr(a, k)
@@ -684,14 +708,15 @@ def _argv(a: argparse.Namespace) -> list[str]:
 
 def _spawn(section: str, a: argparse.Namespace, extra: list[str] | None = None,
            threads: int | None = None) -> subprocess.Popen[str]:
+    code = str(Path(a.code).resolve()) if a.code else str(REPO)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]),
+        [code, *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]),
         "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": str(threads or a.threads)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--section", section,
            *_argv(a), *(extra or [])]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=REPO)
+                            env=env, cwd=code)
 
 
 def _collect(p: subprocess.Popen[str], timeout: float) -> dict[str, Any] | None:
@@ -750,6 +775,7 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         "ours_fixmatch_fp32": _get(r, "ours", "fixmatch_cpu", "steps_per_s"),
         "ours_fixmatch": _get(r, "ours", "fixmatch_cuda", "steps_per_s"),
         "ours_simclr": _get(r, "ours", "simclr_cuda", "steps_per_s"),
+        "ours_fixmatch_compiled": _get(r, "compile", "fixmatch_compile", "steps_per_s"),
         "usb_step": _get(r, "usb", "fixmatch_usb_step", "steps_per_s"),
         "usb_loader": _get(r, "usb_loader", "fixmatch_usb_loader", "steps_per_s"),
         "lightly": _get(r, "lightly", "simclr_lightly_step", "steps_per_s"),
@@ -763,6 +789,7 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
     ratio("ours_vs_usb_loader", "ours_fixmatch", "usb_loader")  # target >= 2
     ratio("ours_vs_usb_step", "ours_fixmatch", "usb_step")
     ratio("ours_simclr_vs_lightly", "ours_simclr", "lightly")
+    ratio("compiled_vs_eager", "ours_fixmatch_compiled", "ours_fixmatch")
     syncs = _get(r, "ours", "fixmatch_cuda", "syncs_per_step")
     if syncs is not None:
         s["ours_syncs_per_step"] = syncs
@@ -781,7 +808,7 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
 def table(r: dict[str, Any]) -> str:
     """A short human table, printed before the key=value line."""
     lines = [f"{'section/system':<36}{'steps/s':>10}{'ms/step':>10}  notes"]
-    for sec in ("model", "ours", "usb", "usb_loader", "lightly"):
+    for sec in ("model", "ours", "compile", "usb", "usb_loader", "lightly"):
         for k, v in (r.get(sec) or {}).items():
             if isinstance(v, dict) and "steps_per_s" in v:
                 note = ""
@@ -808,7 +835,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true",
                     help="every section at toy sizes on the CPU (CI's smoke)")
     ap.add_argument("--device", default="")
-    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--sections", default="",
+                    help=f"comma-separated, of {', '.join(SECTIONS)} (default: all; "
+                    "--dry-run leaves out compile, minutes of CPU compilation)")
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "medmnist"),
                     help="folder with pneumoniamnist.npz and breastmnist.npz")
     ap.add_argument("--out", default="", help="folder for gpu.json")
@@ -825,6 +854,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--deadline-s", type=float, default=480.0,
                     help="sections not started by then are skipped")
     ap.add_argument("--section-timeout-s", type=float, default=300.0)
+    ap.add_argument("--code", default="",
+                    help="run the sections against another checkout's scarcelab (e.g. the "
+                    "commit before a change: git archive REV | tar -x -C DIR); the bench "
+                    "itself stays this one")
     ap.add_argument("--section", default="", help=argparse.SUPPRESS)
     ap.add_argument("--worker-id", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -838,13 +871,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     for k, v in (toy if a.dry_run else full).items():
         if getattr(a, k) in (None, ""):
             setattr(a, k, v)
+    a.data = str(Path(a.data).resolve())  # sections may run from another checkout (--code)
+    if not a.sections:
+        a.sections = ",".join(s for s in SECTIONS if not (a.dry_run and s == "compile"))
     return a
 
 
 SECTION_FUNCS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "env": section_env, "model": section_model, "ours": section_ours, "usb": section_usb,
     "usb_loader": section_usb_loader, "lightly": section_lightly, "study": section_study,
-    "pack": section_pack, "packworker": section_packworker}
+    "pack": section_pack, "packworker": section_packworker, "compile": section_compile}
 
 
 def main(argv: list[str] | None = None) -> int:
