@@ -34,6 +34,10 @@ memory is returned between them), in this order:
 ``pack``       1 vs ``--pack`` concurrent FixMatch training processes on one GPU
                (PneumoniaMNIST, WRN-28-2, CUDA defaults, each capped at 1/n of the
                memory): aggregate steps/s over the same window and the GPU's busy share.
+``syncs``      every registered method's synchronising CUDA calls per step and per epoch
+               through the loop (small batches), and the CPU transfer counter's rules
+               checked against CUDA's own report: the GPU side of
+               tests/test_step_transfers.py.
 ``compile``    our FixMatch step again with ``--compile reduce-overhead`` (inductor + CUDA
                graphs; compilation in the warm-up): whether compiling pays for a long
                study. Last, so that the deadline cuts it first; not in ``--dry-run``.
@@ -66,7 +70,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 SECTIONS = ("env", "model", "ours", "usb", "usb_loader", "lightly", "study", "pack",
-            "compile")
+            "syncs", "compile")
 RESULT = "RESULT "
 
 
@@ -290,22 +294,47 @@ def production_loop(method: str, arch: str, bundle: Any, device: str, profile: s
 
 
 def count_syncs(fn: Callable[[], Any], device: str) -> int | None:
-    """Synchronising CUDA calls made by ``fn`` (torch's sync debug mode warns on each:
-    a blocking copy, ``.item()``, a pageable host-to-device copy); None on the CPU."""
-    import warnings
-
-    import torch
+    """Synchronising CUDA calls made by ``fn`` (scarcelab.devsync's count, CUDA's own
+    report); None on the CPU."""
     if not device.startswith("cuda"):
         return None
-    _sync(device)
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            fn()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(x.message).lower() for x in w)
+    from scarcelab.devsync import count_cuda_syncs
+    return count_cuda_syncs(fn)[0]
+
+
+def section_syncs(a: argparse.Namespace) -> dict[str, Any]:
+    """Every registered method's syncs per step and per epoch on the real device, at small
+    batches (``scarcelab.devsync.cuda_syncs_per_step``: the loop's own ``_steps``), and
+    the CPU counter's rules checked against CUDA (``cuda_rule_check``): the GPU side of
+    tests/test_step_transfers.py."""
+    import numpy as np
+    import torch
+
+    from scarcelab.data.bundle import DatasetBundle
+    from scarcelab.devsync import cuda_rule_check, cuda_syncs_per_step
+    from scarcelab.methods import METHODS, get_method
+    from scarcelab.models import create_model
+    from scarcelab.train import TrainConfig
+    raw = medmnist("pneumoniamnist", a)  # on a CPU (dry run): every count is None
+    x, y = raw.train_x[:600], raw.train_y[:600].astype(np.int64)
+    bundle = DatasetBundle(x[:100], y[:100], x[100:], x[:50], y[:50], x[:50], y[:50],
+                           meta={"num_classes": 2, "name": "pneumoniamnist"})
+    out: dict[str, Any] = {}
+    for name in METHODS.names():
+        cls = get_method(name)
+        try:
+            torch.manual_seed(0)
+            m = cls(create_model("small_cnn", in_channels=1), 2, {})
+            cfg = TrainConfig(device=a.device, batch_labeled=8, batch_unlabeled=16,
+                              max_epochs=10**6, patience=10**6)
+            got = cuda_syncs_per_step(m, bundle, cfg)
+            out[name] = {"per_step": got.per_step, "per_epoch": got.per_epoch,
+                         "sources": got.sources[:4]}
+        except Exception as e:  # noqa: BLE001 - one method's failure is reported, not fatal
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    out["rules"] = {k: {"cuda": n, "counted": c} for k, (n, c) in cuda_rule_check(
+        a.device).items()}
+    return out
 
 
 def section_ours(a: argparse.Namespace, profiles: tuple[str, ...] = ("cpu", "cuda"),
@@ -793,6 +822,10 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
     syncs = _get(r, "ours", "fixmatch_cuda", "syncs_per_step")
     if syncs is not None:
         s["ours_syncs_per_step"] = syncs
+    per = [v.get("per_step") for k, v in (r.get("syncs") or {}).items()
+           if isinstance(v, dict) and k != "rules" and v.get("per_step") is not None]
+    if per:
+        s["methods_max_syncs_per_step"] = max(per)
     busy = _get(r, "study", "fixmatch_pneumoniamnist", "gpu_busy")
     if busy is not None:
         s["study_gpu_busy"] = busy  # target >= 0.70
@@ -880,7 +913,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 SECTION_FUNCS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "env": section_env, "model": section_model, "ours": section_ours, "usb": section_usb,
     "usb_loader": section_usb_loader, "lightly": section_lightly, "study": section_study,
-    "pack": section_pack, "packworker": section_packworker, "compile": section_compile}
+    "pack": section_pack, "packworker": section_packworker, "syncs": section_syncs,
+    "compile": section_compile}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -458,7 +458,9 @@ class SyncCount:
     sources: list[str] = field(default_factory=list)
 
 
-def _count_cuda_syncs(fn: Callable[[], Any]) -> tuple[int, list[str]]:
+def count_cuda_syncs(fn: Callable[[], Any]) -> tuple[int, list[str]]:
+    """The synchronising CUDA calls ``fn`` makes, as CUDA reports them
+    (``set_sync_debug_mode("warn")``), and where each came from."""
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         torch.cuda.synchronize()
@@ -497,7 +499,7 @@ def cuda_syncs_per_step(method: Any, bundle: Any, cfg: Any, steps: tuple[int, in
     totals, sources = [], []
     for i, n in enumerate(steps):
         loop.spe = n
-        c, where = _count_cuda_syncs(lambda e=i + 1: loop._steps(e))
+        c, where = count_cuda_syncs(lambda e=i + 1: loop._steps(e))
         totals.append(c)
         sources += where
     a, b = steps
@@ -546,10 +548,11 @@ def cuda_rule_check(device: str = "cuda") -> dict[str, tuple[int | None, bool]]:
     out = {}
     for name, (fn, counted) in cases.items():
         fn(x, y)  # warm-up: first-call allocations and library loads are not the case
-        n, _ = _count_cuda_syncs(lambda f=fn: f(x, y))
+        n, _ = count_cuda_syncs(lambda f=fn: f(x, y))
         out[name] = (n, counted)
     return out
 
 
 __all__ = ["DEVICE", "HOST", "Event", "StepTransfers", "SyncCount", "TransferCounter",
-           "count_step_transfers", "cuda_rule_check", "cuda_syncs_per_step"]
+           "count_cuda_syncs", "count_step_transfers", "cuda_rule_check",
+           "cuda_syncs_per_step"]
