@@ -56,6 +56,7 @@ from scarcelab.methods.base import Method
 from scarcelab.methods.space import sample
 from scarcelab.metrics.diagnostics import DiagnosticsConfig, EpochDiagnostics
 from scarcelab.models import create_model
+from scarcelab.protocols.probe import PROBE_SOLVERS
 from scarcelab.protocols.study_store import StudyStore, redact
 from scarcelab.protocols.trials import COMPLETE, MAX_CONSECUTIVE_ERRORS, TrialRunner, trial_seed
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
@@ -68,6 +69,7 @@ from scarcelab.train import (
     EpochReport,
     OnEpochEnd,
     TrainConfig,
+    checkpoint_to_host,
     data_info,
     export_classifier,
     train_trial,
@@ -168,6 +170,12 @@ class StudyConfig(AutoDevice):
     started_at: float | None = None
     # seconds kept at the end of the budget for the final phase; None = FINAL_RESERVE_S
     final_reserve_s: float | None = None
+    # self-supervised methods' per-epoch probe: "sklearn" or "torch" (on the device;
+    # scarcelab.protocols.probe)
+    probe_solver: str = "sklearn"
+    # evaluate after an epoch only once this many steps are unevaluated (0 = every
+    # epoch); patience then counts evaluations (scarcelab.train.TrainConfig)
+    eval_every_steps: int = 0
 
     def budget_split(self, now: float) -> tuple[float, float]:
         """(start-up seconds charged to the budget, seconds reserved for the final phase)."""
@@ -225,6 +233,12 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
         raise ConfigError(f"budget_minutes must be > 0, got {cfg.budget_minutes}")
     if cfg.budget_clock not in BUDGET_CLOCKS:
         raise ConfigError(f"budget_clock={cfg.budget_clock!r}; use one of {BUDGET_CLOCKS}")
+    if cfg.probe_solver not in PROBE_SOLVERS:
+        raise ConfigError(f"probe_solver={cfg.probe_solver!r}: valid values are "
+                          f"{', '.join(PROBE_SOLVERS)}")
+    if cfg.eval_every_steps < 0:
+        raise ConfigError(f"eval_every_steps must be >= 0 (0 = every epoch), got "
+                          f"{cfg.eval_every_steps}")
     for name in ("max_epochs", "patience"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
@@ -315,7 +329,8 @@ def _train_config(cfg: StudyConfig, method_cls: type[Method], device: str) -> Tr
         max_steps_per_epoch=cfg.max_steps_per_epoch,
         batch_labeled=cfg.batch_size or method_cls.batch_sizes["labeled"],
         batch_unlabeled=cfg.unlabeled_batch_size or method_cls.batch_sizes["unlabeled"],
-        device=device, class_weights=cfg.class_weights)
+        device=device, class_weights=cfg.class_weights, probe_solver=cfg.probe_solver,
+        eval_every_steps=cfg.eval_every_steps)
 
 
 def _study_tags(cfg: StudyConfig, method_cls: type[Method], arch: str, split: dict[str, Any],
@@ -417,10 +432,20 @@ class _BestSoFar:
                     resume.optuna_study, resume.elapsed_s, self.val)
 
     def upload(self, tracker: Tracker, force: bool) -> None:
+        """The checkpoint to the tracker if it is stale and the rate limit (or ``force``)
+        lets it go; it is brought to the host then, not when it is taken."""
         if self.dirty and (force or time.time() - self.last_upload
                            >= CHECKPOINT_MIN_INTERVAL_S):
+            self.to_host()
             tracker.log_checkpoint(self.ckpt)  # type: ignore[arg-type]
             self.last_upload, self.dirty = time.time(), False
+
+    def to_host(self) -> None:
+        """The checkpoint's tensors to the host (``train.snapshot`` keeps them on the
+        device until then): at its upload, and when its trial ends, so that no trial's
+        best weights hold device memory into the next trial."""
+        if self.ckpt is not None:
+            self.ckpt = checkpoint_to_host(self.ckpt)
 
     def series(self, elapsed: float, diag_s: float) -> dict[str, float]:
         """The study's ``best/*`` metrics at one point of the search, with its clocks."""
@@ -505,6 +530,11 @@ class _Search:
                                         callbacks=callbacks),
             on_fail=lambda: self.store.tell(trial, state=optuna.trial.TrialState.FAIL),
             fail_fatal=False)
+        # the trial's best off the device (a failed trial's earlier best epoch too), and
+        # its model, kept for the export: the next trial has the device to itself
+        self.best.to_host()
+        if self.best.method is method:
+            method.to("cpu")
         if outcome.state != COMPLETE:
             self.last_error = outcome.error or ""
             return True
@@ -623,6 +653,10 @@ def _study_key(cfg: StudyConfig, split_hash: str) -> str:
         d.pop("label_fraction")
     if d.get("budget_clock") == "wall":
         d.pop("budget_clock")
+    if d.get("eval_every_steps") == 0:
+        d.pop("eval_every_steps")
+    if d.get("probe_solver") == "sklearn":
+        d.pop("probe_solver")
     blob = json.dumps({**d, "split_hash": split_hash}, sort_keys=True, default=str)
     return "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
