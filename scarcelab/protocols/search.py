@@ -420,6 +420,7 @@ class _BestSoFar:
     test_proba: np.ndarray | None = None
     dirty: bool = False
     last_upload: float = 0.0
+    on_host: bool = True  # the checkpoint's tensors (train.snapshot takes them on the device)
 
     def restore(self, resume: ResumeState) -> None:
         ck = resume.best_checkpoint
@@ -444,8 +445,9 @@ class _BestSoFar:
         """The checkpoint's tensors to the host (``train.snapshot`` keeps them on the
         device until then): at its upload, and when its trial ends, so that no trial's
         best weights hold device memory into the next trial."""
-        if self.ckpt is not None:
+        if self.ckpt is not None and not self.on_host:
             self.ckpt = checkpoint_to_host(self.ckpt)
+            self.on_host = True
 
     def series(self, elapsed: float, diag_s: float) -> dict[str, float]:
         """The study's ``best/*`` metrics at one point of the search, with its clocks."""
@@ -574,7 +576,7 @@ class _Search:
             best.val, best.test, best.trial = rep.val_balanced_accuracy, rep.test_metrics, \
                 trial.number
             best.ckpt, best.method, best.test_proba = ckpt, method, rep.test_proba
-            best.dirty = True
+            best.dirty, best.on_host = True, False
         self.tracker.log_metrics(best.series(elapsed, self.budget.excluded_s),
                                  self.global_epoch, scope="study")
         self.global_epoch += 1
