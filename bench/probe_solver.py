@@ -50,15 +50,16 @@ def real_features(dataset: str, arch: str, train_steps: int, data_dir: Path,
                   device: str) -> dict[str, dict[str, np.ndarray]]:
     """Features of the study's default split, from a random and a briefly trained
     encoder (SimCLR steps through the study's own loop)."""
+    from scarcelab.data import load_raw
+    from scarcelab.data.splits import apply_split, make_split
     from scarcelab.methods import get_method
     from scarcelab.models import create_model
-    from scarcelab.protocols.search import StudyConfig, prepare_data
     from scarcelab.train import Budget, TrainConfig, _EpochLoop, forward_images
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        b, _ = prepare_data(StudyConfig(method="simclr", dataset=dataset, seed=0,
-                                        data_dir=str(data_dir)))
+    with warnings.catch_warnings():  # the study's default split (protocols.search's
+        warnings.simplefilter("ignore")  # prepare_data, without importing Optuna)
+        raw = load_raw(dataset, str(data_dir))
+    b = apply_split(raw, make_split(raw, None, None, 0, False, "auto", 1.0))
     out = {}
     for enc, steps in (("random", 0), ("trained", train_steps)):
         torch.manual_seed(0)

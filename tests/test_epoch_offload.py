@@ -367,3 +367,31 @@ def test_both_settings_are_study_params_and_key_the_study_only_when_set():
     base = StudyConfig(method="simclr")
     assert key(base, "h") != key(StudyConfig(method="simclr", eval_every_steps=4), "h")
     assert key(base, "h") != key(StudyConfig(method="simclr", probe_solver="torch"), "h")
+
+
+def test_cli_options_reach_the_study_config(monkeypatch):
+    """``--probe-solver`` / ``--eval-every-steps`` on every study command (MLproject's
+    parameters of the same names: tests/test_cli.py checks the parity); a bad value is one
+    line naming the option."""
+    import importlib
+
+    from click.testing import CliRunner
+
+    from scarcelab.entrypoints.cli import main
+
+    study = importlib.import_module("scarcelab.entrypoints.study")
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(study, "_run", lambda family, kw, ctx: seen.update(
+        cfg=study.study_config(family, kw)))
+    for family, method in (("self", "simclr"), ("semi", "fixmatch"), ("supervised", "sup")):
+        res = CliRunner().invoke(main, [family, "--method", method])
+        assert res.exit_code == 0, res.output
+        assert (seen["cfg"].probe_solver, seen["cfg"].eval_every_steps) == ("sklearn", 0)
+        res = CliRunner().invoke(main, [family, "--method", method, "--probe-solver",
+                                        "torch", "--eval-every-steps", "8"])
+        assert res.exit_code == 0, res.output
+        assert (seen["cfg"].probe_solver, seen["cfg"].eval_every_steps) == ("torch", 8)
+    res = CliRunner().invoke(main, ["self", "--method", "simclr", "--eval-every-steps", "-1"])
+    assert res.exit_code != 0 and "--eval-every-steps" in res.output
+    res = CliRunner().invoke(main, ["self", "--method", "simclr", "--probe-solver", "gpu"])
+    assert res.exit_code != 0 and "--probe-solver" in res.output
