@@ -11,7 +11,8 @@ them — and splits the wall time of the evaluated epochs into
     diag    the C-Score diagnostics (semi-supervised methods)
     ckpt    the best-checkpoint snapshot
 
-per evaluated epoch (ms), median over the epochs after the first two (warm-up). On CUDA
+per evaluated epoch (ms; ``--clock cpu``: CPU ms), median over the epochs after the first
+two (warm-up). On CUDA
 the device is synchronised at each phase boundary so that a phase is charged its own
 kernels (4 synchronisations per epoch, beside the loop's own). Tracking is not in here
 (MLflow may be absent where this runs): bench/study_overhead.py measures it on a real
@@ -51,9 +52,10 @@ def _parse_set(text: str) -> dict[str, Any]:
 class Phases:
     """Wall seconds per phase and epoch, the device synchronised at each boundary."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, clock: Any) -> None:
         import torch
 
+        self.clock = clock
         self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
         self.cur: dict[str, float] = {}
         self.epochs: list[dict[str, float]] = []
@@ -61,12 +63,12 @@ class Phases:
     def timed(self, fn: Any, name: str) -> Any:
         def wrapper(*a: Any, **k: Any) -> Any:
             self.sync()
-            t0 = time.perf_counter()
+            t0 = self.clock()
             try:
                 return fn(*a, **k)
             finally:
                 self.sync()
-                self.cur[name] = self.cur.get(name, 0.0) + time.perf_counter() - t0
+                self.cur[name] = self.cur.get(name, 0.0) + self.clock() - t0
         return wrapper
 
 
@@ -95,7 +97,8 @@ def run(method: str, a: argparse.Namespace, settings: dict[str, Any]) -> dict[st
         max_epochs=a.epochs, patience=10**9, batch_labeled=cls.batch_sizes["labeled"],
         batch_unlabeled=cls.batch_sizes["unlabeled"], device=a.device,
         class_weights="balanced", **{k: v for k, v in settings.items() if k in known})
-    ph = Phases(a.device)
+    clock = time.process_time if a.clock == "cpu" else time.perf_counter
+    ph = Phases(a.device, clock)
     saved = {}
     hooks = [(train_mod, "evaluate", "eval_all"), (train_mod, "snapshot", "ckpt")]
     for owner_name, attr in (("LinearProbe", "fit"), ("LinearProbe", "predict_proba"),
@@ -111,14 +114,14 @@ def run(method: str, a: argparse.Namespace, settings: dict[str, Any]) -> dict[st
         diag = EpochDiagnostics(b, a.device, DiagnosticsConfig(n_unlabeled=512, seed=0))
         callbacks.append(train_mod.Diagnostics(ph.timed(diag, "diag")))
     best = [-1.0]
-    marks = [time.perf_counter()]
+    marks = [clock()]
 
     def on_epoch(rep: Any, improved: bool, snap: Any) -> None:
         if rep.val_balanced_accuracy > best[0]:  # what the search keeps
             best[0] = rep.val_balanced_accuracy
             snap()
         ph.sync()
-        now = time.perf_counter()
+        now = clock()
         ph.cur["wall"] = now - marks[-1]
         ph.cur["steps"] = rep.metrics["time/steps"]
         marks.append(now)
@@ -126,7 +129,7 @@ def run(method: str, a: argparse.Namespace, settings: dict[str, Any]) -> dict[st
         ph.cur = {}
 
     callbacks.append(train_mod.OnEpochEnd(on_epoch))
-    t0 = time.perf_counter()
+    t0 = clock()
     try:
         train_mod.train_trial(m, b, cfg, deadline=time.time() + 3600,
                               generator=torch.Generator().manual_seed(0),
@@ -134,7 +137,7 @@ def run(method: str, a: argparse.Namespace, settings: dict[str, Any]) -> dict[st
     finally:
         for (owner, attr), fn in saved.items():
             setattr(owner, attr, fn)
-    total = time.perf_counter() - t0
+    total = clock() - t0
     rows = ph.epochs[2:] or ph.epochs
     for r in rows:
         r["eval"] = r.get("eval_all", 0.0) - r.get("probe", 0.0)
@@ -159,6 +162,9 @@ def main() -> int:
     ap.add_argument("--code", type=Path, default=ROOT, help="checkout whose scarcelab runs")
     ap.add_argument("--data-dir", type=Path, default=SHARED)
     ap.add_argument("--label", default="")
+    ap.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                    help="cpu: this process's CPU seconds (a loaded CPU machine's wall "
+                    "clock measures its neighbours)")
     a = ap.parse_args()
     sys.path.insert(0, str(a.code.resolve()))
     import torch

@@ -11,6 +11,7 @@ retrains) — each in a fresh process, and splits the process's wall time into:
     data     loading the dataset and drawing the split
     train    the training steps (everything inside the epochs but what is listed below)
     eval     per-epoch evaluation (validation + test of every epoch; segment: validation)
+    probe    the self-supervised linear probe's fits and probabilities (out of eval)
     diag     C-Score diagnostics (semi; not charged to the budget)
     ckpt     checkpointing (in-memory snapshots + uploads of checkpoints/best.pt)
     track    per-epoch tracking calls and trial runs (log_batch, start/end trial)
@@ -44,7 +45,9 @@ time and the run's own ``time/*`` metrics are known (the child is MLflow's).
     OMP_NUM_THREADS=1 nice -n 10 /work/main/.venv/bin/python bench/study_overhead.py \\
         --families semi,supervised,self,segment,tune --out /work/out/perf/overhead
 
-The last line is a key=value summary (DESIGN §5).
+``--extra`` adds CLI options to every command (``--probe-solver torch``,
+``--eval-every-steps 10``); each study family's table ends with the same split per
+evaluated epoch. The last line is a key=value summary (DESIGN §5).
 """
 
 from __future__ import annotations

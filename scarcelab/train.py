@@ -1,11 +1,13 @@
 """The one epoch loop every method shares (DESIGN §2).
 
 Adam with a per-step cosine schedule; an epoch is enough steps to see |L ∪ U| once
-(SSL-vs-SSL §4), optionally capped for small budgets; after every epoch the validation
-balanced accuracy decides early stopping (``patience``) and the best-so-far checkpoint,
-and test metrics of the same epoch are recorded so that "test score of the checkpoint
-best on validation" is a lookup, never a re-evaluation. Data lives on the device as uint8
-tensors and is augmented per batch, so the loop never waits on a DataLoader.
+(SSL-vs-SSL §4), optionally capped for small budgets; after every epoch (or, under
+``TrainConfig.eval_every_steps``, every evaluation window) the validation balanced accuracy
+decides early stopping (``patience``) and the best-so-far checkpoint, and test metrics of
+the same epoch are recorded so that "test score of the checkpoint best on validation" is a
+lookup, never a re-evaluation. Data lives on the device as uint8 tensors and is augmented
+per batch, so the loop never waits on a DataLoader; the evaluated images stay there too,
+and an evaluation reads the device once (its class probabilities).
 """
 
 from __future__ import annotations
