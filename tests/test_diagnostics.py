@@ -521,7 +521,7 @@ def test_the_refreshed_scratch_gives_what_a_fresh_deepcopy_gives(tiny_bundle, na
         seen.append((old, new))
         return {}
 
-    cfg = TrainConfig(max_epochs=3, patience=10, max_steps_per_epoch=2, batch_labeled=8,
+    cfg = TrainConfig(max_epochs=3, patience=10, max_steps_per_epoch=1, batch_labeled=8,
                       batch_unlabeled=16)
     train_trial(m, tiny_bundle, cfg, deadline=1e18, generator=torch.Generator().manual_seed(1),
                 probe_rng=np.random.default_rng(1), callbacks=[Diagnostics(measure)])
