@@ -11,6 +11,7 @@ retrains) — each in a fresh process, and splits the process's wall time into:
     data     loading the dataset and drawing the split
     train    the training steps (everything inside the epochs but what is listed below)
     eval     per-epoch evaluation (validation + test of every epoch; segment: validation)
+    probe    the self-supervised linear probe's fits and probabilities (out of eval)
     diag     C-Score diagnostics (semi; not charged to the budget)
     ckpt     checkpointing (in-memory snapshots + uploads of checkpoints/best.pt)
     track    per-epoch tracking calls and trial runs (log_batch, start/end trial)
@@ -44,7 +45,9 @@ time and the run's own ``time/*`` metrics are known (the child is MLflow's).
     OMP_NUM_THREADS=1 nice -n 10 /work/main/.venv/bin/python bench/study_overhead.py \\
         --families semi,supervised,self,segment,tune --out /work/out/perf/overhead
 
-The last line is a key=value summary (DESIGN §5).
+``--extra`` adds CLI options to every command (``--probe-solver torch``,
+``--eval-every-steps 10``); each study family's table ends with the same split per
+evaluated epoch. The last line is a key=value summary (DESIGN §5).
 """
 
 from __future__ import annotations
@@ -87,6 +90,10 @@ HOOKS: list[tuple[str, str, str]] = [
     ("scarcelab.protocols.search", "export_classifier", "export_classifier"),
     ("scarcelab.train", "evaluate", "evaluate"),
     ("scarcelab.train", "snapshot", "snapshot"),
+    ("scarcelab.protocols.probe", "LinearProbe.fit", "probe"),
+    ("scarcelab.protocols.probe", "LinearProbe.predict_proba", "probe"),
+    ("scarcelab.protocols.probe", "TorchLinearProbe.fit", "probe"),
+    ("scarcelab.protocols.probe", "TorchLinearProbe.proba", "probe"),
     ("scarcelab.tracking.mlflow_tracker", "check_tracking_server", "check_server"),
     ("scarcelab.tracking.mlflow_tracker", "MlflowTracker.start_study", "start_study"),
     ("scarcelab.tracking.mlflow_tracker", "MlflowTracker.start_trial", "start_trial"),
@@ -318,8 +325,15 @@ def phases(rep: dict[str, Any], t_launch: float, t_end: float, family: str
         ck_in_cb = _sum([s for s in _spans(ev, "snapshot", lo, hi) + _spans(
             ev, "log_checkpoint", lo, hi) if any(a <= s[0] and s[1] <= b for a, b in
                                                  _spans(ev, "on_epoch", lo, hi))])
-        out.update(train=train, eval=ev_s, diag=diag, ckpt=ck, track=cb - ck_in_cb + trial_runs,
+        probe = _sum(_spans(ev, "probe", lo, hi))
+        out.update(train=train, eval=ev_s - probe, probe=probe, diag=diag, ckpt=ck,
+                   track=cb - ck_in_cb + trial_runs,
                    between=(hi - lo) - _sum(tt) - trial_runs - (ck - ck_in_cb))
+        # the same split per evaluated epoch (issue 40 item 3): what one epoch costs
+        n_ev = len(_spans(ev, "evaluate", lo, hi))
+        out["epochs"] = float(n_ev)
+        for k in ("train", "eval", "probe", "diag", "ckpt", "track"):
+            out[f"per_epoch.{k}"] = out[k] / max(1, n_ev)
         final_lo = hi
     # the final phase: from the end of training to the process's exit
     final = t_end - final_lo
@@ -353,7 +367,7 @@ def phases(rep: dict[str, Any], t_launch: float, t_end: float, family: str
     f["other"] = final - sum(v for k, v in f.items() if "." not in k)
     for k, v in f.items():
         out[f"final.{k}"] = v
-    top = [k for k in out if "." not in k]
+    top = [k for k in out if "." not in k and k != "epochs"]
     out["other"] = (t_end - t_launch) - sum(out[k] for k in top)
     return out
 
@@ -399,7 +413,7 @@ def launch(family: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     entry, args = FAMILIES[family]
     budget = a.segment_budget if family == "segment" else (
         a.tune_budget if family == "tune" else a.budget_minutes)
-    args = [*args, BUDGET_FLAG[family], str(budget)]
+    args = [*args, BUDGET_FLAG[family], str(budget), *a.extra.split()]
     if family == "tune" and a.tune_n_final:
         args += ["--n-final", str(a.tune_n_final)]
     store = out / f"{family}.db"
@@ -466,8 +480,8 @@ def _load() -> float:
         return float("nan")
 
 
-TOP = ("start", "setup", "data", "train", "eval", "diag", "ckpt", "track", "between",
-       "retrain", "final", "other")
+TOP = ("start", "setup", "data", "train", "eval", "probe", "diag", "ckpt", "track",
+       "between", "retrain", "final", "other")
 
 
 def table(res: dict[str, Any]) -> str:
@@ -491,6 +505,10 @@ def table(res: dict[str, Any]) -> str:
             for sub in sorted(x for x in ph if x.startswith(k + ".")):
                 if abs(ph[sub]) >= 0.05 or abs(pc.get(sub, 0.0)) >= 0.05:
                     lines.append(row(sub, 4))
+    if ph.get("epochs"):
+        lines.append(f"  per evaluated epoch ({ph['epochs']:.0f}), ms wall (CPU): " + ", ".join(
+            f"{k[10:]} {1e3 * ph[k]:.1f} ({1e3 * pc.get(k, float('nan')):.1f})"
+            for k in sorted(x for x in ph if x.startswith("per_epoch."))))
     run = res.get("run", {})
     logged = {k: v for k, v in run.items() if k.startswith(("sum.", "study."))}
     if logged:
@@ -507,6 +525,10 @@ def summary(results: list[dict[str, Any]], load0: float, load1: float) -> str:
                f"{f}_over_budget_s={wall - r['budget_s']:.1f}"]
         if ph:
             pc, c = r.get("phases_cpu", {}), r["cpu_s"]
+            if ph.get("epochs"):
+                kv += [f"{f}_epochs={ph['epochs']:.0f}"] + [
+                    f"{f}_per_epoch_{k[10:]}_cpu_ms={1e3 * pc.get(k, float('nan')):.1f}"
+                    for k in sorted(x for x in ph if x.startswith("per_epoch."))]
             kv += [f"{f}_train_eval_share={(ph.get('train', 0) + ph.get('eval', 0)) / wall:.3f}",
                    f"{f}_train_eval_share_cpu="
                    f"{(pc.get('train', 0) + pc.get('eval', 0)) / c if c else float('nan'):.3f}",
@@ -538,6 +560,8 @@ def main() -> int:
     p.add_argument("--profile", action="store_true",
                    help="also write a cProfile of each command (<family>.prof)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "study_overhead")
+    p.add_argument("--extra", default="", help="more CLI options for every command, e.g. "
+                   "'--probe-solver torch --eval-every-steps 8'")
     a = p.parse_args()
     a.code = a.code.resolve()
     a.out.mkdir(parents=True, exist_ok=True)

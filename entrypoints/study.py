@@ -51,9 +51,9 @@ STUDY_ENTRY = {n: n for n in (
     "max_epochs",
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
-    "hparams_from", "transfer_epochs", "positive_class", "class_weights")} | {"set": "overrides",
-                                                            **IDENTITY_ENTRY, **ACCEL_ENTRY,
-                                                            **DATASET_ENTRY}
+    "hparams_from", "transfer_epochs", "positive_class", "class_weights", "probe_solver",
+    "eval_every_steps")} | {"set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY,
+                            **DATASET_ENTRY}
 #: the supervised / semi / self entry points add the model registry option and --folds
 FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model", **FOLDS_ENTRY}
 
@@ -144,6 +144,14 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
         click.option("--diag-samples", default="512", show_default=True, type=Int(0, None),
                      help="unlabeled subsample for the per-epoch C-Score diagnostics of "
                      "semi-supervised runs (0 = off)"),
+        click.option("--probe-solver", default="sklearn", show_default=True,
+                     type=Word(("sklearn", "torch")),
+                     help="self-supervised methods' per-epoch linear probe: scikit-learn "
+                     "on the host, or torch (all penalties at once, on the device)"),
+        click.option("--eval-every-steps", default="0", show_default=True, type=Int(0, None),
+                     help="evaluate after an epoch only once this many steps are not yet "
+                     "evaluated (0 = every epoch; for tiny sets); patience then counts "
+                     "evaluations"),
     ]
     fn = accel_options(fn)  # listed after the options above
     for opt in reversed(opts):
@@ -198,6 +206,8 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         val_from=kw.get("val_from") or "auto", hparams=hparams, hparams_source=hparams_source,
         transfer_epochs=kw.get("transfer_epochs"),
         class_weights=kw.get("class_weights") or "balanced",
+        probe_solver=kw.get("probe_solver") or "sklearn",
+        eval_every_steps=kw.get("eval_every_steps") or 0,
         positive_class=None if kw.get("positive_class") in (None, "", "default")
         else kw["positive_class"],
         accel=accel_from(kw),

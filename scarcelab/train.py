@@ -1,11 +1,13 @@
 """The one epoch loop every method shares (DESIGN §2).
 
 Adam with a per-step cosine schedule; an epoch is enough steps to see |L ∪ U| once
-(SSL-vs-SSL §4), optionally capped for small budgets; after every epoch the validation
-balanced accuracy decides early stopping (``patience``) and the best-so-far checkpoint,
-and test metrics of the same epoch are recorded so that "test score of the checkpoint
-best on validation" is a lookup, never a re-evaluation. Data lives on the device as uint8
-tensors and is augmented per batch, so the loop never waits on a DataLoader.
+(SSL-vs-SSL §4), optionally capped for small budgets; after every epoch (or, under
+``TrainConfig.eval_every_steps``, every evaluation window) the validation balanced accuracy
+decides early stopping (``patience``) and the best-so-far checkpoint, and test metrics of
+the same epoch are recorded so that "test score of the checkpoint best on validation" is a
+lookup, never a re-evaluation. Data lives on the device as uint8 tensors and is augmented
+per batch, so the loop never waits on a DataLoader; the evaluated images stay there too,
+and an evaluation reads the device once (its class probabilities).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from scarcelab.methods._parts import balanced_class_weights
 from scarcelab.methods.base import Batch, DataInfo, Method, Progress
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export, normalize
-from scarcelab.protocols.probe import LinearProbe
+from scarcelab.protocols.probe import PROBE_SOLVERS, LinearProbe, Probe, make_probe
 
 #: what a study's budget counts (``StudyConfig.budget_clock``)
 BUDGET_CLOCKS = ("wall", "cpu")
@@ -124,6 +126,15 @@ class TrainConfig:
     # (scarcelab.methods._parts.balanced_class_weights; the probe: sklearn's
     # class_weight="balanced"), as SSL-vs-SSL does for every method; "none" = unweighted
     class_weights: str = "none"
+    # the self-supervised methods' per-epoch probe: "sklearn" (LinearProbe, on the host) or
+    # "torch" (TorchLinearProbe, on the device); scarcelab.protocols.probe
+    probe_solver: str = "sklearn"
+    # evaluation cadence: after an epoch only once at least this many steps were trained
+    # since the last evaluation (0 = after every epoch). For sets so small that an epoch
+    # is a step or two, where evaluating (and logging, checkpointing, diagnosing) every
+    # epoch costs more than training. Patience then counts evaluations, not epochs; the
+    # last epoch, and one the budget ends, are always evaluated.
+    eval_every_steps: int = 0
     # precision and kernels (scarcelab.accel, docs/performance.md): bf16 autocast,
     # channels-last weights / inputs, cuDNN benchmarking, fused optimiser, TF32, compile;
     # ``auto`` resolved for ``device`` when the loop starts (on CPU: this loop's former
@@ -280,23 +291,43 @@ class BatchSource:
 
 
 @torch.no_grad()
-def forward_images(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, bs: int, device: torch.device,
-    accel: Accel | None = None
-) -> np.ndarray:
+def forward_device(fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray | torch.Tensor,
+                   bs: int, device: torch.device, accel: Accel | None = None) -> torch.Tensor:
     """``fn`` over uint8 images (N, C, H, W), converted and normalised as in training, in
-    chunks of ``bs`` on ``device``; float32 numpy out (features or logits). ``accel`` (a
-    resolved :class:`~scarcelab.accel.Accel`): the training's input layout and autocast,
-    so that a bf16 model is evaluated as it trained."""
+    chunks of ``bs`` on ``device``; float32 out, left on ``device`` (no host read). ``x``
+    may be on the device already (:class:`EvalSets`): then nothing is copied. ``accel``
+    (a resolved :class:`~scarcelab.accel.Accel`): the training's input layout and
+    autocast, so that a bf16 model is evaluated as it trained."""
     out = []
     for i in range(0, len(x), bs):
         xb = normalize(to_float(torch.as_tensor(x[i : i + bs]).to(device)))
         if accel is None:
-            out.append(fn(xb).float().cpu())
+            out.append(fn(xb).float())
             continue
         with accel.autocast(device):
-            out.append(fn(accel.images(xb)).float().cpu())
-    return torch.cat(out).numpy() if out else np.zeros((0, 0))
+            out.append(fn(accel.images(xb)).float())
+    return torch.cat(out) if out else torch.zeros((0, 0), device=device)
+
+
+def forward_images(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray | torch.Tensor, bs: int,
+    device: torch.device, accel: Accel | None = None
+) -> np.ndarray:
+    """:func:`forward_device` brought to the host in one copy: float32 numpy (features or
+    logits)."""
+    return forward_device(fn, x, bs, device, accel).cpu().numpy()
+
+
+class EvalSets:
+    """The uint8 images every epoch's evaluation reads, moved to the device once per trial
+    (not once per epoch): validation, test (the same tensor when the bundle has one set in
+    both slots, the tune protocol), and the labeled set when a probe is fitted on it."""
+
+    def __init__(self, bundle: DatasetBundle, device: torch.device, labeled: bool) -> None:
+        self.same = bundle.test_x is bundle.val_x
+        self.val = torch.as_tensor(bundle.val_x).to(device)
+        self.test = self.val if self.same else torch.as_tensor(bundle.test_x).to(device)
+        self.labeled = torch.as_tensor(bundle.labeled_x).to(device) if labeled else None
 
 
 class Evaluation(tuple):  # type: ignore[type-arg]
@@ -306,7 +337,7 @@ class Evaluation(tuple):  # type: ignore[type-arg]
 
     test_proba: np.ndarray | None
 
-    def __new__(cls, val: float, test: dict[str, float], probe: LinearProbe | None,
+    def __new__(cls, val: float, test: dict[str, float], probe: Probe | None,
                 test_proba: np.ndarray | None = None) -> Evaluation:
         out = super().__new__(cls, (val, test, probe))
         out.test_proba = test_proba
@@ -314,36 +345,27 @@ class Evaluation(tuple):  # type: ignore[type-arg]
 
 
 def evaluate(
-    method: Method, bundle: DatasetBundle, cfg: TrainConfig, rng: np.random.Generator
+    method: Method, bundle: DatasetBundle, cfg: TrainConfig, rng: np.random.Generator,
+    sets: EvalSets | None = None,
 ) -> Evaluation:
     """Validation balanced accuracy, test metrics, and the fitted probe if one is used
-    (plus the test probabilities: :class:`Evaluation`)."""
+    (plus the test probabilities: :class:`Evaluation`). ``sets``: the trial's images on
+    the device (moved here when not given).
+
+    Everything up to the class probabilities runs on the device; they come to the host
+    in one copy for validation and test together (the torch probe adds one read of its
+    validation predictions), and the metrics are computed there in numpy as before."""
     device = torch.device(cfg.device)
     accel = cfg.resolved_accel()
+    if sets is None:
+        sets = EvalSets(bundle, device, method.linear_probe)
     method.eval()
     try:
-        # the tune protocol evaluates one set in both slots (its search: validation; its
-        # retrains: train+val): the same images are run through the network once
-        same = bundle.test_x is bundle.val_x
         if method.linear_probe:
-            fl = forward_images(method.features, bundle.labeled_x, cfg.eval_batch_size,
-                                device, accel)
-            fv = forward_images(method.features, bundle.val_x, cfg.eval_batch_size, device,
-                                accel)
-            ft = fv if same else forward_images(method.features, bundle.test_x,
-                                                cfg.eval_batch_size, device, accel)
-            if not (np.isfinite(fl).all() and np.isfinite(fv).all() and np.isfinite(ft).all()):
-                raise TrialFailed("non-finite features from the encoder")
-            probe = LinearProbe(bundle.num_classes, balanced=cfg.class_weights == "balanced"
-                                ).fit(fl, bundle.labeled_y, fv, bundle.val_y, rng)
-            pv, pt = probe.predict_proba(fv), probe.predict_proba(ft)
+            probe, pv, pt = _probe_probabilities(method, bundle, cfg, rng, sets, accel)
         else:
             probe = None
-            bs = cfg.eval_batch_size
-            pv = torch.softmax(torch.as_tensor(
-                forward_images(method.logits, bundle.val_x, bs, device, accel)), 1).numpy()
-            pt = pv if same else torch.softmax(torch.as_tensor(
-                forward_images(method.logits, bundle.test_x, bs, device, accel)), 1).numpy()
+            pv, pt = _head_probabilities(method, cfg, sets, accel)
             if not (np.isfinite(pv).all() and np.isfinite(pt).all()):
                 raise TrialFailed("non-finite predictions")
     finally:
@@ -352,6 +374,48 @@ def evaluate(
     # binary tasks: sensitivity / pAUROC of the dataset's positive class (the disease)
     test = classification_metrics(bundle.test_y, pt, bundle.meta.get("positive_class"))
     return Evaluation(val_bacc, test, probe, pt)
+
+
+def _split(both: np.ndarray, n_val: int, same: bool) -> tuple[np.ndarray, np.ndarray]:
+    return (both, both) if same else (both[:n_val], both[n_val:])
+
+
+def _head_probabilities(method: Method, cfg: TrainConfig, sets: EvalSets,
+                        accel: Accel | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The method's own class probabilities for validation and test (one host copy)."""
+    device, bs = torch.device(cfg.device), cfg.eval_batch_size
+    parts = [torch.softmax(forward_device(method.logits, x, bs, device, accel), 1)
+             for x in ([sets.val] if sets.same else [sets.val, sets.test])]
+    return _split(torch.cat(parts).cpu().numpy(), len(sets.val), sets.same)
+
+
+def _probe_probabilities(method: Method, bundle: DatasetBundle, cfg: TrainConfig,
+                         rng: np.random.Generator, sets: EvalSets, accel: Accel | None = None
+                         ) -> tuple[Probe, np.ndarray, np.ndarray]:
+    """The probe fitted on the encoder's features, and its validation and test class
+    probabilities. The torch probe fits where the features are (no copy of them to the
+    host); scikit-learn's gets them in one copy."""
+    device, bs = torch.device(cfg.device), cfg.eval_batch_size
+    assert sets.labeled is not None
+    feats = [forward_device(method.features, x, bs, device, accel) for x in
+             ([sets.labeled, sets.val] if sets.same else [sets.labeled, sets.val, sets.test])]
+    nl, nv = len(feats[0]), len(feats[1])
+    probe = make_probe(cfg.probe_solver, bundle.num_classes,
+                       balanced=cfg.class_weights == "balanced")
+    if isinstance(probe, LinearProbe):
+        host = torch.cat(feats).cpu().numpy()
+        if not np.isfinite(host).all():
+            raise TrialFailed("non-finite features from the encoder")
+        fl, (fv, ft) = host[:nl], _split(host[nl:], nv, sets.same)
+        probe.fit(fl, bundle.labeled_y, fv, bundle.val_y, rng)
+        return probe, probe.predict_proba(fv), probe.predict_proba(ft)
+    if not bool(torch.isfinite(torch.cat(feats)).all()):
+        raise TrialFailed("non-finite features from the encoder")
+    fl, fv = feats[0], feats[1]
+    probe.fit(fl, bundle.labeled_y, fv, bundle.val_y, rng)
+    both = torch.cat([probe.proba(f) for f in feats[1:]]).cpu().numpy()
+    pv, pt = _split(both, nv, sets.same)
+    return probe, pv, pt
 
 
 CLASS_WEIGHTS = ("balanced", "none")
@@ -378,23 +442,40 @@ def steps_per_epoch(bundle: DatasetBundle, per_step: int, cap: int | None) -> in
     return min(steps, cap) if cap else steps
 
 
-def snapshot(method: Method, probe: LinearProbe | None, extra: dict[str, Any]) -> dict[str, Any]:
-    """A CPU copy of everything needed to rebuild the predictor (encoder *and* probe).
+def snapshot(method: Method, probe: Probe | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """A copy of everything needed to rebuild the predictor (encoder *and* probe), kept on
+    the method's device: taking it is a device-side ``clone`` with no host read, and it
+    reaches the host (:func:`checkpoint_to_host`) only when it is uploaded or exported —
+    a new best checkpoint can be taken every epoch, its upload is rate-limited. It costs
+    one more copy of the weights (and BatchNorm statistics) on the device while held.
 
     Tensors and plain types only: checkpoints go through the artifact store and are read
     back with ``torch.load(weights_only=True)``, so the probe is kept as the state of its
-    equivalent linear head (``LinearProbe.to_linear``), not as a pickled sklearn object."""
-    state = {k: v.detach().to("cpu", copy=True) for k, v in method.state_dict().items()}
+    equivalent linear head (``to_linear``), not as a pickled sklearn object."""
+    state = {k: v.detach().clone() for k, v in method.state_dict().items()}
     head = None
     if probe is not None:
         head = {k: v.detach().clone() for k, v in probe.to_linear().state_dict().items()}
     return {"state_dict": state, "probe": head, **extra}
 
 
+def checkpoint_to_host(ckpt: Any) -> Any:
+    """``ckpt`` with every tensor in it (nested dicts and lists too) on the host; one
+    already there is kept, not copied."""
+    if isinstance(ckpt, torch.Tensor):
+        return ckpt.cpu()
+    if isinstance(ckpt, dict):
+        return {k: checkpoint_to_host(v) for k, v in ckpt.items()}
+    if isinstance(ckpt, (list, tuple)):
+        return type(ckpt)(checkpoint_to_host(v) for v in ckpt)
+    return ckpt
+
+
 def export_classifier(
     method: Method, ckpt: dict[str, Any], class_names: list[str]
 ) -> ExportedClassifier:
     """Rebuild the best predictor from a checkpoint as an ``ExportedClassifier`` on CPU."""
+    ckpt = checkpoint_to_host(ckpt)
     m = copy.deepcopy(method).to("cpu")
     m.load_state_dict(ckpt["state_dict"])
     if ckpt.get("probe") is not None:
@@ -606,6 +687,11 @@ def train_trial(
     budget = deadline if isinstance(deadline, Budget) else _Deadline(deadline)
     if cfg.stop_on not in ("val", "train_loss"):
         raise ValueError(f"TrainConfig.stop_on={cfg.stop_on!r}: 'val' or 'train_loss'")
+    if cfg.probe_solver not in PROBE_SOLVERS:
+        raise ValueError(f"TrainConfig.probe_solver={cfg.probe_solver!r}: "
+                         f"{' or '.join(map(repr, PROBE_SOLVERS))}")
+    if cfg.eval_every_steps < 0:
+        raise ValueError(f"TrainConfig.eval_every_steps={cfg.eval_every_steps}: >= 0")
     loop = _EpochLoop(method, bundle, cfg, budget, generator, probe_rng)
     return loop.run(tuple(callbacks))
 
@@ -619,10 +705,32 @@ class _Steps(NamedTuple):
     out_of_time: bool  # the budget ended the epoch before its last step
 
 
+@dataclass
+class _Window:
+    """The steps since the last evaluation (one epoch's at the default cadence): what the
+    next report averages and times."""
+
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    n: int = 0
+    t_data: float = 0.0
+    t_train: float = 0.0
+    epoch: int = -1  # the epoch of its last step
+
+    def add(self, steps: _Steps, t_train: float, epoch: int) -> None:
+        for k, v in steps.sums.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.n += steps.n
+        self.t_data += steps.t_data
+        self.t_train += t_train
+        if steps.n:
+            self.epoch = epoch
+
+
 class _EpochLoop:
     """One trial's training: the state its epochs share (the step count, the last step's
     and evaluation's cost that decide whether another step fits, the early-stopping
-    counters), kept on an object so that each phase of an epoch can be a method of its own.
+    counters, the steps not yet evaluated), kept on an object so that each phase of an
+    epoch can be a method of its own.
     """
 
     def __init__(self, method: Method, bundle: DatasetBundle, cfg: TrainConfig,
@@ -639,6 +747,7 @@ class _EpochLoop:
                                   cfg.batch_unlabeled, device, generator,
                                   labeled_views=cfg.labeled_views,
                                   host_draws=method.host_draws)
+        self.eval_sets = EvalSets(bundle, device, method.linear_probe)
         self.spe = steps_per_epoch(bundle, self.source.samples_per_step,
                                    cfg.max_steps_per_epoch)
         self.total = self.spe * cfg.max_epochs
@@ -647,9 +756,12 @@ class _EpochLoop:
         self.since_best = 0
         self.best_loss = math.inf
         self.step = 0
-        # A step is started only if it and the epoch's evaluation fit in what is left of
-        # the budget (at the speed of the last step and evaluation): the budget ends with
-        # an evaluated epoch, not with a step or an evaluation that runs past it.
+        self.window = _Window()
+        # A step is started only if it and an evaluation fit in what is left of the
+        # budget (at the speed of the last step and evaluation): the budget ends with an
+        # evaluated epoch, not with a step or an evaluation that runs past it. Under an
+        # evaluation cadence every step still leaves room for one, so that the steps not
+        # yet evaluated when the budget ends are evaluated then.
         self.step_s = self.eval_s = 0.0
 
     def run(self, callbacks: tuple[EpochCallback, ...]) -> TrialResult:
@@ -662,22 +774,35 @@ class _EpochLoop:
             self.res.stopped = "max_epochs"
         return self.res
 
+    def _due(self, epoch: int, steps: _Steps) -> bool:
+        """Whether this epoch ends with an evaluation: every epoch by default; under
+        ``eval_every_steps`` once that many steps are unevaluated, and always at the last
+        epoch and when the budget ends training."""
+        every = self.cfg.eval_every_steps
+        return (every <= 0 or self.window.n >= every or steps.out_of_time
+                or epoch == self.cfg.max_epochs - 1)
+
     def _epoch(self, epoch: int, callbacks: tuple[EpochCallback, ...]) -> str:
-        """Train, diagnose, evaluate and report one epoch; why training stops after it
-        ("" to go on). An epoch the budget left no step for is not evaluated."""
+        """Train one epoch and, when due, diagnose, evaluate and report the steps since the
+        last evaluation; why training stops after it ("" to go on). Nothing is evaluated
+        when no step was trained since the last evaluation."""
         t0 = time.perf_counter()
         steps = self._steps(epoch)
-        if steps.n == 0:
+        self.window.add(steps, time.perf_counter() - t0, epoch)
+        win = self.window
+        if win.n == 0:
             return "budget"
-        t_train = time.perf_counter() - t0
+        if not self._due(epoch, steps):
+            return ""
+        self.window = _Window()
+        epoch = win.epoch  # the report is the window's: the epoch of its last step
         diag = self._diagnostics(callbacks, epoch)
         te, tb = time.perf_counter(), self.budget.now()
-        ev = evaluate(self.method, self.bundle, self.cfg, self.probe_rng)
+        ev = evaluate(self.method, self.bundle, self.cfg, self.probe_rng, self.eval_sets)
         val_bacc, test_m, probe = ev
         test_proba = getattr(ev, "test_proba", None)  # a plain triple from a stand-in
         t_eval, self.eval_s = time.perf_counter() - te, self.budget.now() - tb
-        metrics = _epoch_metrics(steps, val_bacc, test_m, self.sched.get_last_lr()[0],
-                                 t_train, t_eval)
+        metrics = _epoch_metrics(win, val_bacc, test_m, self.sched.get_last_lr()[0], t_eval)
         metrics.update(diag)
         if self.method.linear_probe and probe is not None:
             metrics["time/probe_s"] = t_eval
@@ -690,7 +815,7 @@ class _EpochLoop:
         if callbacks:
             method = self.method
 
-            def snap(p: LinearProbe | None = probe, e: int = epoch,
+            def snap(p: Probe | None = probe, e: int = epoch,
                      v: float = val_bacc) -> dict[str, Any]:
                 return snapshot(method, p, {"epoch": e, "val_balanced_accuracy": v})
 
@@ -782,17 +907,17 @@ def _prepare_method(method: Method, bundle: DatasetBundle, cfg: TrainConfig,
     method.on_train_start(info)
 
 
-def _epoch_metrics(steps: _Steps, val_bacc: float, test_m: dict[str, float], lr: float,
-                   t_train: float, t_eval: float) -> dict[str, float]:
-    """The epoch's mean train losses, its validation and test scores and its costs."""
-    metrics = {f"train/{k}": float(v) / steps.n for k, v in steps.sums.items()}
+def _epoch_metrics(win: _Window, val_bacc: float, test_m: dict[str, float], lr: float,
+                   t_eval: float) -> dict[str, float]:
+    """The window's mean train losses, its validation and test scores and its costs."""
+    metrics = {f"train/{k}": float(v) / win.n for k, v in win.sums.items()}
     metrics.update({
         "val/balanced_accuracy": val_bacc,
         **{f"test/{k}": v for k, v in test_m.items()},
         "train/lr": lr,
-        "time/epoch_s": t_train + t_eval,  # what the budget is charged (no diagnostics)
-        "time/data_s": steps.t_data,
+        "time/epoch_s": win.t_train + t_eval,  # what the budget is charged (no diagnostics)
+        "time/data_s": win.t_data,
         "time/eval_s": t_eval,
-        "time/steps": float(steps.n),
+        "time/steps": float(win.n),
     })
     return metrics

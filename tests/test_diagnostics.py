@@ -474,3 +474,74 @@ def test_sem_drift_reads_labels_and_pseudo_labels_with_the_same_integer_cast():
     assert ref == pytest.approx(2.0)  # as test_sem_drift_hand_computed
     assert semantic_drift(zl, yl, zu, pseudo, mask, 2) == pytest.approx(ref)
     assert semantic_drift(zl, yl.astype(np.float32), zu, pseudo, mask, 2) == pytest.approx(ref)
+
+
+# -- one scratch copy per trial, refreshed each epoch (issue 40 item 3) ----------------------
+SEMI = sorted(n for n, c in METHODS._entries.items() if c.family == "semi")
+
+
+def _grad_align_on_a_fresh_deepcopy(diag, method, epoch):
+    """The diagnostic step as it was before the scratch copy: a new deep copy per epoch."""
+    import copy
+
+    from scarcelab.methods.base import Progress
+
+    probe = copy.deepcopy(method)
+    probe.train()
+    with torch.random.fork_rng(devices=[]):
+        losses = probe.step(diag._batch(probe), Progress(step=0, total_steps=1, epoch=epoch))
+    if "loss_labeled" not in losses or "loss_unlabeled" not in losses:
+        return math.nan
+    return gradient_alignment(losses["loss_labeled"], losses["loss_unlabeled"],
+                              probe.head.weight)
+
+
+@pytest.mark.parametrize("name", SEMI)
+def test_the_refreshed_scratch_gives_what_a_fresh_deepcopy_gives(tiny_bundle, name):
+    """Every semi-supervised method, trained three epochs on a fixed seed: each epoch's
+    Grad-Align on the one scratch copy (refreshed in place, after its own diagnostic step
+    changed its queues, statistics and per-sample state) equals, bit for bit, the old
+    computation on a new deep copy; the scratch is made once and then reused; its state
+    after the refresh is the method's."""
+    cls = get_method(name)
+    torch.manual_seed(0)
+    m = cls(create_model("small_cnn", in_channels=1), 3, dict(cls.defaults))
+    diag = EpochDiagnostics(tiny_bundle, "cpu", DiagnosticsConfig(n_unlabeled=64,
+                                                                  n_labeled=16))
+    seen: list[tuple[float, float]] = []
+    copies: list[int] = []
+
+    def measure(method, epoch):
+        old = _grad_align_on_a_fresh_deepcopy(diag, method, epoch)
+        new = diag.grad_align(method, epoch)
+        scratch = diag._scratch
+        copies.append(id(scratch))
+        s0, s1 = method.state_dict(), diag.scratch(method).state_dict()
+        assert all(torch.equal(s0[k], s1[k]) for k in s0)
+        seen.append((old, new))
+        return {}
+
+    cfg = TrainConfig(max_epochs=3, patience=10, max_steps_per_epoch=1, batch_labeled=8,
+                      batch_unlabeled=16)
+    train_trial(m, tiny_bundle, cfg, deadline=1e18, generator=torch.Generator().manual_seed(1),
+                probe_rng=np.random.default_rng(1), callbacks=[Diagnostics(measure)])
+    assert len(seen) == 3 and len(set(copies)) == 1
+    for old, new in seen:
+        assert (math.isnan(old) and math.isnan(new)) or old == new
+
+
+def test_a_new_method_gets_a_new_scratch_and_a_changed_tree_a_new_copy(tiny_bundle):
+    m1, m2 = _fixmatch(tiny_bundle, seed=1), _fixmatch(tiny_bundle, seed=2)
+    diag = EpochDiagnostics(tiny_bundle, "cpu", DiagnosticsConfig(n_unlabeled=32))
+    a = diag.scratch(m1)
+    assert diag.scratch(m1) is a
+    b = diag.scratch(m2)
+    assert b is not a and torch.equal(b.head.weight, m2.head.weight)
+    m2.head = torch.nn.Linear(m2.head.in_features, 3)  # the same tree: refreshed
+    assert diag.scratch(m2) is b and torch.equal(b.head.weight, m2.head.weight)
+    m2.head = torch.nn.Linear(m2.head.in_features, 4)  # another shape: a fresh copy
+    c = diag.scratch(m2)
+    assert c is not b and torch.equal(c.head.weight, m2.head.weight)
+    m2.extra = torch.nn.Linear(2, 2)  # another tree: a fresh copy
+    d = diag.scratch(m2)
+    assert d is not c and torch.equal(d.extra.weight, m2.extra.weight)

@@ -46,7 +46,7 @@ SCRIPT = [[(0.50, 0.90), (0.70, 0.60), (0.70, 0.80)],
 def scripted_eval(monkeypatch):
     calls = iter([e for trial in SCRIPT for e in trial])
 
-    def evaluate(method, bundle, cfg, rng):
+    def evaluate(method, bundle, cfg, rng, sets=None):
         v, t = next(calls)
         return v, {"balanced_accuracy": t, "accuracy": t}, None
 
@@ -289,7 +289,8 @@ def test_study_budget_clock_is_validated_logged_and_keys_the_study():
     # the default leaves keys of studies recorded before the option unchanged
     legacy = {k: v for k, v in __import__("dataclasses").asdict(_cfg()).items()
               if k not in ("storage", "study_name", "device", "label_fraction",
-                           "budget_clock", "started_at", "final_reserve_s")}
+                           "budget_clock", "started_at", "final_reserve_s",
+                           "probe_solver", "eval_every_steps", "accel", "data_options")}
     import hashlib
     import json
     blob = json.dumps({**legacy, "split_hash": "h"}, sort_keys=True, default=str)
@@ -380,7 +381,7 @@ def test_no_checkpoint_is_uploaded_before_an_epoch_sets_a_best(monkeypatch):
     is nothing to store yet: the first upload is the first real best (epoch 1)."""
     script = iter([math.nan, 0.5, 0.4])
 
-    def evaluate(method, bundle, cfg, rng):  # type: ignore[no-untyped-def]
+    def evaluate(method, bundle, cfg, rng, sets=None):  # type: ignore[no-untyped-def]
         v = next(script)
         return v, {"balanced_accuracy": 0.3, "accuracy": 0.3}, None
 

@@ -45,12 +45,14 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from scarcelab.data.augment import AUGMENTATIONS, to_float
 from scarcelab.data.bundle import DatasetBundle
@@ -176,6 +178,52 @@ def ood_filtration_failure(mask: ArrayLike, is_ood: ArrayLike) -> float:
 # ---------------------------------------------------------------------------------------
 # the per-epoch hook
 
+#: what ``nn.Module`` keeps in these slots is walked (tensors copied in place); every other
+#: attribute is deep-copied
+_WALKED = ("_parameters", "_buffers", "_modules")
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+            and a.stride() == b.stride())
+
+
+@torch.no_grad()
+def refresh_copy(dst: nn.Module, src: nn.Module) -> bool:
+    """Make ``dst``, an earlier ``copy.deepcopy(src)``, what ``copy.deepcopy(src)`` would
+    give now, reusing its memory: parameters and buffers copied in place (``copy_``, no
+    allocation), everything else (hyper-parameters, python counters, an inner optimiser's
+    state, plain tensor attributes) deep-copied with the same memo ``deepcopy`` would have,
+    so that references to parameters land on ``dst``'s. Gradients are not copied (the
+    diagnostic step never reads them). False, with ``dst`` unusable, when ``src``'s module
+    tree no longer matches ``dst``'s: make a new copy then."""
+    pairs = list(zip(src.modules(), dst.modules(), strict=False))
+    if len(pairs) != len(list(src.modules())) or any(
+            type(a) is not type(b) or a._modules.keys() != b._modules.keys()
+            or a._parameters.keys() != b._parameters.keys()
+            or a._buffers.keys() != b._buffers.keys() for a, b in pairs):
+        return False
+    memo: dict[int, Any] = {}
+    for a, b in pairs:
+        memo[id(a)] = b
+        for slot in ("_parameters", "_buffers"):
+            for name, t in getattr(a, slot).items():
+                u = getattr(b, slot)[name]
+                if t is None or u is None or not _same_layout(t, u):
+                    if t is not None or u is not None:
+                        return False
+                    continue
+                u.copy_(t)
+                if slot == "_parameters":
+                    u.requires_grad_(t.requires_grad)
+                    u.grad = None
+                memo[id(t)] = u
+    for a, b in pairs:
+        for k, v in a.__dict__.items():
+            if k not in _WALKED:
+                b.__dict__[k] = copy.deepcopy(v, memo)
+    return True
+
 
 @dataclass
 class DiagnosticsConfig:
@@ -204,11 +252,14 @@ class EpochDiagnostics:
     the ``loss_labeled`` / ``loss_unlabeled`` terms that ``method.step`` returns on one
     fixed diagnostic batch, w.r.t. ``method.head.weight``.
 
-    ``method.step`` runs on a deep copy under a forked RNG, so the diagnostic step never
+    ``method.step`` runs on a copy under a forked RNG, so the diagnostic step never
     touches the trained model's BatchNorm statistics, per-sample state (FlexMatch), queues
     or gradients, and never shifts the training random stream: a run with diagnostics
-    trains exactly as one without. The subsample (and the augmentation of the Grad-Align
-    batch) are fixed by ``cfg.seed``, so epochs and trials are compared on the same images.
+    trains exactly as one without. The copy is one scratch module per trained method, made
+    at its first diagnosed epoch and refreshed in place at the next ones
+    (:func:`refresh_copy`), not a new deep copy every epoch. The subsample (and the
+    augmentation of the Grad-Align batch) are fixed by ``cfg.seed``, so epochs and trials
+    are compared on the same images.
     OOD flags (``bundle.unlabeled_ood``) are read here and only here, as an oracle.
 
     Contaminated pools (``bundle.unlabeled_ood`` set): the ``cfg.n_unlabeled`` ID images
@@ -263,6 +314,19 @@ class EpochDiagnostics:
         self.gl = torch.arange(min(self.cfg.batch_labeled, len(self.xl)))
         self.gu_pool = self.u_pool[self.gu]
         self._warned = False
+        self._scratch: Method | None = None
+        self._scratch_of: weakref.ref[Method] | None = None
+
+    def scratch(self, method: Method) -> Method:
+        """A copy of ``method`` as it is now, for the diagnostic step: the one scratch copy
+        of this method, refreshed, or a new one for a new method (the next trial)."""
+        same = self._scratch_of is not None and self._scratch_of() is method
+        if not (same and self._scratch is not None
+                and refresh_copy(self._scratch, method)):
+            self._scratch = None  # never two copies at once
+            self._scratch = copy.deepcopy(method)
+            self._scratch_of = weakref.ref(method)
+        return self._scratch
 
     @torch.no_grad()
     def _logits(self, method: Method, x: torch.Tensor) -> torch.Tensor:
@@ -282,7 +346,7 @@ class EpochDiagnostics:
     def grad_align(self, method: Method, epoch: int) -> float:
         if not hasattr(method, "head"):
             return math.nan
-        probe = copy.deepcopy(method)
+        probe = self.scratch(method)
         probe.train()
         devices = [self.device.index or 0] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):

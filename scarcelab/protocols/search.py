@@ -59,6 +59,7 @@ from scarcelab.methods.space import sample
 from scarcelab.metrics.diagnostics import DiagnosticsConfig, EpochDiagnostics
 from scarcelab.models import create_model
 from scarcelab.models.image_input import transform_of
+from scarcelab.protocols.probe import PROBE_SOLVERS
 from scarcelab.protocols.study_store import StudyStore, redact
 from scarcelab.protocols.trials import COMPLETE, MAX_CONSECUTIVE_ERRORS, TrialRunner, trial_seed
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
@@ -71,6 +72,7 @@ from scarcelab.train import (
     EpochReport,
     OnEpochEnd,
     TrainConfig,
+    checkpoint_to_host,
     data_info,
     export_classifier,
     train_trial,
@@ -177,6 +179,12 @@ class StudyConfig(AutoDevice):
     # precision and kernels of every trial (scarcelab.accel; ``auto``: per device); logged
     # resolved as the params precision, channels_last, ... (they change the numbers)
     accel: Accel = field(default_factory=Accel)
+    # self-supervised methods' per-epoch probe: "sklearn" or "torch" (on the device;
+    # scarcelab.protocols.probe)
+    probe_solver: str = "sklearn"
+    # evaluate after an epoch only once this many steps are unevaluated (0 = every
+    # epoch); patience then counts evaluations (scarcelab.train.TrainConfig)
+    eval_every_steps: int = 0
 
     def budget_split(self, now: float) -> tuple[float, float]:
         """(start-up seconds charged to the budget, seconds reserved for the final phase)."""
@@ -234,6 +242,12 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
         raise ConfigError(f"budget_minutes must be > 0, got {cfg.budget_minutes}")
     if cfg.budget_clock not in BUDGET_CLOCKS:
         raise ConfigError(f"budget_clock={cfg.budget_clock!r}; use one of {BUDGET_CLOCKS}")
+    if cfg.probe_solver not in PROBE_SOLVERS:
+        raise ConfigError(f"probe_solver={cfg.probe_solver!r}: valid values are "
+                          f"{', '.join(PROBE_SOLVERS)}")
+    if cfg.eval_every_steps < 0:
+        raise ConfigError(f"eval_every_steps must be >= 0 (0 = every epoch), got "
+                          f"{cfg.eval_every_steps}")
     for name in ("max_epochs", "patience"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
@@ -358,7 +372,8 @@ def _train_config(cfg: StudyConfig, method_cls: type[Method], device: str) -> Tr
         max_steps_per_epoch=cfg.max_steps_per_epoch,
         batch_labeled=cfg.batch_size or method_cls.batch_sizes["labeled"],
         batch_unlabeled=cfg.unlabeled_batch_size or method_cls.batch_sizes["unlabeled"],
-        device=device, class_weights=cfg.class_weights, accel=cfg.accel)
+        device=device, class_weights=cfg.class_weights, accel=cfg.accel,
+        probe_solver=cfg.probe_solver, eval_every_steps=cfg.eval_every_steps)
 
 
 def _study_tags(cfg: StudyConfig, method_cls: type[Method], arch: str, split: dict[str, Any],
@@ -453,6 +468,7 @@ class _BestSoFar:
     test_proba: np.ndarray | None = None
     dirty: bool = False
     last_upload: float = 0.0
+    on_host: bool = True  # the checkpoint's tensors (train.snapshot takes them on the device)
 
     def restore(self, resume: ResumeState) -> None:
         ck = resume.best_checkpoint
@@ -465,10 +481,21 @@ class _BestSoFar:
                     resume.optuna_study, resume.elapsed_s, self.val)
 
     def upload(self, tracker: Tracker, force: bool) -> None:
+        """The checkpoint to the tracker if it is stale and the rate limit (or ``force``)
+        lets it go; it is brought to the host then, not when it is taken."""
         if self.dirty and (force or time.time() - self.last_upload
                            >= CHECKPOINT_MIN_INTERVAL_S):
+            self.to_host()
             tracker.log_checkpoint(self.ckpt)  # type: ignore[arg-type]
             self.last_upload, self.dirty = time.time(), False
+
+    def to_host(self) -> None:
+        """The checkpoint's tensors to the host (``train.snapshot`` keeps them on the
+        device until then): at its upload, and when its trial ends, so that no trial's
+        best weights hold device memory into the next trial."""
+        if self.ckpt is not None and not self.on_host:
+            self.ckpt = checkpoint_to_host(self.ckpt)
+            self.on_host = True
 
     def series(self, elapsed: float, diag_s: float) -> dict[str, float]:
         """The study's ``best/*`` metrics at one point of the search, with its clocks."""
@@ -553,6 +580,11 @@ class _Search:
                                         callbacks=callbacks),
             on_fail=lambda: self.store.tell(trial, state=optuna.trial.TrialState.FAIL),
             fail_fatal=False)
+        # the trial's best off the device (a failed trial's earlier best epoch too), and
+        # its model, kept for the export: the next trial has the device to itself
+        self.best.to_host()
+        if self.best.method is method:
+            method.to("cpu")
         if outcome.state != COMPLETE:
             self.last_error = outcome.error or ""
             return True
@@ -592,7 +624,7 @@ class _Search:
             best.val, best.test, best.trial = rep.val_balanced_accuracy, rep.test_metrics, \
                 trial.number
             best.ckpt, best.method, best.test_proba = ckpt, method, rep.test_proba
-            best.dirty = True
+            best.dirty, best.on_host = True, False
         self.tracker.log_metrics(best.series(elapsed, self.budget.excluded_s),
                                  self.global_epoch, scope="study")
         self.global_epoch += 1
@@ -676,6 +708,10 @@ def _study_key(cfg: StudyConfig, split_hash: str) -> str:
         d.pop("accel")
     if d.get("data_options") is None:
         d.pop("data_options", None)
+    if d.get("eval_every_steps") == 0:
+        d.pop("eval_every_steps")
+    if d.get("probe_solver") == "sklearn":
+        d.pop("probe_solver")
     blob = json.dumps({**d, "split_hash": split_hash}, sort_keys=True, default=str)
     return "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
