@@ -422,9 +422,7 @@ def section_usb_loader(a: argparse.Namespace) -> dict[str, Any]:
     p = _peers("semilearn")
     p._stub_missing(p.USB_OPTIONAL)
     import numpy as np
-    import torch
     import torchvision.transforms as transforms
-    from semilearn import get_algorithm, get_config, get_net_builder
     from semilearn.core.algorithmbase import AlgorithmBase
     from semilearn.core.utils import get_data_loader
     from semilearn.datasets.augmentation import RandAugment
@@ -452,26 +450,12 @@ def section_usb_loader(a: argparse.Namespace) -> dict[str, Any]:
     AlgorithmBase.set_data_loader = lambda self: None  # type: ignore[method-assign]
     cuda = a.device.startswith("cuda")
     total = a.warmup + a.steps
-    cfg = get_config({
-        "algorithm": "fixmatch", "net": "wrn_28_2", "use_pretrain": False,
-        "num_classes": 2, "img_size": size, "crop_ratio": crop, "dataset": "pneumoniamnist",
-        "data_dir": "/nonexistent", "num_labels": 512, "batch_size": sz["labeled"],
-        "uratio": sz["unlabeled"] / sz["labeled"], "eval_batch_size": 64, "epoch": 1,
-        "num_train_iter": total, "num_eval_iter": 10**9, "num_log_iter": 10**9,
-        "optim": "SGD", "lr": 0.03, "momentum": 0.9, "weight_decay": 5e-4,
-        "layer_decay": 1.0, "ema_m": 0.999, "hard_label": True, "T": 0.5,
-        "p_cutoff": 0.95, "ulb_loss_ratio": 1.0, "amp": False, "use_cat": True, "seed": 0,
-        "gpu": 0 if cuda else None, "distributed": False,
-        "multiprocessing_distributed": False, "world_size": 1, "rank": 0,
-        "num_workers": a.usb_workers, "save_dir": "/tmp/usb-bench", "save_name": "bench",
-        "resume": False, "overwrite": True, "use_tensorboard": False, "use_wandb": False,
-        "use_aim": False})
-    torch.manual_seed(0)
-    algo = get_algorithm(cfg, get_net_builder(cfg.net, from_name=False), tb_log=None,
-                         logger=None)
-    algo.model = algo.model.to(a.device)
-    algo.ema_model = algo.ema_model.to(a.device)
-    algo.model.train()
+    algo = p.usb_fixmatch(a, {"num_classes": 2, "num_labels": 512, "img_size": size,
+                              "crop_ratio": crop, "dataset": "pneumoniamnist",
+                              "batch_size": sz["labeled"],
+                              "uratio": sz["unlabeled"] / sz["labeled"],
+                              "num_train_iter": total, "num_workers": a.usb_workers})
+    cfg = algo.args
     # USB's own loaders (RandomSampler with replacement over num_train_iter batches)
     dl_lb = get_data_loader(cfg, lb, cfg.batch_size, data_sampler=cfg.train_sampler,
                             num_iters=total, num_epochs=1, num_workers=a.usb_workers,

@@ -209,39 +209,50 @@ def _stub_missing(names: tuple[str, ...]) -> list[str]:
     return stubbed
 
 
-def worker_usb(a: argparse.Namespace) -> float:
-    """USB FixMatch via get_config -> get_algorithm -> train_step + ParamUpdateHook."""
-    _stub_missing(USB_OPTIONAL)
+def usb_fixmatch(a: argparse.Namespace, over: dict[str, object]):  # type: ignore[no-untyped-def]
+    """USB's FixMatch through its programmatic API (``get_config`` -> ``get_algorithm``):
+    WRN-28-2 at 28 px, its paper's SGD settings, no EMA evaluation, logging or
+    checkpoints; ``over`` sets the data's part (classes, labels, batch sizes, iterations,
+    loader workers). The model on ``a.device``, in training mode."""
     import torch
     from semilearn import get_algorithm, get_config, get_net_builder
-    from semilearn.core.algorithmbase import AlgorithmBase
 
-    sz = sizes(a.scale)
-    # run-time shims: batches are handed in, so no dataset (download) and no loaders
-    AlgorithmBase.set_dataset = lambda self: None  # type: ignore[method-assign]
-    AlgorithmBase.set_data_loader = lambda self: None  # type: ignore[method-assign]
     cuda = a.device.startswith("cuda")
     cfg = get_config({
         "algorithm": "fixmatch", "net": "wrn_28_2", "use_pretrain": False,
-        "num_classes": 10, "img_size": 28, "crop_ratio": 0.875,
-        "dataset": "cifar10", "data_dir": "/nonexistent", "num_labels": 40,
-        "batch_size": sz["labeled"], "uratio": sz["unlabeled"] / sz["labeled"],
-        "eval_batch_size": 64, "epoch": 1, "num_train_iter": a.warmup + a.steps,
-        "num_eval_iter": 10**9, "num_log_iter": 10**9, "optim": "SGD", "lr": 0.03,
-        "momentum": 0.9, "weight_decay": 5e-4, "layer_decay": 1.0, "ema_m": 0.999,
-        "hard_label": True, "T": 0.5, "p_cutoff": 0.95, "ulb_loss_ratio": 1.0,
-        "amp": False, "use_cat": True, "seed": 0, "gpu": 0 if cuda else None,
-        "distributed": False, "multiprocessing_distributed": False, "world_size": 1,
-        "rank": 0, "num_workers": 0, "save_dir": "/tmp/usb-bench", "save_name": "bench",
-        "resume": False, "overwrite": True, "use_tensorboard": False, "use_wandb": False,
-        "use_aim": False,
-    })
+        "img_size": 28, "crop_ratio": 0.875, "data_dir": "/nonexistent",
+        "eval_batch_size": 64, "epoch": 1, "num_eval_iter": 10**9, "num_log_iter": 10**9,
+        "optim": "SGD", "lr": 0.03, "momentum": 0.9, "weight_decay": 5e-4,
+        "layer_decay": 1.0, "ema_m": 0.999, "hard_label": True, "T": 0.5, "p_cutoff": 0.95,
+        "ulb_loss_ratio": 1.0, "amp": False, "use_cat": True, "seed": 0,
+        "gpu": 0 if cuda else None, "distributed": False,
+        "multiprocessing_distributed": False, "world_size": 1, "rank": 0, "num_workers": 0,
+        "save_dir": "/tmp/usb-bench", "save_name": "bench", "resume": False,
+        "overwrite": True, "use_tensorboard": False, "use_wandb": False, "use_aim": False,
+        **over})
     torch.manual_seed(0)
     algo = get_algorithm(cfg, get_net_builder(cfg.net, from_name=False), tb_log=None,
                          logger=None)
     algo.model = algo.model.to(a.device)
     algo.ema_model = algo.ema_model.to(a.device)
     algo.model.train()
+    return algo
+
+
+def worker_usb(a: argparse.Namespace) -> float:
+    """USB FixMatch via get_config -> get_algorithm -> train_step + ParamUpdateHook."""
+    _stub_missing(USB_OPTIONAL)
+    import torch
+    from semilearn.core.algorithmbase import AlgorithmBase
+
+    sz = sizes(a.scale)
+    # run-time shims: batches are handed in, so no dataset (download) and no loaders
+    AlgorithmBase.set_dataset = lambda self: None  # type: ignore[method-assign]
+    AlgorithmBase.set_data_loader = lambda self: None  # type: ignore[method-assign]
+    algo = usb_fixmatch(a, {"num_classes": 10, "num_labels": 40, "dataset": "cifar10",
+                            "batch_size": sz["labeled"],
+                            "uratio": sz["unlabeled"] / sz["labeled"],
+                            "num_train_iter": a.warmup + a.steps})
     batches = _float_batches([sz["labeled"], sz["unlabeled"], sz["unlabeled"]], a.device)
     y = torch.randint(0, 10, (sz["labeled"],),
                       generator=torch.Generator().manual_seed(0)).to(a.device)
