@@ -67,6 +67,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from scarcelab.tracker import DelegatingTracker
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 SECTIONS = ("env", "model", "ours", "usb", "usb_loader", "lightly", "study", "pack",
@@ -534,10 +536,51 @@ class GpuBusy:
                 "samples": len(got)}
 
 
+class TimedTracker(DelegatingTracker):
+    """Times the calls a training epoch makes (metrics, checkpoints, tags) and the
+    trial's span, from its ``start_trial`` to its ``end_trial``."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.track_s, self.trial_s, self._t0 = 0.0, 0.0, 0.0
+        self.window = (0.0, 0.0)  # the last trial's span, perf_counter seconds
+
+    @contextlib.contextmanager
+    def _timing(self) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.track_s += time.perf_counter() - t
+
+    def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]
+                    ) -> None:
+        super().start_trial(number, tags, params)
+        self._t0 = time.perf_counter()
+
+    def end_trial(self, status: str, error: str | None = None) -> None:
+        self.trial_s += time.perf_counter() - self._t0
+        self.window = (self._t0, time.perf_counter())
+        super().end_trial(status, error)
+
+    def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial"
+                    ) -> None:
+        with self._timing():
+            super().log_metrics(metrics, step, scope)
+
+    def log_checkpoint(self, checkpoint: dict[str, Any], name: str = "best.pt") -> None:
+        with self._timing():
+            super().log_checkpoint(checkpoint, name)
+
+    def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
+        with self._timing():
+            super().set_tags(tags, scope)
+
+
 def _tracker(tmp: Path) -> tuple[Any, str]:
     """MLflow's tracker on a local sqlite store where mlflow imports, else in-memory;
     wrapped so that the trial's wall time and every tracking call inside it are timed."""
-    from scarcelab.tracker import DelegatingTracker, InMemoryTracker
+    from scarcelab.tracker import InMemoryTracker
     try:
         from scarcelab.tracking.mlflow_tracker import MlflowTracker
         inner: Any = MlflowTracker(experiment="gpu-bench",
@@ -546,47 +589,7 @@ def _tracker(tmp: Path) -> tuple[Any, str]:
     except Exception as e:  # noqa: BLE001 - no (working) mlflow here: say so, go on
         inner, kind = InMemoryTracker(), f"in-memory ({type(e).__name__}: {e})"
 
-    class Timed(DelegatingTracker):
-        """Times the calls a training epoch makes (metrics, checkpoints, tags) and the
-        trial's span, from its ``start_trial`` to its ``end_trial``."""
-
-        def __init__(self, inner: Any) -> None:
-            super().__init__(inner)
-            self.track_s, self.trial_s, self._t0 = 0.0, 0.0, 0.0
-            self.window = (0.0, 0.0)  # the last trial's span, perf_counter seconds
-
-        @contextlib.contextmanager
-        def _timing(self) -> Iterator[None]:
-            t = time.perf_counter()
-            try:
-                yield
-            finally:
-                self.track_s += time.perf_counter() - t
-
-        def start_trial(self, number: int, tags: dict[str, str], params: dict[str, Any]
-                        ) -> None:
-            super().start_trial(number, tags, params)
-            self._t0 = time.perf_counter()
-
-        def end_trial(self, status: str, error: str | None = None) -> None:
-            self.trial_s += time.perf_counter() - self._t0
-            self.window = (self._t0, time.perf_counter())
-            super().end_trial(status, error)
-
-        def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial"
-                        ) -> None:
-            with self._timing():
-                super().log_metrics(metrics, step, scope)
-
-        def log_checkpoint(self, checkpoint: dict[str, Any], name: str = "best.pt") -> None:
-            with self._timing():
-                super().log_checkpoint(checkpoint, name)
-
-        def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
-            with self._timing():
-                super().set_tags(tags, scope)
-
-    return Timed(inner), kind
+    return TimedTracker(inner), kind
 
 
 def one_study(a: argparse.Namespace, method: str, dataset: str, seconds: float,

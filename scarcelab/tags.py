@@ -198,6 +198,8 @@ SWEEP_SPEC_DIGEST = "scarcelab.sweep_spec_digest"
 SWEEP_SPEC_PATH = "scarcelab.sweep_spec_path"
 #: the number of cells of the sweep
 SWEEP_CELLS = "scarcelab.sweep_cells"
+#: on the sweep run: what each cell was given (JSON: CPUs, GPUs, memory cap, threads, MPS)
+SWEEP_RESOURCES = "scarcelab.sweep_resources"
 #: the number of failed cells of the sweep
 SWEEP_FAILED = "scarcelab.sweep_failed"
 #: the machine of a cell run, as sub-tags ``.host .cpu .cores .ram_gb .gpu``
@@ -232,6 +234,12 @@ RECONCILED = "scarcelab.reconciled"
 MODEL_EXPORT_ERROR = "scarcelab.model_export_error"
 #: the saved model's format (logged model metadata, not a run tag): pt2
 MODEL_FORMAT = "scarcelab.format"
+# metadata of the logged raw-image model (tracking/pyfunc_model.py, MLmodel): what it takes,
+# what it returns, the transform replayed on its inputs, the network's input shape
+MODEL_INPUT = "scarcelab.input"
+MODEL_OUTPUT = "scarcelab.output"
+MODEL_TRANSFORM = "scarcelab.transform"
+MODEL_NETWORK_INPUT = "scarcelab.network_input"
 #: the client-chosen key that makes a spooled record's re-delivery idempotent
 SPOOL_OP = "scarcelab.spool_op"
 #: delivered_late: the run's records came from the spool after the process ended

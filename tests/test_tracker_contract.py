@@ -230,6 +230,35 @@ class TestTaggingTracker(TrackerContract):
         assert all(t.tags["scarcelab.ood"] == "mnist" for t in s.trials)
 
 
+def _bench_gpu() -> Any:
+    """bench/gpu.py as the module ``bench.gpu`` (the name the product scan gives it)."""
+    import importlib.util
+    import sys
+
+    if "bench.gpu" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench.gpu", REPO / "bench" / "gpu.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["bench.gpu"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["bench.gpu"]
+
+
+class TestBenchTimedTracker(TrackerContract):
+    """The GPU bench's wrapper that times a study's tracking calls (bench/gpu.py)."""
+
+    tracker_class = _bench_gpu().TimedTracker
+
+    @pytest.fixture
+    def supplier(self) -> Supplier:
+        return RecordingSupplier(lambda inner: _bench_gpu().TimedTracker(inner))
+
+    def test_times_the_trial_and_its_tracking_calls(self, supplier: Supplier) -> None:
+        self.test_study_with_trials_tags_and_statuses_is_recorded(supplier)
+        t = supplier.tracker  # type: ignore[attr-defined]
+        assert t.trial_s > 0 and t.track_s >= 0 and t.window[1] >= t.window[0] > 0
+
+
 class TestParamsAfterTransform(TrackerContract):
     tracker_class = _ParamsAfterTransform
 

@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from scarcelab import tags as T
 from scarcelab.models.image_input import INPUT_DOC, InputSpec, batches, output_columns
 
 DATA = "data"
@@ -128,10 +129,10 @@ def save_model(path: str | Path, mlflow_model: Any = None, *, network: str | Pat
     model = mlflow_model if mlflow_model is not None else Model()
     model.signature = signature(spec)
     model.metadata = {**(model.metadata or {}), **(metadata or {}),
-                      "scarcelab.input": INPUT_DOC,
-                      "scarcelab.output": output_columns(spec.class_names),
-                      "scarcelab.transform": dict(spec.transform),
-                      "scarcelab.network_input": [spec.channels, *spec.size]}
+                      T.MODEL_INPUT: INPUT_DOC,
+                      T.MODEL_OUTPUT: output_columns(spec.class_names),
+                      T.MODEL_TRANSFORM: dict(spec.transform),
+                      T.MODEL_NETWORK_INPUT: [spec.channels, *spec.size]}
     # the bare network, where and as mlflow.pytorch's pt2 format keeps it
     model.add_flavor("pytorch", model_data=DATA, pytorch_version=str(torch.__version__),
                      code=None)

@@ -156,7 +156,7 @@ LOG_TAIL = 200_000  # bytes of a cell's output kept as its run's artifact
 # needed), after its share of a packed GPU is applied (tracking/sweep/cell.py).
 CELL_MODULE = "scarcelab.tracking.sweep.cell"
 #: on the sweep run: what each cell was given (JSON: CPUs, GPUs, memory cap, threads, MPS)
-RESOURCES_TAG = "scarcelab.sweep_resources"
+RESOURCES_TAG = T.SWEEP_RESOURCES
 # Environment a cell takes from the driver when set there: where the data and the shared
 # search state live. Credentials are NOT forwarded to a remote cluster (they would travel
 # as task arguments): set them in the workers' own environment (docs/sweeps.md).
