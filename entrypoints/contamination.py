@@ -300,7 +300,7 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
               "gaussian (far) or another MedMNIST set, e.g. breastmnist (near)")
 @click.option("--ratios", default="0,0.1,0.3,0.5", show_default=True, type=Ratios(),
               help="OOD fractions r of the contaminated pool: n_ood = round(r/(1-r)·n_id)")
-@click.option("--ood-dir", default="default", show_default=True, type=Folder(),
+@click.option("--ood-dir", default="default", show_default=True, type=Folder(data_root=False),
               help="folder laid out like ../shared/data (ood/…, cifar10_jpg/…); default: "
               "next to the data root")
 @click.option("--tuning", default="once", show_default=True,

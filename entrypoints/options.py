@@ -314,6 +314,11 @@ class Folder(_Typed):
 
     name = "folder"
 
+    def __init__(self, data_root: bool = True) -> None:
+        # a data root (--data-dir) holds public datasets' files; a folder laid out as a
+        # user's own images there is a mistake a new user makes (issue 39): say so
+        self.data_root = data_root
+
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return "DIR|default"
 
@@ -326,6 +331,9 @@ class Folder(_Typed):
                              "~/.cache/scarcelab)")
         if not p.is_dir():
             raise ValueError("is not a folder")
+        if self.data_root and (p / "labeled").is_dir():
+            raise ValueError(f"holds a labeled/ folder: your own images are a dataset, not a "
+                             f"data root; use --dataset folder:{p} (docs/own-images.md)")
         return str(p.resolve())
 
 

@@ -339,6 +339,21 @@ def test_semi_on_an_empty_pool_is_refused_with_no_run(tmp_path, medmnist_dir, st
     assert _no_runs(store) == 0
 
 
+def test_own_images_given_as_a_data_root_point_to_the_dataset_syntax(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The issue's new user: ``--data-dir owndata`` (a folder with labeled/) downloaded
+    BreastMNIST into it; now it is one line naming ``--dataset folder:...``."""
+    (tmp_path / "owndata" / "labeled" / "a").mkdir(parents=True)
+    r = _invoke(["semi", "--method", "fixmatch", "--data-dir", str(tmp_path / "owndata"),
+                 *STUDY])
+    assert r.exit_code == 2, r.output  # type: ignore[attr-defined]
+    assert f"use --dataset folder:{tmp_path / 'owndata'}" in r.output  # type: ignore[attr-defined]
+    assert "Traceback" not in r.output  # type: ignore[attr-defined]
+    (tmp_path / "plain").mkdir()  # a data root without labeled/ is still a data root
+    from scarcelab.entrypoints.options import Folder
+
+    assert Folder().parse(str(tmp_path / "plain")) == str((tmp_path / "plain").resolve())
+
+
 def test_more_labels_than_exist_is_refused_with_no_run(tmp_path, medmnist_dir, store,  # type: ignore[no-untyped-def]
                                                        monkeypatch) -> None:
     """The issue's case: 300 labeled images, --n-labeled 200 --n-val 100, a 20 % hold-out."""
