@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from scarcelab.tracking.stack import DEFAULT_PORTS, S3_KEY, Stack, free_port
+from scarcelab.tracking.stack import DEFAULT_PORTS, S3_KEY, Stack, StackError, free_port
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +45,22 @@ def _private_stack(auth: bool = False) -> Stack:
     return st
 
 
+def _start(st: Stack, tries: int = 3) -> None:
+    """Start a private stack on free ports. A port found free when it was picked can be
+    taken before its service binds it (the rest of the suite starts servers and Ray beside
+    this process): then the stack refuses with "already in use", and it is started again
+    on newly picked ports — the test is about the stack, not about that race."""
+    for i in range(tries):
+        try:
+            st.start()
+            return
+        except StackError as e:
+            if "already in use" not in str(e) or i == tries - 1:
+                raise
+            st.stop()
+            st.configure(ports={k: free_port() for k in DEFAULT_PORTS})
+
+
 @pytest.fixture(scope="module")
 def stack():  # type: ignore[no-untyped-def]
     ext = os.environ.get("SCARCELAB_E2E_STACK")
@@ -55,7 +71,7 @@ def stack():  # type: ignore[no-untyped-def]
         return
     st = _private_stack()
     try:
-        st.start()
+        _start(st)
         yield st
     finally:
         st.stop()
@@ -413,7 +429,7 @@ def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
 
     st = _private_stack(auth=True)
     try:
-        st.start()
+        _start(st)
         url = f"{st.state.tracking_uri}/api/2.0/mlflow/experiments/search?max_results=1"
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(url, timeout=10)
