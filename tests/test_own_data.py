@@ -128,6 +128,47 @@ def test_pool_leaves_out_copies_of_labeled_images(folder) -> None:  # type: igno
     assert roles["unlabeled/copy_of_labeled.png"] == "pool-duplicate"
 
 
+def test_each_file_is_read_once_for_its_digest(folder, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A first load reads every file twice: once to hash it and read its header, once to
+    decode it; a later load (stat index and decode cache warm) reads none. own.load used to
+    hash every file a second time for the manifest (a third read on a first load, one on
+    every later load of a fresh process)."""
+    import builtins
+    import collections
+    import io
+    import time
+
+    from scarcelab.data import own, provenance
+
+    root, files = folder
+    paths = [p for part in files.values() for p in part]
+    t = time.time() - 60  # an old folder: the stat index trusts it (not racily changed)
+    for p in paths:
+        os.utime(p, (t, t))
+    opened: collections.Counter[str] = collections.Counter()
+    real_open = builtins.open
+
+    def counting(file, *a, **k):  # type: ignore[no-untyped-def]
+        if isinstance(file, str | os.PathLike) and str(file).endswith(".png"):
+            opened[os.path.realpath(file)] += 1
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", counting)
+    monkeypatch.setattr(io, "open", counting)  # Path.open's
+    monkeypatch.setattr(provenance, "_HASHES", {})  # a fresh process: no digest in memory
+    ref = parse_ref(f"folder:{root}")
+    own.load(ref, progress=False)
+    assert len(opened) == len(paths)
+    assert set(opened.values()) == {2}, collections.Counter(opened.values())
+    manifest = provenance.described()["manifest"]
+    assert {f["path"]: f["sha256"] for f in manifest["files"]} == {
+        p.relative_to(root).as_posix(): _sha(p) for p in paths}
+    opened.clear()
+    provenance._HASHES.clear()  # another fresh process
+    own.load(ref, progress=False)
+    assert not opened, f"{sum(opened.values())} reads on a warm load"
+
+
 def test_split_hash_follows_the_pool_and_the_files(folder) -> None:  # type: ignore[no-untyped-def]
     root, files = folder
     h0 = make_split(load_raw(f"folder:{root}"), seed=0)["hash"]

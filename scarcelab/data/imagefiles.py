@@ -59,7 +59,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -551,6 +551,10 @@ class DecodedImages:
     cache_path: Path | None
     from_cache: bool
     channels: int
+    #: each given path's content sha256 (None: unreadable), from the one read that hashed
+    #: it (or the stat index): a caller that records digests uses these instead of
+    #: reading and hashing every file again
+    sha: list[str | None] = field(default_factory=list)
 
 
 def cache_root() -> Path:
@@ -963,14 +967,14 @@ def load_images(paths: Sequence[str | Path], transform: Transform, *, skip_bad: 
                 with entry.lock():
                     hit = entry.read(len(files), shown)
                     if hit is None:
-                        return _decode_into(entry, scan, transform, files, shown, skip_bad,
-                                            pool, show)
+                        return replace(_decode_into(entry, scan, transform, files, shown,
+                                                    skip_bad, pool, show), sha=list(scan.sha))
     finally:
         index.close()
     if not skip_bad and hit.bad:
         path, reason = hit.bad[0]
         raise BadImageFile(path, reason)
-    return hit
+    return replace(hit, sha=list(scan.sha))
 
 
 def _raise_first_bad(bad: dict[int, tuple[str, bool]], shown: Sequence[str]) -> None:

@@ -475,7 +475,11 @@ def load(ref: DatasetRef, options: DataOptions | None = None, *,
               file=sys.stderr, flush=True)
     # rows of dec.x per part: kept keeps the paths' order, so every part is a row range
     kept = np.asarray(dec.kept, dtype=np.int64)
-    sha = {int(i): provenance.sha256_file(Path(paths[int(i)])) for i in kept}
+    # the digests load_images computed in the one read that hashed each file (or took from
+    # its stat index): hashing every file again here read the whole folder a second time
+    # on a first load and once more on every later one
+    sha = {int(i): (dec.sha[int(i)] if int(i) < len(dec.sha) else None)
+           or provenance.sha256_file(Path(paths[int(i)])) for i in kept}
     idx = _classes_index(lst.classes)
     parts: dict[str, dict[str, Any]] = {}
     lo = 0
