@@ -45,7 +45,17 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
     device is checked here."""
     check_device(kw["device"])
     if kw["resume"]:
-        data_options(kw, "")  # the study run's own data (a user's options are not read back)
+        from scarcelab.data.own import DataOptions
+
+        given = [f"--{k.replace('_', '-')}" for k in ("image_size", "channels", "fit",
+                                                        "skip_bad_files", "test_fraction")
+                 if kw.pop(k, None) not in (None, getattr(DataOptions(), k))]
+        if given:  # the study's own options are read back from its run (tracking.tune_resume)
+            raise click.BadParameter(
+                f"{', '.join(given)}: tune --resume rebuilds the study's data with the "
+                "dataset options its run recorded; drop "
+                f"{'it' if len(given) == 1 else 'them'} (start a new study for other ones)",
+                param_hint="'--resume'")
         return {}
     from scarcelab.methods import METHODS
     from scarcelab.models import MODELS

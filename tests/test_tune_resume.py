@@ -373,3 +373,112 @@ def test_kill9_in_the_asha_search_and_in_the_final_phase_then_resume(tmp_path, s
     assert r.exit_code == 0, r.output
     assert "kept retrains [0], ran [1, 2]" in r.output
     _same_table(sid, ref, ref_trials, n_retrains=4)  # + the killed retrain 1
+
+
+# -- issue 39: a study on a user's images resumes on exactly the images it was run on -------
+def _own_folder(root: Path, medmnist_dir: Path) -> Path:
+    """labeled/ and val/ class folders of real chest X-rays, half of them 28x28 and half
+    36x24 (so the files' own size cannot serve: --image-size is needed), no test/ (a
+    hold-out of --test-fraction is the test set)."""
+    from PIL import Image
+
+    d = np.load(medmnist_dir / "pneumoniamnist.npz")
+    x, y = d["train_images"], d["train_labels"].reshape(-1)
+    names = ("normal", "pneumonia")
+    t = __import__("time").time() - 60
+    for c in (0, 1):
+        idx = np.flatnonzero(y == c)[:26]
+        for j, i in enumerate(idx):
+            part = "val" if j >= 20 else "labeled"
+            im = Image.fromarray(x[i])
+            if j % 2:
+                im = im.resize((36, 24), Image.Resampling.BILINEAR)
+            p = root / part / names[c] / f"{i:05d}.png"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            im.save(p)
+            __import__("os").utime(p, (t, t))
+    return root
+
+
+OWN_OPTIONS = ["--image-size", "16", "--fit", "pad", "--channels", "rgb", "--test-fraction",
+               "0.3"]
+
+
+def test_a_study_on_own_images_resumes_with_its_dataset_options(tmp_path, store, monkeypatch,
+                                                                 medmnist_dir):
+    """Killed in its final phase, a tune study on a folder resumes with the dataset options
+    it was run with (read from its params: they used to be dropped, so the resume decoded
+    the folder with the defaults — here refused for the mixed sizes — or silently at another
+    size), on the same images (data.cache_key); a changed file is refused in one line, and
+    options given beside --resume too."""
+    from scarcelab.data.own import DataOptions
+    from scarcelab.tracking.tune_resume import read_study
+
+    monkeypatch.setenv("SCARCELAB_CACHE", str(tmp_path / "cache"))
+    root = _own_folder(tmp_path / "chest", medmnist_dir)
+    argv = ["--method", "ce", "--dataset", f"folder:{root}", "--arch", "small_cnn",
+            "--epochs", "2", "--grace-period", "1", "--n-trials", "1", "--batch-sizes", "8",
+            "--max-steps-per-epoch", "2", "--n-final", "3", "--device", "cpu",
+            "--experiment", "tune-resume", *OWN_OPTIONS]
+    _killed_at("retrain", 1, 0, argv)
+    c = MlflowClient()
+    exp = c.get_experiment_by_name("tune-resume").experiment_id
+    (study,) = c.search_runs([exp], "tags.`scarcelab.role` = 'study'")
+    sid = study.info.run_id
+    p = study.data.params
+    assert (p["image_size"], p["fit"], p["channels"], p["test_fraction"]) == \
+        ("16", "pad", "rgb", "0.3")
+    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    assert "kept retrains [0], ran [1, 2]" in r.output
+    done = [x for x in _children(sid, "retrain") if x.info.status == "FINISHED"]
+    assert sorted(int(x.data.tags["scarcelab.retrain"]) for x in done) == [0, 1, 2]
+    s = c.get_run(sid)
+    assert s.info.status == "FINISHED" and s.data.metrics["final/n_runs"] == 3
+    assert s.data.params["n_test"] == p["n_test"] == "12"  # 30 % of 40, not 20 %
+    fields, _, _ = read_study(sid)
+    assert fields["data_options"] == DataOptions(image_size=16, channels="rgb", fit="pad",
+                                                 test_fraction=0.3)
+
+    # options beside --resume: the study's are used, so other ones are refused
+    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--image-size", "32"])
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+    assert r.exit_code == 2 and len(err) == 1 and "--image-size" in err[0], r.output
+    assert "recorded" in err[0]
+
+    # a file changed since the study ran: not its images, refused before anything runs
+    f = sorted((root / "labeled" / "normal").glob("*.png"))[0]
+    from PIL import Image
+
+    Image.fromarray(255 - np.asarray(Image.open(f))).save(f)
+    r = CliRunner().invoke(main, ["tune", "--resume", sid, "--device", "cpu"])
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+    assert r.exit_code == 1 and len(err) == 1, r.output
+    assert "data.cache_key" in err[0] and f"folder:{root}" in err[0]
+    assert len(_children(sid, "retrain")) == len(done) + 1  # nothing ran (+ the closed one)
+
+
+def test_resume_reads_dataset_options_as_mlflow_run_logged_them():
+    """Under ``mlflow run`` the MLproject's raw strings are the plain params and the
+    resolved values ``resolved.<name>``; a public dataset has no dataset options."""
+    from types import SimpleNamespace
+
+    from scarcelab.data.own import DataOptions
+    from scarcelab.tracking.tune_resume import ResumeError, _fields
+
+    params = {"method": "ce", "arch": "small_cnn", "seed": "0", "epochs": "2",
+              "grace_period": "1", "n_trials": "1", "batch_sizes": "[8]", "n_final": "3",
+              "phase": "all", "max_steps_per_epoch": "null", "data_dir": "null",
+              "image_size": "default", "resolved.image_size": "native", "channels": "gray",
+              "fit": "crop", "skip_bad_files": "True", "resolved.skip_bad_files": "true",
+              "test_fraction": "0.25"}
+    run = SimpleNamespace(data=SimpleNamespace(params=params,
+                                               tags={"scarcelab.dataset": "folder:/d/x"}),
+                          info=SimpleNamespace(run_id="r"))
+    assert _fields(run)["data_options"] == DataOptions(None, "gray", "crop", True, 0.25)
+    run.data.tags["scarcelab.dataset"] = "breastmnist"
+    assert _fields(run)["data_options"] is None
+    run.data.tags["scarcelab.dataset"] = "csv:/d/labels.csv"
+    params["fit"] = "stretch"
+    with pytest.raises(ResumeError, match="fit"):
+        _fields(run)

@@ -128,8 +128,9 @@ def _fields(run: Any) -> dict[str, Any]:
     # ``epochs`` (gem's default when --epochs-f is not given)
     has_final = "resolved.epochs_final" in params or "epochs_final" in params
     epochs_final = as_int("epochs_final", none_ok=True) if has_final else None
+    dataset = tags.get(T.DATASET) or raw("dataset")
     return {"method": tags.get(T.METHOD) or raw("method"),
-            "dataset": tags.get(T.DATASET) or raw("dataset"),
+            "dataset": dataset,
             "arch": raw("arch"), "seed": as_int("seed"), "epochs": as_int("epochs"),
             "epochs_final": epochs_final if has_final else as_int("epochs"),
             "grace_period": as_int("grace_period"), "n_trials": as_int("n_trials"),
@@ -138,7 +139,48 @@ def _fields(run: Any) -> dict[str, Any]:
             "max_steps_per_epoch": as_int("max_steps_per_epoch", none_ok=True),
             "data_dir": data_dir if isinstance(data_dir, str) and data_dir else None,
             "overrides": overrides,
-            "study_name": tags.get(T.STUDY_KEY) or None}
+            "study_name": tags.get(T.STUDY_KEY) or None,
+            "data_options": _data_options(run, dataset)}
+
+
+def _data_options(run: Any, dataset: str) -> Any:
+    """A study on a user's images: the dataset options it was run with (``DataOptions``,
+    from the params ``image_size``, ``channels``, ``fit``, ``skip_bad_files``,
+    ``test_fraction`` the study logged), so that the resumed process decodes, resizes and
+    holds out exactly the images the study saw; None for any other dataset. An option the
+    study did not log is its default (no study records a default by leaving it out, so
+    that only happens for a study older than the option)."""
+    from scarcelab.data.own import DataOptions, is_own
+
+    if not is_own(dataset):
+        return None
+    params, rid = run.data.params, run.info.run_id
+    given: dict[str, Any] = {}
+    for k in ("image_size", "channels", "fit", "skip_bad_files", "test_fraction"):
+        v = params.get(f"resolved.{k}", params.get(k))
+        if v is None:
+            continue
+        try:
+            if k == "image_size":
+                given[k] = None if v in ("native", "default", "null") else int(v)
+            elif k == "skip_bad_files":
+                if v.lower() not in ("true", "false"):
+                    raise ValueError(v)
+                given[k] = v.lower() == "true"
+            elif k == "test_fraction":
+                given[k] = float(v)
+            else:
+                given[k] = v
+        except ValueError:
+            raise ResumeError(f"study run {rid}: param {k} = {v!r} is not what the tune "
+                              "protocol records") from None
+    try:
+        opts = DataOptions(**given)
+        opts.transform()  # channels and fit checked as the command line checks them
+        return opts
+    except ScarcelabError as e:
+        raise ResumeError(f"study run {rid}: its dataset options cannot be read back ({e})"
+                          ) from None
 
 
 AVG5 = "val/balanced_accuracy_avg5"

@@ -274,6 +274,24 @@ def _check_recorded(resume: FinalResume | SearchResume, params: dict[str, Any],
                           + "); point --data-dir at the data the study used")
 
 
+def _check_same_images(cfg: TuneConfig, resume: FinalResume | SearchResume) -> None:
+    """A study on a user's images continues only on the images it was run on: the decode
+    cache key (``data.cache_key``: every file's content in order, the transform and the
+    decoder's versions) the load just computed must be the one the study logged. The
+    counts RESUME_CHECKED compares miss a changed file, and the options alone (read back
+    from the study) miss a folder whose files changed since."""
+    from scarcelab.data import provenance
+
+    was = resume.recorded.get("data.cache_key")
+    now = provenance.described().get("params", {}).get("data.cache_key")
+    if was and now and was != now:
+        raise ConfigError(f"cannot resume the study: the images of {cfg.dataset} are not the "
+                          f"ones it was run on (data.cache_key recorded {was[:12]}…, now "
+                          f"{now[:12]}…: a file was added, removed or changed, or Pillow/"
+                          "pydicom has another version); restore the files the study's "
+                          "data_manifest.json lists, or start a new study")
+
+
 @dataclass
 class TuneResult:
     study_name: str
@@ -649,6 +667,8 @@ def run_tune(cfg: TuneConfig, tracker: Tracker,
     s = cfg.settings()
     create_model(s.arch, in_channels=1)  # fail fast on an unknown arch
     raw, search_b, final_b, mean, std = _load(cfg, s)
+    if resume is not None:
+        _check_same_images(cfg, resume)
     title = f"tune-{method_cls.registered_name}-{dataset_label(cfg.dataset)}-s{cfg.seed}"
     name = cfg.study_name or f"{title}-{time.strftime('%Y%m%dT%H%M%S')}"
     if isinstance(resume, FinalResume):
