@@ -104,6 +104,11 @@ TEST_FROM = "scarcelab.test_from"
 #: the fold of a --folds k study, "i/k" (1-based): the leaderboard counts each fold of a
 #: seed as a sample of its own
 FOLD = "scarcelab.fold"
+#: an AL sweep on data with a given unlabeled pool (a user's unlabeled/ images, a plugin's
+#: ``unlabeled_x``): what became of that pool — not queried, since the simulated annotator
+#: can only reveal labels the data has (and, for ``encoded_`` sets, that the encoder
+#: trained on it)
+UNLABELED_POOL = "scarcelab.unlabeled_pool"
 
 # --- contamination ------------------------------------------------------------------------
 #: the OOD source(s) mixed into the unlabeled set (comma-separated on the sweep run)

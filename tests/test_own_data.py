@@ -497,6 +497,38 @@ def test_study_on_the_folder_logs_the_real_pool(folder, store) -> None:  # type:
     assert study["tags.mlflow.runName"] == "fixmatch-folder-chest-s0"
 
 
+def test_al_says_the_given_pool_is_not_queried_and_why(folder, store) -> None:  # type: ignore[no-untyped-def]
+    """AL on a folder with unlabeled/ queries the labeled training images (the simulated
+    annotator reveals labels the data has; the given images have none). That is said, not
+    done silently: one line on stderr, the sweep's tag scarcelab.unlabeled_pool and its
+    description; an encoded_ set says its encoder trains on the pool."""
+    import mlflow
+
+    root, files = folder
+    n_pool, n_lab = len(files["unlabeled"]), len(files["labeled"])
+    r = _invoke(["al", "--strategy", "random", "--dataset", f"folder:{root}", "--budget", "2",
+                 "--query-size", "1", "--repetitions", "1", "--set", "arch=small_cnn",
+                 "--device", "cpu", "--experiment", "al-own"])
+    assert r.exit_code == 0, r.output
+    said = [ln for ln in r.output.splitlines() if "given unlabeled images" in ln]
+    assert len(said) == 1, r.output
+    line = said[0]
+    assert line.startswith("[scarcelab] ") and f"the {n_pool} given unlabeled images" in line
+    assert "are not used" in line and "simulated" in line and f"{n_lab} labeled" in line
+    assert "semi or self" in line and f"encoded_folder:{root}" in line
+    runs = mlflow.search_runs(experiment_names=["al-own"])
+    sweep = runs[runs["tags.scarcelab.role"] == "al_sweep"].iloc[0]
+    assert sweep["tags.scarcelab.unlabeled_pool"] == line.removeprefix("[scarcelab] ")
+    assert f"Unlabeled pool: {sweep['tags.scarcelab.unlabeled_pool']}." in \
+        sweep["tags.mlflow.note.content"]
+    # the encoded form: the encoder learns from the pool, the AL pool is still the labeled
+    from scarcelab.active.datasets import given_pool_note
+
+    enc = given_pool_note(f"folder:{root}", n_pool, n_lab, "trained")
+    assert "train the encoder" in enc and "not queried" in enc and "not used" not in enc
+    assert given_pool_note(f"folder:{root}", 0, n_lab, None) == ""
+
+
 def test_folds_run_k_studies_under_one_parent(folder, store) -> None:  # type: ignore[no-untyped-def]
     import shutil
 

@@ -229,6 +229,8 @@ class RunViews:
                          if k in p)
         if what:
             lines.append(f"Run: {what}.")
+        if t.get(T.UNLABELED_POOL):  # an AL sweep on data with a given unlabeled pool
+            lines.append(f"Unlabeled pool: {t[T.UNLABELED_POOL]}.")
         if role == "study":
             if T.N_TRIALS in t:
                 lines.append(f"Trials: {t[T.N_TRIALS]} "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -444,6 +445,38 @@ def _chosen(data_dir: Path) -> Path | None:
     return None if Path(data_dir) == default_data_dir() else data_dir
 
 
+def given_pool_note(base: str, n_pool: int, n_labeled: int, encoder: str | None) -> str:
+    """What an AL sweep does with a dataset's given unlabeled pool (``n_pool`` images), in
+    one line: the protocol's pool is the labeled training images (``n_labeled``), whose
+    labels the simulated annotator reveals when they are queried — the given images have
+    no label to reveal, so they cannot be queried. ``encoder``: how an ``encoded_`` set's
+    encoder relates to them (``trained``: it learned from them; ``pretrained``: it came
+    from a run and did not), None for an image set. "" when there is no given pool."""
+    if not n_pool:
+        return ""
+    why = (f"AL's annotator is simulated: it reveals labels the data already has, so the "
+           f"pool it queries is drawn from the {n_labeled} labeled training images of {base}")
+    if encoder == "trained":
+        return (f"the {n_pool} given unlabeled images of {base} train the encoder (with the "
+                f"labeled ones) and are not queried: {why}")
+    alt = (f"al --dataset encoded_{base} without a pretrained --encoder (the encoder it "
+           "trains learns from them)" if encoder == "pretrained" else
+           f"al --dataset encoded_{base}, whose encoder trains on them")
+    return (f"the {n_pool} given unlabeled images of {base} are not used: {why}, and these "
+            f"images have none; to learn from them run semi or self, or {alt}")
+
+
+def _pool_tags(base: str, raw: Any, encoder: str | None) -> dict[str, str]:
+    """Say :func:`given_pool_note` once on stderr and return it as the sweep's tag (the run
+    description shows it too): a given pool is never dropped silently."""
+    n_pool = 0 if raw.unlabeled_x is None else len(raw.unlabeled_x)
+    note = given_pool_note(base, n_pool, len(raw.train_y), encoder)
+    if not note:
+        return {}
+    print(f"[scarcelab] {note}", file=sys.stderr, flush=True)
+    return {T.UNLABELED_POOL: note}
+
+
 def _image_loader(base: str) -> Loader:
     def load(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
         from scarcelab.data import load_raw
@@ -454,7 +487,8 @@ def _image_loader(base: str) -> Loader:
         return ALData(base, _unit(raw.train_x), raw.train_y.astype(np.int64),
                       _unit(raw.test_x),
                       raw.test_y.astype(np.int64), raw.num_classes, raw.source,
-                      "images in [0, 1]; the network normalises them")
+                      "images in [0, 1]; the network normalises them",
+                      _pool_tags(base, raw, None))
     return load
 
 
@@ -491,7 +525,9 @@ def _encoded_loader(base: str) -> Loader:
                       x_te.astype(np.float32), enc.y_test,
                       raw.num_classes, raw.source,
                       f"{m.get('dim')}-d embeddings from {what}; encoding {key} ({where})",
-                      {T.ENCODING_KEY: key, T.ENCODING_SOURCE: where})
+                      {T.ENCODING_KEY: key, T.ENCODING_SOURCE: where,
+                       **_pool_tags(base, raw, "pretrained" if ctx.pretrained is not None
+                                    else "trained")})
     return load
 
 
