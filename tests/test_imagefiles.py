@@ -210,8 +210,10 @@ def _dicom(path: Path, pixels: np.ndarray, *, photometric: str = "MONOCHROME2",
         setattr(ds, k, v)
     if frames is not None:
         ds.PixelData = encapsulate(frames)
-    else:
-        ds.PixelData = pixels.astype(np.uint8 if bits == 8 else np.uint16).tobytes()
+    else:  # native pixel data in the syntax's byte order
+        big = meta.TransferSyntaxUID == "1.2.840.10008.1.2.2"  # Explicit VR Big Endian
+        ds.PixelData = pixels.astype(np.uint8 if bits == 8 else ">u2" if big else "<u2"
+                                     ).tobytes()
     ds.save_as(path, enforce_file_format=True)
     assert pydicom.dcmread(path).Rows == ds.Rows
     return path
@@ -315,6 +317,135 @@ def test_dicom_jpeg_baseline_decodes_and_jpeg_lossless_names_what_to_install(tmp
     msg = _one_line(e, q)
     assert "JPEG Lossless" in msg and str(JPEGLosslessSV1) in msg and "pylibjpeg" in msg
     assert e.value.lasting is False  # the environment's fault: a skip is not cached
+
+
+@pytest.mark.parametrize("syntax", ["ImplicitVRLittleEndian", "ExplicitVRLittleEndian",
+                                    "ExplicitVRBigEndian", "DeflatedExplicitVRLittleEndian"])
+def test_dicom_uncompressed_transfer_syntaxes(tmp_path, gray, syntax) -> None:  # type: ignore[no-untyped-def]
+    """The four native (uncompressed) syntaxes, pixel data written in each one's byte order
+    (and zlib-deflated for the last): all decode to the same pixels."""
+    pydicom = pytest.importorskip("pydicom")
+    from pydicom import uid
+
+    v12 = gray[13].astype(np.uint16) * 16 + 3
+    p = _dicom(tmp_path / "u.dcm", v12, syntax=getattr(uid, syntax))
+    assert pydicom.dcmread(p).file_meta.TransferSyntaxUID == getattr(uid, syntax)
+    assert np.array_equal(m.decode_file(p)[0], _minmax(v12))
+    mono1 = _dicom(tmp_path / "m1.dcm", v12, syntax=getattr(uid, syntax),
+                   photometric="MONOCHROME1")
+    assert np.array_equal(m.decode_file(mono1)[0], 255 - _minmax(v12))
+
+
+def test_dicom_rle_lossless_is_decoded_by_pydicom_itself(tmp_path, gray, colour) -> None:  # type: ignore[no-untyped-def]
+    """RLE Lossless, written here by pydicom's own RLE encoder (12-bit gray, 8-bit RGB,
+    a 3-frame file), decodes without any plugin to exactly the uncompressed file's
+    pixels, and a load through the cache reads it like any other file."""
+    pydicom = pytest.importorskip("pydicom")
+    from pydicom.uid import RLELossless
+
+    def rle(src: Path, dst: Path) -> Path:
+        ds = pydicom.dcmread(src)
+        ds.compress(RLELossless, encoding_plugin="pydicom")
+        ds.save_as(dst, enforce_file_format=True)
+        assert pydicom.dcmread(dst).file_meta.TransferSyntaxUID == RLELossless
+        assert dst.stat().st_size != src.stat().st_size
+        return dst
+
+    v12 = gray[14].astype(np.uint16) * 16 + 7
+    g = rle(_dicom(tmp_path / "g.dcm", v12), tmp_path / "g_rle.dcm")
+    assert np.array_equal(m.decode_file(g)[0], _minmax(v12))
+    c = rle(_dicom(tmp_path / "c.dcm", colour[1], photometric="RGB", bits=8),
+            tmp_path / "c_rle.dcm")
+    assert np.array_equal(m.decode_file(c), colour[1].transpose(2, 0, 1))
+    frames = np.stack([gray[15], gray[16], gray[17]]).astype(np.uint16) * 16
+    f = rle(_dicom(tmp_path / "f.dcm", frames), tmp_path / "f_rle.dcm")
+    assert np.array_equal(m.decode_file(f)[0], _minmax(frames[0]))
+    got = m.load_images([g, f], Transform(), cache_dir=tmp_path / "c", progress=False)
+    assert got.bad == [] and np.array_equal(got.x[0, 0], _minmax(v12))
+
+
+def test_dicom_jpeg_2000_lossless_decodes_through_pillow(tmp_path, gray) -> None:  # type: ignore[no-untyped-def]
+    """JPEG 2000 (lossless, 12 bits in 16) through Pillow's OpenJPEG: the exact pixels."""
+    pytest.importorskip("pydicom")
+    from PIL import features
+    from pydicom.uid import JPEG2000Lossless
+
+    if not features.check("jpg_2000"):
+        pytest.skip("this Pillow has no OpenJPEG")
+    v12 = gray[18].astype(np.uint16) * 16 + 1
+    b = io.BytesIO()
+    Image.fromarray(v12).save(b, "JPEG2000", irreversible=False, no_jp2=True)
+    p = _dicom(tmp_path / "j2k.dcm", v12, syntax=JPEG2000Lossless, frames=[b.getvalue()])
+    assert np.array_equal(m.decode_file(p)[0], _minmax(v12))
+
+
+def _need_missing_decoder(syntax: object) -> None:
+    from pydicom.pixels import get_decoder
+
+    if get_decoder(syntax).is_available:
+        pytest.skip(f"a decoder for {syntax} is installed here")
+
+
+@pytest.mark.parametrize("syntax,pip,not_pip", [
+    ("JPEGLosslessSV1", "pip install 'pylibjpeg>=2.0' 'pylibjpeg-libjpeg>=2.1'",
+     "pylibjpeg-openjpeg"),
+    ("JPEGLSLossless", "pip install 'pylibjpeg>=2.0' 'pylibjpeg-libjpeg>=2.1'",
+     "pylibjpeg-openjpeg"),
+    ("JPEGLSNearLossless", "pip install 'pylibjpeg>=2.0' 'pylibjpeg-libjpeg>=2.1'",
+     "pylibjpeg-openjpeg"),
+    ("HTJ2KLossless", "pip install 'pylibjpeg>=2.0' 'pylibjpeg-openjpeg>=2.0'",
+     "pylibjpeg-libjpeg")])
+def test_dicom_without_its_decoder_is_one_line_with_the_pip_command(tmp_path, gray, syntax,
+                                                                    pip, not_pip
+                                                                    ) -> None:  # type: ignore[no-untyped-def]
+    """A syntax whose decoder plugin is not installed: one line naming the file, the syntax
+    and the pip command for *that* syntax (the packages pydicom requires for it), from
+    decode_file and the same line from load_images (which a run stops with: it used to
+    lose the fix and say "fix or remove the file"); with skip_bad it is skipped, counted
+    and not cached (installing the decoder brings it back)."""
+    pytest.importorskip("pydicom")
+    from pydicom import uid
+
+    ts = getattr(uid, syntax)
+    _need_missing_decoder(ts)
+    v12 = gray[19].astype(np.uint16) * 16
+    p = _dicom(tmp_path / "x.dcm", v12, syntax=ts, frames=[b"\xff\xd8 compressed \xff\xd9"])
+    with pytest.raises(BadImageFile) as e:
+        m.decode_file(p)
+    msg = _one_line(e, p)
+    assert str(ts) in msg and ts.name in msg and pip in msg and not_pip not in msg
+    assert e.value.lasting is False
+    good = _write(tmp_path / "png", gray[:2])
+    with pytest.raises(BadImageFile) as e2:  # stops the load, named, before any decode
+        m.load_images([*good, p], Transform(), cache_dir=tmp_path / "c", progress=False)
+    assert _one_line(e2, p) == msg
+    got = m.load_images([*good, p], Transform(), skip_bad=True, cache_dir=tmp_path / "c",
+                        progress=False)
+    assert got.kept.tolist() == [0, 1] and got.cache_path is None  # not cached
+    assert got.bad == [(str(p), e.value.reason)]
+
+
+def test_dicom_12_bit_jpeg_extended_names_the_decoder_not_a_corrupt_file(tmp_path, gray
+                                                                         ) -> None:  # type: ignore[no-untyped-def]
+    """Pillow decodes 8-bit JPEG Extended only: a 12-bit one is a decoder this environment
+    lacks (pylibjpeg-libjpeg or GDCM reads it), not a corrupt file to fix or remove."""
+    pytest.importorskip("pydicom")
+    from pydicom.pixels import get_decoder
+    from pydicom.uid import JPEGExtended12Bit
+
+    if set(get_decoder(JPEGExtended12Bit).available_plugins) - {"pillow"}:
+        pytest.skip("a 12-bit JPEG decoder is installed here")
+    b = io.BytesIO()
+    Image.fromarray(gray[20]).save(b, "JPEG", quality=95)
+    p = _dicom(tmp_path / "j12.dcm", gray[20].astype(np.uint16) * 16, bits=12,
+               syntax=JPEGExtended12Bit, frames=[b.getvalue()])
+    with pytest.raises(BadImageFile) as e:
+        m.decode_file(p)
+    msg = _one_line(e, p)
+    assert "corrupt" not in msg and "fix or remove" not in msg
+    assert str(JPEGExtended12Bit) in msg and "12-bit" in msg
+    assert "pip install 'pylibjpeg>=2.0' 'pylibjpeg-libjpeg>=2.1'" in msg
+    assert e.value.lasting is False
 
 
 def test_dicom_without_pydicom_is_one_line_naming_the_extra(tmp_path, gray, monkeypatch

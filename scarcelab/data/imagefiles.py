@@ -51,6 +51,8 @@ import json
 import math
 import multiprocessing
 import os
+import re
+import shlex
 import sqlite3
 import sys
 import tempfile
@@ -313,13 +315,63 @@ def _check_decodable(path: str | os.PathLike[str], ds: Any) -> None:
                            "convert it to an uncompressed transfer syntax (e.g. gdcmconv "
                            "--raw), or pass --skip-bad-files", lasting=False) from None
     if not decoder.is_available:
-        options = "; ".join(decoder.missing_dependencies)
         raise BadImageFile(path, f"DICOM pixel data is compressed as {name}, which cannot be "
                            "decoded in this environment",
-                           f"install a decoder ({options}; e.g. pip install pylibjpeg "
-                           "pylibjpeg-libjpeg pylibjpeg-openjpeg), or convert the file to "
-                           "uncompressed DICOM (dcmdjpeg, gdcmconv --raw), or pass "
-                           "--skip-bad-files", lasting=False)
+                           _install_fix(decoder.missing_dependencies), lasting=False)
+
+
+#: pip's name of a decoder package pydicom names by its import name
+_PIP_NAMES = {"gdcm": "python-gdcm"}
+
+
+def pip_command(missing: Sequence[str]) -> str:
+    """The ``pip install`` of one decoder plugin from pydicom's ``missing_dependencies``
+    (``"pylibjpeg - requires pylibjpeg>=2.0 and pylibjpeg-libjpeg>=2.1"``): pylibjpeg's when
+    it is among them (binary wheels on PyPI for the usual platforms), else the first one;
+    the packages exactly as pydicom requires them, so the command fits the transfer syntax
+    (JPEG-LS needs pylibjpeg-libjpeg, HTJ2K pylibjpeg-openjpeg >= 2)."""
+    pick = next((m for m in missing if m.startswith("pylibjpeg ")),
+                missing[0] if missing else "")
+    reqs = pick.split(" - requires ", 1)[1].split(" and ") if " - requires " in pick else []
+    pkgs = []
+    for req in (r.strip() for r in reqs):
+        name = re.split(r"[<>=!~ \[]", req, maxsplit=1)[0]
+        if name and name != "numpy":
+            pkgs.append(shlex.quote(_PIP_NAMES.get(name, name) + req[len(name):]))
+    return "pip install " + (" ".join(pkgs) if pkgs else
+                             "pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg")
+
+
+def _install_fix(missing: Sequence[str]) -> str:
+    options = "; ".join(missing)
+    return (f"install a decoder ({options}; e.g. {pip_command(missing)}), or convert the "
+            "file to uncompressed DICOM (dcmdjpeg, gdcmconv --raw), or pass "
+            "--skip-bad-files")
+
+
+def _decoder_gap(path: str | os.PathLike[str], ds: Any, e: BaseException
+                 ) -> BadImageFile | None:
+    """A compressed file that the installed decoder turned down for a feature it lacks
+    (Pillow: 12-bit JPEG Extended, colour JPEG 2000 above 8 bits) while a decoder that is
+    not installed reads it: that is this environment's gap, not a corrupt file, so the
+    line names what to install (and a skip is not cached). None for any other failure."""
+    text = str(e)
+    if "does not support" not in text and "cannot decode" not in text:
+        return None
+    ts = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    if ts is None or not getattr(ts, "is_compressed", False):
+        return None
+    from pydicom.pixels import get_decoder
+
+    try:
+        missing = list(get_decoder(ts).missing_dependencies)
+    except NotImplementedError:
+        return None
+    if not missing:
+        return None
+    return BadImageFile(path, f"DICOM pixel data is compressed as {ts.name} ({ts}), which "
+                        f"the installed decoder cannot decode ({_described(e)})",
+                        _install_fix(missing), lasting=False)
 
 
 def _read_dicom(path: str | os.PathLike[str], data: bytes, header_only: bool) -> Any:
@@ -365,6 +417,9 @@ def _decode_dicom(path: str | os.PathLike[str], data: bytes) -> np.ndarray:
     except BadImageFile:
         raise
     except Exception as e:  # noqa: BLE001 - truncated pixel data, inconsistent header
+        gap = _decoder_gap(path, ds, e)
+        if gap is not None:
+            raise gap from None
         raise BadImageFile(path, f"corrupt DICOM pixel data ({_described(e)})") from None
     if photometric == "MONOCHROME1":
         gray = 255 - gray
@@ -567,17 +622,18 @@ def cache_root() -> Path:
 # --------------------------------------------------------------------------- workers
 
 
-def _scan_one(path: str) -> tuple[str | None, tuple[str, int, int] | None, str | None, bool]:
-    """Read once: content sha256 and header. -> (sha, header, bad reason, lasting)."""
+def _scan_one(path: str) -> tuple[str | None, tuple[str, int, int] | None, str | None, bool,
+                                  str | None]:
+    """Read once: content sha256 and header. -> (sha, header, bad reason, lasting, fix)."""
     try:
         data = _read_bytes(path)
     except BadImageFile as e:
-        return None, None, e.reason, e.lasting
+        return None, None, e.reason, e.lasting, e.fix
     sha = hashlib.sha256(data).hexdigest()
     try:
-        return sha, _header(path, data), None, True
+        return sha, _header(path, data), None, True, None
     except BadImageFile as e:
-        return sha, None, e.reason, e.lasting
+        return sha, None, e.reason, e.lasting, e.fix
 
 
 def _scan_chunk(items: list[tuple[int, str]]) -> list[tuple[int, Any]]:
@@ -585,17 +641,17 @@ def _scan_chunk(items: list[tuple[int, str]]) -> list[tuple[int, Any]]:
 
 
 def _decode_chunk(npy: str, rows: list[tuple[int, int, str]], transform: Transform,
-                  channels: int, size: tuple[int, int]) -> list[tuple[int, str, bool]]:
+                  channels: int, size: tuple[int, int]) -> list[tuple[int, str, bool, str]]:
     """Decode files into their rows of the (temporary) cache file; a worker writes its
     rows straight into the file, so neither it nor the parent holds the set. Returns
-    the failures as (row, reason, lasting)."""
+    the failures as (row, reason, lasting, fix)."""
     out = np.lib.format.open_memmap(npy, mode="r+")
-    failed: list[tuple[int, str, bool]] = []
+    failed: list[tuple[int, str, bool, str]] = []
     for row, _index, path in rows:
         try:
             out[row] = to_model_input(decode_file(path), transform, channels, size=size)
         except BadImageFile as e:
-            failed.append((row, e.reason, e.lasting))
+            failed.append((row, e.reason, e.lasting, e.fix))
     del out  # no msync here: the parent's one fsync of the file writes every row to disk
     return failed
 
@@ -775,7 +831,9 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
 class _Scan:
     sha: list[str | None]
     header: list[tuple[str, int, int] | None]
-    bad: dict[int, tuple[str, bool]]  # index -> (reason, lasting)
+    #: index -> (reason, lasting, fix): the fix travels with the reason, so the line a load
+    #: stops with names what to do (e.g. the decoder to install), as decode_file's does
+    bad: dict[int, tuple[str, bool, str | None]]
     rehashed: int
 
 
@@ -798,7 +856,7 @@ def _scan(paths: list[str], index: _StatIndex, workers: _Workers, show: bool,
             if not skip_bad:
                 raise BadImageFile(shown[i], reason, "check the path and its permissions, "
                                    "or pass --skip-bad-files to skip it") from None
-            bad[i] = (reason, True)
+            bad[i] = (reason, True, None)
             continue
         row = known.get(p)
         if (row is not None and tuple(row[1:6]) == stats[i] and row[9] == DECODER_VERSION
@@ -815,10 +873,10 @@ def _scan(paths: list[str], index: _StatIndex, workers: _Workers, show: bool,
         with _bar(show, len(todo), "hashing images") as bar:
             for result in workers.run(_scan_chunk, _chunks(todo, n_workers), (), len(todo),
                                       bar, stop=lambda _r: False):
-                for i, (digest, head, reason, lasting) in result:
+                for i, (digest, head, reason, lasting, fix) in result:
                     sha[i], header[i] = digest, head
                     if reason is not None:
-                        bad[i] = (reason, lasting)
+                        bad[i] = (reason, lasting, fix)
                     if digest is not None:
                         new_rows.append((paths[i], *stats[i],  # type: ignore[misc]
                                          hashed_ns, digest,
@@ -850,7 +908,8 @@ def _cache_key(scan: _Scan, transform: Transform, paths: Sequence[str]) -> str:
     h.update(f"scarcelab-imagefiles\n{transform.key()}\n{_versions(paths)}\n"
              f"n={len(scan.sha)}\n".encode())
     for i, digest in enumerate(scan.sha):
-        h.update((digest or f"unreadable:{scan.bad.get(i, ('', True))[0]}").encode() + b"\n")
+        h.update((digest or f"unreadable:{scan.bad.get(i, ('', True, None))[0]}").encode()
+                 + b"\n")
     return h.hexdigest()
 
 
@@ -977,10 +1036,11 @@ def load_images(paths: Sequence[str | Path], transform: Transform, *, skip_bad: 
     return replace(hit, sha=list(scan.sha))
 
 
-def _raise_first_bad(bad: dict[int, tuple[str, bool]], shown: Sequence[str]) -> None:
+def _raise_first_bad(bad: dict[int, tuple[str, bool, str | None]], shown: Sequence[str]
+                     ) -> None:
     if bad:
         i = min(bad)
-        raise BadImageFile(shown[i], bad[i][0], lasting=bad[i][1])
+        raise BadImageFile(shown[i], bad[i][0], bad[i][2], lasting=bad[i][1])
 
 
 def _resolve_channels(transform: Transform, good: list[int], scan: _Scan,
@@ -1030,7 +1090,7 @@ def _decode_into(entry: _Entry, scan: _Scan, transform: Transform, files: list[s
                                         shape=(len(good), channels, height, width))
         del out
         rows = [(r, i, files[i]) for r, i in enumerate(good)]
-        failed: list[tuple[int, str, bool]] = []
+        failed: list[tuple[int, str, bool, str]] = []
         n_workers = pool.requested or default_workers(len(rows))
         with _bar(show, len(rows), "decoding images") as bar:
             for result in pool.run(_decode_chunk, _chunks(rows, n_workers),
@@ -1040,14 +1100,14 @@ def _decode_into(entry: _Entry, scan: _Scan, transform: Transform, files: list[s
         if failed:
             failed.sort()
             if not skip_bad:
-                row, reason, lasting = failed[0]
-                raise BadImageFile(shown[good[row]], reason, lasting=lasting)
-            for row, reason, lasting in failed:
-                bad[good[row]] = (reason, lasting)
-            _drop_rows(tmp, entry, {row for row, _, _ in failed})
+                row, reason, lasting, fix = failed[0]
+                raise BadImageFile(shown[good[row]], reason, fix, lasting=lasting)
+            for row, reason, lasting, fix in failed:
+                bad[good[row]] = (reason, lasting, fix)
+            _drop_rows(tmp, entry, {f[0] for f in failed})
         _fsync(tmp)
         kept = np.array(sorted(set(range(n)) - set(bad)), dtype=np.int64)
-        cacheable = all(lasting for _, lasting in bad.values())
+        cacheable = all(entry[1] for entry in bad.values())
         if cacheable:
             os.replace(tmp, entry.npy)
             x = np.load(entry.npy, mmap_mode="r", allow_pickle=False)
