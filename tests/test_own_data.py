@@ -529,6 +529,26 @@ def test_al_says_the_given_pool_is_not_queried_and_why(folder, store) -> None:  
     assert given_pool_note(f"folder:{root}", 0, n_lab, None) == ""
 
 
+def test_encoded_al_on_the_folder_says_its_encoder_trains_on_the_pool(folder, tmp_path,
+                                                                      capsys) -> None:  # type: ignore[no-untyped-def]
+    """encoded_folder: the encoder learns from the labeled and the given unlabeled images;
+    the AL pool is still the labeled ones, and the sweep's tags say both."""
+    from scarcelab import tags as T
+    from scarcelab.active.datasets import LoadContext, _encoded_loader, default_data_dir
+    from scarcelab.active.encoded import DiskEncodingCache
+
+    root, files = folder
+    ctx = LoadContext("cpu", {"method": "simclr", "arch": "small_cnn", "epochs": 1,
+                              "batch_size": 64}, DiskEncodingCache(tmp_path / "enc"),
+                      data_options=DataOptions())
+    d = _encoded_loader(f"folder:{root}")(default_data_dir(), np.random.default_rng(0), ctx)
+    note = d.tags[T.UNLABELED_POOL]
+    assert f"the {len(files['unlabeled'])} given unlabeled images" in note
+    assert "train the encoder" in note and "not queried" in note
+    assert T.ENCODING_KEY in d.tags and len(d.y_train) == len(files["labeled"])
+    assert f"[scarcelab] {note}" in capsys.readouterr().err.splitlines()
+
+
 def test_folds_run_k_studies_under_one_parent(folder, store) -> None:  # type: ignore[no-untyped-def]
     import shutil
 
