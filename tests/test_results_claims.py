@@ -313,3 +313,16 @@ def test_check_scale_names_every_shortfall_in_numbers():
              + [("splice", 1, "random", 0, 0.7)])
     assert C.check_scale({"seeds": 50}, C.SuiteData(al=al)) == [
         "1 of >= 50 repetitions (splice / 1 / random)"]
+
+
+def test_a_verdict_that_hinges_on_an_untested_comparison_is_not_testable():
+    # one repetition per strategy: no spread, no test; the old rules called the oracle
+    # beaten and the winners distinct on these means
+    rows = [("a", 1, "oracle", 0, 0.90), ("a", 1, "margin", 0, 0.91), ("a", 1, "random", 0, 0.8),
+            ("b", 1, "oracle", 0, 0.90), ("b", 1, "margin", 0, 0.80), ("b", 1, "random", 0, 0.85)]
+    for kind in ("oracle_best", "no_universal_winner"):
+        v = C.evaluate({"kind": kind}, _data(al=_al(rows)))
+        assert v.status == C.UNTESTABLE and "could not be tested" in v.reason, (kind, v)
+    r = _retrains({"ce": [0.5], "a": [0.6], "b": [0.7]})
+    v = C.evaluate({"kind": "baseline_competitive", "min_runs": 1}, _data(retrains=r))
+    assert v.status == C.UNTESTABLE

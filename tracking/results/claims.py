@@ -261,6 +261,16 @@ def _set_text(b: BestOrTied) -> str:
     return b.describe()
 
 
+def _untested_p(p: float) -> bool:
+    """A test that could not run (one value, or a paper's mean without a spread): it is
+    evidence neither way, so a verdict that hinges on it is "not testable"."""
+    return bool(np.isnan(p))
+
+
+UNTESTED = ("a comparison the verdict hinges on could not be tested (one value per arm, or "
+            "a source without spreads)")
+
+
 def describe(kind_and_params: dict[str, Any]) -> str:
     params = {k: v for k, v in kind_and_params.items() if k != "kind"}
     return RULES[kind_and_params["kind"]].describe(**params)
@@ -329,6 +339,9 @@ def _gain_everywhere(data: SuiteData, method: str, min_datasets: int = 2,
     ok = [r.diff > 0 and p < alpha for (_, _, r), p in zip(rows, adj, strict=True)]
     listing = "; ".join(f"{ds} vs {ref}: {_t(r, p)}" for (ds, ref, r), p
                         in zip(rows, adj, strict=True))
+    failed = [not o and not _untested_p(r.p) for o, (_, _, r) in zip(ok, rows, strict=True)]
+    if not all(ok) and not any(failed):
+        return _untestable(f"{UNTESTED}: {listing}")
     return Verdict(REPRODUCED if all(ok) else NOT_REPRODUCED,
                    f"gains of {method} ({sum(ok)} of {len(rows)} significant): {listing}")
 
@@ -379,6 +392,8 @@ def _most_reliable(data: SuiteData, method: str, families: Sequence[str] = ("sem
     adj = holm([r.p for r in tests])
     sig = [m for m, r, p in zip(above, tests, adj, strict=True) if r.diff > 0 and p < alpha]
     listing = "; ".join(f"{m}: {_t(r, p)}" for m, r, p in zip(above, tests, adj, strict=True))
+    if not sig and any(_untested_p(r.p) for r in tests):
+        return _untestable(f"{head}; {UNTESTED}: on {d_star}, {listing}")
     return Verdict(NOT_REPRODUCED if sig else REPRODUCED,
                    f"{head}; on {d_star} ({method}'s worst), the methods of higher worst case "
                    f"against {method}: {listing}"
@@ -417,6 +432,8 @@ def _family_beats(data: SuiteData, family: str = "semi", min_datasets: int = 2,
     need = len(rows) if at_least == "all" else int(at_least)
     listing = "; ".join(f"{ds}: {top} vs {ref} {_t(r, p)}" for (ds, top, ref, r), p
                         in zip(rows, adj, strict=True))
+    if sum(wins) < need <= sum(wins) + sum(_untested_p(r.p) for *_, r in rows):
+        return _untestable(f"{UNTESTED}: {listing}")
     return Verdict(REPRODUCED if sum(wins) >= need else NOT_REPRODUCED,
                    f"best {family} method per dataset against the best labeled-only: {listing}"
                    f" ({sum(wins)} of {len(rows)} significantly above)")
@@ -469,6 +486,8 @@ def _oracle_best(data: SuiteData, oracle: str = "oracle", min_problems: int = 2,
     if sig:
         return Verdict(NOT_REPRODUCED, f"significantly above {oracle} on {len(sig)} "
                        f"pair(s): " + "; ".join(sig))
+    if any(r.diff > 0 and _untested_p(r.p) for *_, r in pairs):
+        return _untestable(f"{UNTESTED}: " + "; ".join(lines))
     return Verdict(REPRODUCED, f"{oracle} is best or tied on all {len(probs)} problems; "
                    f"strategies of higher or equal mean, none significantly above: "
                    + "; ".join(lines))
@@ -497,6 +516,13 @@ def _no_universal_winner(data: SuiteData, exclude: Sequence[str] = ("oracle",),
     sets = {k: best_or_tied({m: a[m] for m in common}, alpha) for k, a in arms.items()}
     everywhere = sorted(set.intersection(*(set(b.tied) for b in sets.values())))
     listing = "; ".join(f"{ds} q={q}: {_set_text(b)}" for (ds, q), b in sets.items())
+    # a strategy in every set only because some of its comparisons could not be run
+    sure = [m for m in everywhere if not any(
+        m != b.best and _untested_p(b.tests[m].p) for b in sets.values())]
+    if everywhere and not sure:
+        return _untestable(f"{UNTESTED}: {', '.join(everywhere)} best or tied on all "
+                           f"{len(sets)} problems only by untested comparisons; {listing}")
+    everywhere = sure
     if everywhere:
         return Verdict(NOT_REPRODUCED, f"{', '.join(everywhere)} best or tied on all "
                        f"{len(sets)} problems; best-or-tied sets: {listing}")
@@ -711,6 +737,11 @@ def _baseline_competitive(data: SuiteData, baseline: str = "ce", max_better: int
                         if r.diff > 0 and p < alpha)
         tied = sorted(m for m, r in zip(others, tests, strict=True)
                       if r.diff > 0 and m not in better)
+        unknown = [m for m, r in zip(others, tests, strict=True)
+                   if r.diff > 0 and _untested_p(r.p)]
+        if len(better) <= max_better < len(better) + len(unknown):
+            return _untestable(f"{ds}: {UNTESTED} ({', '.join(sorted(unknown))} above "
+                               f"{baseline} by mean)")
         ok_all &= len(better) <= max_better
         parts.append(f"{ds}: {len(better)} of {len(others)} significantly above {baseline}"
                      + (f" ({', '.join(better)})" if better else "")
@@ -742,6 +773,8 @@ def _best_or_tied(data: SuiteData, method: str, dataset: str, alpha: float = 0.0
     if b.best == method:
         return Verdict(REPRODUCED, f"{method} has the best mean ({vals[method].mean:.4f}); "
                        f"{head}")
+    if _untested_p(b.tests[method].p):
+        return _untestable(f"{head}; {method} {vals[method].mean:.4f}: {UNTESTED}")
     return Verdict(REPRODUCED if method in b.tied else NOT_REPRODUCED,
                    f"{head}; {method} {vals[method].mean:.4f}: "
                    f"{_t(b.tests[method], b.p_holm[method])}")
