@@ -299,8 +299,17 @@ def test_check_scale_names_every_shortfall_in_numbers():
     assert "1 of >= 3 seeds" in short[2]
     assert "network small_cnn, not the paper's resnet18" in short[3]
     assert "breastmnist: neither the paper's nor a named stand-in" in short[4]
-    v = C.evaluate({"kind": "needs", "needs": "x"}, C.SuiteData(scale=scale), needs=needs)
+    # a rule that decides on these runs is overruled by the scale
+    al = _al_reps({"a": {"oracle": [0.90, 0.91, 0.92], "margin": [0.80, 0.81, 0.80]},
+                   "b": {"oracle": [0.90, 0.92, 0.91], "margin": [0.85, 0.84, 0.86]}})
+    d = C.SuiteData(scale=scale, al=al)
+    assert C.evaluate({"kind": "oracle_best"}, d).status == C.REPRODUCED
+    v = C.evaluate({"kind": "oracle_best"}, d, needs=needs)
     assert v.status == C.UNTESTABLE and v.reason.startswith("below the scale the claim needs")
+    assert v.reason.endswith("(paper's scale: Sec. 4)")
+    # a rule that cannot run keeps its own reason
+    v = C.evaluate({"kind": "oracle_best"}, C.SuiteData(scale=scale), needs=needs)
+    assert v.reason == "no finished oracle repetitions"
     # at the scale: no shortfall, the rule decides
     ok = pd.DataFrame({"dataset": ["tissuemnist"] * 3, "method": ["sup"] * 3,
                        "seed": [0, 1, 2], "network": ["resnet18"] * 3,

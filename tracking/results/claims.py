@@ -105,16 +105,18 @@ def rule(name: str, describe: Callable[..., str]) -> Callable[[Callable[..., Ver
 
 def evaluate(kind_and_params: dict[str, Any], data: SuiteData,
              needs: dict[str, Any] | None = None) -> Verdict:
-    """The rule's verdict on ``data``; with ``needs`` (the claim's scale requirement), "not
-    testable at this scale" and the shortfalls when the runs fall short of it."""
-    if needs:
+    """The rule's verdict on ``data``; with ``needs`` (the claim's scale requirement), a
+    decided verdict becomes "not testable at this scale" with the shortfalls when the runs
+    fall short of it (a rule that cannot run at all keeps its own, more basic reason)."""
+    params = {k: v for k, v in kind_and_params.items() if k != "kind"}
+    verdict = RULES[kind_and_params["kind"]].evaluate(data, **params)
+    if needs and verdict.status != UNTESTABLE:
         short = check_scale(needs, data)
         if short:
             return Verdict(UNTESTABLE, "below the scale the claim needs: " + "; ".join(short)
                            + (f" (paper's scale: {needs['source']})" if needs.get("source")
                               else ""))
-    params = {k: v for k, v in kind_and_params.items() if k != "kind"}
-    return RULES[kind_and_params["kind"]].evaluate(data, **params)
+    return verdict
 
 
 # -- scale ------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ PNG_LIMIT = 100_000
 REPO = Path(__file__).resolve().parents[2]
 STUDY_ENTRIES = ("supervised", "semi", "self")
 DOCS = "docs/results"
+#: the per-seed score the SSL rules test (views.TEST: the best-on-validation checkpoint's)
+C_SCORE = "test_balanced_accuracy"
 
 
 class ResultsError(ValueError):
@@ -384,6 +386,46 @@ def _bar_figure(df: pd.DataFrame, index: str, columns: str, values: str, title: 
     return fig
 
 
+def _num(df: pd.DataFrame, col: str) -> pd.Series:
+    return pd.to_numeric(df[col], errors="coerce") if col in df else \
+        pd.Series(np.nan, index=df.index)
+
+
+def scale_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """What the runs did, one row per study: dataset, method, seed, network (its arch),
+    trials (completed: the tune protocol's ``n_complete``, else ``n_trials - n_failed``),
+    and the median over its finished trials of epochs per trial (the trial's ``epochs``
+    metric; a tune trial that ran to its end: its planned ``epochs``) and of steps per
+    trial (epochs x the last evaluation window's ``time/steps``: exact at the default
+    one-evaluation-per-epoch cadence, an estimate otherwise). What
+    :func:`.claims.check_scale` compares with a claim's ``needs``."""
+    cols = ["dataset", "method", "seed", "network", "trials", "epochs_per_trial",
+            "steps_per_trial"]
+    if runs.empty or "role" not in runs:
+        return pd.DataFrame(columns=cols)
+    studies = runs[runs["role"] == "study"]
+    if studies.empty:
+        return pd.DataFrame(columns=cols)
+    trials = runs[(runs["role"] == "trial") & (runs.get("status") == "FINISHED")]
+    if len(trials):
+        pruned = trials["pruned"].astype(str).eq("true") if "pruned" in trials else False
+        epochs = _num(trials, "metrics.epochs").fillna(
+            _num(trials, "params.epochs").where(~pruned))
+        per = pd.DataFrame({"parent": trials.get("parent_run_id"), "epochs": epochs,
+                            "steps": epochs * _num(trials, "metrics.time/steps")})
+        med = per.groupby("parent")[["epochs", "steps"]].median()
+    else:
+        med = pd.DataFrame(columns=["epochs", "steps"])
+    complete = _num(studies, "n_complete").fillna(
+        _num(studies, "n_trials") - _num(studies, "n_failed").fillna(0))
+    ids = studies["run_id"] if "run_id" in studies else pd.Series(index=studies.index)
+    return pd.DataFrame({
+        "dataset": studies.get("dataset"), "method": studies.get("method"),
+        "seed": studies.get("seed"), "network": studies.get("arch"), "trials": complete,
+        "epochs_per_trial": ids.map(med["epochs"]).astype(float),
+        "steps_per_trial": ids.map(med["steps"]).astype(float)}).reset_index(drop=True)
+
+
 def _study_sections(t: Any, data: C.SuiteData, encoders_only: bool = False
                     ) -> list[Section]:
     from scarcelab.tracking.query import render, views
@@ -391,6 +433,12 @@ def _study_sections(t: Any, data: C.SuiteData, encoders_only: bool = False
     out = []
     lb = views.leaderboard(t)
     data.leaderboard = lb
+    smp = views.samples(t)
+    if len(smp) and {"dataset", "variant", "seed", C_SCORE} <= set(smp.columns):
+        data.studies = pd.DataFrame({
+            "dataset": smp["dataset"], "method": smp["variant"],
+            "family": smp["family"] if "family" in smp else np.nan, "seed": smp["seed"],
+            "score": pd.to_numeric(smp[C_SCORE], errors="coerce")})
     keep = [c for c in ("dataset", "n_labeled", "family", "method", "n",
                         "val_balanced_accuracy_mean", "test_balanced_accuracy_mean",
                         "test_balanced_accuracy_std", "test_auroc_mean") if c in lb]
@@ -792,10 +840,11 @@ def _sections(t: Any, by_entry: dict[str, list[Any]], data: C.SuiteData,
 
 
 def _verdicts(paper: PaperFile, data: C.SuiteData) -> list[Verdict]:
-    """Each claim of the paper file, its rule evaluated on the numbers the sections read."""
+    """Each claim of the paper file, its rule evaluated on the numbers the sections read,
+    or "not testable at this scale" where the runs fall short of the claim's ``needs``."""
     verdicts = []
     for cl in paper.claims:
-        v = C.evaluate(cl.rule, data)
+        v = C.evaluate(cl.rule, data, cl.needs)
         verdicts.append(Verdict(cl.id, cl.claim, cl.source, C.describe(cl.rule), v.status,
                                 v.reason))
     return verdicts
@@ -938,6 +987,7 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
     t = _cell_table(src.experiment, src.uri, finished)
     data = C.SuiteData()
     sections = _sections(t, by_entry, data, src.uri)
+    data.scale = scale_frame(t.runs)
     comparisons = _comparison_sections(src.paper, data)
     verdicts = _verdicts(src.paper, data)
     cost = _cost(src.client, src.cells)
