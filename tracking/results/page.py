@@ -408,7 +408,8 @@ def scale_frame(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     trials = runs[(runs["role"] == "trial") & (runs.get("status") == "FINISHED")]
     if len(trials):
-        pruned = trials["pruned"].astype(str).eq("true") if "pruned" in trials else False
+        pruned = trials["pruned"].astype(str).eq("true") if "pruned" in trials else \
+            pd.Series(False, index=trials.index)
         epochs = _num(trials, "metrics.epochs").fillna(
             _num(trials, "params.epochs").where(~pruned))
         per = pd.DataFrame({"parent": trials.get("parent_run_id"), "epochs": epochs,
