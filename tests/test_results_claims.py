@@ -202,15 +202,29 @@ def test_accuracy_masking():
     assert v.status == C.UNTESTABLE
 
 
-def test_encoder_beats():
-    t = pd.DataFrame({"encoder": ["@pretrain", "random"], "n_runs": [1, 1],
+def test_encoder_beats_pairs_the_encoders_over_shared_seeds():
+    t = pd.DataFrame({"encoder": ["@pretrain", "random"], "n_runs": [3, 3],
                       "x linear (all labels) accuracy": [0.7, 0.6],
-                      "c seg/pq": [0.2, 0.25], "c seg/cross/n/pq": [0.3, 0.2]})
-    d = _data(transfer=t)
-    assert C.evaluate({"kind": "encoder_beats", "columns": ["linear (all labels) accuracy"]},
-                      d).status == C.REPRODUCED
+                      "c seg/pq": [0.2, 0.25]})
+    pre, rnd = [0.70, 0.72, 0.69], [0.60, 0.61, 0.60]
+    pq_pre, pq_rnd = [0.20, 0.21, 0.19], [0.25, 0.26, 0.24]
+    runs = pd.DataFrame(
+        [("@pretrain", "x linear (all labels) accuracy", k, v) for k, v in enumerate(pre)]
+        + [("random", "x linear (all labels) accuracy", k, v) for k, v in enumerate(rnd)]
+        + [("@pretrain", "c seg/pq", k, v) for k, v in enumerate(pq_pre)]
+        + [("random", "c seg/pq", k, v) for k, v in enumerate(pq_rnd)],
+        columns=["encoder", "column", "seed", "value"])
+    d = _data(transfer=t, transfer_runs=runs)
+    v = C.evaluate({"kind": "encoder_beats", "columns": ["linear (all labels) accuracy"]}, d)
+    p = sps.ttest_rel(pre, rnd).pvalue
+    assert v.status == C.REPRODUCED and "paired t over 3 shared seeds" in v.reason
+    assert f"p = {p:.3g}" in v.reason
     v = C.evaluate({"kind": "encoder_beats", "columns": ["/pq"]}, d)
-    assert v.status == C.NOT_REPRODUCED and "c seg/pq: 0.2000 vs 0.2500" in v.reason
+    assert v.status == C.NOT_REPRODUCED and "c seg/pq: -0.0500" in v.reason
+    # the old rule decided on the means of n = 1 cells; without per-seed values: no test
+    v = C.evaluate({"kind": "encoder_beats", "columns": ["linear (all labels) accuracy"]},
+                   _data(transfer=t))
+    assert v.status == C.UNTESTABLE and "means only" in v.reason
     assert C.evaluate({"kind": "encoder_beats", "columns": ["finetune"]}, d).status == \
         C.UNTESTABLE
 

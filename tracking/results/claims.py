@@ -62,6 +62,9 @@ class SuiteData:
     table_a1: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: the transfer view, encoder references as the spec writes them (@pretrain)
     transfer: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the same view computed on each seed's runs alone, long: encoder, column, seed,
+    #: value (what encoder_beats pairs over shared seeds)
+    transfer_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: one row per finished retrain: dataset, method, study_id, score
     retrains: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: one row per (study, seed) kept by the query layer (views.samples): dataset,
@@ -671,14 +674,16 @@ def _accuracy_masking(data: SuiteData, acc_tol: float = 0.03, diag_change: float
 
 # -- Kang et al.: transfer ----------------------------------------------------------------
 def _encoder_text(better: str = "@pretrain", worse: str = "random",
-                  columns: Sequence[str] = ()) -> str:
-    return (f"the encoder {better}'s mean is above {worse}'s on every transfer column "
-            f"matching: {', '.join(columns)}; testable when both rows have those columns")
+                  columns: Sequence[str] = (), alpha: float = 0.05) -> str:
+    return (f"the encoder {better} is significantly above {worse} on every transfer column "
+            f"matching: {', '.join(columns)} (paired t over the seeds both have, Welch "
+            f"without; Holm over the columns; p < {alpha:g}); testable when both rows have "
+            "those columns, from >= 2 seeds each")
 
 
 @rule("encoder_beats", _encoder_text)
 def _encoder_beats(data: SuiteData, better: str = "@pretrain", worse: str = "random",
-                   columns: Sequence[str] = ()) -> Verdict:
+                   columns: Sequence[str] = (), alpha: float = 0.05) -> Verdict:
     t = data.transfer
     if t.empty or "encoder" not in t:
         return _untestable("no finished probe or segment runs")
@@ -686,21 +691,32 @@ def _encoder_beats(data: SuiteData, better: str = "@pretrain", worse: str = "ran
     missing = [e for e in (better, worse) if e not in rows.index]
     if missing:
         return _untestable(f"no transfer row for {', '.join(missing)}")
-    cells, lost, absent = [], [], []
+    cells, absent = [], []
     for pat in columns:
         cols = [c for c in rows.columns if pat in str(c)
                 and pd.notna(rows.loc[better, c]) and pd.notna(rows.loc[worse, c])]
         if not cols:
             absent.append(pat)
-        for c in cols:
-            b, w = float(rows.loc[better, c]), float(rows.loc[worse, c])
-            cells.append(f"{c}: {b:.4f} vs {w:.4f}")
-            if not b > w:
-                lost.append(c)
+        cells += cols
     if absent:
         return _untestable(f"no column with both encoders for: {', '.join(absent)}")
-    return Verdict(NOT_REPRODUCED if lost else REPRODUCED,
-                   f"{better} vs {worse}: " + "; ".join(cells))
+    means = "; ".join(f"{c}: {float(rows.loc[better, c]):.4f} vs {float(rows.loc[worse, c]):.4f}"
+                      for c in cells)
+    tr = data.transfer_runs
+    if tr.empty:
+        return _untestable(f"means only (no per-seed values to test): {better} vs {worse}: "
+                           f"{means}")
+    arms = _arms(tr[tr["column"].isin(cells)], ["column"], "encoder", "value", "seed")
+    tests = [compare(arms.get(c, {}).get(better, Sample.of([])),
+                     arms.get(c, {}).get(worse, Sample.of([]))) for c in cells]
+    adj = holm([r.p for r in tests])
+    sig = [r.diff > 0 and p < alpha for r, p in zip(tests, adj, strict=True)]
+    listing = "; ".join(f"{c}: {_t(r, p)}" for c, r, p in zip(cells, tests, adj, strict=True))
+    if all(sig):
+        return Verdict(REPRODUCED, f"{better} vs {worse}: {listing}")
+    if any(not g and not _untested_p(r.p) for g, r in zip(sig, tests, strict=True)):
+        return Verdict(NOT_REPRODUCED, f"{better} vs {worse}: {listing}")
+    return _untestable(f"{UNTESTED}: {better} vs {worse}: {listing}")
 
 
 # -- Tune It: retrains ---------------------------------------------------------------------

@@ -316,6 +316,29 @@ def protocols_as_columns(view: pd.DataFrame) -> pd.DataFrame:
     return out[fixed + sorted(c for c in out.columns if c not in fixed)]
 
 
+def transfer_by_seed(t: Any, refs: Sequence[str]) -> pd.DataFrame:
+    """The page's transfer table (:func:`protocols_as_columns` of :func:`transfer_view`)
+    computed on each seed's runs alone, long: encoder, column, seed, value. Why: the
+    encoder_beats rule pairs the two encoders over the seeds they share (the pre-trained
+    encoder of seed s is probed by the cells of seed s), which the averaged table hides."""
+    cols = ["encoder", "column", "seed", "value"]
+    runs = t.runs
+    if runs.empty or "seed" not in runs:
+        return pd.DataFrame(columns=cols)
+    parts = []
+    for seed in sorted(runs["seed"].dropna().unique()):
+        view = protocols_as_columns(transfer_view(t.with_runs(runs[runs["seed"] == seed]),
+                                                  refs))
+        if view.empty:
+            continue
+        vals = [c for c in view.columns if c not in ("encoder", "arch", "encoder_method",
+                                                     "n_runs")]
+        long = view.melt(id_vars=["encoder"], value_vars=vals, var_name="column",
+                         value_name="value").dropna(subset=["value"])
+        parts.append(long.assign(seed=seed)[cols])
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
 def transfer_long(view: pd.DataFrame) -> pd.DataFrame:
     """The transfer view as (encoder label, task, value) rows for the bar chart. The label
     joins the encoder with the settings that keep its row apart (architecture, protocol,
@@ -601,9 +624,10 @@ def _transfer_sections(t: Any, cells: Sequence[Any], data: C.SuiteData) -> list[
 
     # the page's table: a row per encoder, protocols in the column names (the sweep's own
     # report keeps the query view's rows keyed on protocol, tracking/sweep/driver.py)
-    view = protocols_as_columns(transfer_view(t, [r.data.tags.get(REFS_TAG, "")
-                                                  for r in cells]))
+    refs = [r.data.tags.get(REFS_TAG, "") for r in cells]
+    view = protocols_as_columns(transfer_view(t, refs))
     data.transfer = view
+    data.transfer_runs = transfer_by_seed(t, refs)
     figs = {}
     if len(view):
         long = transfer_long(view)
