@@ -83,3 +83,13 @@ def test_best_or_tied_is_holm_over_the_comparisons_with_the_best() -> None:
     # untestable arms (one value) are tied: no evidence they are worse
     one = stats.best_or_tied({"x": stats.Sample.of([0.9]), "y": stats.Sample.of([0.1])})
     assert one.tied == ("x", "y") and "untested" in one.describe()
+
+
+def test_tost_welch_is_the_90_percent_welch_interval_inside_the_margin() -> None:
+    x, y = [0.79, 0.80, 0.81], [0.80, 0.82, 0.81]
+    ok, lo, hi = stats.tost_welch(x, y, 0.03)
+    ci = sps.ttest_ind(x, y, equal_var=False).confidence_interval(0.90)
+    assert (lo, hi) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert ok == (-0.03 < ci.low and ci.high < 0.03)
+    assert not stats.tost_welch(x, y, 0.02)[0]  # the interval reaches -0.027
+    assert stats.tost_welch([0.8], y, 0.03)[0] is False  # one run shows nothing

@@ -36,7 +36,8 @@ from scipy import stats  # noqa: E402
 
 __all__ = ["BestOrTied", "PairedT", "Sample", "TwoSample", "average_ranks", "best_or_tied",
            "cd_diagram", "cliques", "compare", "friedman_test", "holm", "nemenyi_cd",
-           "nemenyi_pvalues", "paired_t", "welch_t", "welch_t_from_stats", "wilcoxon_holm"]
+           "nemenyi_pvalues", "paired_t", "tost_welch", "welch_t", "welch_t_from_stats",
+           "wilcoxon_holm"]
 
 
 def _complete(scores: pd.DataFrame, need_methods: int = 2) -> pd.DataFrame:
@@ -191,6 +192,28 @@ def welch_t(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
     sd = [float(v.std(ddof=1)) if len(v) > 1 else np.nan for v in (a, b)]
     return welch_t_from_stats(float(a.mean()) if len(a) else np.nan, sd[0], len(a),
                               float(b.mean()) if len(b) else np.nan, sd[1], len(b))
+
+
+def tost_welch(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
+               margin: float, alpha: float = 0.05) -> tuple[bool, float, float]:
+    """Two one-sided Welch tests of equivalence (Schuirmann's TOST): mean(x) - mean(y) is
+    within ``±margin`` at level ``alpha`` when the ``1 - 2 alpha`` Welch interval of the
+    difference lies inside it. Returns (equivalent, low, high); with fewer than 2 values
+    in an arm, (False, nan, nan): flatness cannot be shown from one run. Why TOST: "no
+    significant change" is not evidence of no change; an interval inside the margin is."""
+    a = np.asarray(x, dtype=float)
+    b = np.asarray(y, dtype=float)
+    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+    if len(a) < 2 or len(b) < 2:
+        return False, np.nan, np.nan
+    diff = float(a.mean() - b.mean())
+    v1, v2 = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if v1 + v2 == 0:
+        return abs(diff) < margin, diff, diff
+    df = (v1 + v2) ** 2 / (v1 * v1 / (len(a) - 1) + v2 * v2 / (len(b) - 1))
+    half = float(stats.t.ppf(1.0 - alpha, df)) * float(np.sqrt(v1 + v2))
+    lo, hi = diff - half, diff + half
+    return bool(-margin < lo and hi < margin), lo, hi
 
 
 @dataclass(frozen=True)

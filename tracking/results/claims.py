@@ -41,7 +41,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scarcelab.tracking.stats import BestOrTied, Sample, TwoSample, best_or_tied, compare, holm
+from scarcelab.tracking.stats import (
+    BestOrTied,
+    Sample,
+    TwoSample,
+    best_or_tied,
+    compare,
+    holm,
+    tost_welch,
+)
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -617,20 +625,11 @@ def _masking_text(acc_tol: float = 0.03, diag_change: float = 0.25, min_ratio: f
 def _flat(base: np.ndarray, top: np.ndarray, tol: float, alpha: float) -> tuple[bool, str]:
     """Whether the accuracy change top - base is inside ±tol: the TOST (Welch) interval
     when both arms have >= 2 values, else the difference of the means."""
-    from scipy import stats as sps
-
     diff = float(top.mean() - base.mean())
     if len(base) < 2 or len(top) < 2:
         return abs(diff) <= tol, f"accuracy {diff:+.4f} (n = {len(base)}/{len(top)}, untested)"
-    v1, v2 = top.var(ddof=1) / len(top), base.var(ddof=1) / len(base)
-    se = math.sqrt(v1 + v2)
-    if se == 0:
-        return abs(diff) <= tol, f"accuracy {diff:+.4f} (no spread)"
-    df = (v1 + v2) ** 2 / (v1 * v1 / (len(top) - 1) + v2 * v2 / (len(base) - 1))
-    half = float(sps.t.ppf(1 - alpha, df)) * se
-    lo, hi = diff - half, diff + half
-    return (-tol < lo and hi < tol), (f"accuracy {diff:+.4f}, TOST {1 - 2 * alpha:.0%} "
-                                       f"interval [{lo:+.4f}, {hi:+.4f}]")
+    ok, lo, hi = tost_welch(top, base, tol, alpha)
+    return ok, f"accuracy {diff:+.4f}, TOST {1 - 2 * alpha:.0%} interval [{lo:+.4f}, {hi:+.4f}]"
 
 
 @rule("accuracy_masking", _masking_text)
