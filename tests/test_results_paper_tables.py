@@ -82,6 +82,12 @@ def test_paper_file_rejects_bad_needs_and_spreads(tmp_path: Path) -> None:
     p.write_text(base + "    needs: {steps: 5}\n")
     with pytest.raises(PaperError, match=r"needs: unknown key\(s\) \['steps'\]"):
         load_paper(p)
+    for bad, words in (("{seeds: three}", r"needs\.seeds: a number > 0"),
+                       ("{networks: resnet18}", r"needs\.networks: a list"),
+                       ("{datasets: [a]}", r"needs\.datasets: a mapping")):
+        p.write_text(base + f"    needs: {bad}\n")
+        with pytest.raises(PaperError, match=words):
+            load_paper(p)
     p.write_text(base.replace("comparisons: []", "comparisons:\n  - title: t\n    source: s\n"
                               "    values:\n      - {row: r, column: c, value: 1, sd: -1, "
                               "ours: {view: al_auc}}"))

@@ -112,6 +112,24 @@ def _need(d: Any, key: str, where: str, kind: type | tuple[type, ...] = str) -> 
     return v
 
 
+def _check_needs(needs: dict[str, Any], where: str) -> None:
+    """The value types of a claim's ``needs`` (claims.check_scale reads them)."""
+    for k in ("steps_per_trial", "epochs_per_trial", "min_share", "trials", "seeds",
+              "retrains"):
+        v = needs.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+            raise PaperError(f"{where}.{k}: a number > 0, got {v!r}")
+    nets = needs.get("networks")
+    if nets is not None and (not isinstance(nets, list)
+                             or not all(isinstance(n, str) for n in nets)):
+        raise PaperError(f"{where}.networks: a list of network names (scarcelab list archs), "
+                         f"got {nets!r}")
+    ds = needs.get("datasets")
+    if ds is not None and not isinstance(ds, dict):
+        raise PaperError(f"{where}.datasets: a mapping of our dataset name to the paper's "
+                         f"dataset it is or stands in for, got {ds!r}")
+
+
 def load_paper(path: str | Path) -> PaperFile:
     """Read and check a paper file; rules are checked against :mod:`.claims`' registry."""
     from scarcelab.tracking.results.claims import RULES
@@ -187,6 +205,7 @@ def load_paper(path: str | Path) -> PaperFile:
             if bad:
                 raise PaperError(f"{cw}.needs: unknown key(s) {bad}; valid: "
                                  f"{', '.join(NEEDS_KEYS)}")
+            _check_needs(needs, f"{cw}.needs")
         out.claims.append(Claim(cid, _need(c, "claim", cw), _need(c, "source", cw), rule,
                                 needs))
     nf = data.get("not_found") or []
