@@ -1133,3 +1133,23 @@ def test_a_record_of_every_trial_reads_their_histories_in_one_experiment_scoped_
     rec = t.record("trials")
     val = [n for n, keys in asked if "val/balanced_accuracy" in keys]
     assert val == [None] and len(rec)
+
+
+def test_results_page_reads_per_seed_scores_and_scale_from_a_real_store(tracked):
+    """The claim rules' inputs from an MLflow store: ``data.studies`` is the query layer's
+    per-seed samples (so the SSL rules pair over the seeds the studies share) and the
+    scale frame has a row per study with its seed, method and completed trials."""
+    from scarcelab.tracking.results import claims as C
+    from scarcelab.tracking.results import page as P
+
+    data = C.SuiteData()
+    P._study_sections(tracked, data)
+    smp = views.samples(tracked)
+    assert len(data.studies) == len(smp) > 0
+    assert list(data.studies["method"]) == list(smp["variant"])
+    assert np.allclose(data.studies["score"], pd.to_numeric(smp["test_balanced_accuracy"]),
+                       equal_nan=True)
+    sc = P.scale_frame(tracked.runs)
+    studies = tracked.runs[tracked.runs["role"] == "study"]
+    assert len(sc) == len(studies)
+    assert sc["seed"].notna().all() and set(sc["method"]) == set(studies["method"])

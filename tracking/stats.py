@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import matplotlib
 
@@ -33,8 +34,10 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from scipy import stats  # noqa: E402
 
-__all__ = ["PairedT", "average_ranks", "cd_diagram", "cliques", "friedman_test", "holm",
-           "nemenyi_cd", "nemenyi_pvalues", "paired_t", "wilcoxon_holm"]
+__all__ = ["BestOrTied", "PairedT", "Sample", "TwoSample", "average_ranks", "best_or_tied",
+           "cd_diagram", "cliques", "compare", "friedman_test", "holm", "nemenyi_cd",
+           "nemenyi_pvalues", "paired_t", "tost_welch", "welch_t", "welch_t_from_stats",
+           "wilcoxon_holm"]
 
 
 def _complete(scores: pd.DataFrame, need_methods: int = 2) -> pd.DataFrame:
@@ -156,6 +159,158 @@ def paired_t(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
     half = float(stats.t.ppf(1.0 - alpha / 2.0, n - 1)) * se
     p = float(2.0 * stats.t.sf(abs(t), n - 1))
     return PairedT(n, mean, sd, mean - half, mean + half, float(t), p)
+
+
+def welch_t_from_stats(mean1: float, sd1: float, n1: int, mean2: float, sd2: float,
+                       n2: int) -> tuple[float, float, float]:
+    """Welch's unequal-variance t-test of mean1 - mean2 from summary statistics (sample
+    sds, ddof 1): ``(t, df, two-sided p)``, as ``scipy.stats.ttest_ind_from_stats(...,
+    equal_var=False)``. Why from statistics: a paper gives mean ± sd over n runs, not the
+    runs, and its claims must be tested the same way as ours. An arm with fewer than 2
+    values has no spread: (nan, nan, nan). Two arms without spread: equal means are no
+    evidence (t 0, p 1), unequal ones certain under the model (t ±inf, p 0)."""
+    if n1 < 2 or n2 < 2 or not (np.isfinite(sd1) and np.isfinite(sd2)):
+        return np.nan, np.nan, np.nan
+    v1, v2 = sd1 * sd1 / n1, sd2 * sd2 / n2
+    se2 = v1 + v2
+    diff = mean1 - mean2
+    if not se2 > 0:
+        return (0.0, np.nan, 1.0) if diff == 0 else (float(np.sign(diff)) * np.inf, np.nan,
+                                                     0.0)
+    df = se2 * se2 / (v1 * v1 / (n1 - 1) + v2 * v2 / (n2 - 1))
+    t = diff / np.sqrt(se2)
+    return float(t), float(df), float(2.0 * stats.t.sf(abs(t), df))
+
+
+def welch_t(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
+            ) -> tuple[float, float, float]:
+    """Welch's t-test of mean(x) - mean(y) on the values (NaNs dropped): ``(t, df, p)``,
+    two-sided, as ``scipy.stats.ttest_ind(x, y, equal_var=False)``."""
+    a = np.asarray(x, dtype=float)
+    b = np.asarray(y, dtype=float)
+    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+    sd = [float(v.std(ddof=1)) if len(v) > 1 else np.nan for v in (a, b)]
+    return welch_t_from_stats(float(a.mean()) if len(a) else np.nan, sd[0], len(a),
+                              float(b.mean()) if len(b) else np.nan, sd[1], len(b))
+
+
+def tost_welch(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
+               margin: float, alpha: float = 0.05) -> tuple[bool, float, float]:
+    """Two one-sided Welch tests of equivalence (Schuirmann's TOST): mean(x) - mean(y) is
+    within ``±margin`` at level ``alpha`` when the ``1 - 2 alpha`` Welch interval of the
+    difference lies inside it. Returns (equivalent, low, high); with fewer than 2 values
+    in an arm, (False, nan, nan): flatness cannot be shown from one run. Why TOST: "no
+    significant change" is not evidence of no change; an interval inside the margin is."""
+    a = np.asarray(x, dtype=float)
+    b = np.asarray(y, dtype=float)
+    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+    if len(a) < 2 or len(b) < 2:
+        return False, np.nan, np.nan
+    diff = float(a.mean() - b.mean())
+    v1, v2 = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if v1 + v2 == 0:
+        return abs(diff) < margin, diff, diff
+    df = (v1 + v2) ** 2 / (v1 * v1 / (len(a) - 1) + v2 * v2 / (len(b) - 1))
+    half = float(stats.t.ppf(1.0 - alpha, df)) * float(np.sqrt(v1 + v2))
+    lo, hi = diff - half, diff + half
+    return bool(-margin < lo and hi < margin), lo, hi
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One arm of a comparison: its values keyed by seed (or repetition, retrain), or only
+    a mean ± sd over n (a paper's table). Keys let two arms be paired on the seeds they
+    share."""
+
+    mean: float
+    sd: float
+    n: int
+    values: tuple[float, ...] | None = None
+    keys: tuple[Any, ...] | None = None  # the seed of each value; None: unpaired
+
+    @classmethod
+    def of(cls, values: Mapping[Any, float] | Sequence[float] | np.ndarray) -> Sample:
+        """From values; a mapping's keys are their seeds (a plain sequence pairs with
+        nothing and is compared by Welch). NaNs are dropped."""
+        keys = list(values.keys()) if isinstance(values, Mapping) else None
+        vals = np.asarray(list(values.values()) if isinstance(values, Mapping) else values,
+                          dtype=float)
+        ok = ~np.isnan(vals)
+        vals = vals[ok]
+        return cls(float(vals.mean()) if len(vals) else np.nan,
+                   float(vals.std(ddof=1)) if len(vals) > 1 else np.nan, len(vals),
+                   tuple(float(v) for v in vals),
+                   tuple(k for k, o in zip(keys, ok, strict=True) if o) if keys else None)
+
+    @classmethod
+    def summary(cls, mean: float, sd: float, n: int) -> Sample:
+        return cls(float(mean), float(sd), int(n))
+
+
+@dataclass(frozen=True)
+class TwoSample:
+    """A two-arm test of mean(a) - mean(b): which test ran, over how many values, and its
+    two-sided p (NaN: no test possible, e.g. one value per arm)."""
+
+    test: str  # "paired t" | "Welch t" | "none"
+    n: str  # "5 shared seeds" | "3 vs 4"
+    diff: float
+    t: float
+    p: float
+
+    def text(self) -> str:
+        p = "no p (too few values)" if np.isnan(self.p) else f"p = {self.p:.3g}"
+        return f"{self.test} over {self.n}: {p}"
+
+
+def compare(a: Sample, b: Sample, min_pairs: int = 2) -> TwoSample:
+    """mean(a) - mean(b) tested the way the data allow: Student's paired t over the seeds
+    both arms have where they share >= ``min_pairs`` (a shared seed shares its split and
+    initialisation, so pairing removes that variance), else Welch's t on all values or on
+    the summary statistics."""
+    if a.keys is not None and b.keys is not None and a.values and b.values:
+        bv = dict(zip(b.keys, b.values, strict=True))
+        shared = [(v, bv[k]) for k, v in zip(a.keys, a.values, strict=True) if k in bv]
+        if len(shared) >= min_pairs:
+            x, y = np.array(shared, dtype=float).T
+            r = paired_t(x, y)
+            return TwoSample("paired t", f"{len(shared)} shared seeds", r.mean, r.t, r.p)
+    t, _, p = welch_t_from_stats(a.mean, a.sd, a.n, b.mean, b.sd, b.n)
+    return TwoSample("Welch t" if not np.isnan(p) else "none", f"{a.n} vs {b.n}",
+                     a.mean - b.mean, t, p)
+
+
+@dataclass(frozen=True)
+class BestOrTied:
+    """The arm with the highest mean, and the arms not significantly below it: each arm
+    against the best by :func:`compare`, Holm-adjusted over those comparisons."""
+
+    best: str
+    tied: tuple[str, ...]  # the best first, then the others by mean, highest first
+    tests: dict[str, TwoSample]  # arm -> its test against the best
+    p_holm: dict[str, float]
+
+    def describe(self, fmt: str = ".4f") -> str:
+        rest = [f"{m} (p_holm = {self.p_holm[m]:.3g})" if not np.isnan(self.p_holm[m])
+                else f"{m} (untested)" for m in self.tied[1:]]
+        return "{" + ", ".join([self.best, *rest]) + "}"
+
+
+def best_or_tied(arms: Mapping[str, Sample], alpha: float = 0.05) -> BestOrTied:
+    """Which arms are best or tied with the best: the arm of highest mean (ties of the mean
+    broken by name) and every arm whose two-sided test against it (:func:`compare`),
+    Holm-adjusted over the other arms, is not significant at ``alpha``. An arm that cannot
+    be tested (one value) counts as tied: there is no evidence that it is worse."""
+    names = sorted(arms, key=lambda m: (-arms[m].mean, m))
+    if not names:
+        raise ValueError("best_or_tied: no arms")
+    best = names[0]
+    others = names[1:]
+    tests = {m: compare(arms[best], arms[m]) for m in others}
+    adj = holm([tests[m].p for m in others]) if others else np.array([])
+    p_holm = {m: float(a) for m, a in zip(others, adj, strict=True)}
+    tied = [best] + [m for m in others if not p_holm[m] < alpha]
+    return BestOrTied(best, tuple(tied), tests, p_holm)
 
 
 def wilcoxon_holm(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:

@@ -50,6 +50,8 @@ PNG_LIMIT = 100_000
 REPO = Path(__file__).resolve().parents[2]
 STUDY_ENTRIES = ("supervised", "semi", "self")
 DOCS = "docs/results"
+#: the per-seed score the SSL rules test (views.TEST: the best-on-validation checkpoint's)
+C_SCORE = "test_balanced_accuracy"
 
 
 class ResultsError(ValueError):
@@ -314,6 +316,29 @@ def protocols_as_columns(view: pd.DataFrame) -> pd.DataFrame:
     return out[fixed + sorted(c for c in out.columns if c not in fixed)]
 
 
+def transfer_by_seed(t: Any, refs: Sequence[str]) -> pd.DataFrame:
+    """The page's transfer table (:func:`protocols_as_columns` of :func:`transfer_view`)
+    computed on each seed's runs alone, long: encoder, column, seed, value. Why: the
+    encoder_beats rule pairs the two encoders over the seeds they share (the pre-trained
+    encoder of seed s is probed by the cells of seed s), which the averaged table hides."""
+    cols = ["encoder", "column", "seed", "value"]
+    runs = t.runs
+    if runs.empty or "seed" not in runs:
+        return pd.DataFrame(columns=cols)
+    parts = []
+    for seed in sorted(runs["seed"].dropna().unique()):
+        view = protocols_as_columns(transfer_view(t.with_runs(runs[runs["seed"] == seed]),
+                                                  refs))
+        if view.empty:
+            continue
+        vals = [c for c in view.columns if c not in ("encoder", "arch", "encoder_method",
+                                                     "n_runs")]
+        long = view.melt(id_vars=["encoder"], value_vars=vals, var_name="column",
+                         value_name="value").dropna(subset=["value"])
+        parts.append(long.assign(seed=seed)[cols])
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
 def transfer_long(view: pd.DataFrame) -> pd.DataFrame:
     """The transfer view as (encoder label, task, value) rows for the bar chart. The label
     joins the encoder with the settings that keep its row apart (architecture, protocol,
@@ -384,6 +409,47 @@ def _bar_figure(df: pd.DataFrame, index: str, columns: str, values: str, title: 
     return fig
 
 
+def _num(df: pd.DataFrame, col: str) -> pd.Series:
+    return pd.to_numeric(df[col], errors="coerce") if col in df else \
+        pd.Series(np.nan, index=df.index)
+
+
+def scale_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """What the runs did, one row per study: dataset, method, seed, network (its arch),
+    trials (completed: the tune protocol's ``n_complete``, else ``n_trials - n_failed``),
+    and the median over its finished trials of epochs per trial (the trial's ``epochs``
+    metric; a tune trial that ran to its end: its planned ``epochs``) and of steps per
+    trial (epochs x the last evaluation window's ``time/steps``: exact at the default
+    one-evaluation-per-epoch cadence, an estimate otherwise). What
+    :func:`.claims.check_scale` compares with a claim's ``needs``."""
+    cols = ["dataset", "method", "seed", "network", "trials", "epochs_per_trial",
+            "steps_per_trial"]
+    if runs.empty or "role" not in runs:
+        return pd.DataFrame(columns=cols)
+    studies = runs[runs["role"] == "study"]
+    if studies.empty:
+        return pd.DataFrame(columns=cols)
+    trials = runs[(runs["role"] == "trial") & (runs.get("status") == "FINISHED")]
+    if len(trials):
+        pruned = trials["pruned"].astype(str).eq("true") if "pruned" in trials else \
+            pd.Series(False, index=trials.index)
+        epochs = _num(trials, "metrics.epochs").fillna(
+            _num(trials, "params.epochs").where(~pruned))
+        per = pd.DataFrame({"parent": trials.get("parent_run_id"), "epochs": epochs,
+                            "steps": epochs * _num(trials, "metrics.time/steps")})
+        med = per.groupby("parent")[["epochs", "steps"]].median()
+    else:
+        med = pd.DataFrame(columns=["epochs", "steps"])
+    complete = _num(studies, "n_complete").fillna(
+        _num(studies, "n_trials") - _num(studies, "n_failed").fillna(0))
+    ids = studies["run_id"] if "run_id" in studies else pd.Series(index=studies.index)
+    return pd.DataFrame({
+        "dataset": studies.get("dataset"), "method": studies.get("method"),
+        "seed": studies.get("seed"), "network": studies.get("arch"), "trials": complete,
+        "epochs_per_trial": ids.map(med["epochs"]).astype(float),
+        "steps_per_trial": ids.map(med["steps"]).astype(float)}).reset_index(drop=True)
+
+
 def _study_sections(t: Any, data: C.SuiteData, encoders_only: bool = False
                     ) -> list[Section]:
     from scarcelab.tracking.query import render, views
@@ -391,6 +457,12 @@ def _study_sections(t: Any, data: C.SuiteData, encoders_only: bool = False
     out = []
     lb = views.leaderboard(t)
     data.leaderboard = lb
+    smp = views.samples(t)
+    if len(smp) and {"dataset", "variant", "seed", C_SCORE} <= set(smp.columns):
+        data.studies = pd.DataFrame({
+            "dataset": smp["dataset"], "method": smp["variant"],
+            "family": smp["family"] if "family" in smp else np.nan, "seed": smp["seed"],
+            "score": pd.to_numeric(smp[C_SCORE], errors="coerce")})
     keep = [c for c in ("dataset", "n_labeled", "family", "method", "n",
                         "val_balanced_accuracy_mean", "test_balanced_accuracy_mean",
                         "test_balanced_accuracy_std", "test_auroc_mean") if c in lb]
@@ -552,9 +624,10 @@ def _transfer_sections(t: Any, cells: Sequence[Any], data: C.SuiteData) -> list[
 
     # the page's table: a row per encoder, protocols in the column names (the sweep's own
     # report keeps the query view's rows keyed on protocol, tracking/sweep/driver.py)
-    view = protocols_as_columns(transfer_view(t, [r.data.tags.get(REFS_TAG, "")
-                                                  for r in cells]))
+    refs = [r.data.tags.get(REFS_TAG, "") for r in cells]
+    view = protocols_as_columns(transfer_view(t, refs))
     data.transfer = view
+    data.transfer_runs = transfer_by_seed(t, refs)
     figs = {}
     if len(view):
         long = transfer_long(view)
@@ -792,10 +865,11 @@ def _sections(t: Any, by_entry: dict[str, list[Any]], data: C.SuiteData,
 
 
 def _verdicts(paper: PaperFile, data: C.SuiteData) -> list[Verdict]:
-    """Each claim of the paper file, its rule evaluated on the numbers the sections read."""
+    """Each claim of the paper file, its rule evaluated on the numbers the sections read,
+    or "not testable at this scale" where the runs fall short of the claim's ``needs``."""
     verdicts = []
     for cl in paper.claims:
-        v = C.evaluate(cl.rule, data)
+        v = C.evaluate(cl.rule, data, cl.needs)
         verdicts.append(Verdict(cl.id, cl.claim, cl.source, C.describe(cl.rule), v.status,
                                 v.reason))
     return verdicts
@@ -938,6 +1012,7 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
     t = _cell_table(src.experiment, src.uri, finished)
     data = C.SuiteData()
     sections = _sections(t, by_entry, data, src.uri)
+    data.scale = scale_frame(t.runs)
     comparisons = _comparison_sections(src.paper, data)
     verdicts = _verdicts(src.paper, data)
     cost = _cost(src.client, src.cells)

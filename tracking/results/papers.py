@@ -24,6 +24,14 @@ the page only copies them; values that could not be read with certainty are list
         source: "Sec. 4 / results/auc_qs1.csv"
         rule: {kind: oracle_best, min_problems: 2}
 
+A comparison marked ``claims_table: true`` holds the numbers the claims rest on (the
+paper's headline table, cited by table and row): :func:`paper_data` turns it into the
+frames the rules read, so that every rule can be run on the paper's own numbers (a value's
+``sd`` and ``n``, where the source gives them, let the rules' tests run on it too). A
+claim's ``needs`` states the scale testing it takes (steps or epochs per trial against the
+paper's, completed trials, seeds, networks, datasets or named stand-ins:
+:func:`.claims.check_scale`); below it the verdict is "not testable at this scale".
+
 ``ours`` selects the number of ours put beside a value (:func:`tracking.results.page`'s
 ``lookup``: ``view`` is ``al_auc``, ``table3`` or ``leaderboard``, the other keys pick the
 row). ``scale`` (default 1) multiplies *our* value into the paper's unit (100 when the
@@ -36,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import yaml
 
 #: where a suite's paper file lives, relative to the suite spec's folder
@@ -54,6 +63,8 @@ class Value:
     value: float
     ours: dict[str, Any]
     note: str = ""
+    sd: float | None = None  # the source's spread (a standard deviation), where it gives one
+    n: int | None = None  # the runs behind the value, where the source says
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,7 @@ class Comparison:
     values: tuple[Value, ...]
     scale: float = 1.0
     note: str = ""
+    claims_table: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,7 @@ class Claim:
     claim: str
     source: str
     rule: dict[str, Any]
+    needs: dict[str, Any] | None = None
 
 
 @dataclass
@@ -97,6 +110,24 @@ def _need(d: Any, key: str, where: str, kind: type | tuple[type, ...] = str) -> 
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise PaperError(f"{where}.{key}: must be a {names}, got {v!r}")
     return v
+
+
+def _check_needs(needs: dict[str, Any], where: str) -> None:
+    """The value types of a claim's ``needs`` (claims.check_scale reads them)."""
+    for k in ("steps_per_trial", "epochs_per_trial", "min_share", "trials", "seeds",
+              "retrains"):
+        v = needs.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+            raise PaperError(f"{where}.{k}: a number > 0, got {v!r}")
+    nets = needs.get("networks")
+    if nets is not None and (not isinstance(nets, list)
+                             or not all(isinstance(n, str) for n in nets)):
+        raise PaperError(f"{where}.networks: a list of network names (scarcelab list archs), "
+                         f"got {nets!r}")
+    ds = needs.get("datasets")
+    if ds is not None and not isinstance(ds, dict):
+        raise PaperError(f"{where}.datasets: a mapping of our dataset name to the paper's "
+                         f"dataset it is or stands in for, got {ds!r}")
 
 
 def load_paper(path: str | Path) -> PaperFile:
@@ -132,13 +163,22 @@ def load_paper(path: str | Path) -> PaperFile:
             if ours.get("view") not in VIEWS:
                 raise PaperError(f"{vw}.ours.view: {ours.get('view')!r}; valid: "
                                  f"{', '.join(VIEWS)}")
+            sd, n = v.get("sd"), v.get("n")
+            if sd is not None and (not isinstance(sd, int | float) or isinstance(sd, bool)
+                                   or sd < 0):
+                raise PaperError(f"{vw}.sd: a number >= 0 (the source's standard deviation), "
+                                 f"got {sd!r}")
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+                raise PaperError(f"{vw}.n: a whole number >= 1 (the runs behind the value), "
+                                 f"got {n!r}")
             values.append(Value(str(_need(v, "row", vw, (str, int, float))),
                                 str(_need(v, "column", vw, (str, int, float))),
                                 float(_need(v, "value", vw, (int, float))), ours,
-                                str(v.get("note", ""))))
+                                str(v.get("note", "")), None if sd is None else float(sd), n))
         out.comparisons.append(Comparison(
             _need(c, "title", cw), _need(c, "source", cw), tuple(values),
-            float(c.get("scale", 1.0)), str(c.get("note", ""))))
+            float(c.get("scale", 1.0)), str(c.get("note", "")),
+            bool(c.get("claims_table", False))))
     ids = set()
     for i, c in enumerate(data.get("claims") or []):
         cw = f"{where}: claims[{i}]"
@@ -155,9 +195,51 @@ def load_paper(path: str | Path) -> PaperFile:
             RULES[kind].describe(**{k: v for k, v in rule.items() if k != "kind"})
         except TypeError as e:
             raise PaperError(f"{cw}.rule: {e}") from None
-        out.claims.append(Claim(cid, _need(c, "claim", cw), _need(c, "source", cw), rule))
+        needs = c.get("needs")
+        if needs is not None:
+            from scarcelab.tracking.results.claims import NEEDS_KEYS
+
+            if not isinstance(needs, dict):
+                raise PaperError(f"{cw}.needs: a mapping of {', '.join(NEEDS_KEYS)}")
+            bad = sorted(set(needs) - set(NEEDS_KEYS))
+            if bad:
+                raise PaperError(f"{cw}.needs: unknown key(s) {bad}; valid: "
+                                 f"{', '.join(NEEDS_KEYS)}")
+            _check_needs(needs, f"{cw}.needs")
+        out.claims.append(Claim(cid, _need(c, "claim", cw), _need(c, "source", cw), rule,
+                                needs))
     nf = data.get("not_found") or []
     if not isinstance(nf, list) or not all(isinstance(s, str) for s in nf):
         raise PaperError(f"{where}.not_found: a list of sentences")
     out.not_found = list(nf)
     return out
+
+
+#: which SuiteData frame a comparison's view fills, and the names of its columns
+_PAPER_FRAMES = {"al_auc": ("al", "strategy", "auc"), "table3": ("retrains", "method", "score"),
+                 "leaderboard": ("studies", "method", "score")}
+
+
+def paper_data(paper: PaperFile) -> Any:
+    """The paper's own numbers as the rules read ours (:class:`.claims.SuiteData`): each
+    value of a ``claims_table`` comparison becomes a summary row (``<value>_mean``,
+    ``_sd``, ``n``) of the frame its view names, its ``ours`` keys as the row's columns
+    and the value divided by the comparison's ``scale`` (back into our unit)."""
+    from scarcelab.tracking.results.claims import SuiteData
+
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for c in paper.comparisons:
+        if not c.claims_table:
+            continue
+        for v in c.values:
+            view = v.ours.get("view")
+            if view not in _PAPER_FRAMES:
+                raise PaperError(f"{paper.path}: {c.title!r}: a claims table of view "
+                                 f"{view!r}; the rules read {', '.join(_PAPER_FRAMES)}")
+            frame, _, value = _PAPER_FRAMES[view]
+            row = {k: x for k, x in v.ours.items() if k != "view"}
+            row.update({f"{value}_mean": v.value / c.scale,
+                        f"{value}_sd": (v.sd / c.scale) if v.sd is not None else float("nan"),
+                        "n": v.n if v.n is not None else float("nan")})
+            rows.setdefault(frame, []).append(row)
+    return SuiteData(**{f: pd.DataFrame(r) for f, r in rows.items()})
