@@ -21,6 +21,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from scarcelab.tracking.sweep.driver import CELL_MODULE, RESOURCES_TAG, Driver  # noqa: E402
+from scarcelab.tracking.sweep.pool import embedded_init  # noqa: E402
 from scarcelab.tracking.sweep.spec import parse_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +43,7 @@ def fake_gpu_cluster():  # type: ignore[no-untyped-def]
     """A private Ray cluster on loopback with 8 CPUs and 1 (fake) GPU."""
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=8, num_gpus=1, include_dashboard=False,
-             log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+    embedded_init(ray, num_cpus=8, num_gpus=1, log_to_driver=False, configure_logging=False)
     assert ray.cluster_resources().get("GPU") == 1.0
     yield
     ray.shutdown()
