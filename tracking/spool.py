@@ -530,7 +530,9 @@ class Spool:
         if self.dir is None:
             name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
             self.dir = self.root / name
-            (self.dir / "files").mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(mode=0o700)  # its records and state are the user's alone
+            (self.dir / "files").mkdir(exist_ok=True)
             if not self._try_lock(self.dir):  # a fresh folder: nobody else knows it yet
                 raise RuntimeError(f"could not lock new spool folder {self.dir}")
             self._write_state()
@@ -556,11 +558,22 @@ class Spool:
     def _write_state(self) -> None:
         assert self.dir is not None
         tmp = self.dir / f"state.json.{os.getpid()}.tmp"
+        blob = json.dumps({"tracking_uri": self.tracking_uri, "ids": self.ids,
+                           "delivered": self.delivered, "pid": os.getpid(),
+                           "memory_only": self.memory_only}).encode()
         try:
-            tmp.write_text(json.dumps({
-                "tracking_uri": self.tracking_uri, "ids": self.ids,
-                "delivered": self.delivered, "pid": os.getpid(),
-                "memory_only": self.memory_only}))
+            # owner-only (issue 42): the tracking URI may carry a password
+            # (http://user:pw@host) and the file waits on disk until delivery. Created
+            # 0600 whatever the umask, and set again in case a stale .tmp of this pid was
+            # left with other bits (O_CREAT keeps an existing file's mode).
+            fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             tmp.replace(self.dir / "state.json")
         except OSError as e:  # disk full: the old state stays valid (delivery is idempotent)
             tmp.unlink(missing_ok=True)
