@@ -90,6 +90,7 @@ from pathlib import Path
 from typing import Any
 
 from scarcelab import tags as T
+from scarcelab.redaction import redact
 
 log = logging.getLogger("scarcelab.tracking")
 
@@ -707,7 +708,7 @@ class Spool:
             self._keep(op)
         self.last_attempt = time.time()
         self._write_state()
-        msg = (f"tracking server {self.tracking_uri} unreachable ({type(e).__name__}); "
+        msg = (f"tracking server {redact(self.tracking_uri)} unreachable ({type(e).__name__}); "
                f"training goes on, records are spooled to {self.dir}")
         log.warning(msg)
         print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
@@ -922,7 +923,7 @@ class Spool:
         op, e = self._bg_error
         self._bg_error = None
         raise TrackingWriteError(
-            f"tracking store {self.tracking_uri} refused a queued {op['op']} of run "
+            f"tracking store {redact(self.tracking_uri)} refused a queued {op['op']} of run "
             f"{op.get('key')!r} ({type(e).__name__}: {str(e)[:500]}); the records queued "
             "after it were still delivered") from e
 
