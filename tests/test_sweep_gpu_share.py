@@ -66,8 +66,9 @@ def _sweep(tmp_path: Path, monkeypatch, name: str, gpus: str, extra: str = "",  
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "SCARCELAB_GPU_MEMORY_FRACTION"):
         monkeypatch.delenv(k, raising=False)  # the share is the driver's to set
     # through the spec: the Ray workers were started before this test set anything
-    env = {"FAKE_CELL_REPORT": str(report), "FAKE_BARRIER": str(barrier),
-           "FAKE_BARRIER_S": "240" if barrier else "0", **(env or {})}
+    env = {"SCARCELAB_USER_FAKE_CELL_REPORT": str(report),
+           "SCARCELAB_USER_FAKE_BARRIER": str(barrier),
+           "SCARCELAB_USER_FAKE_BARRIER_S": "240" if barrier else "0", **(env or {})}
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

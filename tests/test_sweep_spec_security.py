@@ -86,3 +86,65 @@ def test_printed_commands_are_shell_quoted_and_round_trip(tmp_path: Path) -> Non
     assert calls == [c.argv() for c in sp.cells]
     assert any(str(folder) in a for a in calls[0])
     assert not (tmp_path / "PWNED").exists()
+
+
+# -- item 2: env: is an allowlist ---------------------------------------------------------------
+
+ENV_SPEC = "name: x\nenv:\n  OMP_NUM_THREADS: '1'\n  {name}: '{value}'\ngrids:\n" \
+           "  - entry: supervised\n    method: sup\n"
+
+
+@pytest.mark.parametrize("name,value", [
+    ("HTTP_PROXY", "http://127.0.0.1:8888"),  # received the server's Basic-auth credentials
+    ("HTTPS_PROXY", "http://127.0.0.1:8888"), ("http_proxy", "http://127.0.0.1:8888"),
+    ("ALL_PROXY", "socks5://127.0.0.1:1080"), ("NO_PROXY", "*"),
+    ("REQUESTS_CA_BUNDLE", "/tmp/evil-ca.pem"), ("SSL_CERT_FILE", "/tmp/evil-ca.pem"),
+    ("CURL_CA_BUNDLE", "/tmp/evil-ca.pem"), ("MLFLOW_TRACKING_INSECURE_TLS", "true"),
+    ("MLFLOW_TRACKING_SERVER_CERT_PATH", "/tmp/evil-ca.pem"),
+    ("OPTUNA_STORAGE", "postgresql://x@evil/optuna"),  # every cell's search elsewhere
+    ("MLFLOW_S3_ENDPOINT_URL", "http://evil:9000"), ("AWS_ENDPOINT_URL", "http://evil:9000"),
+    ("MLFLOW_TRACKING_TOKEN", "t"), ("MLFLOW_TRACKING_USERNAME", "admin"),
+    ("SCARCELAB_SPOOL_DIR", "/tmp/world-readable"), ("SCARCELAB_MEDMNIST_URL", "http://evil/"),
+    ("SCARCELAB_CACHE", "/tmp/poisoned"), ("SCARCELAB_PG_BIN", "/tmp/bin"),
+    ("FLAG", "1"),
+])
+def test_env_outside_the_allowlist_is_refused_in_one_line_naming_file_and_variable(
+        tmp_path: Path, name: str, value: str) -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(ENV_SPEC.format(name=name, value=value), "g.yaml")
+    msg = str(e.value)
+    assert msg.startswith(f"g.yaml:4: env: {name} ") and "\n" not in msg, msg
+    code, out = _dry_run(tmp_path, ENV_SPEC.format(name=name, value=value))
+    assert code != 0 and out.count("\n") == 1 and f"g.yaml:4: env: {name} " in out, out
+    assert "scarcelab supervised" not in out
+
+
+def test_the_driver_set_gpu_memory_cap_is_not_a_spec_variable() -> None:
+    with pytest.raises(SpecError, match="SCARCELAB_GPU_MEMORY_FRACTION is set by the sweep "
+                                        "driver"):
+        parse_spec(ENV_SPEC.format(name="SCARCELAB_GPU_MEMORY_FRACTION", value="0.5"),
+                   "g.yaml")
+
+
+@pytest.mark.parametrize("name,value", [
+    ("MKL_NUM_THREADS", "2"), ("OPENBLAS_NUM_THREADS", "2"),
+    ("CUBLAS_WORKSPACE_CONFIG", ":4096:8"), ("CUDA_LAUNCH_BLOCKING", "1"),
+    ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), ("PYTHONHASHSEED", "0"),
+    ("PYTHONUNBUFFERED", "1"), ("SCARCELAB_DATA", "/data"), ("SCARCELAB_AL_FASTFIT", "0"),
+    ("SCARCELAB_SYSTEM_METRICS", "0"), ("SCARCELAB_USER_MY_PLUGIN_MODE", "fast"),
+])
+def test_what_a_cell_may_need_still_passes(name: str, value: str) -> None:
+    sp = parse_spec(ENV_SPEC.format(name=name, value=value), "g.yaml")
+    assert sp.env == {"OMP_NUM_THREADS": "1", name: value}
+
+
+def test_a_spec_built_in_code_is_held_to_the_allowlist(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from scarcelab.tracking.sweep.driver import Driver
+    from scarcelab.tracking.sweep.spec import SweepSpec
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    sp = parse_spec(ENV_SPEC.format(name="PYTHONHASHSEED", value="0"), "g.yaml")
+    bad = SweepSpec(sp.name, sp.experiment, sp.cells, env={"HTTPS_PROXY": "http://evil:1"},
+                    path="g.yaml")
+    with pytest.raises(SpecError, match="HTTPS_PROXY is not a variable a spec may set"):
+        Driver(bad, echo=lambda s: None)

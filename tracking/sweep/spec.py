@@ -116,7 +116,27 @@ ENV_PYTHON_SAFE = {"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECOD
                    "PYTHONNOUSERSITE", "PYTHONSAFEPATH"}
 #: set by the driver for every cell: a spec's value would be overwritten, so it is refused
 ENV_DRIVER = {"MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID",
-              "MLFLOW_EXPERIMENT_NAME"}
+              "MLFLOW_EXPERIMENT_NAME", "SCARCELAB_GPU_MEMORY_FRACTION"}
+#: What a spec's ``env:`` may set: an allowlist (issue 42 item 2). A denylist kept missing
+#: variables: ``HTTP_PROXY`` in a spec received the tracking server's Basic-auth
+#: credentials, ``REQUESTS_CA_BUNDLE`` with ``MLFLOW_TRACKING_INSECURE_TLS`` trusted another
+#: certificate, ``OPTUNA_STORAGE`` sent every cell's search to another database. A cell
+#: needs only settings of *how* it computes, never of where it sends or reads its records:
+ENV_ALLOWED = {
+    # threads of the numeric libraries (the driver sets the first two from the cell's share)
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+    "NUMEXPR_MAX_THREADS", "VECLIB_MAXIMUM_THREADS",
+    # determinism and debugging of CUDA: cuBLAS' deterministic workspace, synchronous
+    # launches, the caching allocator's options (sizes and modes; it loads nothing)
+    "CUBLAS_WORKSPACE_CONFIG", "CUDA_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF",
+    # scarcelab's switches of a cell's computation: where its datasets are read (read
+    # without unpickling, as a `dataset: folder:…` value would be), AL's fast fit, system
+    # metrics. Not its download URLs, cache, spool, stack or tracking settings.
+    "SCARCELAB_DATA", "SCARCELAB_AL_FASTFIT", "SCARCELAB_SYSTEM_METRICS",
+    "SCARCELAB_SYSTEM_METRICS_INTERVAL_S",
+}
+#: names under this prefix are the user's own (a plugin's settings): scarcelab reads none
+ENV_USER_PREFIX = "SCARCELAB_USER_"
 
 
 def env_refusal(name: str) -> str | None:
@@ -127,13 +147,17 @@ def env_refusal(name: str) -> str | None:
     upper = name.upper()
     if upper in ENV_DRIVER:
         return f"{name} is set by the sweep driver for every cell"
-    if upper in ENV_PYTHON_SAFE:
+    if upper in ENV_PYTHON_SAFE or upper in ENV_ALLOWED or upper.startswith(ENV_USER_PREFIX):
         return None
     if upper in ENV_CODE or upper.startswith(ENV_CODE_PREFIXES):
         return (f"{name} can load code into every cell; a spec's env: is data and may not "
                 "set it (set it in the environment of the driver or of the Ray workers "
                 "instead; docs/sweeps.md lists the refused variables)")
-    return None
+    return (f"{name} is not a variable a spec may set: env: takes only the allowlist of "
+            "docs/sweeps.md (thread counts, CUDA determinism, Python output, SCARCELAB_DATA "
+            f"…, and {ENV_USER_PREFIX}* for your own code); proxies, certificates, TLS, "
+            "stores and credentials belong in the environment of the driver or of the Ray "
+            "workers")
 
 
 class SpecError(ValueError):
