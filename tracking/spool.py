@@ -90,7 +90,7 @@ from pathlib import Path
 from typing import Any
 
 from scarcelab import tags as T
-from scarcelab.redaction import redact
+from scarcelab.redaction import hide_mlflow_links, redact
 
 log = logging.getLogger("scarcelab.tracking")
 
@@ -1194,6 +1194,7 @@ def main(argv: list[str] | None = None) -> int:
         from scarcelab.tracking.mlflow_tracker import deliver_op
 
         mlflow.set_tracking_uri(uri)
+        hide_mlflow_links(uri)  # closing a run prints its link, with the URI's password
         try:
             done = replay(d, deliver_op)
         except Exception as e:  # noqa: BLE001 - one line per folder, the others still go
