@@ -193,7 +193,10 @@ def ray_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), _tree_cpu()
     # the trial workers inherit this environment (PYTHONPATH, OMP_NUM_THREADS); "local":
     # a Ray instance of its own, never one that another user left running on the machine
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # and on loopback only, like a sweep's (tracking/sweep/pool.py, issue 42)
+    from scarcelab.tracking.sweep.pool import embedded_init
+
+    embedded_init(ray, num_cpus=1, log_to_driver=False)
     raw = load_raw(DATASET, None)
     search_b, _, mean, std = prepare(raw)
     method_cls = get_method(METHOD)

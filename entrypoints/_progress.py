@@ -453,6 +453,9 @@ def summary_lines(tracker: Any, what: str, wall_s: float, extra: list[str]) -> l
         exp = c.get_experiment(c.get_run(run_id).info.experiment_id).name
     except Exception:  # noqa: BLE001 - a summary must not fail a finished study
         pass
+    from scarcelab.redaction import redact
+
+    uri = redact(uri)  # a password in the URI is not printed (issue 42 item 3)
     browse = (f"open {uri} in a browser" if uri.startswith(("http://", "https://"))
               else f"mlflow ui --backend-store-uri {uri}")
     return [*extra,

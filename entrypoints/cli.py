@@ -59,8 +59,13 @@ def main(verbose: bool, quiet: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     mlflow_log_level(verbose)
+    import os
+
+    from scarcelab.redaction import hide_mlflow_links
     from scarcelab.tracking.lifecycle import die_with_mlflow_run, skip_gc_at_exit
 
+    # MLflow prints "View run … at: <URL>" with the URI's user info (issue 42 item 3)
+    hide_mlflow_links(os.environ.get("MLFLOW_TRACKING_URI"))
     die_with_mlflow_run()  # under `mlflow run`: a killed run must not leave us training
     skip_gc_at_exit()  # exit-time garbage collection cost seconds per command
 

@@ -143,4 +143,6 @@ def _run(kw: dict[str, Any]) -> None:
                f"accuracy {res.val_balanced_accuracy:.4f}, test accuracy "
                f"{res.test['accuracy']:.4f}, test balanced accuracy "
                f"{res.test['balanced_accuracy']:.4f} ({res.info.get('time_s', 0):.1f} s)")
-    click.echo(f"tracking URI: {mlflow.get_tracking_uri()}")
+    from scarcelab.redaction import redact
+
+    click.echo(f"tracking URI: {redact(mlflow.get_tracking_uri())}")

@@ -103,13 +103,15 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
     """Run every cell of a grid spec as a Ray task; one sweep run in MLflow records them."""
     import dataclasses
     import os
+    import shlex
 
-    from scarcelab.tracking.sweep.spec import MAX_CELLS, SpecError, load_spec
+    from scarcelab.tracking.sweep.spec import MAX_CELLS, SpecError, check_spec_names, load_spec
 
     full, smoke, n_retries = full or full_scale, smoke or smoke_scale, retries
 
     try:
         sp = load_spec(spec, full=full, smoke=smoke, max_cells=max_cells or MAX_CELLS)
+        check_spec_names(sp)  # before anything is printed (issue 42 item 5)
     except SpecError as e:
         raise click.ClickException(str(e)) from None
     over = {k: v for k, v in (("gpus_per_cell", gpus_per_cell),
@@ -127,10 +129,14 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
         from scarcelab.tracking.sweep.driver import RESOLVE, RESOLVE_DEFAULT
 
         for c in sp.cells:
+            # every argument shell-quoted (issue 42 item 5): the printed command is one a
+            # user copies into a shell, and a spec's value is data, not shell syntax; the
+            # note on a dependency follows as a shell comment
             after = "".join(
                 f"  [{k} = {RESOLVE.get(k, RESOLVE_DEFAULT).format(run_id=f'<run of {d}>')}"
                 f" once cell {d} finished]" for k, d in c.refs)
-            click.echo(f"{c.id}  scarcelab {' '.join(c.argv())}{after}")
+            click.echo(f"{c.id}  {shlex.join(['scarcelab', *c.argv()])}"
+                       + (f"  #{after}" if after else ""))
         return
     from scarcelab.extras import MissingExtra, need
 
@@ -143,12 +149,12 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
     try:
         from scarcelab.tracking.results.page import rel
 
-        command = " ".join(["scarcelab sweep", rel(spec)] + (["--smoke"] if smoke else []) +
-                           (["--full"] if full else []) + ([f"--jobs {jobs}"] if jobs else []) +
-                           ([f"--address {address}"] if address else []) +
-                           ([f"--retries {n_retries}"] if n_retries is not None else []) +
-                           [f"--{k.replace('_', '-')} {str(v).lower()}"
-                            for k, v in over.items()])
+        command = shlex.join(
+            ["scarcelab", "sweep", rel(spec)] + (["--smoke"] if smoke else []) +
+            (["--full"] if full else []) + (["--jobs", str(jobs)] if jobs else []) +
+            (["--address", address] if address else []) +
+            (["--retries", str(n_retries)] if n_retries is not None else []) +
+            [a for k, v in over.items() for a in (f"--{k.replace('_', '-')}", str(v).lower())])
         import signal
 
         got: list[int] = []

@@ -7,15 +7,17 @@ records what a real cell must: the argv it got (param ``cell_argv``), for an
 ``--encoder runs:/<id>/model`` that the run ``<id>`` exists and is FINISHED (else it fails
 like the resolver would), and it ends its run FINISHED. ``--set fail=1`` makes it fail
 with an ``Error:`` line, as an entry point does; ``--set sleep=1`` makes it write its pid
-under ``$FAKE_CELL_PIDS`` and sleep ``$FAKE_SLEEP_S`` seconds (a cell still running when the
-driver is interrupted).
+under ``$SCARCELAB_USER_FAKE_CELL_PIDS`` and sleep ``$SCARCELAB_USER_FAKE_SLEEP_S`` seconds
+(a cell still running when the driver is interrupted). Its variables are in the
+``SCARCELAB_USER_`` namespace: a spec's ``env:`` is an allowlist and that prefix is the
+user's own (tracking/sweep/spec.py).
 
-With ``$FAKE_CELL_REPORT`` set (tests/test_sweep_gpu_share.py) the cell writes
+With ``$SCARCELAB_USER_FAKE_CELL_REPORT`` set (tests/test_sweep_gpu_share.py) the cell writes
 ``<that folder>/<run id>.json``: when its process started and ended (wall clock), the share
 it was given (``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
-``SCARCELAB_GPU_MEMORY_FRACTION``) and, with ``$FAKE_BARRIER`` = N, how many cells it saw
-alive at once: it marks itself ready and waits (at most ``$FAKE_BARRIER_S`` seconds) until N
-cells are.
+``SCARCELAB_GPU_MEMORY_FRACTION``) and, with ``$SCARCELAB_USER_FAKE_BARRIER`` = N, how many
+cells it saw alive at once: it marks itself ready and waits (at most
+``$SCARCELAB_USER_FAKE_BARRIER_S`` seconds) until N cells are.
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ def main() -> int:
     if opts.get("--set") == "sleep=1":
         import time
 
-        if os.environ.get("FAKE_CELL_PIDS"):
-            with open(os.path.join(os.environ["FAKE_CELL_PIDS"], run_id), "w") as f:
+        if os.environ.get("SCARCELAB_USER_FAKE_CELL_PIDS"):
+            with open(os.path.join(os.environ["SCARCELAB_USER_FAKE_CELL_PIDS"], run_id), "w") as f:
                 f.write(str(os.getpid()))
-        time.sleep(float(os.environ.get("FAKE_SLEEP_S", "0")))
+        time.sleep(float(os.environ.get("SCARCELAB_USER_FAKE_SLEEP_S", "0")))
     enc = opts.get("--encoder", "")
     if enc.startswith("runs:/"):
         dep = enc[len("runs:/"):].split("/")[0]
@@ -56,14 +58,14 @@ def main() -> int:
             return 1
         client.set_tag(run_id, "scarcelab.encoder", enc)
     client.log_param(run_id, "cell_argv", " ".join(argv))
-    report = os.environ.get("FAKE_CELL_REPORT")
+    report = os.environ.get("SCARCELAB_USER_FAKE_CELL_REPORT")
     saw = 0
     if report:
         import glob
 
-        n = int(os.environ.get("FAKE_BARRIER", "0"))
+        n = int(os.environ.get("SCARCELAB_USER_FAKE_BARRIER", "0"))
         open(os.path.join(report, f"ready-{run_id}"), "w").close()
-        end = time.time() + float(os.environ.get("FAKE_BARRIER_S", "0"))
+        end = time.time() + float(os.environ.get("SCARCELAB_USER_FAKE_BARRIER_S", "0"))
         while True:
             saw = len(glob.glob(os.path.join(report, "ready-*")))
             if saw >= n or time.time() >= end:

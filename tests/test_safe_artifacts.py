@@ -152,7 +152,6 @@ def test_pretrained_encoder_in_pickle_format_is_read_without_unpickling(store, m
     mlflow.set_experiment("pre")  # (an earlier test's study set another store's experiment)
     with mlflow.start_run(tags={"scarcelab.arch": "small_cnn"}) as run:  # as a study's run
         mlflow.pytorch.log_model(model, name="model", serialization_format="pickle")
-    monkeypatch.delenv("SCARCELAB_TRUST_PICKLED_MODELS", raising=False)
     got = load_pretrained_backbone(f"runs:/{run.info.run_id}/model")
     want = bb.state_dict()
     assert set(got.state_dict()) == set(want)

@@ -446,3 +446,29 @@ def test_replay_command_answers_every_folder_in_one_line(tmp_path, capsys):
     assert broken.exists() and (broken / "state.json").read_text() == "{not json"
     # several folders: each answered, the worst status wins
     assert main(["replay", str(tmp_path / "gone"), str(broken)]) == 1
+
+
+def test_state_json_is_owner_only_whatever_the_umask(tmp_path):
+    """issue 42: state.json holds the tracking URI, password included, while records wait
+    for delivery; it was written 0644 (0666 under umask 0)."""
+    import os
+    import stat
+
+    srv = Server()
+    srv.up = False
+    old = os.umask(0)  # the loosest umask a user can have
+    try:
+        sp = Spool("http://admin:s3cret@x", srv, root=tmp_path)
+        sp.ids["study"] = "S"
+        sp.submit({"op": "log_batch", "key": "study", "metrics": [["a", 1.0, 0, 0]]})
+        assert sp.dir is not None
+        state = sp.dir / "state.json"
+        assert "s3cret" in state.read_text()  # what the mode protects
+        assert stat.S_IMODE(state.stat().st_mode) == 0o600
+        assert stat.S_IMODE(sp.dir.stat().st_mode) == 0o700
+        sp.submit({"op": "log_batch", "key": "study", "metrics": [["a", 2.0, 0, 1]]})
+        sp._write_state()  # rewritten (a delivery, a new run id): still 0600
+        assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
+        sp.close(timeout_s=0.0)

@@ -21,6 +21,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from scarcelab.tracking.sweep.driver import CELL_MODULE, RESOURCES_TAG, Driver  # noqa: E402
+from scarcelab.tracking.sweep.pool import embedded_init  # noqa: E402
 from scarcelab.tracking.sweep.spec import parse_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +43,7 @@ def fake_gpu_cluster():  # type: ignore[no-untyped-def]
     """A private Ray cluster on loopback with 8 CPUs and 1 (fake) GPU."""
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=8, num_gpus=1, include_dashboard=False,
-             log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+    embedded_init(ray, num_cpus=8, num_gpus=1, log_to_driver=False, configure_logging=False)
     assert ray.cluster_resources().get("GPU") == 1.0
     yield
     ray.shutdown()
@@ -66,8 +66,9 @@ def _sweep(tmp_path: Path, monkeypatch, name: str, gpus: str, extra: str = "",  
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "SCARCELAB_GPU_MEMORY_FRACTION"):
         monkeypatch.delenv(k, raising=False)  # the share is the driver's to set
     # through the spec: the Ray workers were started before this test set anything
-    env = {"FAKE_CELL_REPORT": str(report), "FAKE_BARRIER": str(barrier),
-           "FAKE_BARRIER_S": "240" if barrier else "0", **(env or {})}
+    env = {"SCARCELAB_USER_FAKE_CELL_REPORT": str(report),
+           "SCARCELAB_USER_FAKE_BARRIER": str(barrier),
+           "SCARCELAB_USER_FAKE_BARRIER_S": "240" if barrier else "0", **(env or {})}
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -57,7 +57,7 @@ def test_harmless_env_still_passes():
 
 
 @pytest.mark.parametrize("env,words", [("{'A B': x}", "not a variable name"),
-                                      ("{A: [1, 2]}", "must be a string")])
+                                      ("{OMP_NUM_THREADS: [1, 2]}", "must be a string")])
 def test_env_names_and_values_are_checked(env, words):
     assert words in _err(BASE.format(top=f"env: {env}\n"))
 

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 SPEC = """\
 name: cut
 retries: 0
-env: {{FAKE_SLEEP_S: "{sleep}", FAKE_CELL_PIDS: "{pids}"}}
+env: {{SCARCELAB_USER_FAKE_SLEEP_S: "{sleep}", SCARCELAB_USER_FAKE_CELL_PIDS: "{pids}"}}
 grids:
   - entry: self
     method: simclr

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from scarcelab.entrypoints.cli import main
 
 SPEC = ("name: mini\nretries: 2\ngrids:\n"
-        "  - {entry: supervised, method: sup, dataset: two_moons, seed: [0, 1]}\n"
+        "  - {entry: supervised, method: sup, dataset: synthetic_tiny, seed: [0, 1]}\n"
         "smoke:\n  max_epochs: 1\n")
 
 

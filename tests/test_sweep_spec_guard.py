@@ -26,7 +26,7 @@ description: anything
 cpus_per_cell: 2.5
 gpus_per_cell: 1
 retries: 3
-env: {OMP_NUM_THREADS: 1, FLAG: true, RATE: 0.5, PYTHONHASHSEED: 0}
+env: {OMP_NUM_THREADS: 1, SCARCELAB_USER_FLAG: true, SCARCELAB_USER_RATE: 0.5, PYTHONHASHSEED: 0}
 grids:
   - entry: semi
     method: [fixmatch, pseudolabel]
@@ -90,8 +90,8 @@ CASES: list[tuple[str, str, dict[str, Any], str | dict[str, Any]]] = [
       'gpus_per_cell': 1.0,
       'retries': 3,
       'env': {'OMP_NUM_THREADS': '1',
-              'FLAG': 'True',
-              'RATE': '0.5',
+              'SCARCELAB_USER_FLAG': 'True',
+              'SCARCELAB_USER_RATE': '0.5',
               'PYTHONHASHSEED': '0'},
       'lines': {'name': 1,
                 'experiment': 2,
@@ -501,7 +501,7 @@ CASES: list[tuple[str, str, dict[str, Any], str | dict[str, Any]]] = [
       'lines': {'name': 1, 'grids': 2, 'env': 4},
       'path': 'g.yaml',
       'cells': [(0, '5791e8c071fdbfae', 'semi --method a', ())]}),
-    ('env-bad-name', "name: x\ngrids: [1]\nenv:\n  OK: 1\n  'A-B': x\n", {},
+    ('env-bad-name', "name: x\ngrids: [1]\nenv:\n  OMP_NUM_THREADS: 1\n  'A-B': x\n", {},
      "g.yaml:5: env: 'A-B' is not a variable name (letters, digits and _)"),
     ('env-int-name', 'name: x\ngrids: [1]\nenv:\n  1: x\n', {},
      "g.yaml:0: env: '1' is not a variable name (letters, digits and _)"),
@@ -511,12 +511,12 @@ CASES: list[tuple[str, str, dict[str, Any], str | dict[str, Any]]] = [
      ("g.yaml:4: env: PythonPath can load code into every cell; a spec's env: is data and "
       'may not set it (set it in the environment of the driver or of the Ray workers '
       'instead; docs/sweeps.md lists the refused variables)')),
-    ('env-null-value', 'name: x\ngrids: [1]\nenv:\n  A:\n', {},
-     "g.yaml:4: env: A's value must be a string, got NoneType"),
-    ('env-dict-value', 'name: x\ngrids: [1]\nenv:\n  A: {b: 1}\n', {},
-     "g.yaml:4: env: A's value must be a string, got dict"),
-    ('env-nul-value', 'name: x\ngrids: [1]\nenv:\n  A: "a\\0b"\n', {},
-     "g.yaml:4: env: A's value must be a string, got str"),
+    ('env-null-value', 'name: x\ngrids: [1]\nenv:\n  SCARCELAB_USER_A:\n', {},
+     "g.yaml:4: env: SCARCELAB_USER_A's value must be a string, got NoneType"),
+    ('env-dict-value', 'name: x\ngrids: [1]\nenv:\n  SCARCELAB_USER_A: {b: 1}\n', {},
+     "g.yaml:4: env: SCARCELAB_USER_A's value must be a string, got dict"),
+    ('env-nul-value', 'name: x\ngrids: [1]\nenv:\n  SCARCELAB_USER_A: "a\\0b"\n', {},
+     "g.yaml:4: env: SCARCELAB_USER_A's value must be a string, got str"),
     ('grid-not-mapping', 'name: x\ngrids:\n  - {entry: semi, method: a}\n  - 3\n', {},
      "g.yaml:4: each grid is a mapping with an 'entry' (e.g. entry: semi)"),
     ('grid-no-entry', 'name: x\ngrids:\n  - {method: a}\n', {},

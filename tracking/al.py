@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from scarcelab import tags as T
+from scarcelab.redaction import redact
 
 
 def al_runs(experiments: list[str], tracking_uri: str | None = None) -> pd.DataFrame:
@@ -29,7 +30,8 @@ def al_runs(experiments: list[str], tracking_uri: str | None = None) -> pd.DataF
     exps = [mlflow.get_experiment_by_name(e) for e in experiments]
     missing = [n for n, e in zip(experiments, exps, strict=True) if e is None]
     if missing:
-        raise ValueError(f"experiment(s) {missing} not found at {mlflow.get_tracking_uri()}")
+        raise ValueError(f"experiment(s) {missing} not found at "
+                         f"{redact(mlflow.get_tracking_uri())}")
     df = mlflow.search_runs(
         experiment_ids=[e.experiment_id for e in exps],  # type: ignore[union-attr]
         filter_string=f"tags.`{T.ROLE}` = 'al' and attributes.status = 'FINISHED'",

@@ -29,6 +29,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from scarcelab import tags as T
+from scarcelab.redaction import redact
 
 DIAGNOSTICS = ("cci", "ple", "sem_drift", "grad_align", "ood_ff")
 VALUE_COLUMNS = ["best_test_bacc", "best_val_bacc", "cci_final", "cci_peak", "ple_final",
@@ -139,7 +140,8 @@ def _experiment_ids(client: MlflowClient, experiments: Iterable[str]) -> list[st
     for n in experiments:
         exp = client.get_experiment_by_name(n)
         if exp is None:
-            raise ValueError(f"no MLflow experiment named {n!r} at {mlflow.get_tracking_uri()}")
+            raise ValueError(f"no MLflow experiment named {n!r} at "
+                             f"{redact(mlflow.get_tracking_uri())}")
         ids.append(exp.experiment_id)
     return ids
 

@@ -33,6 +33,7 @@ from scarcelab import tags as T
 from scarcelab.errors import ConfigError
 from scarcelab.methods import get_method
 from scarcelab.methods.space import Choice
+from scarcelab.redaction import redact
 
 _RUN_ID = re.compile(r"^(?:runs:/)?([0-9a-f]{32})/?$")
 
@@ -107,8 +108,8 @@ def resolve_hparams(spec: str, method: str, client: MlflowClient | None = None
         if exp is None:
             raise ConfigError(
                 f"hparams_from={spec!r}: no MLflow run or experiment of that name at "
-                f"{mlflow.get_tracking_uri()}; give 'defaults', a study or trial run id, or an "
-                "experiment name")
+                f"{redact(mlflow.get_tracking_uri())}; give 'defaults', a study or trial run "
+                "id, or an experiment name")
         run = _best_study(client, exp.experiment_id, method, spec)
         label = f"experiment {spec}: study {run.info.run_id}"
     else:

@@ -55,6 +55,7 @@ from scarcelab import tags as T
 from scarcelab.errors import ScarcelabError
 from scarcelab.models.classifier import ExportedClassifier
 from scarcelab.models.image_input import InputSpec
+from scarcelab.redaction import hide_mlflow_links, redact
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
 from scarcelab.tracking import pyfunc_model
 from scarcelab.tracking.run_views import RunViews
@@ -353,7 +354,7 @@ def check_tracking_server(uri: str | None = None) -> None:
                f"does not answer ({type(e).__name__})" if is_transient(e) else
                f"failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
         raise TrackingUnavailable(
-            f"tracking server {uri} {why}; nothing was started. Start it (scripts/stack "
+            f"tracking server {redact(uri)} {why}; nothing was started. Start it (scripts/stack "
             "start), or point MLFLOW_TRACKING_URI elsewhere (unset: a local sqlite store)."
         ) from None
 
@@ -363,6 +364,7 @@ class MlflowTracker(RunViews, Tracker):
                  spool_root: Path | None = None) -> None:
         if tracking_uri:
             mlflow.set_tracking_uri(tracking_uri)
+        hide_mlflow_links(mlflow.get_tracking_uri())  # its run links would show a password
         self._client: MlflowClient | None = None  # created lazily: no store is touched
         self.experiment = experiment
         self.study_run_id: str | None = None
@@ -781,8 +783,8 @@ class MlflowTracker(RunViews, Tracker):
                           "end_time": int(time.time() * 1000)})
             self.spool_left = self.spool.close(FLUSH_TIMEOUT_S)
             if self.spool_left is not None:
-                msg = (f"tracking server {self.spool.tracking_uri} did not take every record "
-                       f"of study run {self.study_run_id} before exit: they are kept in "
+                msg = (f"tracking server {redact(self.spool.tracking_uri)} did not take every "
+                       f"record of study run {self.study_run_id} before exit: they are kept in "
                        f"{self.spool_left}; deliver them with "
                        "`python -m scarcelab.tracking.spool replay "
                        f"{self.spool_left}` (the next study against this server does it too). "

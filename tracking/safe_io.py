@@ -19,7 +19,6 @@ who can write the bucket could run code in the next resumed study. Here:
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +116,3 @@ def check_exported(path: str | Path) -> None:
         _validate_pt2_archive_is_pickle_free(str(path))
     except Exception as e:  # noqa: BLE001 - MlflowException or a broken archive
         raise UnsafeArtifact(f"{path}: refused, {e}") from e
-
-
-def trust_pickled_models() -> bool:
-    """The explicit opt-in for loading an old pickle-format model (runs code it contains)."""
-    return os.environ.get("SCARCELAB_TRUST_PICKLED_MODELS", "") == "1"

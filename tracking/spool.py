@@ -90,6 +90,7 @@ from pathlib import Path
 from typing import Any
 
 from scarcelab import tags as T
+from scarcelab.redaction import hide_mlflow_links, redact
 
 log = logging.getLogger("scarcelab.tracking")
 
@@ -530,7 +531,9 @@ class Spool:
         if self.dir is None:
             name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
             self.dir = self.root / name
-            (self.dir / "files").mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(mode=0o700)  # its records and state are the user's alone
+            (self.dir / "files").mkdir(exist_ok=True)
             if not self._try_lock(self.dir):  # a fresh folder: nobody else knows it yet
                 raise RuntimeError(f"could not lock new spool folder {self.dir}")
             self._write_state()
@@ -556,11 +559,22 @@ class Spool:
     def _write_state(self) -> None:
         assert self.dir is not None
         tmp = self.dir / f"state.json.{os.getpid()}.tmp"
+        blob = json.dumps({"tracking_uri": self.tracking_uri, "ids": self.ids,
+                           "delivered": self.delivered, "pid": os.getpid(),
+                           "memory_only": self.memory_only}).encode()
         try:
-            tmp.write_text(json.dumps({
-                "tracking_uri": self.tracking_uri, "ids": self.ids,
-                "delivered": self.delivered, "pid": os.getpid(),
-                "memory_only": self.memory_only}))
+            # owner-only (issue 42): the tracking URI may carry a password
+            # (http://user:pw@host) and the file waits on disk until delivery. Created
+            # 0600 whatever the umask, and set again in case a stale .tmp of this pid was
+            # left with other bits (O_CREAT keeps an existing file's mode).
+            fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             tmp.replace(self.dir / "state.json")
         except OSError as e:  # disk full: the old state stays valid (delivery is idempotent)
             tmp.unlink(missing_ok=True)
@@ -694,7 +708,7 @@ class Spool:
             self._keep(op)
         self.last_attempt = time.time()
         self._write_state()
-        msg = (f"tracking server {self.tracking_uri} unreachable ({type(e).__name__}); "
+        msg = (f"tracking server {redact(self.tracking_uri)} unreachable ({type(e).__name__}); "
                f"training goes on, records are spooled to {self.dir}")
         log.warning(msg)
         print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
@@ -909,7 +923,7 @@ class Spool:
         op, e = self._bg_error
         self._bg_error = None
         raise TrackingWriteError(
-            f"tracking store {self.tracking_uri} refused a queued {op['op']} of run "
+            f"tracking store {redact(self.tracking_uri)} refused a queued {op['op']} of run "
             f"{op.get('key')!r} ({type(e).__name__}: {str(e)[:500]}); the records queued "
             "after it were still delivered") from e
 
@@ -1180,6 +1194,7 @@ def main(argv: list[str] | None = None) -> int:
         from scarcelab.tracking.mlflow_tracker import deliver_op
 
         mlflow.set_tracking_uri(uri)
+        hide_mlflow_links(uri)  # closing a run prints its link, with the URI's password
         try:
             done = replay(d, deliver_op)
         except Exception as e:  # noqa: BLE001 - one line per folder, the others still go

@@ -69,8 +69,8 @@ def _get_study(client: MlflowClient, run_id: str) -> Any:
     except MlflowException as e:
         if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             raise ResumeError(f"no run {run_id!r} in the tracking store "
-                              f"{mlflow.get_tracking_uri()}; pass the id of a tune study run "
-                              "(`scarcelab.role = study`, the parent of the retrain runs)"
+                              f"{redact(mlflow.get_tracking_uri())}; pass the id of a tune study "
+                              "run (`scarcelab.role = study`, the parent of the retrain runs)"
                               ) from None
         raise
     tags = run.data.tags

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -34,27 +33,14 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from scarcelab.redaction import redact  # noqa: F401 - re-exported: tune and tune_resume use it
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = float(os.environ.get("SCARCELAB_HEARTBEAT_S", "5"))
 GRACE_S = float(os.environ.get("SCARCELAB_HEARTBEAT_GRACE_S", "60"))
 HOST = socket.gethostname()
 _ASKING = "asking:"  # study user attribute prefix: a process inside StudyStore.ask
-
-
-def redact(uri: str | None) -> str:
-    """A storage URI without its password, safe to log as a parameter.
-
-    Covers ``user:pw@host``, an empty user (``://:pw@host``), passwords that contain ``@``
-    or ``:`` (the user info ends at the *last* ``@`` before the host), and passwords given
-    as query parameters (``?password=…``, ``&sslpassword=…``). When in doubt it hides more:
-    everything up to that last ``@``."""
-    if not uri:
-        return ""
-    out = re.sub(r"^([A-Za-z][A-Za-z0-9+.\-]*://)([^/?#@:]*):.*@(?=[^@]*$)", r"\1\2:***@",
-                 uri, flags=re.S)
-    return re.sub(r"(?i)([?&;][a-z_]*(?:password|passwd|pwd|secret|token)[a-z_]*=)[^&;#]*",
-                  r"\1***", out)
 
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):

@@ -71,6 +71,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from scarcelab import tags as T
+from scarcelab.redaction import hide_mlflow_links
 from scarcelab.tracking.sweep.spec import (
     NAME_FORBIDDEN,
     Cell,
@@ -328,6 +329,7 @@ class Driver:
         self.cwd = cwd or str(Path(__file__).resolve().parents[2])
         self.python = python
         self.uri = mlflow.get_tracking_uri()
+        hide_mlflow_links(self.uri)  # MLflow's run links would show a password in it
         self.client = MlflowClient()
         self.owner = _owner()
         # what a results page quotes as "the command that ran the suite"

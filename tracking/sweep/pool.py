@@ -11,11 +11,19 @@ Nothing here imports MLflow: the AL bench runs where only torch is installed.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import signal
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
+
+#: where an embedded cluster listens: whoever reaches Ray's ports runs code as this user
+#: (Ray 2.60's default token authentication aside: older versions have none, and a user
+#: may turn it off); issue 42: an embedded sweep opened 6 ports on the host's address and
+#: on ``::``
+LOOPBACK = "127.0.0.1"
 
 
 class Unplaceable(ValueError):
@@ -49,6 +57,58 @@ def _keep_python_sigterm(handler: Any) -> None:
     so that the driver closes its runs and Ray's exit handler stops its processes."""
     if callable(handler) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def _loopback_node(ray: Any) -> Iterator[None]:
+    """Let ``ray.init(_node_ip_address="127.0.0.1")`` keep that address. On Linux Ray
+    replaces a loopback node address by the host's routable one
+    (``ray._private.services.resolve_ip_for_localhost``, unless its
+    ``ray_constants.ENABLE_RAY_CLUSTER`` is off — the switch it reads on macOS and Windows,
+    where a one-machine cluster is the only kind) and then binds its gRPC servers to every
+    interface; with the loopback address kept, GCS, raylet, object manager, workers and the
+    runtime-env agent listen on 127.0.0.1 only (checked after start:
+    :func:`check_loopback`). The flag is turned off only for the start of this process's
+    own private cluster and put back after."""
+    consts = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    old = getattr(consts, "ENABLE_RAY_CLUSTER", None)
+    if consts is not None and old is not None:
+        consts.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if consts is not None and old is not None:
+            consts.ENABLE_RAY_CLUSTER = old
+
+
+def embedded_init(ray: Any, **kw: Any) -> None:
+    """``ray.init`` of a private cluster on this machine that listens on loopback only
+    (no dashboard, which would open an HTTP port and an agent). Shared by the sweep's pool,
+    the benches and the tests that start an embedded cluster."""
+    kw.setdefault("address", "local")
+    kw.setdefault("include_dashboard", False)
+    kw["_node_ip_address"] = LOOPBACK
+    kw["dashboard_host"] = LOOPBACK
+    with _loopback_node(ray):
+        ray.init(**kw)
+    check_loopback(ray)
+
+
+def check_loopback(ray: Any) -> None:
+    """Refuse an embedded cluster whose node address is not loopback (a Ray version that
+    resolves it some other way): shut it down before anything runs on it."""
+    node = ray.util.get_node_ip_address()
+    try:
+        ok = ipaddress.ip_address(node).is_loopback
+    except ValueError:
+        ok = node == "localhost"
+    if not ok:
+        ray.shutdown()
+        raise RuntimeError(
+            f"embedded Ray would listen on {node}, not on loopback ({ray.__version__}): a "
+            "cluster without authentication on the network; run the sweep on a Ray cluster "
+            "you secured (--address, docs/sweeps.md 'On a Ray cluster') or use a Ray "
+            "version that keeps _node_ip_address=127.0.0.1 (2.60 does)")
 
 
 class RayPool:
@@ -90,7 +150,10 @@ class RayPool:
                 # killed (OutOfMemoryError, twice, then FAILED; a smoke run at
                 # 21.7 of 23.5 GB). Embedded, the kernel decides what is out of memory.
                 os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-            ray.init(**kw)
+            if address:
+                ray.init(**kw)
+            else:
+                embedded_init(ray, **kw)
             _keep_python_sigterm(term)
         res = ray.cluster_resources()
         gpus = (1.0 if res.get("GPU", 0) > 0 else 0.0) if gpus_per_task == "auto" \

@@ -116,7 +116,27 @@ ENV_PYTHON_SAFE = {"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECOD
                    "PYTHONNOUSERSITE", "PYTHONSAFEPATH"}
 #: set by the driver for every cell: a spec's value would be overwritten, so it is refused
 ENV_DRIVER = {"MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID",
-              "MLFLOW_EXPERIMENT_NAME"}
+              "MLFLOW_EXPERIMENT_NAME", "SCARCELAB_GPU_MEMORY_FRACTION"}
+#: What a spec's ``env:`` may set: an allowlist (issue 42 item 2). A denylist kept missing
+#: variables: ``HTTP_PROXY`` in a spec received the tracking server's Basic-auth
+#: credentials, ``REQUESTS_CA_BUNDLE`` with ``MLFLOW_TRACKING_INSECURE_TLS`` trusted another
+#: certificate, ``OPTUNA_STORAGE`` sent every cell's search to another database. A cell
+#: needs only settings of *how* it computes, never of where it sends or reads its records:
+ENV_ALLOWED = {
+    # threads of the numeric libraries (the driver sets the first two from the cell's share)
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+    "NUMEXPR_MAX_THREADS", "VECLIB_MAXIMUM_THREADS",
+    # determinism and debugging of CUDA: cuBLAS' deterministic workspace, synchronous
+    # launches, the caching allocator's options (sizes and modes; it loads nothing)
+    "CUBLAS_WORKSPACE_CONFIG", "CUDA_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF",
+    # scarcelab's switches of a cell's computation: where its datasets are read (read
+    # without unpickling, as a `dataset: folder:…` value would be), AL's fast fit, system
+    # metrics. Not its download URLs, cache, spool, stack or tracking settings.
+    "SCARCELAB_DATA", "SCARCELAB_AL_FASTFIT", "SCARCELAB_SYSTEM_METRICS",
+    "SCARCELAB_SYSTEM_METRICS_INTERVAL_S",
+}
+#: names under this prefix are the user's own (a plugin's settings): scarcelab reads none
+ENV_USER_PREFIX = "SCARCELAB_USER_"
 
 
 def env_refusal(name: str) -> str | None:
@@ -127,13 +147,17 @@ def env_refusal(name: str) -> str | None:
     upper = name.upper()
     if upper in ENV_DRIVER:
         return f"{name} is set by the sweep driver for every cell"
-    if upper in ENV_PYTHON_SAFE:
+    if upper in ENV_PYTHON_SAFE or upper in ENV_ALLOWED or upper.startswith(ENV_USER_PREFIX):
         return None
     if upper in ENV_CODE or upper.startswith(ENV_CODE_PREFIXES):
         return (f"{name} can load code into every cell; a spec's env: is data and may not "
                 "set it (set it in the environment of the driver or of the Ray workers "
                 "instead; docs/sweeps.md lists the refused variables)")
-    return None
+    return (f"{name} is not a variable a spec may set: env: takes only the allowlist of "
+            "docs/sweeps.md (thread counts, CUDA determinism, Python output, SCARCELAB_DATA "
+            f"…, and {ENV_USER_PREFIX}* for your own code); proxies, certificates, TLS, "
+            "stores and credentials belong in the environment of the driver or of the Ray "
+            "workers")
 
 
 class SpecError(ValueError):
@@ -191,6 +215,8 @@ class SweepSpec:
     scale: str = "reference"
     #: line of each top-level key in the spec file (errors found later point at them)
     lines: dict[str, int] = field(default_factory=dict)
+    #: (grid index, option) -> (line, key as written) of where the grid's value came from
+    option_lines: dict[tuple[int, str], tuple[int, str]] = field(default_factory=dict)
 
     def where(self, key: str) -> str:
         """``file:line`` of a top-level key (of the file when the key is not written)."""
@@ -309,6 +335,74 @@ def entry_options(entry: str) -> dict[str, str] | None:
             if opt.startswith("--"):
                 out[opt[2:].replace("-", "_")] = getattr(p, "help", "") or ""
     return out
+
+
+def entry_params(entry: str) -> dict[str, Any]:
+    """Option name (underscored) -> its click parameter, for a registered entry point
+    (empty if the entry point does not exist)."""
+    from scarcelab.entrypoints.cli import main
+
+    cmd = main.commands.get(entry)
+    return {opt[2:].replace("-", "_"): p for p in (cmd.params if cmd else [])
+            for opt in getattr(p, "opts", []) if opt.startswith("--")}
+
+
+def _is_name_type(ptype: Any) -> bool:
+    """Whether an option takes a name from a closed set: a registered name (method,
+    dataset, arch, strategy: the entry points' ``Registered`` types, checked against the
+    registries' files without importing them) or one of fixed words (``Word`` with
+    choices, ``click.Choice``). Those are checked when the spec is read; other values
+    (numbers, paths, run ids) by the cell's command, where they are used."""
+    import click
+
+    from scarcelab.entrypoints.options import Registered, Word
+
+    return isinstance(ptype, (Registered, click.Choice)) or (
+        isinstance(ptype, Word) and bool(ptype.choices))
+
+
+def check_names(entry: str, key: str, values: list[str]) -> str | None:
+    """Why one of ``values`` of option ``key`` of ``entry`` is not a name that option takes
+    (None: they all are). A sweep refuses such a spec before it prints or runs anything:
+    ``method: "sup; touch FILE"`` is no method, and a dry run's printed command must not
+    carry it (issue 42 item 5). References (``@grid``) and a user's own images
+    (``folder:…``, ``csv:…``, a path: read by the cell, on the machine that runs it) are
+    left to the cell."""
+    import click
+
+    from scarcelab.entrypoints.options import DatasetName, _maybe_own
+
+    param = entry_params(entry).get(key)
+    if param is None or not _is_name_type(param.type):
+        return None
+    for v in values:
+        if v.startswith(REF) or (isinstance(param.type, DatasetName) and _maybe_own(
+                v.removeprefix("encoded_"))):
+            continue
+        try:
+            param.type.convert(v, param, None)
+        except click.BadParameter as e:
+            return e.format_message()
+    return None
+
+
+def check_spec_names(sp: SweepSpec) -> None:
+    """Raise :class:`SpecError` at the spec's line when a cell's option that takes a name
+    (:func:`check_names`) has a value that is none. Run by ``scarcelab sweep`` before it
+    prints or runs anything, after :func:`parse_spec` (which checks the spec's structure
+    and option names, and whose recorded outcomes tests/test_sweep_spec_guard.py pins). A
+    running cell is an argument list, not a shell line, and its command checks its values
+    again."""
+    seen: set[tuple[int, str, str]] = set()
+    for c in sp.cells:
+        for k, v in c.options:
+            if (c.grid, k, v) in seen:
+                continue
+            seen.add((c.grid, k, v))
+            why = check_names(c.entry, k, [v])
+            if why:
+                line, raw = sp.option_lines.get((c.grid, k), (0, k))
+                raise SpecError(f"{sp.path or '<spec>'}:{line}: {raw}: {why}")
 
 
 @dataclass(frozen=True)
@@ -483,7 +577,7 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
                      gpu_memory_fraction=res["gpu_memory_fraction"], mps=res["mps"],
                      retries=retries,
                      env={str(k): str(v) for k, v in env.items()}, path=path, text=text,
-                     scale=scale, lines=lines)
+                     scale=scale, lines=lines, option_lines=expanded.option_lines)
 
 
 def _load(path: str, text: str) -> tuple[yaml.Node | None, Any]:
@@ -627,10 +721,14 @@ class _Grids:
         self.grid_axes: list[set[str]] = []  # list-valued keys: what tells a grid's cells apart
         self.grid_refs: list[_Refs] = []
         self.ids: dict[str, tuple[int, yaml.Node | None]] = {}
+        #: (grid, option) -> (line of its value's key, the key as written)
+        self.option_lines: dict[tuple[int, str], tuple[int, str]] = {}
+        self._gi = 0
 
     def add(self, gi: int, grid: Any) -> None:
         """Check grid ``gi`` and expand it (its references still unresolved)."""
         loc = self.loc
+        self._gi = gi
         gn = loc.item(self.gnode, gi)
         if not isinstance(grid, dict) or "entry" not in grid:
             raise loc.error(gn, "each grid is a mapping with an 'entry' (e.g. entry: semi)")
@@ -705,6 +803,7 @@ class _Grids:
             strs = [_scalar(v) for v in values]
             if key == "dataset":
                 strs = [_dataset_at(v, loc.path) for v in strs]
+            self.option_lines[(self._gi, key)] = (_line(kn), str(raw_key))
             axes.append((key, strs))
         return axes, refs
 
