@@ -20,9 +20,13 @@ The file (``<suite>.json.gz``, or ``.json``; docs/results/README.md has the form
 JSON object, keys sorted, gzip without a timestamp, so the same store gives the same bytes.
 
 - ``schema``: :data:`SCHEMA`; a file of another schema is refused.
-- ``suite``, ``scale``, ``experiment``, ``spec`` (the spec file as the page names it),
-  ``cells`` (the ids of the cells the sweep ran: the page of the export is the page of
-  those cells), ``store`` (the tracking URI without credentials), ``exported`` (UTC).
+- ``suite``, ``scale``, ``experiment``, ``sweep`` (the sweep's name), ``spec`` (the spec
+  file as the page names it), ``store`` (the tracking URI without credentials),
+  ``exported`` (UTC).
+- ``cells``: the cells of the sweep as run, in the spec's order, each ``{"id", "entry",
+  "grid", "options": [[name, value], ...], "refs": [[option, cell id], ...]}`` (the id is
+  recomputed on reading and must match): the page of an export is the page of those
+  cells, even after the spec file has changed.
 - ``runs``: one object per run, sorted by (start time, run id): ``run_id``,
   ``experiment_id``, ``run_name``, ``status``, ``start_time``, ``end_time`` (ms),
   ``tags``, ``params`` (strings) and ``metrics`` (each key's latest value).
@@ -281,15 +285,21 @@ def write_export(doc: dict[str, Any], path: str | Path) -> Path:
     return p
 
 
+def _cell_json(c: Any) -> dict[str, Any]:
+    return {"id": c.id, "entry": c.entry, "grid": c.grid,
+            "options": [list(o) for o in c.options], "refs": [list(r) for r in c.refs]}
+
+
 def export_doc(rec: _Record, reader: _RecordingReader | None, *, suite: str, scale: str,
-               experiment: str, spec_path: str, cells: Sequence[str], store: str,
-               exported: str) -> dict[str, Any]:
+               experiment: str, sweep: str, spec_path: str, cells: Sequence[Any],
+               store: str, exported: str) -> dict[str, Any]:
     """What a page read from the store (``rec``, ``reader``) as the export's object: the
     runs the client answered, and those of the reader's frames nested under them."""
     from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
 
     runs = dict(rec.runs)
-    roots = {rid for rid, r in runs.items() if r.data.tags.get(CELL_TAG) in set(cells)
+    ids = {c.id for c in cells}
+    roots = {rid for rid, r in runs.items() if r.data.tags.get(CELL_TAG) in ids
              or (r.data.tags.get(SWEEP_TAG) and r.data.tags.get(ROLE) == "sweep")}
     if reader is not None:
         framed = reader.runs_of(set(reader.frames["runs"]["run_id"])
@@ -308,7 +318,8 @@ def export_doc(rec: _Record, reader: _RecordingReader | None, *, suite: str, sca
         if rid in runs and pts:
             hist.setdefault(rid, {})[key] = [[s, _num_out(v)] for s, v in pts]
     return {"schema": SCHEMA, "suite": suite, "scale": scale, "experiment": experiment,
-            "spec": spec_path, "cells": sorted(cells), "store": store, "exported": exported,
+            "sweep": sweep, "spec": spec_path, "store": store, "exported": exported,
+            "cells": [_cell_json(c) for c in cells],
             "runs": [_run_json(r) for r in order], "histories": hist}
 
 
@@ -330,6 +341,27 @@ def _strs(d: Any, where: str) -> dict[str, str]:
     return dict(d)
 
 
+def _pairs(v: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(v, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+            for p in v):
+        raise ExportError(f"{where}: must be a list of [name, value] strings")
+    return tuple((a, b) for a, b in v)
+
+
+def _cell_of(c: Any, where: str) -> Any:
+    from scarcelab.tracking.sweep.spec import Cell
+
+    grid = _need(c, "grid", int, where)
+    cell = Cell(_need(c, "entry", str, where), _pairs(_need(c, "options", list, where),
+                                                      f"{where} options"),
+                grid, _pairs(_need(c, "refs", list, where), f"{where} refs"))
+    if cell.id != _need(c, "id", str, where):
+        raise ExportError(f"{where}: its id {c['id']} is not that of its entry and options "
+                          f"({cell.id}): the file was edited")
+    return cell
+
+
 def _parse(doc: Any, name: str) -> ExportSource:
     if not isinstance(doc, dict):
         raise ExportError(f"{name}: not a results export (a JSON object with "
@@ -338,11 +370,10 @@ def _parse(doc: Any, name: str) -> ExportSource:
     if schema != SCHEMA:
         raise ExportError(f"{name}: schema {schema!r}, this checkout reads {SCHEMA!r} "
                           "(export the store again with this checkout)")
-    meta = {k: _need(doc, k, str, name) for k in ("suite", "scale", "experiment", "spec",
-                                                  "store", "exported")}
-    cells = _need(doc, "cells", list, name)
-    if not all(isinstance(c, str) for c in cells):
-        raise ExportError(f"{name}: 'cells' must be a list of cell ids")
+    meta = {k: _need(doc, k, str, name) for k in ("suite", "scale", "experiment", "sweep",
+                                                  "spec", "store", "exported")}
+    cells = [_cell_of(c, f"{name}: cells[{i}]")
+             for i, c in enumerate(_need(doc, "cells", list, name))]
     runs = []
     for i, r in enumerate(_need(doc, "runs", list, name)):
         w = f"{name}: runs[{i}]"
@@ -427,10 +458,10 @@ class ExportSource:
     MLflow client gave the page, :meth:`reader` what the query layer's reader gave it."""
 
     def __init__(self, path: str, runs: list[Run], histories: dict[tuple[str, str],
-                 list[Metric]], cells: list[str], suite: str, scale: str, experiment: str,
-                 spec: str, store: str, exported: str) -> None:
+                 list[Metric]], cells: list[Any], suite: str, scale: str, experiment: str,
+                 sweep: str, spec: str, store: str, exported: str) -> None:
         self.path, self.runs, self.histories, self.cells = path, runs, histories, cells
-        self.suite, self.scale, self.experiment = suite, scale, experiment
+        self.suite, self.scale, self.experiment, self.sweep = suite, scale, experiment, sweep
         self.spec, self.store, self.exported = spec, store, exported
         self.by_id = {r.info.run_id: r for r in runs}
         self.uri = store
@@ -600,18 +631,20 @@ def export_page(spec_path: str | Path, scale: str = "reference", experiment: str
     page = build_page(spec_path, scale, experiment, None, spec, source=src,
                       generated=generated)
     doc = export_doc(src.rec, src.reader(), suite=page.suite, scale=page.spec.scale,
-                     experiment=page.experiment, spec_path=rel(page.spec.path),
-                     cells=[c.id for c in page.spec.cells], store=_safe_uri(src.uri),
+                     experiment=page.experiment, sweep=page.spec.name,
+                     spec_path=rel(page.spec.path), cells=page.spec.cells,
+                     store=_safe_uri(src.uri),
                      exported=now_utc())
     return page, doc
 
 
 def page_from_export(path: str | Path, spec_path: str | Path | None = None,
                      generated: str | None = None) -> Any:
-    """The page of an export, by the page builder that reads a store: the spec and paper
-    file of this checkout (``spec_path``, default the one the export names), cut to the
-    cells the export's sweep ran. :class:`ExportError` (one line, naming the file) when the
-    export is unreadable or does not fit the spec."""
+    """The page of an export, by the page builder that reads a store: the cells the
+    export's sweep ran, with the spec file's other settings and the paper file (its claims
+    and their rules) of this checkout (``spec_path``, default the one the export names).
+    :class:`ExportError` (one line, naming the file) when the export is unreadable or is
+    not one of that suite."""
     import dataclasses
 
     from scarcelab.tracking.results.page import build_page, rel, render_markdown
@@ -625,14 +658,8 @@ def page_from_export(path: str | Path, spec_path: str | Path | None = None,
     if spec_file.stem != src.suite:
         raise ExportError(f"{path}: an export of suite {src.suite!r}, not of {spec_file}")
     spec = load_spec(spec_file, full=src.scale == "full", smoke=src.scale == "smoke")
-    ids = {c.id for c in spec.cells}
-    gone = [c for c in src.cells if c not in ids]
-    if gone:
-        raise ExportError(f"{path}: {len(gone)} of its {len(src.cells)} cells are not cells of "
-                          f"{spec_file} at {src.scale} scale any more (the spec changed since "
-                          "the export): regenerate with the spec as it was run")
-    keep = set(src.cells)
-    spec = dataclasses.replace(spec, cells=[c for c in spec.cells if c.id in keep])
+    spec = dataclasses.replace(spec, cells=list(src.cells), name=src.sweep,
+                               experiment=src.experiment)
     src.origin = (f"the export `{rel(path)}` of its tracking store (exported "
                   f"{src.exported})")
     page = build_page(spec_file, src.scale, src.experiment, None, spec, source=src,
