@@ -285,3 +285,91 @@ def test_an_export_of_another_scale_or_a_missing_one_is_refused(tmp_path):
     r = CliRunner().invoke(_main(), ["results", "suites/cdalbench.yaml", "--export",
                                      str(tmp_path), "--from-export", str(EXAMPLE)])
     assert r.exit_code != 0 and "give one of them" in r.output
+
+
+def test_a_contamination_sweep_gives_the_same_page_from_its_export(tmp_path):
+    """The contamination section reads through the MLflow client: studies found by a
+    ``tags.ratio != ''`` and status filter, each best trial by its trial tag, and its
+    ``diag/*`` histories (tracking/contamination.py::load_points). A cscore cell with two
+    sources x two ratios, one study unfinished (the filter must leave it out)."""
+    import mlflow
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab import tags as T
+    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
+    from scarcelab.tracking.sweep.spec import load_spec
+
+    uri = f"sqlite:///{tmp_path / 'c.db'}"
+    spec = load_spec(REPO / "suites" / "cscore.yaml", smoke=True)
+    spec = dataclasses.replace(spec, cells=[c for c in spec.cells
+                                            if c.entry == "contamination"][:1])
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.create_experiment(spec.experiment)
+    sweep = c.create_run(exp, start_time=X_T0, tags={SWEEP_TAG: spec.name, T.ROLE: "sweep"})
+    cell = c.create_run(exp, start_time=X_T0 + 10, tags={
+        SWEEP_TAG: spec.name, CELL_TAG: spec.cells[0].id, "mlflow.parentRunId":
+        sweep.info.run_id, T.ROLE: "contamination"})
+    rng = np.random.default_rng(1)
+    n = 0
+    for src, kind in (("breastmnist", "near"), ("mnist", "far")):
+        for ratio in ("0.0", "0.3"):
+            n += 1
+            s = c.create_run(exp, start_time=X_T0 + 100 * n, tags={
+                "mlflow.parentRunId": cell.info.run_id, T.ROLE: "study", T.RATIO: ratio,
+                T.OOD: src, T.OOD_KIND: kind, T.METHOD: "fixmatch",
+                T.DATASET: "pneumoniamnist", T.BEST_TRIAL: "1"})
+            c.log_metric(s.info.run_id, "best/test_balanced_accuracy",
+                         float(rng.uniform(0.6, 0.9)), step=0)
+            c.log_metric(s.info.run_id, "best/val_balanced_accuracy",
+                         float(rng.uniform(0.6, 0.9)), step=0)
+            for k in (0, 1):
+                tr = c.create_run(exp, start_time=X_T0 + 100 * n + k, tags={
+                    "mlflow.parentRunId": s.info.run_id, T.ROLE: "trial", T.TRIAL: str(k)})
+                c.log_batch(tr.info.run_id, metrics=[
+                    Metric(f"diag/{d}", float(rng.normal()), X_T0 + e, e)
+                    for d in ("cci", "ple", "sem_drift", "grad_align", "ood_ff")
+                    for e in range(3)])
+                c.set_terminated(tr.info.run_id, "FINISHED")
+            c.set_terminated(s.info.run_id, "FINISHED")
+    late = c.create_run(exp, start_time=X_T0 + 900, tags={  # unfinished: not a point
+        "mlflow.parentRunId": cell.info.run_id, T.ROLE: "study", T.RATIO: "0.3",
+        T.OOD: "mnist", T.OOD_KIND: "far", T.METHOD: "fixmatch", T.DATASET: "x"})
+    c.set_terminated(late.info.run_id, "FAILED")
+    c.set_terminated(cell.info.run_id, "FINISHED", end_time=X_T0 + 1000)
+    c.set_terminated(sweep.info.run_id, "FINISHED", end_time=X_T0 + 2000)
+    prev = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        path = REPO / "suites" / "cscore.yaml"
+        direct = P.build_page(path, "smoke", spec=spec, generated=G)
+        page, doc = X.export_page(path, "smoke", spec=spec, generated=G)
+    finally:
+        mlflow.set_tracking_uri(prev)
+    table = pd.read_csv(__import__("io").StringIO(direct.sections[0].csv["table_a1"]))
+    assert len(table) == 4 and set(table["dataset"]) == {"pneumoniamnist"}
+    keys = {k for h in doc["histories"].values() for k in h}
+    assert keys == {f"diag/{d}" for d in ("cci", "ple", "sem_drift", "grad_align", "ood_ff")}
+    back = P.build_page(path, "smoke", spec=page.spec, generated=G,
+                        source=X.load_export(X.write_export(doc, tmp_path / "c.json.gz")))
+    assert_same_page(direct, back)
+
+
+@pytest.mark.parametrize("flt,names", [
+    ("tags.`scarcelab.role` = 'study'", {"a", "b"}),
+    ("tags.`scarcelab.ratio` != ''", {"a"}),  # a run without the tag matches neither
+    ("tags.`scarcelab.role` = 'study' and attributes.status = 'FINISHED'", {"a"}),
+    ("", {"a", "b", "c"}),
+])
+def test_the_export_client_filters_as_mlflow_does(flt, names):
+    def run(name: str, status: str, **tags: str) -> X.Run:
+        return X.Run(X.RunInfo(name, "1", name, status, 0, 1), X.RunData(tags, {}, {}))
+
+    src = X.ExportSource("f", [run("a", "FINISHED", **{"scarcelab.role": "study",
+                                                       "scarcelab.ratio": "0.3"}),
+                               run("b", "FAILED", **{"scarcelab.role": "study"}),
+                               run("c", "FINISHED")], {}, [], "s", "smoke", "e", "s",
+                         "suites/s.yaml", "u", "t")
+    assert {r.info.run_id for r in src.client().search_runs(["1"], flt)} == names
+    with pytest.raises(NotImplementedError):
+        src.client().search_runs(["1"], "metrics.x > 1")
