@@ -652,6 +652,10 @@ def page_from_export(path: str | Path, spec_path: str | Path | None = None,
 
     src = load_export(path)
     spec_file = Path(spec_path) if spec_path is not None else Path(src.spec)
+    if spec_path is None and not spec_file.is_file():
+        from scarcelab.tracking.results.page import REPO
+
+        spec_file = REPO / src.spec  # the export names it relative to the checkout
     if not spec_file.is_file():
         raise ExportError(f"{path}: its spec {spec_file} is not in this checkout (pass the "
                           "suite's spec file)")
