@@ -247,6 +247,7 @@ def test_the_export_is_deterministic_and_small():
     (b"\x80\x04\x95 not json", "not a readable results export"),  # a pickle's header
     (gzip.compress(b'{"schema": "scarcelab.results-export/1"')[:-6], "not a readable"),
     (b"[1, 2]", "not a results export"),
+    (b"[" * 200_000, "not a readable results export"),  # nested past the parser's depth
     (b'{"schema": "other/9"}', "schema 'other/9'"),
     (None, "'runs'"),
     ("metric", "not a number"),

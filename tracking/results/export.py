@@ -419,7 +419,7 @@ def load_export(path: str | Path) -> ExportSource:
         doc = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ExportError(f"{p}: no such export file") from None
-    except (OSError, EOFError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, ValueError, RecursionError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ExportError(f"{p}: not a readable results export (gzip'd JSON): {msg}"
                           ) from None
