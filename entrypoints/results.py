@@ -5,6 +5,13 @@
     scarcelab results --index                               # the same, for every suites/*.yaml
     scarcelab results suites/cdalbench.yaml --smoke         # the smoke run: docs/results/smoke/
     mlflow run . -e results -P spec=suites/cdalbench.yaml
+    scarcelab results suites/cdalbench.yaml --export docs/results/exports   # + its export
+    scarcelab results --from-export docs/results/exports/cdalbench.json.gz  # no store needed
+    scarcelab results --from-export docs/results/exports --index            # every export
+
+An export (tracking/results/export.py, docs/results/README.md) is what the page read from
+the store, as a small gzip'd JSON file in the repository: ``--from-export`` builds the page
+from it by the same code, on any checkout, without the store.
 
 The page reads the sweep that ``scarcelab sweep <spec>`` (same scale flag) recorded; see
 tracking/results/page.py for what it contains and where each number comes from.
@@ -13,11 +20,15 @@ tracking/results/page.py for what it contains and where each number comes from.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import Bool, Word
+
+if TYPE_CHECKING:
+    from scarcelab.tracking.results.page import SuitePage
 
 SCALES = ("reference", "smoke", "full")
 
@@ -41,11 +52,27 @@ SCALES = ("reference", "smoke", "full")
 @click.option("--suites", default="suites", help="the folder of the suite specs the index "
               "lists")
 @click.option("--tracking-uri", default="", help="default: MLFLOW_TRACKING_URI / MLflow's")
+@click.option("--export", "export_to", default="", help="also write what each page read "
+              "from the store to this file (.json.gz, one spec) or folder "
+              "(<suite>.json.gz), e.g. docs/results/exports")
+@click.option("--from-export", "from_export", default="", help="build the pages from "
+              "this export file, or from the <suite>.json.gz files of this folder, instead "
+              "of the store (the scale is the export's)")
 def results_cmd(specs: tuple[str, ...], spec_list: str, experiment: str, out: str,
                 smoke: bool, full: bool, scale: str | None, index_flag: bool,
-                write_index: bool, suites: str, tracking_uri: str) -> None:
+                write_index: bool, suites: str, tracking_uri: str, export_to: str,
+                from_export: str) -> None:
     """Write docs/results/<suite>.md (tables, figures, the paper's numbers beside ours and a
-    verdict per headline claim) for each SPEC from the runs of its sweep."""
+    verdict per headline claim) for each SPEC from the runs of its sweep (or from its
+    export: --from-export)."""
+    if export_to and from_export:
+        raise click.BadParameter("--export writes what the store gave; with --from-export "
+                                 "there is no store: give one of them",
+                                 param_hint="'--export'")
+    if from_export:
+        _from_export(specs, spec_list, out, smoke, full, scale, index_flag or write_index,
+                     suites, from_export)
+        return
     chosen = {s for s, on in (("smoke", smoke), ("full", full)) if on}
     if scale and scale != "default":
         chosen.add(scale)
@@ -63,6 +90,9 @@ def results_cmd(specs: tuple[str, ...], spec_list: str, experiment: str, out: st
     for p in paths:
         if not Path(p).is_file():
             raise click.BadParameter(f"{p}: no such spec file", param_hint="'SPECS'")
+    if export_to and len(paths) != 1 and export_to.endswith((".json", ".json.gz")):
+        raise click.BadParameter(f"{export_to} is one file: give one spec, or a folder",
+                                 param_hint="'--export'")
     out_dir = Path(out if out not in ("", "default") else
                    "docs/results" + ("" if sc == "reference" else f"/{sc}"))
     from scarcelab.tracking.results import build_page, write_page
@@ -81,7 +111,16 @@ def results_cmd(specs: tuple[str, ...], spec_list: str, experiment: str, out: st
     failed = False
     for p in todo:
         try:
-            page = build_page(p, sc, experiment or None, tracking_uri or None)
+            if export_to and p in paths:
+                from scarcelab.tracking.results.export import export_page, write_export
+
+                page, doc = export_page(p, sc, experiment or None, tracking_uri or None)
+                target = Path(export_to) if export_to.endswith((".json", ".json.gz")) \
+                    else Path(export_to) / f"{page.suite}.json.gz"
+                f = write_export(doc, target)
+                click.echo(f"{f}: {len(doc['runs'])} runs, {f.stat().st_size:,} bytes")
+            else:
+                page = build_page(p, sc, experiment or None, tracking_uri or None)
         except (ResultsError, PaperError, SpecError) as e:
             if p in paths:
                 click.echo(f"Error: {e}", err=True)
@@ -91,14 +130,77 @@ def results_cmd(specs: tuple[str, ...], spec_list: str, experiment: str, out: st
                             f"`scarcelab sweep {rel(p)}{flag}`" if isinstance(e, ResultsError)
                             else str(e)))
             continue
-        path = write_page(page, out_dir)
-        n = {s: sum(v.status == s for v in page.verdicts) for s in
-             ("reproduced", "not reproduced", "not testable at this scale")}
-        click.echo(f"{path}: {page.counts['finished']}/{page.counts['cells']} cells, "
-                   f"{len(page.figures)} figures; verdicts: " +
-                   ", ".join(f"{v} {k}" for k, v in n.items()))
+        _report(write_page(page, out_dir), page)
         entries.append((page.suite, page))
     if index:
         click.echo(f"{write_index_page(entries, out_dir, sc)}: {len(entries)} suites")
     if failed:
+        raise SystemExit(1)
+
+
+def _report(path: Path, page: SuitePage) -> None:
+    n = {s: sum(v.status == s for v in page.verdicts) for s in
+         ("reproduced", "not reproduced", "not testable at this scale")}
+    click.echo(f"{path}: {page.counts['finished']}/{page.counts['cells']} cells, "
+               f"{len(page.figures)} figures; verdicts: " +
+               ", ".join(f"{v} {k}" for k, v in n.items()))
+
+
+def _from_export(specs: tuple[str, ...], spec_list: str, out: str, smoke: bool, full: bool,
+                 scale: str | None, index: bool, suites: str, source: str) -> None:
+    """The pages of exports (a file, or a folder's ``<suite>.json.gz`` files), each by the
+    page builder that reads a store, with the spec and paper file of this checkout; the
+    index lists every suite of ``--suites``, those without an export as before."""
+    from scarcelab.tracking.results import write_index as write_index_page
+    from scarcelab.tracking.results import write_page
+    from scarcelab.tracking.results.export import ExportError, page_from_export
+    from scarcelab.tracking.results.page import ResultsError
+    from scarcelab.tracking.results.papers import PaperError
+    from scarcelab.tracking.sweep.spec import SpecError
+
+    src = Path(source)
+    paths = list(specs) + [s.strip() for s in spec_list.split(",") if s.strip()]
+    if src.is_dir():
+        files = [src / f"{Path(p).stem}.json.gz" for p in paths] if paths else sorted(
+            [*src.glob("*.json.gz"), *src.glob("*.json")])
+        if not files:
+            raise click.BadParameter(f"{src}: no exports (*.json.gz) in this folder",
+                                     param_hint="'--from-export'")
+        jobs = [(f, next((p for p in paths if Path(p).stem == f.name.split(".")[0]), None))
+                for f in files]
+    else:
+        if len(paths) > 1:
+            raise click.BadParameter(f"{src} is one export: give at most one spec",
+                                     param_hint="'--from-export'")
+        jobs = [(src, paths[0] if paths else None)]
+    want = next((s for s, on in (("smoke", smoke), ("full", full)) if on), None) or (
+        scale if scale and scale != "default" else None)
+    pages, failed, sc = [], False, None
+    for f, spec in jobs:
+        try:
+            page = page_from_export(f, spec)
+        except (ExportError, ResultsError, PaperError, SpecError) as e:
+            click.echo(f"Error: {e}", err=True)
+            failed = True
+            continue
+        if want is not None and page.spec.scale != want:
+            click.echo(f"Error: {f}: an export of the {page.spec.scale} scale, not {want}",
+                       err=True)
+            failed = True
+            continue
+        sc = sc or page.spec.scale
+        out_dir = Path(out if out not in ("", "default") else
+                       "docs/results" + ("" if page.spec.scale == "reference"
+                                         else f"/{page.spec.scale}"))
+        _report(write_page(page, out_dir), page)
+        pages.append((out_dir, page))
+    if index and pages:
+        out_dir = pages[0][0]
+        done = {p.suite: p for _, p in pages}
+        entries = [(p.stem, done.get(p.stem, f"no export of it in {source}"))
+                   for p in sorted(Path(suites).glob("*.yaml"))]
+        entries += [(k, v) for k, v in done.items() if k not in {e[0] for e in entries}]
+        click.echo(f"{write_index_page(entries, out_dir, sc or 'reference')}: "
+                   f"{len(entries)} suites")
+    if failed or not pages:
         raise SystemExit(1)

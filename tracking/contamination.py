@@ -147,12 +147,15 @@ def _experiment_ids(client: MlflowClient, experiments: Iterable[str]) -> list[st
 
 
 def load_points(parent_run_id: str | None = None, experiments: str | Iterable[str] | None = None,
-                tracking_uri: str | None = None) -> pd.DataFrame:
+                tracking_uri: str | None = None, client: Any = None) -> pd.DataFrame:
     """One row per finished contamination child study (under ``parent_run_id``, or every
-    one in ``experiments``), with the best trial's diagnostics summarised."""
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    client = MlflowClient()
+    one in ``experiments``), with the best trial's diagnostics summarised. ``client``: the
+    MLflow client to read through (a results page's: its store's, or one answering from an
+    export, tracking/results/export.py); default a new one of ``tracking_uri``."""
+    if client is None:
+        if tracking_uri:
+            mlflow.set_tracking_uri(tracking_uri)
+        client = MlflowClient()
     if parent_run_id:
         exp_ids = [client.get_run(parent_run_id).info.experiment_id]
     elif experiments is not None:

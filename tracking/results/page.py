@@ -26,6 +26,7 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,6 +53,19 @@ STUDY_ENTRIES = ("supervised", "semi", "self")
 DOCS = "docs/results"
 #: the per-seed score the SSL rules test (views.TEST: the best-on-validation checkpoint's)
 C_SCORE = "test_balanced_accuracy"
+#: the MLflow client of the page being built: the store's, or one that answers from an
+#: export (tracking/results/export.py); None: a new client of the current tracking URI
+_CLIENT: ContextVar[Any] = ContextVar("scarcelab_results_client", default=None)
+ORIGIN_STORE = "the tracking store"
+
+
+def _client() -> Any:
+    c = _CLIENT.get()
+    if c is None:
+        from mlflow.tracking import MlflowClient
+
+        c = MlflowClient()
+    return c
 
 
 class ResultsError(ValueError):
@@ -96,6 +110,10 @@ class SuitePage:
     commits: list[str] = field(default_factory=list)
     generated: str = ""
     markdown: str = ""
+    #: what the page was read from, as its "Generated" line says it
+    origin: str = ORIGIN_STORE
+    #: the command that regenerates the page ("": ``scarcelab results <spec> [--scale]``)
+    command: str = ""
 
     @property
     def figures(self) -> dict[str, bytes]:
@@ -570,7 +588,8 @@ def _contamination_sections(cells: Sequence[Any], data: C.SuiteData,
 
     from scarcelab.tracking import contamination as K
 
-    parts = [K.load_points(parent_run_id=r.info.run_id, tracking_uri=uri) for r in cells]
+    parts = [K.load_points(parent_run_id=r.info.run_id, tracking_uri=uri, client=_client())
+             for r in cells]
     parts = [p for p in parts if len(p)]
     points = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     table = K.table_a1(points)
@@ -670,9 +689,8 @@ def _pq_curves(runs: Sequence[Any], labels: dict[str, str]) -> tuple[Any, list[s
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient()
+    client = _client()
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     lines, drawn = [], 0
     for r in runs:
@@ -784,15 +802,19 @@ class _Sweep:
     client: Any
     flag: str  # the scale's command-line flag ("" at the reference scale)
     cells: _Cells
+    #: the query layer's reader of the same source; None: opened from ``uri``
+    reader: Any = None
+    origin: str = ORIGIN_STORE
 
 
 def _open_sweep(spec_path: str | Path, scale: str, experiment: str | None,
-                tracking_uri: str | None, spec: SweepSpec | None) -> _Sweep:
+                tracking_uri: str | None, spec: SweepSpec | None,
+                source: Any = None) -> _Sweep:
     """The spec, its paper file and its sweep in the store; a :class:`ResultsError` naming
-    the command that would make the sweep when the store has none."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
+    the command that would make the sweep when the store has none. ``source``: where the
+    runs are read instead of the tracking URI (tracking/results/export.py: an export, or a
+    store whose answers are recorded into one), with its ``client()``, ``reader()``,
+    ``uri`` and ``origin``."""
     from scarcelab.tracking.query.render import _safe_uri
 
     if spec is None:
@@ -800,10 +822,18 @@ def _open_sweep(spec_path: str | Path, scale: str, experiment: str | None,
     suite = Path(spec_path).stem
     paper = load_paper(paper_path(spec_path))
     exp_name = experiment or spec.experiment
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    uri = mlflow.get_tracking_uri()
-    client = MlflowClient()
+    reader, origin = None, ORIGIN_STORE
+    if source is None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        if tracking_uri:
+            mlflow.set_tracking_uri(tracking_uri)
+        uri = mlflow.get_tracking_uri()
+        client = MlflowClient()
+    else:
+        uri, client, reader, origin = source.uri, source.client(), source.reader(), \
+            source.origin
     exp = client.get_experiment_by_name(exp_name)
     flag = "" if scale == "reference" else f" --{scale}"
     hint = f"run `scarcelab sweep {spec_path}{flag}` first (or pass --experiment)"
@@ -813,7 +843,7 @@ def _open_sweep(spec_path: str | Path, scale: str, experiment: str | None,
     if cells.sweep_run is None and not cells.attempts:
         raise ResultsError(f"{suite}: experiment {exp_name!r} has no sweep {spec.name!r} at "
                            f"{scale} scale: {hint}")
-    return _Sweep(spec, suite, paper, exp_name, uri, client, flag, cells)
+    return _Sweep(spec, suite, paper, exp_name, uri, client, flag, cells, reader, origin)
 
 
 def _by_entry(spec: SweepSpec, finished: dict[str, Any]) -> dict[str, list[Any]]:
@@ -826,12 +856,19 @@ def _by_entry(spec: SweepSpec, finished: dict[str, Any]) -> dict[str, list[Any]]
     return by_entry
 
 
-def _cell_table(experiment: str, uri: str, finished: dict[str, Any]) -> Any:
+def _cell_table(experiment: str, uri: str, finished: dict[str, Any],
+                reader: Any = None) -> Any:
     """The query layer's table of the experiment, cut to the finished cells and what they
-    nested: other sweeps (or loose runs) in the same experiment stay off the page."""
+    nested: other sweeps (or loose runs) in the same experiment stay off the page.
+    ``reader``: the source's reader (default: one opened on ``uri``)."""
     from scarcelab.tracking.query import load
+    from scarcelab.tracking.query.frame import Tracked
 
-    t = load(experiment, uri)
+    if reader is None:
+        t = load(experiment, uri)
+    else:
+        exps = reader.experiment_ids([experiment])
+        t = Tracked(None, reader, list(exps.values()), experiments=exps)
     runs = t.runs
     keep = _descendants(runs, {r.info.run_id for r in finished.values()}) if len(runs) \
         else pd.Series([], dtype=bool)
@@ -1000,16 +1037,28 @@ def _rows_per_method(spec: SweepSpec, finished: dict[str, Any]) -> dict[str, int
 
 
 def build_page(spec_path: str | Path, scale: str = "reference", experiment: str | None = None,
-               tracking_uri: str | None = None, spec: SweepSpec | None = None) -> SuitePage:
+               tracking_uri: str | None = None, spec: SweepSpec | None = None, *,
+               source: Any = None, generated: str | None = None) -> SuitePage:
     """Everything a suite's page says, read from the store (see the module docstring).
     ``spec``: the spec as run when it is not the file's cells at ``scale`` (the CI smoke
-    runs a subset of them, tests/smoke_runner.py).
+    runs a subset of them, tests/smoke_runner.py). ``source``: read the runs from there
+    instead (an export: tracking/results/export.py); the page is built by the same code
+    either way. ``generated``: the generation time the page states (default: now).
 
     Raises :class:`ResultsError` when the store has no sweep of this spec at this scale."""
-    src = _open_sweep(spec_path, scale, experiment, tracking_uri, spec)
+    src = _open_sweep(spec_path, scale, experiment, tracking_uri, spec, source)
+    token = _CLIENT.set(src.client)
+    try:
+        return _build(src, spec_path, scale, generated)
+    finally:
+        _CLIENT.reset(token)
+
+
+def _build(src: _Sweep, spec_path: str | Path, scale: str, generated: str | None
+           ) -> SuitePage:
     finished = src.cells.finished
     by_entry = _by_entry(src.spec, finished)
-    t = _cell_table(src.experiment, src.uri, finished)
+    t = _cell_table(src.experiment, src.uri, finished, src.reader)
     data = C.SuiteData()
     sections = _sections(t, by_entry, data, src.uri)
     data.scale = scale_frame(t.runs)
@@ -1028,7 +1077,8 @@ def build_page(spec_path: str | Path, scale: str = "reference", experiment: str 
                      verdicts=verdicts, rows_per_method=_rows_per_method(src.spec, finished),
                      missing=missing, wall_s=cost.wall, cpu_s=cost.cpu,
                      commits=[k for k, _ in commits.most_common()],
-                     generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
+                     generated=generated or datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                     origin=src.origin)
     page.markdown = render_markdown(page)
     return page
 
@@ -1046,9 +1096,10 @@ def render_markdown(page: SuitePage) -> str:
     if page.spec.scale == "smoke":
         lines += [SMOKE_BANNER, ""]
     lines += [f"Source: {page.paper.paper}.", "",
-              f"Generated by `scarcelab results {rel(page.spec.path)}"
-              + ("" if page.spec.scale == "reference" else f" --{page.spec.scale}")
-              + f"` on {page.generated} from the tracking store; every number below is "
+              "Generated by `" + (page.command or f"scarcelab results {rel(page.spec.path)}"
+                                  + ("" if page.spec.scale == "reference"
+                                     else f" --{page.spec.scale}"))
+              + f"` on {page.generated} from {page.origin}; every number below is "
               "read from it or, beside ours, from `"
               + rel(page.paper.path) + "` (cited per value). Regenerate "
               "rather than edit.", "", "## How it was run", "", "| | |", "|:--|:--|"]
