@@ -66,6 +66,9 @@ N_PRUNED = "scarcelab.n_pruned"
 N_FAILED = "scarcelab.n_failed"
 #: the selected trial's number
 BEST_TRIAL = "scarcelab.best_trial"
+#: a worker of a shared study that found every trial taken by other workers: why its
+#: record has no model (protocols.search)
+NO_TRIAL_LEFT = "scarcelab.no_trial_left"
 #: the Optuna state of the selected trial: complete | pruned
 BEST_TRIAL_STATE = "scarcelab.best_trial_state"
 #: the selected configuration, as sorted JSON (what ``hparams_from`` reads)
