@@ -233,6 +233,9 @@ CHECKPOINT_REFUSED = "scarcelab.checkpoint_refused"
 CHECKPOINT_SHA256 = "scarcelab.checkpoint_sha256"
 #: what reconciling a resumed study did to this trial
 RECONCILED = "scarcelab.reconciled"
+#: "true" on a run that a spool replay found still RUNNING after delivering its dead
+#: writer's records, and so closed FAILED (reason in scarcelab.error); a resume reopens it
+ENDED_BY_REPLAY = "scarcelab.ended_by_replay"
 #: why the final model could not be exported
 MODEL_EXPORT_ERROR = "scarcelab.model_export_error"
 #: the saved model's format (logged model metadata, not a run tag): pt2
