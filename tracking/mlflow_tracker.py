@@ -354,8 +354,8 @@ def close_left_running(ids: dict[str, str], pid: int) -> list[str]:
         except Exception as e:  # noqa: BLE001 - the resume closes what is left
             log.warning("could not close run %s left RUNNING: %s", ids[key], e)
     if closed:
-        print(f"[scarcelab] {len(closed)} run(s) their ended process left RUNNING closed "
-              f"FAILED (tag {T.ENDED_BY_REPLAY}): {', '.join(closed)}", file=sys.stderr,
+        print(f"[scarcelab] closed FAILED {len(closed)} run(s) that their ended process "
+              f"left RUNNING (tag {T.ENDED_BY_REPLAY}): {', '.join(closed)}", file=sys.stderr,
               flush=True)
     return closed
 
