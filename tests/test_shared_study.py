@@ -69,7 +69,8 @@ def _cfg(**kw):  # type: ignore[no-untyped-def]
 def test_two_workers_of_one_command_share_one_search_and_its_max_trials(tmp_path):
     """Two processes, same command, one sqlite storage, ``max_trials=4``: one study, four
     finished trials numbered 0–3, four different configurations, split between them."""
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    # a generous lock wait: the two workers (and their heartbeats) write one sqlite file
+    url = f"sqlite:///{tmp_path / 'optuna.db'}?timeout=120"
     optuna.create_study(study_name="init", storage=url)  # the schema, made once
     gate = tmp_path / "gate"
     gate.mkdir()
