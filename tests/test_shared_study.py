@@ -143,3 +143,15 @@ def test_study_name_option_maps_to_the_config():
     assert _study_identity("auto") == {}
     assert _study_identity("new") == {"fresh_study": True}
     assert _study_identity("grid-a") == {"study_name": "grid-a"}
+
+
+def test_a_worker_without_time_for_a_trial_is_not_taken_for_one_that_joined_late(tmp_path):
+    """Without ``max_trials`` no slot can be taken by others: a worker whose budget ended
+    before its first trial fails as before, though the study has other workers' trials."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    other = optuna.create_study(study_name="busy", storage=url, direction="maximize")
+    t = other.ask()
+    other.tell(t, 0.5)
+    with pytest.raises(TrialFailed, match="no trial"):
+        run_study(_cfg(storage=url, study_name="busy", max_trials=0, budget_minutes=1e-4),
+                  InMemoryTracker())

@@ -653,7 +653,8 @@ class _Search:
                                      self.global_epoch, scope="study")
         counts = self.store.counts()  # the whole study: earlier (killed) runs, other workers
         n_trials, n_failed = counts["complete"] + counts["failed"], counts["failed"]
-        if best.ckpt is None and self.ran == 0 and counts["complete"] and self.store.shared:
+        if (best.ckpt is None and self.ran == 0 and counts["complete"] and self.store.shared
+                and 0 < cfg.max_trials <= _started(self.store)):
             return self._joined_late(n_trials, n_failed)
         if best.ckpt is None:
             if n_failed and n_failed == n_trials:
