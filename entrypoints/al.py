@@ -41,6 +41,11 @@ AL_ENTRY = {n: n for n in (
     "set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY, **DATASET_ENTRY}
 
 
+#: ``--encoder``'s default (and MLproject's): given on every ``mlflow run -e al``, so it
+#: is the one value a set that is not encoded lets through
+ENCODER_DEFAULT = "simclr"
+
+
 def _hidden(v: Any) -> tuple[int, ...]:
     """``24x12`` -> (24, 12); ``none``/empty -> () (a linear classifier)."""
     text = str(v).strip()
@@ -114,7 +119,7 @@ def _parse_set(over: dict[str, Any], dataset: str
               help="unlabeled candidates subsampled per query (default: the strategy's)")
 @click.option("--device", default="auto", show_default=True, type=Device(),
               help="auto (cuda when available), cpu or cuda; image sets want a GPU")
-@click.option("--encoder", default="simclr", show_default=True, type=Word(),
+@click.option("--encoder", default=ENCODER_DEFAULT, show_default=True, type=Word(),
               help="encoded_* sets: a self-supervised method to train (simclr, byol, …), or "
               "the model of a scarcelab self run (runs:/<run id>/model, models:/…)")
 @click.option("--early-stop-on", default="val", show_default=True, type=Word(("val", "test")),
@@ -173,6 +178,7 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
         # more in synchronisation than they gain (and starve parallel sweeps).
         torch.set_num_threads(1)
     cfg_over, strat_params, enc_params = _parse_set(overrides, dataset)
+    _check_encoder(dataset, encoder, enc_params)
     _check_strategy_settings(strategy, strat_params, max_candidates)
     _flag_overrides(cfg_over, budget, seed_set, early_stop_on)
     from scarcelab.active.loop import ALRunConfig
@@ -192,6 +198,39 @@ def _al(ctx: click.Context, level: int, t0: float, strategy: str, dataset: str,
     if spec(dataset).kind == "encoded":
         ctx_data = _encoded_context(rc, encoder, enc_params, experiment or None)
     _sweep(ctx, level, t0, rc, resolved, ctx_data, experiment, ident)
+
+
+def _check_encoder(dataset: str, encoder: str, enc_params: dict[str, Any]) -> None:
+    """Before any data is read: ``--encoder`` names a self-supervised method (or a logged
+    scarcelab model, ``runs:/``/``models:/``, resolved later), and is given only for an
+    ``encoded_*`` set (issue 42 item 8: ``--encoder nosuchencoder`` on splice ran and exited
+    0, the option silently ignored)."""
+    from scarcelab.active.datasets import spec
+    from scarcelab.entrypoints.options import _static_index
+    from scarcelab.registry import did_you_mean
+
+    if ":/" not in encoder:
+        idx = _static_index("method")
+        known = encoder.lower() in idx.where and idx.family(encoder) == "self"
+        if not known and not idx.complete:  # a computed or plugin name: the registry decides
+            from scarcelab.methods import METHODS
+
+            known = encoder in METHODS and METHODS.get(encoder).family == "self"
+        if not known:
+            names = idx.names("self")
+            near = did_you_mean(encoder, names)
+            raise click.BadParameter(
+                f"unknown encoder {encoder!r};{near}{';' if near else ''} an encoder is a "
+                f"self-supervised method trained here ({', '.join(names)}) or a scarcelab "
+                "model (runs:/<run id>/model, models:/<name>/<version>)",
+                param_hint="'--encoder'")
+    if spec(dataset).kind != "encoded" and (encoder != ENCODER_DEFAULT or enc_params):
+        given = f"--encoder {encoder}" if encoder != ENCODER_DEFAULT else "--set encoder.*"
+        raise click.BadParameter(
+            f"{given} does not apply to {dataset}: it is not an encoded set (only "
+            "encoded_<image dataset> sets train or load an encoder; scarcelab list "
+            "al-datasets); leave the encoder out",
+            param_hint="'--encoder'" if encoder != ENCODER_DEFAULT else "'--set'")
 
 
 def _check_strategy_settings(strategy: str, strat_params: dict[str, Any],

@@ -77,7 +77,7 @@ def sweep_key(cfg: StudyConfig, sources: list[str], ratios: list[float], tuning:
     """Identifies "the same sweep command": every setting that changes what it runs (the
     rule of a study's key, ``protocols.search._study_key``)."""
     d = {k: v for k, v in dataclasses.asdict(cfg).items()
-         if k not in ("storage", "study_name", "device")}
+         if k not in ("storage", "study_name", "fresh_study", "device")}
     if cfg.accel.is_auto:  # settings added later, at their default: the key stays as it was
         d.pop("accel")
     blob = json.dumps({**d, "ood": sources, "ratios": ratios, "tuning": tuning,

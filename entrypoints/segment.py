@@ -46,7 +46,8 @@ BIG = 10**6
               help="consep_patches | nuclei_cpm15 | consep (the .mat release; needs --data-dir)")
 @click.option("--data-dir", default="", type=Folder(),
               help="the dataset's existing folder (default: "
-              "$SCARCELAB_DATA/<dataset> or ../shared/data/<dataset>)")
+              "$SCARCELAB_DATA/<dataset> or ../shared/data/<dataset>); --cross-test sets "
+              "are then read from it too: <data-dir>/<set>, or <set> beside it")
 @click.option("--encoder", default="random", show_default=True,
               help="random | a weights file | runs:/<id>/model | models:/<name>/<version>")
 @click.option("--arch", default="auto", show_default=True,
@@ -152,6 +153,6 @@ def segment(**kw: Any) -> None:
             f"{t['pq_pooled']:.4f}")
     msg += f", CoNIC mPQ {t['mpq_conic']:.4f})" if "mpq_conic" in t else ")"
     msg += f" [{cfg.protocol}, label fraction {cfg.label_fraction:g}]"
-    for name, r in res.cross.items():
-        msg += f"; {name} PQ {r['pq']:.4f}"
+    for name, r in res.cross.items():  # and which files the numbers come from
+        msg += f"; {name} PQ {r['pq']:.4f} (read from {res.cross_sources.get(name, '?')})"
     click.echo(msg)

@@ -52,7 +52,7 @@ STUDY_ENTRY = {n: n for n in (
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
     "hparams_from", "transfer_epochs", "positive_class", "class_weights", "probe_solver",
-    "eval_every_steps")} | {"set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY,
+    "eval_every_steps", "study_name")} | {"set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY,
                             **DATASET_ENTRY}
 #: the supervised / semi / self entry points add the model registry option and --folds
 FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model", **FOLDS_ENTRY}
@@ -136,6 +136,12 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
         click.option("--max-trials", default="0", show_default=True, type=Int(0, None),
                      help="stop after this many trials (0 = until the budget is spent)"),
         click.option("--device", default="auto", show_default=True, type=Device()),
+        click.option("--study-name", default="auto", show_default=True, type=Word(),
+                     help="the Optuna study workers share (with $OPTUNA_STORAGE): auto = "
+                     "the one named after this command's settings (workers of the same "
+                     "command share its trials and --max-trials; once finished, the command "
+                     "run again repeats it); new = a study of this worker's own; any other "
+                     "NAME = the study of that name"),
         click.option("--set", "overrides", default="none", show_default=True,
                      type=Overrides(),
                      help="fixed hyperparameters, e.g. 'lambda_u=1,threshold=0.9'"),
@@ -212,7 +218,18 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         else kw["positive_class"],
         accel=accel_from(kw),
         data_options=kw["data_options"],
+        **_study_identity(kw.get("study_name") or "auto"),
     )
+
+
+def _study_identity(name: str) -> dict[str, Any]:
+    """``--study-name``: ``auto`` (the study named after the settings), ``new`` (a study of
+    its own) or a name, as ``StudyConfig``'s ``study_name`` / ``fresh_study``."""
+    if name == "auto":
+        return {}
+    if name == "new":
+        return {"fresh_study": True}
+    return {"study_name": name}
 
 
 def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:

@@ -66,6 +66,9 @@ N_PRUNED = "scarcelab.n_pruned"
 N_FAILED = "scarcelab.n_failed"
 #: the selected trial's number
 BEST_TRIAL = "scarcelab.best_trial"
+#: a worker of a shared study that found every trial taken by other workers: why its
+#: record has no model (protocols.search)
+NO_TRIAL_LEFT = "scarcelab.no_trial_left"
 #: the Optuna state of the selected trial: complete | pruned
 BEST_TRIAL_STATE = "scarcelab.best_trial_state"
 #: the selected configuration, as sorted JSON (what ``hparams_from`` reads)
@@ -235,6 +238,9 @@ CHECKPOINT_REFUSED = "scarcelab.checkpoint_refused"
 CHECKPOINT_SHA256 = "scarcelab.checkpoint_sha256"
 #: what reconciling a resumed study did to this trial
 RECONCILED = "scarcelab.reconciled"
+#: "true" on a run that a spool replay found still RUNNING after delivering its dead
+#: writer's records, and so closed FAILED (reason in scarcelab.error); a resume reopens it
+ENDED_BY_REPLAY = "scarcelab.ended_by_replay"
 #: why the final model could not be exported
 MODEL_EXPORT_ERROR = "scarcelab.model_export_error"
 #: the saved model's format (logged model metadata, not a run tag): pt2

@@ -288,7 +288,7 @@ def test_study_budget_clock_is_validated_logged_and_keys_the_study():
     assert key(_cfg(), "h") != key(_cfg(budget_clock="cpu"), "h")
     # the default leaves keys of studies recorded before the option unchanged
     legacy = {k: v for k, v in __import__("dataclasses").asdict(_cfg()).items()
-              if k not in ("storage", "study_name", "device", "label_fraction",
+              if k not in ("storage", "study_name", "fresh_study", "device", "label_fraction",
                            "budget_clock", "started_at", "final_reserve_s",
                            "probe_solver", "eval_every_steps", "accel", "data_options")}
     import hashlib
@@ -532,16 +532,21 @@ def test_a_restored_checkpoint_is_run_over_every_test_image_in_unit_range():
     assert seen["trials"] == ["t0"]
 
 
-def test_a_new_stored_study_is_named_by_its_key_start_time_and_process(tmp_path):
-    """No ``study_name`` and nothing to resume: the shared storage gets a study named
-    ``<key>-<start time, %Y%m%dT%H%M%S>-<pid>``, so reruns of one command sort by time."""
+def test_a_new_stored_study_is_named_by_its_key_or_key_start_time_and_process(tmp_path):
+    """No ``study_name`` and nothing to resume: the shared storage gets the study named by
+    the key, which every worker of the command joins (issue 42 item 6); ``fresh_study``
+    gets ``<key>-<start time, %Y%m%dT%H%M%S>-<pid>``, so repeats of one command sort by
+    time."""
     import datetime as dt
     import os
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    before = dt.datetime.now().replace(microsecond=0)
     store, resume = search_mod._open_store(_one_trial_cfg(storage=url), InMemoryTracker(),
                                            "sup-key")
+    assert resume is None and store.study.study_name == "sup-key"
+    before = dt.datetime.now().replace(microsecond=0)
+    store, resume = search_mod._open_store(_one_trial_cfg(storage=url, fresh_study=True),
+                                           InMemoryTracker(), "sup-key")
     after = dt.datetime.now()
     assert resume is None
     key, stamp, pid = store.study.study_name.rsplit("-", 2)

@@ -21,7 +21,8 @@ does). The client API is used throughout instead of MLflow's fluent "active run"
 because an operation that must wait in a spool cannot depend on process-global state.
 
 Resuming (``resume_state``): the study run carries ``scarcelab.study_key`` and its owner
-(``host:pid``); a RUNNING study run of the same key whose owner is dead is reattached, its
+(``host:pid``); a RUNNING study run of the same key whose owner is dead (or one a spool
+replay closed FAILED, tag ``scarcelab.ended_by_replay``, made RUNNING again) is reattached, its
 best checkpoint downloaded from the artifact store (and loaded only if its digest matches
 the recorded one) and its spent time read back.
 """
@@ -32,6 +33,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -76,6 +78,7 @@ from scarcelab.tracking.spool import (
     leftovers,
     replay,
 )
+from scarcelab.tracking.spool import _owner_alive as _spool_owner_alive
 
 log = logging.getLogger("scarcelab.tracking")
 
@@ -309,6 +312,55 @@ def _export_failed(tracker: Any, e: BaseException) -> None:
                      "tags": [[T.MODEL_EXPORT_ERROR, msg[:5000]]]})
 
 
+def replay_folder(folder: Path) -> bool:
+    """Deliver a spool folder (``tracking.spool.replay``) and then, if its writer has
+    ended, close the runs it left RUNNING (:func:`close_left_running`). True when
+    everything was delivered."""
+    try:
+        st = json.loads((Path(folder) / "state.json").read_text())
+    except (OSError, ValueError):
+        st = None  # gone (delivered meanwhile) or unreadable: replay says which
+    ids: dict[str, str] = {}
+    done = replay(folder, deliver_op, ids)
+    if done and isinstance(st, dict) and not _spool_owner_alive(st):
+        close_left_running(ids, int(st.get("pid", 0)))
+    return done
+
+
+def close_left_running(ids: dict[str, str], pid: int) -> list[str]:
+    """The runs of a dead writer's spool that are still RUNNING once its records are
+    delivered, closed FAILED with tag ``scarcelab.ended_by_replay`` and the reason in
+    ``scarcelab.error`` (if none is there); returns their ids. Issue 42 item 9: a study
+    killed during an outage stayed RUNNING with its trial after the replay — for ever,
+    unless the same command was resumed, which now reopens such a study run
+    (:meth:`MlflowTracker.resume_state`). Runs whose end was delivered are left as they
+    are. Best effort: a run that cannot be closed now is left to the resume."""
+    client = MlflowClient()
+    writer = f"{socket.gethostname()}:{pid}"
+    reason = (f"the process that wrote this run ({writer}) ended before closing it; its "
+              "spooled records were delivered by a replay")
+    closed = []
+    for key in sorted(ids, key=lambda k: k != "study"):
+        try:
+            run = client.get_run(ids[key])
+            owner = run.data.tags.get(T.OWNER, "")
+            if run.info.status != "RUNNING" or (owner and owner != writer):
+                continue  # ended, or taken over by another process (a resume) since
+            tags = [RunTag(T.ENDED_BY_REPLAY, "true")]
+            if T.ERROR not in run.data.tags:
+                tags.append(RunTag(T.ERROR, reason))
+            client.log_batch(ids[key], tags=tags)
+            client.set_terminated(ids[key], "FAILED")
+            closed.append(ids[key])
+        except Exception as e:  # noqa: BLE001 - the resume closes what is left
+            log.warning("could not close run %s left RUNNING: %s", ids[key], e)
+    if closed:
+        print(f"[scarcelab] closed FAILED {len(closed)} run(s) that their ended process "
+              f"left RUNNING (tag {T.ENDED_BY_REPLAY}): {', '.join(closed)}", file=sys.stderr,
+              flush=True)
+    return closed
+
+
 def replay_leftovers(uri: str | None = None, root: Path | None = None) -> None:
     """Deliver the spool folders that ended processes left for this server, and mark the
     runs whose records they held in memory only (``tracking.spool.lost_marks``). Done on
@@ -317,7 +369,7 @@ def replay_leftovers(uri: str | None = None, root: Path | None = None) -> None:
     uri = uri or mlflow.get_tracking_uri()
     for d in leftovers(uri, root):
         try:
-            ok = replay(d, deliver_op)
+            ok = replay_folder(d)
         except Exception as e:  # noqa: BLE001 - a broken old spool must not stop a study
             ok = False
             log.warning("could not replay %s: %s", d, e)
@@ -356,7 +408,23 @@ def check_tracking_server(uri: str | None = None) -> None:
         raise TrackingUnavailable(
             f"tracking server {redact(uri)} {why}; nothing was started. Start it (scripts/stack "
             "start), or point MLFLOW_TRACKING_URI elsewhere (unset: a local sqlite store)."
-        ) from None
+            + _waiting_spools(uri)) from None
+
+
+def _waiting_spools(uri: str) -> str:
+    """What the refusal adds when earlier studies left records for this server (issue 42
+    item 9: it said nothing, and the user had to find the spool folders): the exact replay
+    command for them, to run once the server is back."""
+    try:
+        left = leftovers(uri)
+    except OSError:
+        return ""
+    if not left:
+        return ""
+    return (f" Records of earlier studies wait for it in {len(left)} spool folder"
+            f"{'s' if len(left) > 1 else ''}: once it is back, deliver them with `python -m "
+            f"scarcelab.tracking.spool replay {' '.join(shlex.quote(str(d)) for d in left)}` "
+            "(the next study against it does it too).")
 
 
 class MlflowTracker(RunViews, Tracker):
@@ -395,10 +463,11 @@ class MlflowTracker(RunViews, Tracker):
         return self._client
 
     # -- resume ---------------------------------------------------------------------------
-    def _study_runs(self, key: str, role: str, extra: str = "") -> list[Any]:
+    def _study_runs(self, key: str, role: str, extra: str = "", status: str = "RUNNING"
+                    ) -> list[Any]:
         exp = current_experiment_id(self.client, self.experiment)
         flt = (f"tags.`{T.STUDY_KEY}` = '{key}' and tags.`{T.ROLE}` = '{role}' "
-               f"and attributes.status = 'RUNNING'{extra}")
+               f"and attributes.status = '{status}'{extra}")
         return list(_retry(self.client.search_runs, [exp], flt, max_results=1000,
                            order_by=["attributes.start_time DESC"]))
 
@@ -411,7 +480,12 @@ class MlflowTracker(RunViews, Tracker):
     def resume_state(self, study_key: str) -> ResumeState | None:
         mine = os.environ.get("MLFLOW_RUN_ID")
         self._replay_leftovers(mlflow.get_tracking_uri())  # what the dead one still had
-        for run in self._study_runs(study_key, "study"):
+        # a dead study's run is RUNNING, or FAILED by the replay of its spool (which closes
+        # what a dead writer left RUNNING): either is continued
+        ended = f" and tags.`{T.ENDED_BY_REPLAY}` = 'true'"
+        for run in sorted(self._study_runs(study_key, "study") + self._study_runs(
+                study_key, "study", ended, status="FAILED"),
+                key=lambda r: -r.info.start_time):
             if run.info.run_id == mine or not self._owner_dead(
                     run.data.tags.get(T.OWNER, "")):
                 continue
@@ -422,9 +496,12 @@ class MlflowTracker(RunViews, Tracker):
             self._resume_run = rid
             # Its process is dead, so none of its trials can still be running; they are
             # closed by close_orphan_trials once the search has the Optuna states.
+            under = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}'"
             self._orphans = list(_retry(
                 self.client.search_runs, [run.info.experiment_id],
-                f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}' and attributes.status = 'RUNNING'"))
+                f"{under} and attributes.status = 'RUNNING'")) + list(_retry(
+                self.client.search_runs, [run.info.experiment_id],
+                f"{under} and attributes.status = 'FAILED'{ended}"))
             print(f"[scarcelab] resuming study run {rid} (its process "
                   f"{run.data.tags.get(T.OWNER)} died)", file=sys.stderr, flush=True)
             return ResumeState(
@@ -556,6 +633,7 @@ class MlflowTracker(RunViews, Tracker):
             run = _retry(self.client.get_run, project_run)
         elif self._resume_run:
             run = _retry(self.client.get_run, self._resume_run)
+            self._reopen(run)
         else:
             exp = _experiment_id(self.experiment)
             run = _retry(self.client.create_run, exp, tags=resolve_tags({}), run_name=name)
@@ -613,6 +691,18 @@ class MlflowTracker(RunViews, Tracker):
 
     def _replay_leftovers(self, uri: str) -> None:
         replay_leftovers(uri, self._spool_root)
+
+    def _reopen(self, run: Any) -> None:
+        """A dead study run that a spool replay closed FAILED is continued: RUNNING again,
+        without the replay's reason (its orphaned trials are closed by
+        :meth:`close_orphan_trials`)."""
+        if run.info.status == "RUNNING" or run.data.tags.get(T.ENDED_BY_REPLAY) != "true":
+            return
+        rid = run.info.run_id
+        _retry(self.client.update_run, rid, status="RUNNING")
+        for key in (T.ENDED_BY_REPLAY, T.ERROR):
+            if key in run.data.tags:
+                _retry(self.client.delete_tag, rid, key)
 
     def _log_input(self, d: DatasetInfo) -> None:
         source = HTTPDatasetSource(d.source) if "://" in d.source else HTTPDatasetSource(

@@ -1114,10 +1114,12 @@ def leftovers(tracking_uri: str, root: Path | None = None) -> list[Path]:
     return out
 
 
-def replay(folder: Path, deliver: Callable[[dict[str, Any], dict[str, str]], str | None]
-           ) -> bool:
+def replay(folder: Path, deliver: Callable[[dict[str, Any], dict[str, str]], str | None],
+           ids_out: dict[str, str] | None = None) -> bool:
     """Deliver a left-over spool under its lock; True when everything went out (or another
-    process had already delivered it). A folder another process holds is left alone."""
+    process had already delivered it). A folder another process holds is left alone.
+    ``ids_out`` receives the run ids of the folder's runs once delivered (those created
+    during the outage get theirs here)."""
     folder = Path(folder)
     sp = Spool("", deliver)
     try:
@@ -1134,9 +1136,11 @@ def replay(folder: Path, deliver: Callable[[dict[str, Any], dict[str, str]], str
         sp.dir = folder
         sp._load()
         sp.late_keys = {op["key"] for op in sp.pending if op.get("key")}
-        if not sp.pending:
-            return sp._finish()
-        return sp.flush(force=True)
+        try:
+            return sp._finish() if not sp.pending else sp.flush(force=True)
+        finally:
+            if ids_out is not None:
+                ids_out.update(sp.ids)
     finally:
         sp.release()
 
@@ -1191,12 +1195,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         import mlflow
 
-        from scarcelab.tracking.mlflow_tracker import deliver_op
+        from scarcelab.tracking.mlflow_tracker import replay_folder
 
         mlflow.set_tracking_uri(uri)
         hide_mlflow_links(uri)  # closing a run prints its link, with the URI's password
         try:
-            done = replay(d, deliver_op)
+            done = replay_folder(d)
         except Exception as e:  # noqa: BLE001 - one line per folder, the others still go
             print(f"Error: {d}: replay failed ({type(e).__name__}: {str(e)[:300]}); the folder "
                   "is kept and can be replayed again", file=sys.stderr)

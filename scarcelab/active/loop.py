@@ -378,6 +378,30 @@ def _digest(data: ALData) -> str:
     return h.hexdigest()[:16]
 
 
+def pool_capacity(data: ALData, cfg: ALConfig) -> int:
+    """How many labels a repetition can acquire: the pool (train minus the validation
+    split, as :func:`_split` draws it) less the seed set (``seed_per_class`` per class)."""
+    n = len(data.y_train)
+    n_val = max(1, int(round(cfg.val_fraction * n))) if cfg.val_fraction > 0 else 0
+    return n - n_val - cfg.seed_per_class * data.num_classes
+
+
+def check_budget(rc: ALRunConfig, cfg: ALConfig, first: ALData | None) -> None:
+    """Refuse a budget the pool cannot give (issue 42 item 8: ``--budget 1000000`` on splice
+    labelled the whole pool, 798, exited 0 and still logged ``budget=1000000``), rather than
+    run a curve other than the one asked for. Synthetic sets are drawn once here for their
+    size (every repetition's draw has the same)."""
+    data = first if first is not None else load_al_dataset(
+        rc.dataset, rc.data_dir, np.random.default_rng(rc.seed_data), rc.load_context())
+    cap = pool_capacity(data, cfg)
+    if cfg.budget > cap:
+        raise ConfigError(
+            f"--budget {cfg.budget} is more than {rc.dataset} can label: its pool holds "
+            f"{cap} unlabeled samples ({len(data.y_train)} train, less the validation split "
+            f"and the seed set of {cfg.seed_per_class} per class); give --budget {cap} or "
+            "less")
+
+
 def load_for_sweep(rc: ALRunConfig, ctx: LoadContext | None = None) -> ALData | None:
     """Real data is identical across repetitions: load it once (None for synthetic sets,
     which are regenerated per repetition)."""
@@ -513,6 +537,7 @@ def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
     base_tags = _sweep_tags(rc, cfg, name)
     params = _sweep_params(rc, cfg, name, strategy)
     first = load_for_sweep(rc, ctx)
+    check_budget(rc, cfg, first)  # before the sweep's record exists
     _start_sweep(tracker, rc, name, base_tags, params, first)
     result = ALResult(rc, [], [])
     try:

@@ -146,7 +146,12 @@ class StudyConfig(AutoDevice):
     # killed study continues when the same command runs again. None = in memory.
     storage: str | None = field(
         default_factory=lambda: os.environ.get("OPTUNA_STORAGE") or None)
-    study_name: str | None = None  # workers given the same name share one study
+    # the Optuna study the workers share: None = the one named after the command's
+    # settings (its key), so every worker of the same command joins one search
+    study_name: str | None = None
+    # a study of its own (``<key>-<time>-<pid>``) even while workers of the same command
+    # run: a repeat the user asked for (``--study-name new``); not part of the key
+    fresh_study: bool = False
     diag_samples: int = 512  # C-Score diagnostics subsample for semi methods; 0 = off
     # where validation comes from: auto | official | train (scarcelab.data.splits)
     val_from: str = "auto"
@@ -356,6 +361,7 @@ def run_study(cfg: StudyConfig, tracker: Tracker,
                              study_key, resume, _study_budget(cfg, tracker, store, resume),
                              backbone_factory, diagnostics)
             search.run_trials()
+            store.close_study()  # its search is over: the command run again repeats it
             return search.finish()
         finally:
             store.close()
@@ -424,6 +430,8 @@ def _resolved_config(cfg: StudyConfig, method_cls: type[Method], arch: str,
     # a per-process timestamp, not a setting; the start-up it charged is logged as
     # time/startup_s, and the reserve actually kept is what is recorded
     resolved.pop("started_at")
+    # which study it joined is the tag scarcelab.optuna_study; the flag is not a setting
+    resolved.pop("fresh_study")
     resolved["final_reserve_s"] = cfg.budget_split(0.0)[1]
     return resolved
 
@@ -527,6 +535,7 @@ class _Search:
         self.global_epoch = 0
         self.last_error = ""
         self.next_trial_s = 0.0  # the last trial's step + evaluation: what one more costs
+        self.ran = 0  # trials this worker started (the others' are in the shared study)
         if resume is not None:
             self.global_epoch = resume.global_epoch
             self.best.restore(resume)
@@ -560,6 +569,7 @@ class _Search:
     def _run_trial(self, trial: Any) -> bool:
         """Train and record one trial; False when the search must stop after it."""
         number, hp, tc = trial.number, self._hparams(trial), self.train_cfg
+        self.ran += 1
         seed = trial_seed(self.cfg.seed, number)
         torch.manual_seed(seed)  # model init; batches use their own generator
         g = torch.Generator().manual_seed(seed)
@@ -643,6 +653,9 @@ class _Search:
                                      self.global_epoch, scope="study")
         counts = self.store.counts()  # the whole study: earlier (killed) runs, other workers
         n_trials, n_failed = counts["complete"] + counts["failed"], counts["failed"]
+        if (best.ckpt is None and self.ran == 0 and counts["complete"] and self.store.shared
+                and 0 < cfg.max_trials <= _started(self.store)):
+            return self._joined_late(n_trials, n_failed)
         if best.ckpt is None:
             if n_failed and n_failed == n_trials:
                 raise TrialFailed(f"all {n_trials} trials of {cfg.method} failed; last error: "
@@ -655,6 +668,22 @@ class _Search:
         return StudyResult(best_val=best.val, best_test=best.test, best_trial=best.trial,
                            n_trials=n_trials, n_failed=n_failed, split_hash=self.split["hash"],
                            best_checkpoint=best.ckpt)
+
+    def _joined_late(self, n_trials: int, n_failed: int) -> StudyResult:
+        """A worker that found every trial of its shared study taken by other workers: it
+        trained nothing, so its record holds no model and no ``best/*`` series (the
+        study's answer is on the records of the workers that ran the trials); it ends
+        with the study's counts and best validation score, and says so."""
+        best = self.store.study.best_trial
+        msg = (f"every one of the {self.cfg.max_trials} trials of study {self.store.name} "
+               "was taken by other workers: this worker trained none (the study's model is "
+               "on their records)")
+        log.warning(msg)
+        self.tracker.set_tags({T.N_TRIALS: str(n_trials), T.N_FAILED: str(n_failed),
+                               T.BEST_TRIAL: str(best.number), T.NO_TRIAL_LEFT: msg})
+        return StudyResult(best_val=float(best.value), best_test={}, best_trial=best.number,
+                           n_trials=n_trials, n_failed=n_failed,
+                           split_hash=self.split["hash"], best_checkpoint=None)
 
     def _export(self, n_trials: int, n_failed: int) -> None:
         """The selected checkpoint as the study's model, its counts as tags, its figures."""
@@ -698,7 +727,8 @@ def _study_key(cfg: StudyConfig, split_hash: str) -> str:
     # started_at differs per process and the reserve is accounting: neither changes what
     # the search does, so a re-run (resume) has the same key
     d = {k: v for k, v in dataclasses.asdict(cfg).items()
-         if k not in ("storage", "study_name", "device", "started_at", "final_reserve_s")}
+         if k not in ("storage", "study_name", "fresh_study", "device", "started_at",
+                      "final_reserve_s")}
     # defaults of settings added later: studies keyed before them keep their key
     if d.get("label_fraction") == 1.0:
         d.pop("label_fraction")
@@ -718,15 +748,28 @@ def _study_key(cfg: StudyConfig, split_hash: str) -> str:
 
 def _open_store(cfg: StudyConfig, tracker: Tracker, key: str
                 ) -> tuple[StudyStore, ResumeState | None]:
-    """In memory, or the shared storage; there, continue a killed study of the same key."""
+    """In memory, or the shared storage; there, continue a killed study of the same key.
+
+    A new worker joins the open study of its command (issue 42: two workers of one
+    command used to open a study each, ``<key>-<time>-<pid>``, and trained the same
+    configurations twice over, each with its own ``max_trials``): the Optuna study is named
+    after the key, so workers started together share one search, its trial numbers and its
+    ``max_trials``, as ``StudyStore``'s counts already assume. A study that a worker
+    finished is closed (``StudyStore.close_study``): the command run again starts a repeat,
+    ``<key>-r2``, ``<key>-r3``, … (docs/tracking.md §3). ``cfg.study_name`` names the study
+    outright; ``cfg.fresh_study`` asks for one of its own."""
     if not cfg.storage:
         return StudyStore(key, cfg.seed), None
     resume = tracker.resume_state(key)
     if resume is not None:
-        name = resume.optuna_study
-    else:  # a finished study is not continued: running the command again repeats it
-        name = cfg.study_name or f"{key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    store = StudyStore(name, cfg.seed, cfg.storage)
+        store = StudyStore(resume.optuna_study, cfg.seed, cfg.storage)
+    elif cfg.study_name:
+        store = StudyStore(cfg.study_name, cfg.seed, cfg.storage)
+    elif cfg.fresh_study:
+        store = StudyStore(f"{key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}", cfg.seed,
+                           cfg.storage)
+    else:
+        store = StudyStore.open_shared(key, cfg.seed, cfg.storage)
     if resume is not None:
         tracker.close_orphan_trials(store.completed_numbers())
     return store, resume

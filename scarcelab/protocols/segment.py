@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,7 +65,7 @@ from scarcelab.data.nuclei import (
     load_nuclei,
     split_validation,
 )
-from scarcelab.errors import ConfigError, TrialFailed
+from scarcelab.errors import ConfigError, DataError, TrialFailed
 from scarcelab.extras import need
 from scarcelab.metrics.segmentation import AGGREGATIONS, SegmentationEvaluator
 from scarcelab.models.classifier import for_export
@@ -81,6 +83,8 @@ from scarcelab.models.unet import NucleusUNet
 from scarcelab.protocols.search import AutoDevice
 from scarcelab.protocols.transfer import check_label_fraction, encoder_tags
 from scarcelab.tracker import DatasetInfo, Tracker
+
+log = logging.getLogger(__name__)
 
 METRICS = ("pq", "dq", "sq", "mpq", "aji", "dice")
 PROTOCOLS = ("finetune", "frozen")
@@ -135,6 +139,8 @@ class SegmentResult:
     edge_threshold: float = 0.4
     train_s: float = 0.0
     eval_s: float = 0.0
+    # where each cross-test set was read from (its folder; ``synthetic`` for generated sets)
+    cross_sources: dict[str, str] = field(default_factory=dict)
 
 
 # -- training samples -------------------------------------------------------------------------
@@ -408,6 +414,31 @@ def resolve_backbone(cfg: SegmentConfig, factory: EncoderFactory | None
     return backbone, info
 
 
+def load_cross_test(name: str, data_dir: str | None) -> NucleiDataset:
+    """Cross-test set ``name``, read from the folder the user gave (issue 42 item 7: it
+    was read from ``$SCARCELAB_DATA`` / ``../shared/data`` whatever ``data_dir`` said, so
+    the cross-test numbers could come from other files than the ones pointed at).
+
+    With ``data_dir``: ``data_dir/<name>`` (a folder holding the sets), else
+    ``<data_dir>/../<name>`` (``data_dir`` is the training set's own folder and the
+    cross-test set sits beside it), else ``data_dir`` itself, as the loader looks; never the
+    default folders. Without: the loader's defaults, as for the training set."""
+    if not data_dir:
+        return load_nuclei(name, None)
+    d = Path(data_dir).expanduser()
+    folder = next((c for c in (d / name, d.parent / name) if c.is_dir()), d)
+    try:
+        ds = load_nuclei(name, folder)
+    except DataError as e:
+        if folder != d:
+            raise
+        raise DataError(f"cross-test set {name}: {e}. Cross-test sets are read from the "
+                        f"--data-dir given ({d}): put the {name} folder in it or beside it"
+                        ) from None
+    log.info("cross-test set %s read from %s", name, ds.source)
+    return ds
+
+
 def _load_tiles(cfg: SegmentConfig) -> tuple[NucleiDataset, list[NucleiTile],
                                               list[NucleiTile], list[NucleiTile], int,
                                               np.random.Generator]:
@@ -416,7 +447,7 @@ def _load_tiles(cfg: SegmentConfig) -> tuple[NucleiDataset, list[NucleiTile],
     file fails now; the generator goes on to draw the training crops."""
     data: NucleiDataset = load_nuclei(cfg.dataset, cfg.data_dir)
     for name in cfg.cross_test:
-        load_nuclei(name, None)
+        load_cross_test(name, cfg.data_dir)
     rng = np.random.default_rng(cfg.seed)
     train, val = split_validation(data.train, cfg.val_fraction, cfg.seed)
     n_train_pool = len(train)
@@ -714,8 +745,9 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
                           "budget_minutes or lower steps_per_epoch")
     model.load_state_dict(best.state)
     t_eval = time.time()
-    cross_sets = [(name, _cap(load_nuclei(name, None).test, cfg.max_test_tiles, rng))
-                  for name in cfg.cross_test]
+    cross_data = {name: load_cross_test(name, cfg.data_dir) for name in cfg.cross_test}
+    cross_sets = [(name, _cap(ds.test, cfg.max_test_tiles, rng))
+                  for name, ds in cross_data.items()]
     run.announce_test(best, val, test, cross_sets)
     edge = post.edge_threshold  # HoVer-Net's 0.4 unless tuned
     if cfg.tune_threshold:
@@ -734,4 +766,5 @@ def _train_and_test(cfg: SegmentConfig, tracker: Tracker, model: NucleusUNet,
     tracker.set_tags({T.SELECTED_EPOCH: str(best.epoch), T.EDGE_THRESHOLD: str(edge)})
     run.log_outputs(test, preds, best, arch, edge)
     return SegmentResult(best.epoch, epochs, best.val, test_res, cross, edge,
-                         train_time, eval_s)
+                         train_time, eval_s,
+                         cross_sources={n: ds.source for n, ds in cross_data.items()})

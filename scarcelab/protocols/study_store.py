@@ -41,6 +41,7 @@ HEARTBEAT_S = float(os.environ.get("SCARCELAB_HEARTBEAT_S", "5"))
 GRACE_S = float(os.environ.get("SCARCELAB_HEARTBEAT_GRACE_S", "60"))
 HOST = socket.gethostname()
 _ASKING = "asking:"  # study user attribute prefix: a process inside StudyStore.ask
+_CLOSED = "closed_at"  # study user attribute: a worker finished it (StudyStore.close_study)
 
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):
@@ -93,17 +94,45 @@ def _open_rdb(url: str, attempts: int = 6) -> Any:
 class StudyStore:
     """One Optuna study (in memory or shared) plus the crash bookkeeping above."""
 
-    def __init__(self, name: str, seed: int, storage_url: str | None = None) -> None:
+    def __init__(self, name: str, seed: int, storage_url: str | None = None,
+                 storage: Any = None) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.shared = bool(storage_url)
-        self.storage: Any = None
-        if storage_url:
+        self.storage: Any = storage
+        if storage_url and storage is None:
             self.storage = _open_rdb(storage_url)
         self.study = optuna.create_study(study_name=name, storage=self.storage,
                                          direction="maximize",
                                          sampler=TrialSeededSampler(seed), load_if_exists=True)
         self.name = name
         self._beat: threading.Event | None = None
+
+    @classmethod
+    def open_shared(cls, key: str, seed: int, storage_url: str) -> StudyStore:
+        """The open study of the command keyed ``key``: ``key`` itself, or the first of
+        ``key-r2``, ``key-r3``, … that no worker has closed. Every worker started while it
+        is open gets the same name (Optuna's ``create_study(load_if_exists=True)`` makes
+        the first one, the others load it), so they share one search; a command run after
+        its study finished starts the next one, a repeat."""
+        storage = _open_rdb(storage_url)
+        generation = 1
+        while True:
+            name = key if generation == 1 else f"{key}-r{generation}"
+            try:
+                sid = storage.get_study_id_from_name(name)
+            except KeyError:
+                break  # not made yet: this worker (or one beside it) makes it
+            if not storage.get_study_user_attrs(sid).get(_CLOSED):
+                break
+            generation += 1
+        return cls(name, seed, storage_url, storage=storage)
+
+    def close_study(self) -> None:
+        """Mark the study finished: a worker's search ended (its budget or ``max_trials``
+        spent), so a command started from now on repeats it instead of joining it
+        (:meth:`open_shared`). Workers already in it go on to their own end."""
+        if self.shared:
+            self.study.set_user_attr(_CLOSED, time.time())
 
     # -- crashed trials ------------------------------------------------------------------
     @staticmethod
