@@ -269,6 +269,11 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     from scarcelab.protocols.search import check_data
 
     check_data(cfg)  # data, split, an empty ID pool: refused before the parent run exists
+    from scarcelab.data.ood import SourceContext, check_sources
+
+    # every OOD file read now: a corrupt one is refused before the tuning study runs
+    check_sources(sources, SourceContext(data_dir=cfg.data_dir, ood_dir=kw["ood_dir"],
+                                         id_dataset=cfg.dataset))
     provenance.reset()  # each child records its own files when it loads them
 
     client = MlflowClient()
