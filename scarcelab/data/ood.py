@@ -174,6 +174,7 @@ def _cached(key: str, path: Path, read: Callable[[Path], np.ndarray]) -> np.ndar
 
 
 CSV_FIX = "restore it from ../shared/data (sha256sum -c SHA256SUMS) or from its package"
+LFW_FIX = "restore it from ../shared/data (sha256sum -c SHA256SUMS) or scikit-image's data"
 
 
 def read_csv_digits(path: Path, side: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -208,15 +209,20 @@ def _lfw(n: int, rng: np.random.Generator, fmt: ImageFormat, ref: np.ndarray,
     path = _find("ood/lfw_subset_skimage.npy", ctx.data_dir, ctx.ood_dir)
 
     def read(p: Path) -> np.ndarray:
-        a = load_npy(p, fix=CSV_FIX.replace("its package", "scikit-image's data"))
+        a = load_npy(p, fix=LFW_FIX)
         if a.ndim != 3:
             raise DataError(f"{p}: expected (N, H, W) crops, got {a.shape}")
+        if not np.issubdtype(a.dtype, np.number) or not np.all(np.isfinite(a)) or \
+                (a.size and (a.min() < 0 or a.max() > 1)):
+            raise DataError(f"{p}: expected pixel values in [0, 1], found dtype {a.dtype} "
+                            "with values outside it (NaN, inf or out of range); "
+                            f"{LFW_FIX}")
         return np.clip(np.round(a * 255.0), 0, 255).astype(np.uint8)[:, None]
     return _from_array(_cached("lfw", path, read))(n, rng, fmt, ref, ctx)
 
 
 def _gray_photo(path: Path) -> np.ndarray:
-    with pil_image(path, fix=CSV_FIX.replace("its package", "scikit-image's data")) as im:
+    with pil_image(path, fix=LFW_FIX) as im:
         a = np.asarray(im.convert("L"))
     if min(a.shape) < TEXTURE_PATCH:
         raise DataError(f"{path}: {a.shape[1]}x{a.shape[0]} is smaller than the "

@@ -24,6 +24,7 @@ import io
 import json
 import math
 import os
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -186,7 +187,9 @@ def read_numeric_csv(path: str | os.PathLike[str], *, columns: int, fix: str = D
     except _READ_ERRORS as e:
         raise _fail(path, f"not a readable text file ({_short(e)})", fix) from None
     try:
-        arr = np.loadtxt(io.StringIO(text), delimiter=",", dtype=dtype, ndmin=2)
+        with warnings.catch_warnings():  # "input contained no data": said below, one line
+            warnings.simplefilter("ignore", UserWarning)
+            arr = np.loadtxt(io.StringIO(text), delimiter=",", dtype=dtype, ndmin=2)
     except ValueError as e:  # "could not convert string 'x' ... at row 3, column 785",
         # "the number of columns changed from 785 to 700 at row 2"
         raise _fail(path, f"not a table of numbers ({_short(e)})", fix) from None
