@@ -275,7 +275,9 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     check_sources(sources, SourceContext(data_dir=cfg.data_dir, ood_dir=kw["ood_dir"],
                                          id_dataset=cfg.dataset))
     provenance.reset()  # each child records its own files when it loads them
+    from scarcelab.tracking.mlflow_tracker import check_tracking_server
 
+    check_tracking_server()  # the store: one line now, before the parent run exists
     client = MlflowClient()
     key = sweep_key(cfg, sources, ratios, kw["tuning"], kw["ood_dir"])
     parent_id = os.environ.pop("MLFLOW_RUN_ID", None)

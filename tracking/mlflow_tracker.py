@@ -340,6 +340,9 @@ def check_tracking_server(uri: str | None = None) -> None:
     a traceback minutes later, or silently duplicate a study it could not see. Local stores
     (``sqlite:``, a folder) need no check."""
     uri = uri or mlflow.get_tracking_uri()
+    from scarcelab.tracking.store_check import check_store
+
+    check_store(uri)  # a scheme, driver, database server, sqlite path or disk that fails
     if not is_remote(uri):
         return
     try:
@@ -389,6 +392,9 @@ class MlflowTracker(RunViews, Tracker):
     @property
     def client(self) -> MlflowClient:
         if self._client is None:
+            from scarcelab.tracking.store_check import check_store
+
+            check_store(mlflow.get_tracking_uri())  # one line, not MLflow's traceback
             self._client = MlflowClient()
         return self._client
 
