@@ -325,3 +325,25 @@ def test_contamination_refuses_a_corrupt_lfw_file_before_the_tuning_study(
     assert len(lines) == 1 and lines[0].startswith(f"Error: {p}: "), r.output
     assert "Traceback" not in r.output
     assert not (tmp_path / "m.db").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_a_tile_claiming_ten_billion_pixels_is_one_line(tmp_path: Path) -> None:
+    """The tile datasets' reader (BACH, CRC, PCam, MHIST): Pillow's decompression-bomb
+    error is not an OSError and escaped its ``except``."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    from scarcelab.data.sources._tiles import read_image
+
+    b = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(b, "PNG")
+    good = b.getvalue()
+    chunk = b"IHDR" + struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    p = tmp_path / "tile.png"
+    p.write_bytes(good[:8] + struct.pack(">I", 13) + chunk +
+                  struct.pack(">I", zlib.crc32(chunk)) + good[33:])
+    with pytest.raises(DataError) as e:
+        read_image(p, 32)
+    assert "decompression-bomb limit" in one_line(e, p)
