@@ -347,3 +347,16 @@ def test_a_tile_claiming_ten_billion_pixels_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(DataError) as e:
         read_image(p, 32)
     assert "decompression-bomb limit" in one_line(e, p)
+
+
+@pytest.mark.parametrize("text", ['{"pg_port": 15432, "s3_po', '[1, 2]', '{"nope": 1}'])
+def test_a_truncated_or_foreign_stack_json_is_one_line(tmp_path: Path, text: str) -> None:
+    """``scarcelab stack …`` reads ``stack.json`` first: a cut or foreign file was a
+    JSONDecodeError / TypeError traceback."""
+    from scarcelab.tracking.stack import Stack
+
+    (tmp_path / "stack.json").write_text(text)
+    with pytest.raises(DataError) as e:
+        Stack(tmp_path)
+    msg = one_line(e, tmp_path / "stack.json")
+    assert "restore it, or stop the stack's processes" in msg

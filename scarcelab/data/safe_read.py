@@ -137,7 +137,8 @@ def load_npz(path: str | os.PathLike[str], keys: Sequence[str] | None = None, *,
     except FileNotFoundError:
         raise _fail(path, "file not found", fix) from None
     except _READ_ERRORS as e:
-        raise _fail(path, f"corrupt or not an .npz file ({_short(e)})", fix) from None
+        raise _fail(path, f"not a readable .npz file, truncated or corrupt ({_short(e)})",
+                    fix) from None
 
 
 def _check_member(path: str | os.PathLike[str], key: str, info: zipfile.ZipInfo,
