@@ -278,6 +278,9 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     from scarcelab.tracking.mlflow_tracker import check_tracking_server
 
     check_tracking_server()  # the store: one line now, before the parent run exists
+    from scarcelab.tracking.store_check import open_store
+
+    open_store()  # a new sqlite file's tables, under a lock, before the first client
     client = MlflowClient()
     key = sweep_key(cfg, sources, ratios, kw["tuning"], kw["ood_dir"])
     parent_id = os.environ.pop("MLFLOW_RUN_ID", None)

@@ -142,6 +142,9 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
     from scarcelab.tracking.sweep.driver import Identity, run_sweep
 
     check_tracking_server()  # the store: one line before Ray starts or a sweep run opens
+    from scarcelab.tracking.store_check import open_store
+
+    open_store()  # a new sqlite file's tables, under a lock, before cells open it too
 
     try:
         from scarcelab.tracking.results.page import rel

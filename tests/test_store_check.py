@@ -61,8 +61,21 @@ def test_an_unwritable_sqlite_folder(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(tempfile, "NamedTemporaryFile", denied)
     msg = _refused(f"sqlite:///{tmp_path}/ro/m.db")
-    assert f"cannot write in {tmp_path}/ro (Permission denied)" in msg
-    assert not (tmp_path / "ro" / "m.db").exists()
+    assert f"cannot write in {tmp_path} (to create {tmp_path}/ro) (Permission denied)" in msg
+    assert not (tmp_path / "ro").exists()
+
+
+def test_the_check_before_the_data_writes_nothing(tmp_path: Path) -> None:
+    """A command checks its store before it reads its data; a data file refused after that
+    must leave no database (or folder) behind. The first real use creates them."""
+    from scarcelab.tracking.mlflow_tracker import check_tracking_server
+    from scarcelab.tracking.store_check import open_store
+
+    uri = f"sqlite:///{tmp_path}/sub/m.db"
+    check_tracking_server(uri)
+    assert list(tmp_path.iterdir()) == []
+    open_store(uri)
+    assert (tmp_path / "sub" / "m.db").read_bytes()[:16] == b"SQLite format 3\x00"
 
 
 def test_a_full_disk_is_refused_before_the_first_write(
@@ -142,13 +155,11 @@ def test_a_study_on_an_unsupported_store_is_one_line_from_the_cli(
 def _open_store(uri: str, barrier: Any, q: Any) -> None:
     os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"
     try:
-        from mlflow.tracking import MlflowClient
-
-        from scarcelab.tracking.mlflow_tracker import check_tracking_server
+        from scarcelab.tracking.mlflow_tracker import MlflowTracker, check_tracking_server
 
         barrier.wait(60)
-        check_tracking_server(uri)
-        MlflowClient(uri).search_experiments()
+        check_tracking_server(uri)  # what a study command does first, then its tracker
+        MlflowTracker(tracking_uri=uri).client.search_experiments()
         q.put("ok")
     except BaseException as e:  # noqa: BLE001 - reported to the test
         q.put(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")

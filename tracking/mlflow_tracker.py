@@ -392,10 +392,10 @@ class MlflowTracker(RunViews, Tracker):
     @property
     def client(self) -> MlflowClient:
         if self._client is None:
-            from scarcelab.tracking.store_check import check_store
+            from scarcelab.tracking.store_check import open_store
 
-            check_store(mlflow.get_tracking_uri())  # one line, not MLflow's traceback
-            self._client = MlflowClient()
+            open_store()  # one line, not MLflow's traceback; a new sqlite file's tables
+            self._client = MlflowClient()  # made under a lock (studies started together)
         return self._client
 
     # -- resume ---------------------------------------------------------------------------

@@ -61,20 +61,34 @@ def scheme_of(uri: str) -> str:
     return uri.split("://", 1)[0].split("+", 1)[0].lower()
 
 
-_CHECKED: set[tuple[str, bool]] = set()
+_CHECKED: set[tuple[str, bool, bool]] = set()
 
 
-def check_store(uri: str, *, read_only: bool = False) -> None:
+def check_store(uri: str, *, read_only: bool = False, create: bool = False) -> None:
     """Raise :class:`StoreUnusable` (one line) unless the store at ``uri`` can be used.
-    A store that passed is not checked again in this process (a contamination sweep or
-    k folds open a tracker per child)."""
-    if (uri, read_only) in _CHECKED or (uri, False) in _CHECKED:
+
+    Without ``create`` nothing is written (a command checks its store before its data, and
+    a refused data file must leave no database behind); with it (the first real use) a new
+    sqlite file gets its folder and MLflow's tables under the lock. A store that passed is
+    not checked again in this process (a contamination sweep or k folds open a tracker per
+    child)."""
+    if (uri, read_only, create) in _CHECKED or (uri, False, True) in _CHECKED:
         return
-    _check(uri, read_only)
-    _CHECKED.add((uri, read_only))
+    _check(uri, read_only, create)
+    _CHECKED.add((uri, read_only, create))
 
 
-def _check(uri: str, read_only: bool) -> None:
+def open_store(uri: str | None = None) -> None:
+    """:func:`check_store` with ``create``, for the tracking URI in effect when not given:
+    what a command calls right before its first MLflow client."""
+    if uri is None:
+        import mlflow
+
+        uri = mlflow.get_tracking_uri()
+    check_store(uri, create=True)
+
+
+def _check(uri: str, read_only: bool, create: bool) -> None:
     scheme = scheme_of(uri)
     shown = _redact(uri)
     if scheme in REMOTE:
@@ -82,7 +96,7 @@ def _check(uri: str, read_only: bool) -> None:
     if scheme in ("", "file"):
         _check_folder(uri, shown, read_only)
     elif scheme == "sqlite":
-        _check_sqlite(uri, shown, read_only)
+        _check_sqlite(uri, shown, read_only, create)
     elif scheme in DB_SCHEMES:
         _check_database(uri, shown)
     else:
@@ -114,27 +128,31 @@ def _existing_ancestor(path: Path) -> Path:
     return p
 
 
-def _check_writable_dir(folder: Path, shown: str, what: str) -> None:
-    """``folder`` exists (created if needed), is a folder, takes a new file, and has room."""
+def _check_writable_dir(folder: Path, shown: str, what: str, create: bool) -> None:
+    """``folder``, or the nearest folder above it that exists (where it would be created),
+    takes a new file and has room; with ``create`` the folder is made."""
     anc = _existing_ancestor(folder)
     if not anc.is_dir():
         raise StoreUnusable(f"tracking URI {shown}: {anc} is a file, so the {what} {folder} "
                             f"cannot be created; {DEFAULT_FIX}")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".scarcelab-write-check-"):
-            pass
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+            anc = folder
+        with tempfile.NamedTemporaryFile(dir=anc, prefix=".scarcelab-write-check-"):
+            pass  # removed on close: the probe leaves nothing
     except OSError as e:
-        raise StoreUnusable(f"tracking URI {shown}: cannot write in {folder} "
+        where = folder if anc == folder else f"{anc} (to create {folder})"
+        raise StoreUnusable(f"tracking URI {shown}: cannot write in {where} "
                             f"({e.strerror or e}); {DEFAULT_FIX}") from None
-    free = _free(folder)
+    free = _free(anc)
     if free < MIN_FREE_BYTES:
         raise StoreUnusable(f"tracking URI {shown}: the disk holding {folder} is full "
                             f"({free / 2**20:.1f} MiB free, {os.strerror(errno.ENOSPC)}); "
                             f"free some space there, or {DEFAULT_FIX}")
 
 
-def _check_sqlite(uri: str, shown: str, read_only: bool) -> None:
+def _check_sqlite(uri: str, shown: str, read_only: bool, create: bool) -> None:
     try:
         path = sqlite_path(uri)
     except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError on a malformed URI
@@ -154,13 +172,14 @@ def _check_sqlite(uri: str, shown: str, read_only: bool) -> None:
                 "--tracking-uri / MLFLOW_TRACKING_URI at the store that holds your runs")
         _check_sqlite_header(path, shown)
         return
-    _check_writable_dir(path.parent, shown, "folder of the sqlite store")
+    _check_writable_dir(path.parent, shown, "folder of the sqlite store", create)
     if path.exists():
         if not os.access(path, os.W_OK):
             raise StoreUnusable(f"tracking URI {shown}: {path} is not writable; make it "
                                 f"writable, or {DEFAULT_FIX}")
         _check_sqlite_header(path, shown)
-    ensure_sqlite_schema(uri, path, shown)
+    if create:
+        ensure_sqlite_schema(uri, path, shown)
 
 
 def _check_sqlite_header(path: Path, shown: str) -> None:
@@ -316,7 +335,8 @@ def _check_folder(uri: str, shown: str, read_only: bool) -> None:
                                 "yet; run a study with this tracking URI first, or point "
                                 "--tracking-uri / MLFLOW_TRACKING_URI at your store")
         return
-    _check_writable_dir(path, shown, "store folder")
+    _check_writable_dir(path, shown, "store folder", create=False)
 
 
-__all__ = ["StoreUnusable", "check_store", "ensure_sqlite_schema", "scheme_of", "sqlite_path"]
+__all__ = ["StoreUnusable", "check_store", "ensure_sqlite_schema", "open_store", "scheme_of",
+           "sqlite_path"]
