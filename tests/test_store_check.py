@@ -181,3 +181,17 @@ def test_studies_started_together_on_a_new_sqlite_file_all_succeed(tmp_path: Pat
         p.join(300)
     results = [q.get(timeout=10) for _ in procs]
     assert results == ["ok"] * 3, results
+
+
+def test_a_folder_store_says_what_mlflow_3_wants(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: MlflowException("The filesystem tracking backend … is in maintenance mode")
+    as a traceback at the first client."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    msg = _refused(str(tmp_path))
+    assert msg.startswith(f"tracking URI {tmp_path} is a folder (MLflow's file store)")
+    assert f"sqlite:///{tmp_path}/mlflow.db" in msg
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    from scarcelab.tracking.mlflow_tracker import check_tracking_server
+
+    check_tracking_server(str(tmp_path))  # the user's explicit choice: accepted

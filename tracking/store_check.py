@@ -15,7 +15,8 @@ What is checked, by the URI's kind:
   A new database is created (MLflow's tables and migrations) under an exclusive file lock:
   two studies started together on a file that did not exist both ran MLflow's table
   creation, and one died in it.
-* a folder (MLflow's file store): exists and is writable, or can be created.
+* a folder (MLflow's file store): MLflow 3 refuses it unless ``MLFLOW_ALLOW_FILE_STORE`` is
+  true (then it must exist for a query, or be writable).
 
 Remote ``http(s)://`` servers are checked by
 :func:`scarcelab.tracking.mlflow_tracker.check_tracking_server` (which calls this first).
@@ -329,6 +330,12 @@ def _why(e: BaseException) -> str:
 def _check_folder(uri: str, shown: str, read_only: bool) -> None:
     path = Path(uri[len("file://"):] if uri.startswith("file://") else
                 uri[len("file:"):] if uri.startswith("file:") else uri).expanduser()
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("true", "1"):
+        raise StoreUnusable(
+            f"tracking URI {shown} is a folder (MLflow's file store), which MLflow 3 refuses "
+            "unless MLFLOW_ALLOW_FILE_STORE=true; use a database file instead, e.g. "
+            f"sqlite:///{path / 'mlflow.db'} (`mlflow migrate-filestore` moves runs already "
+            "in the folder)")
     if read_only:
         if not path.is_dir():
             raise StoreUnusable(f"tracking URI {shown}: there is no tracking store at {path} "
