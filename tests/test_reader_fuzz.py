@@ -321,3 +321,36 @@ def test_dicom_decoder_corpus(tmp_path: Path, seed: int) -> None:
         p = tmp_path / f"{seed}-{name}.dcm"
         p.write_bytes(data)
         check(lambda p=p: decode_file(p), p, tmp_path)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_the_cli_gives_one_line_and_writes_no_store(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    seed: int) -> None:
+    """Through ``scarcelab al`` (its data is read before any run is opened): every refused
+    input is ``Error: <one line>``, exit 1, and no tracking database is created."""
+    from click.testing import CliRunner
+
+    from scarcelab.entrypoints.cli import main
+
+    db = tmp_path / "store" / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.chdir(tmp_path)
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    corpus = [(n, b) for n, b in mutations(_usps_npz(), seed)
+              if n in ("truncated", "header_only")] + [
+        ("huge_member", _usps_npz({"test_images": huge_header()}))]
+    for name, data in corpus:
+        d = tmp_path / f"{seed}-{name}"
+        d.mkdir()
+        (d / "usps.npz").write_bytes(data)
+        r = CliRunner().invoke(main, ["al", "--strategy", "random", "--dataset", "usps",
+                                      "--data-dir", str(d), "--repetitions", "1",
+                                      "--device", "cpu"])
+        lines = r.output.strip().splitlines()
+        assert r.exit_code == 1 and len(lines) == 1, (name, r.output, r.exception)
+        assert lines[0].startswith(f"Error: {d / 'usps.npz'}: "), r.output
+        assert not db.parent.exists(), "a refused data file left a tracking store"
