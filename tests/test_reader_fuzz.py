@@ -354,3 +354,24 @@ def test_the_cli_gives_one_line_and_writes_no_store(tmp_path: Path,
         assert r.exit_code == 1 and len(lines) == 1, (name, r.output, r.exception)
         assert lines[0].startswith(f"Error: {d / 'usps.npz'}: "), r.output
         assert not db.parent.exists(), "a refused data file left a tracking store"
+
+
+@pytest.mark.parametrize("seed", SEEDS[:4])
+def test_mhist_annotations_csv_corpus(tmp_path: Path, seed: int) -> None:
+    """MHIST's ``annotations.csv`` (a CSV of names and labels): a row cut short was
+    ``AttributeError: 'NoneType' object has no attribute 'strip'``."""
+    from scarcelab.data.sources.mhist import load_mhist
+
+    root = tmp_path / "mhist"
+    (root / "images").mkdir(parents=True)
+    rows = ["Image Name,Majority Vote Label,Number of Annotators who Selected SSA (Out of 7),"
+            "Partition"]
+    for i in range(6):
+        (root / "images" / f"MHIST_{i}.png").write_bytes(_png((8, 8)))
+        rows.append(f"MHIST_{i}.png,{'HP' if i % 2 else 'SSA'},3,{'train' if i < 4 else 'test'}")
+    good = ("\n".join(rows) + "\n").encode()
+    corpus = mutations(good, seed) + [("short_row", good + b"MHIST_0.png,HP\n"),
+                                      ("binary", bytes(range(256)))]
+    for _name, data in corpus:
+        (root / "annotations.csv").write_bytes(data)
+        check(lambda: load_mhist(tmp_path, size=8, download=False), root, tmp_path)
