@@ -338,7 +338,9 @@ def test_the_cli_gives_one_line_and_writes_no_store(tmp_path: Path,
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     monkeypatch.chdir(tmp_path)
     import mlflow
+    from mlflow.tracking._tracking_service import utils
 
+    monkeypatch.setattr(utils, "_tracking_uri", utils._tracking_uri)  # put back afterwards
     mlflow.set_tracking_uri(f"sqlite:///{db}")
     corpus = [(n, b) for n, b in mutations(_usps_npz(), seed)
               if n in ("truncated", "header_only")] + [

@@ -20,9 +20,15 @@ from scarcelab.errors import ScarcelabError
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No store checked yet, and MLflow's process-wide tracking URI (which ``leaderboard``
+    and these tests set) put back afterwards: an ``ftp://`` URI left behind broke later
+    tests that name their store only in the environment."""
+    from mlflow.tracking._tracking_service import utils
+
     from scarcelab.tracking import store_check
 
     monkeypatch.setattr(store_check, "_CHECKED", set())
+    monkeypatch.setattr(utils, "_tracking_uri", utils._tracking_uri)
     monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 
