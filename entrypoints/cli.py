@@ -37,6 +37,18 @@ class _LazyGroup(click.Group):
     def commands(self, value: dict[str, click.Command]) -> None:
         self._commands = value
 
+    def invoke(self, ctx: click.Context) -> object:
+        """Every command's user errors as one line: a :class:`~scarcelab.errors.
+        ScarcelabError` raised outside a command's own ``except`` (a store checked when the
+        first tracker is created, a data file read by a helper) ends as ``Error: <message>``,
+        exit 1, like the ones a command catches itself, not as a traceback."""
+        from scarcelab.errors import ScarcelabError
+
+        try:
+            return super().invoke(ctx)
+        except ScarcelabError as e:
+            raise click.ClickException(str(e)) from None
+
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         saved, self._loading = getattr(self, "_loading", False), True
         try:

@@ -269,8 +269,18 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     from scarcelab.protocols.search import check_data
 
     check_data(cfg)  # data, split, an empty ID pool: refused before the parent run exists
-    provenance.reset()  # each child records its own files when it loads them
+    from scarcelab.data.ood import SourceContext, check_sources
 
+    # every OOD file read now: a corrupt one is refused before the tuning study runs
+    check_sources(sources, SourceContext(data_dir=cfg.data_dir, ood_dir=kw["ood_dir"],
+                                         id_dataset=cfg.dataset))
+    provenance.reset()  # each child records its own files when it loads them
+    from scarcelab.tracking.mlflow_tracker import check_tracking_server
+
+    check_tracking_server()  # the store: one line now, before the parent run exists
+    from scarcelab.tracking.store_check import open_store
+
+    open_store()  # a new sqlite file's tables, under a lock, before the first client
     client = MlflowClient()
     key = sweep_key(cfg, sources, ratios, kw["tuning"], kw["ood_dir"])
     parent_id = os.environ.pop("MLFLOW_RUN_ID", None)

@@ -87,6 +87,10 @@ def leaderboard_cmd(experiment: str, tracking_uri: str, view: str, fmt: str, out
     uri = _opt(tracking_uri)
     if uri:
         mlflow.set_tracking_uri(uri)
+    from scarcelab.tracking.store_check import check_store
+
+    # a query reads: a store path with no database yet is one line, and is not created
+    check_store(uri or mlflow.get_tracking_uri(), read_only=True)
     filters = {k: v for k, v in (("family", _opt(family)), ("dataset", _opt(dataset)),
                                  ("n_labeled", _opt(n_labeled))) if v is not None}
     try:

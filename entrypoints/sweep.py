@@ -144,7 +144,13 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
         need("ray", "scarcelab sweep (cells as Ray tasks)")
     except MissingExtra as e:
         raise click.ClickException(str(e)) from None
+    from scarcelab.tracking.mlflow_tracker import check_tracking_server
     from scarcelab.tracking.sweep.driver import Identity, run_sweep
+
+    check_tracking_server()  # the store: one line before Ray starts or a sweep run opens
+    from scarcelab.tracking.store_check import open_store
+
+    open_store()  # a new sqlite file's tables, under a lock, before cells open it too
 
     try:
         from scarcelab.tracking.results.page import rel

@@ -393,6 +393,9 @@ def check_tracking_server(uri: str | None = None) -> None:
     a traceback minutes later, or silently duplicate a study it could not see. Local stores
     (``sqlite:``, a folder) need no check."""
     uri = uri or mlflow.get_tracking_uri()
+    from scarcelab.tracking.store_check import check_store
+
+    check_store(uri)  # a scheme, driver, database server, sqlite path or disk that fails
     if not is_remote(uri):
         return
     try:
@@ -459,7 +462,10 @@ class MlflowTracker(RunViews, Tracker):
     @property
     def client(self) -> MlflowClient:
         if self._client is None:
-            self._client = MlflowClient()
+            from scarcelab.tracking.store_check import open_store
+
+            open_store()  # one line, not MLflow's traceback; a new sqlite file's tables
+            self._client = MlflowClient()  # made under a lock (studies started together)
         return self._client
 
     # -- resume ---------------------------------------------------------------------------

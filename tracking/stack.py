@@ -185,9 +185,20 @@ class Stack:
 
     # -- state -----------------------------------------------------------------------------
     def _load(self) -> StackState:
+        """The saved state, or one line naming ``stack.json`` (a truncated or hand-edited
+        file was a JSONDecodeError / TypeError traceback at every stack command)."""
         if self.state_file.exists():
-            data = json.loads(self.state_file.read_text())
-            return StackState(**data)
+            from scarcelab.data.safe_read import read_json
+            from scarcelab.errors import DataError
+
+            fix = (f"it holds the stack's ports and generated passwords: restore it, or stop "
+                   f"the stack's processes and move {self.root} aside to start a new stack")
+            data = read_json(self.state_file, fix=fix)
+            try:
+                return StackState(**data)
+            except TypeError as e:  # not an object, unknown or missing keys
+                raise DataError(f"{self.state_file}: not a stack state ({e}); {fix}"
+                                ) from None
         return StackState()
 
     def _save(self) -> None:

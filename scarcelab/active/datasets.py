@@ -319,10 +319,19 @@ def _usps(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
         tr_p, te_p = _locate(data_dir, "usps", ("usps",), ("usps.t",))
         tr, te = read_libsvm_pair(tr_p, te_p)
         return ALData("usps", tr.x, tr.y, te.x, te.y, tr.num_classes, str(tr_p))
-    with np.load(p) as d:
-        xs = {k: d[f"{k}_images"].reshape(len(d[f"{k}_images"]), -1).astype(np.float32)
-              / 127.5 - 1.0 for k in ("train", "test")}
-        ys = {k: d[f"{k}_labels"].reshape(-1).astype(np.int64) for k in ("train", "test")}
+    from scarcelab.data.safe_read import load_npz
+
+    d = load_npz(p, ("train_images", "train_labels", "test_images", "test_labels"),
+                 fix="restore it (16x16 uint8 images, labels 0-9) or remove it to read the "
+                 "LibSVM text files usps / usps.t instead")
+    for k in ("train", "test"):
+        im, lab = d[f"{k}_images"], d[f"{k}_labels"]
+        if im.ndim < 2 or lab.size != len(im):
+            raise DataError(f"{p}: {k}_images {im.shape} and {k}_labels {lab.shape} do not "
+                            "match; expected (N, 16, 16) images and N labels")
+    xs = {k: d[f"{k}_images"].reshape(len(d[f"{k}_images"]), -1).astype(np.float32)
+          / 127.5 - 1.0 for k in ("train", "test")}
+    ys = {k: d[f"{k}_labels"].reshape(-1).astype(np.int64) for k in ("train", "test")}
     return ALData("usps", xs["train"], ys["train"], xs["test"], ys["test"], 10, str(p))
 
 
@@ -335,9 +344,14 @@ def _sms(data_dir: Path, rng: np.random.Generator, ctx: LoadContext) -> ALData:
     The collection has no official split: a fixed 30 % test split (seed 0) is used so that
     every repetition is scored on the same test set."""
     p = _find(data_dir, "sms_minilm_l6_v2_embeddings.npz")
-    with np.load(p) as d:
-        x = d["embeddings"].astype(np.float32)
-        y = d["labels"].astype(np.int64)
+    from scarcelab.data.safe_read import load_npz
+
+    d = load_npz(p, ("embeddings", "labels"), fix="restore it from ../shared/data "
+                 "(sha256sum -c SHA256SUMS)")
+    x, y = d["embeddings"].astype(np.float32), d["labels"].astype(np.int64)
+    if x.ndim != 2 or y.shape != (len(x),):
+        raise DataError(f"{p}: embeddings {x.shape} and labels {y.shape} do not match; "
+                        "expected (N, D) and (N,)")
     perm = np.random.default_rng(0).permutation(len(y))
     n_test = int(0.3 * len(y))
     te, tr = perm[:n_test], perm[n_test:]

@@ -110,9 +110,12 @@ class DiskEncodingCache:
         npz, meta, _ = self.paths(key)
         if not (npz.is_file() and meta.is_file()):
             return None
-        with np.load(npz, allow_pickle=False) as d:  # cached files may come from a store
-            arrays = {k: d[k] for k in ("x_train", "y_train", "x_test", "y_test")}
-        return Encoded(**arrays, meta=json.loads(meta.read_text())), f"disk:{npz}"
+        from scarcelab.data.safe_read import load_npz, read_json
+
+        fix = f"delete {npz} and {meta} (a cache of encodings) to have them computed again"
+        # cached files may come from a store: read without pickles, sizes checked first
+        arrays = load_npz(npz, ("x_train", "y_train", "x_test", "y_test"), fix=fix)
+        return Encoded(**arrays, meta=read_json(meta, fix=fix)), f"disk:{npz}"
 
     def put(self, key: str, enc: Encoded) -> str:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -22,9 +22,7 @@ work), in the layout of ``../shared/data`` (``ood/…``, ``cifar10_jpg/…``).
 
 from __future__ import annotations
 
-import gzip
-import io
-import zipfile
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ import torch.nn.functional as F
 
 from scarcelab.data import provenance
 from scarcelab.data.download import data_root
+from scarcelab.data.safe_read import load_npy, pil_image, read_numeric_csv, zip_archive, zip_member
 from scarcelab.errors import DataError
 
 LUMA = (0.299, 0.587, 0.114)
@@ -174,14 +173,26 @@ def _cached(key: str, path: Path, read: Callable[[Path], np.ndarray]) -> np.ndar
     return _CACHE[k]
 
 
-def _read_csv_images(path: Path, side: int, scale: float) -> np.ndarray:
-    with gzip.open(path, "rt") as f:
-        arr = np.loadtxt(f, delimiter=",", dtype=np.float32)
+CSV_FIX = "restore it from ../shared/data (sha256sum -c SHA256SUMS) or from its package"
+LFW_FIX = "restore it from ../shared/data (sha256sum -c SHA256SUMS) or scikit-image's data"
+
+
+def read_csv_digits(path: Path, side: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 images (N, 1, side, side), int64 labels (N,)) from a CSV of ``side²`` pixel
+    columns then the label, read once; any damage is one :class:`DataError` line."""
+    arr = read_numeric_csv(path, columns=side * side + 1, fix=CSV_FIX)
+    labels = arr[:, -1]
+    if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)) or \
+            np.any(labels < 0):
+        raise DataError(f"{path}: the last column holds labels, but some are not "
+                        f"non-negative integers; {CSV_FIX}")
     pix = arr[:, : side * side]
-    if pix.shape[1] != side * side or arr.shape[1] != side * side + 1:
-        raise DataError(f"{path}: expected {side * side} pixel columns + a label, got "
-                        f"{arr.shape[1]} columns")
-    return np.clip(np.round(pix * scale), 0, 255).astype(np.uint8).reshape(-1, 1, side, side)
+    images = np.clip(np.round(np.nan_to_num(pix) * scale), 0, 255).astype(np.uint8)
+    return images.reshape(-1, 1, side, side), labels.astype(np.int64)
+
+
+def _read_csv_images(path: Path, side: int, scale: float) -> np.ndarray:
+    return read_csv_digits(path, side, scale)[0]
 
 
 def _csv_source(rel: str, side: int, scale: float) -> Loader:
@@ -198,21 +209,33 @@ def _lfw(n: int, rng: np.random.Generator, fmt: ImageFormat, ref: np.ndarray,
     path = _find("ood/lfw_subset_skimage.npy", ctx.data_dir, ctx.ood_dir)
 
     def read(p: Path) -> np.ndarray:
-        a = np.load(p)
+        a = load_npy(p, fix=LFW_FIX)
         if a.ndim != 3:
             raise DataError(f"{p}: expected (N, H, W) crops, got {a.shape}")
+        if not np.issubdtype(a.dtype, np.number) or not np.all(np.isfinite(a)) or \
+                (a.size and (a.min() < 0 or a.max() > 1)):
+            raise DataError(f"{p}: expected pixel values in [0, 1], found dtype {a.dtype} "
+                            "with values outside it (NaN, inf or out of range); "
+                            f"{LFW_FIX}")
         return np.clip(np.round(a * 255.0), 0, 255).astype(np.uint8)[:, None]
     return _from_array(_cached("lfw", path, read))(n, rng, fmt, ref, ctx)
 
 
+def _gray_photo(path: Path) -> np.ndarray:
+    with pil_image(path, fix=LFW_FIX) as im:
+        a = np.asarray(im.convert("L"))
+    if min(a.shape) < TEXTURE_PATCH:
+        raise DataError(f"{path}: {a.shape[1]}x{a.shape[0]} is smaller than the "
+                        f"{TEXTURE_PATCH}x{TEXTURE_PATCH} patches cut from it; {CSV_FIX}")
+    return a
+
+
 def _textures(n: int, rng: np.random.Generator, fmt: ImageFormat, ref: np.ndarray,
               ctx: SourceContext) -> OODDraw:
-    from PIL import Image
-
     photos = []
     for name in ("brick", "grass", "gravel"):
         path = _find(f"ood/textures_skimage/{name}.png", ctx.data_dir, ctx.ood_dir)
-        photos.append(_cached(name, path, lambda p: np.asarray(Image.open(p).convert("L"))))
+        photos.append(_cached(name, path, _gray_photo))
     which = rng.integers(0, len(photos), n)
     out = np.empty((n, 1, TEXTURE_PATCH, TEXTURE_PATCH), dtype=np.uint8)
     for i, k in enumerate(which):
@@ -225,22 +248,23 @@ def _textures(n: int, rng: np.random.Generator, fmt: ImageFormat, ref: np.ndarra
 
 def _cifar10(n: int, rng: np.random.Generator, fmt: ImageFormat, ref: np.ndarray,
              ctx: SourceContext) -> OODDraw:
-    from PIL import Image
-
     zips = [_find(f"cifar10_jpg/{z}", ctx.data_dir, ctx.ood_dir)
             for z in ("cifar10_train_500perclass_jpg.zip", "cifar10_test_10000_jpg.zip")]
-    members = [(z, m) for z in zips for m in sorted(zipfile.ZipFile(z).namelist())
-               if m.lower().endswith(".jpg")]
-    idx = pick(len(members), n, rng)
-    handles = {z: zipfile.ZipFile(z) for z in zips}
-    out = np.empty((n, 3, 32, 32), dtype=np.uint8)
-    decoded: dict[int, np.ndarray] = {}
-    for i, j in enumerate(idx):
-        if j not in decoded:
-            z, m = members[j]
-            im = Image.open(io.BytesIO(handles[z].read(m))).convert("RGB").resize((32, 32))
-            decoded[j] = np.asarray(im).transpose(2, 0, 1)
-        out[i] = decoded[j]
+    with contextlib.ExitStack() as stack:
+        handles = {z: stack.enter_context(zip_archive(z, fix=CSV_FIX)) for z in zips}
+        members = [(z, m) for z in zips for m in sorted(handles[z].namelist())
+                   if m.lower().endswith(".jpg")]
+        idx = pick(len(members), n, rng)
+        out = np.empty((n, 3, 32, 32), dtype=np.uint8)
+        decoded: dict[int, np.ndarray] = {}
+        for i, j in enumerate(idx):
+            if j not in decoded:
+                z, m = members[j]
+                data = zip_member(handles[z], m, fix=CSV_FIX)
+                with pil_image(data, name=f"{z}:{m}", fix=CSV_FIX) as im:
+                    rgb = im.convert("RGB").resize((32, 32))
+                decoded[j] = np.asarray(rgb).transpose(2, 0, 1)
+            out[i] = decoded[j]
     return OODDraw(to_format(out, fmt), len(decoded))
 
 
@@ -308,5 +332,15 @@ def draw_ood(name: str, n: int, fmt: ImageFormat, seed: int, reference: np.ndarr
     return src.load(n, rng, fmt, reference, ctx or SourceContext())
 
 
-__all__ = ["SOURCES", "ImageFormat", "OODDraw", "OODSource", "SourceContext", "draw_ood",
-           "get_source", "pick", "to_format"]
+def check_sources(names: list[str], ctx: SourceContext) -> None:
+    """Read every file of the sources ``names`` now (one image drawn from each; the decoded
+    arrays stay cached for the sweep), so that a missing or corrupt source file is one
+    :class:`DataError` line at the start of a contamination sweep, not after its tuning
+    study has spent the budget."""
+    fmt = ImageFormat(1, 8, 8)
+    for name in names:
+        draw_ood(name, 1, fmt, 0, np.zeros((1, 1, 8, 8), np.uint8), ctx)
+
+
+__all__ = ["SOURCES", "ImageFormat", "OODDraw", "OODSource", "SourceContext", "check_sources",
+           "draw_ood", "get_source", "pick", "read_csv_digits", "to_format"]

@@ -363,8 +363,13 @@ def read_csv(ref: DatasetRef) -> Listing:
         if split not in ("", *CSV_SPLITS):
             raise DataError(f"{at}: split {split!r} is not one of {', '.join(CSV_SPLITS)} "
                             "(empty = train)")
-        file = _absolute(rel, root)
-        if not file.is_file():
+        try:
+            file = _absolute(rel, root)
+            found = file.is_file()
+        except (OSError, ValueError) as e:  # a NUL byte, a name longer than the OS allows
+            raise DataError(f"{at}: {rel[:80]!r} is not a usable file path ({e}); fix the "
+                            "path or remove the row") from None
+        if not found:
             raise DataError(f"{at}: file {rel!r} not found (looked for {file}); fix the path "
                             "(paths are relative to the CSV's folder) or remove the row")
         if file in seen:

@@ -8,7 +8,6 @@ official whole-image CoNSeP evaluation and must not be compared with published f
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from scarcelab.data.nuclei import (
     read_label_image,
     read_rgb,
 )
+from scarcelab.data.safe_read import read_json
 from scarcelab.errors import DataError
 
 _CACHE: dict[str, NucleiDataset] = {}
@@ -47,8 +47,16 @@ def _split(root: Path, split: str, inst_type: dict[str, list[int]]) -> list[Nucl
 def load_consep_patches(data_dir: str | Path | None = None) -> NucleiDataset:
     root = dataset_dir("consep_patches", data_dir, "inst_types.json")
     if str(root) not in _CACHE:
-        meta = json.loads((root / "inst_types.json").read_text())
-        names = {int(k): v for k, v in meta["type_names"].items() if int(k) != 0}
+        meta_path = root / "inst_types.json"
+        meta = read_json(meta_path, fix="restore it from the dataset's source")
+        try:
+            names = {int(k): v for k, v in meta["type_names"].items() if int(k) != 0}
+            if not isinstance(meta["inst_type"], dict):
+                raise TypeError
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise DataError(f"{meta_path}: expected an object with 'type_names' "
+                            "{id: name} and 'inst_type' entries; restore it from the "
+                            "dataset's source") from None
         _CACHE[str(root)] = NucleiDataset(
             "consep_patches", _split(root, "train", meta["inst_type"]),
             _split(root, "test", meta["inst_type"]), names, str(root))

@@ -8,14 +8,13 @@ challenge's README_training.txt), so both scales are tested.
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 from scarcelab.data import provenance as _provenance
 from scarcelab.data.nuclei import SEG_DATASETS, NucleiDataset, NucleiTile, dataset_dir, read_rgb
+from scarcelab.data.safe_read import load_npz
 from scarcelab.errors import DataError
 
 TEST_TILES = ("image06", "image07", "image13", "image14", "image15")
@@ -29,12 +28,8 @@ def _masks(path: Path) -> dict[str, np.ndarray]:
     """The instance masks, or a :class:`DataError` naming the file (a truncated or foreign
     .npz otherwise ends in a zipfile / zlib traceback)."""
     _provenance.record(path)  # the run logs which bytes it read
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        raise DataError(f"{path}: not a readable .npz of instance masks ({type(e).__name__}: "
-                        f"{e}); restore it from the dataset's source") from None
+    return load_npz(path, fix="an .npz of instance masks was expected: restore it from the "
+                    "dataset's source")
 
 
 @SEG_DATASETS.register("nuclei_cpm15")

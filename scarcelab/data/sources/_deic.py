@@ -43,6 +43,7 @@ import numpy as np
 from scarcelab.data import provenance as _provenance
 from scarcelab.data.bundle import RawDataset
 from scarcelab.data.download import data_root, download, md5sum
+from scarcelab.data.safe_read import load_npz, pil_image
 from scarcelab.errors import DataError
 
 DEIC_COMMIT = "f9b61daccbcad38bc5f5dc5f17ecd2fca0e2459e"
@@ -171,12 +172,20 @@ def _index(images: Path) -> dict[str, Path]:
     return idx
 
 
+_IMAGE_FIX = ("the download is damaged: delete the dataset's image folder to have it "
+              "fetched again")
+
+
+def _cache_fix(cache: Path) -> str:
+    return f"delete {cache} (a cache of decoded images) to have it rebuilt"
+
+
 def load_image(path: Path, channels: int, size: int) -> np.ndarray:
     """uint8 (channels, size, size); see the module docstring for the conversions."""
     if channels in (1, 3):
         from PIL import Image
 
-        with Image.open(path) as im:
+        with pil_image(path, fix=_IMAGE_FIX) as im:
             im = im.convert("L" if channels == 1 else "RGB")
             w, h = im.size
             s = size / min(w, h)
@@ -191,7 +200,11 @@ def load_image(path: Path, channels: int, size: int) -> np.ndarray:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise DataError(f"reading the {channels}-band image {path} needs tifffile "
                         "(pip install tifffile)") from e
-    a = np.asarray(tifffile.imread(path))
+    try:
+        a = np.asarray(tifffile.imread(path))
+    except (OSError, ValueError, EOFError, MemoryError, KeyError, IndexError) as e:
+        raise DataError(f"{path}: not a readable TIFF ({type(e).__name__}: {e}); "
+                        f"{_IMAGE_FIX}") from None
     if a.ndim != 3:
         raise DataError(f"{path}: expected a multi-band image, got shape {a.shape}")
     if a.shape[-1] == channels and a.shape[0] != channels:
@@ -218,7 +231,7 @@ def load_whole_image(path: Path, channels: int, side: int) -> tuple[np.ndarray, 
                         f"{channels}-band images")
     from PIL import Image
 
-    with Image.open(path) as im:
+    with pil_image(path, fix=_IMAGE_FIX) as im:
         im = im.convert("L" if channels == 1 else "RGB")
         w, h = im.size
         arr = np.asarray(im.resize((side, side), Image.Resampling.BILINEAR))
@@ -244,8 +257,7 @@ def load_deic_whole(src: DEICSource, data_dir: str | os.PathLike[str] | None
     lists = {s: read_split(split_paths[s]) for s in ("train", "val")}
     cache = root / "deic" / src.name / f"whole_{src.train_side}_{_split_key(split_paths)}.npz"
     if cache.exists():
-        with np.load(cache, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        return load_npz(cache, fix=_cache_fix(cache))
     images = fetch_images(src, root)
     idx = _index(images)
     arrays: dict[str, np.ndarray] = {}
@@ -289,8 +301,7 @@ def load_deic(src: DEICSource, data_dir: str | os.PathLike[str] | None) -> RawDa
     key = _split_key(split_paths)
     cache = root / "deic" / src.name / f"cache_{src.size}_{key}.npz"
     if cache.exists():
-        with np.load(cache, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        arrays = load_npz(cache, fix=_cache_fix(cache))
     else:
         images = fetch_images(src, root)
         idx = _index(images)

@@ -99,21 +99,19 @@ def read_image(path: Path, size: int) -> np.ndarray:
     """RGB uint8 (3, size, size): the centred square crop of the image, resized (area
     averaging). Square tiles (CRC, PCam, MHIST) are only resized; BACH's 2048x1536
     photographs lose their left and right borders."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
-    try:
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            w, h = im.size
-            s = min(w, h)
-            left, top = (w - s) // 2, (h - s) // 2
-            im = im.crop((left, top, left + s, top + s))
-            if s != size:
-                im = im.resize((size, size), Image.Resampling.BOX)
-            return np.asarray(im, dtype=np.uint8).transpose(2, 0, 1)
-    except (OSError, UnidentifiedImageError, ValueError) as e:
-        raise DataError(f"{path} is not a readable image ({e}); delete it or restore the "
-                        "original file") from e
+    from scarcelab.data.safe_read import pil_image
+
+    with pil_image(path, fix="delete it or restore the original file") as im:
+        rgb = im.convert("RGB")
+    w, h = rgb.size
+    s = min(w, h)
+    left, top = (w - s) // 2, (h - s) // 2
+    rgb = rgb.crop((left, top, left + s, top + s))
+    if s != size:
+        rgb = rgb.resize((size, size), Image.Resampling.BOX)
+    return np.asarray(rgb, dtype=np.uint8).transpose(2, 0, 1)
 
 
 def read_images(paths: Sequence[Path], size: int) -> np.ndarray:

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import os
 import warnings
-import zipfile
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,30 +253,13 @@ def _fetch(name: str, root: Path, url: str, md5: str | None, progress: bool) -> 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
     keys = [f"{split}_{kind}" for split in SPLITS for kind in ("images", "labels")]
-    fix = f"Delete {path} to have it downloaded again, or replace it with the official file."
+    fix = f"delete {path} to have it downloaded again, or replace it with the official file"
+    from scarcelab.data.safe_read import load_npz
+
     try:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-        if magic != b"PK\x03\x04":
-            raise DataError(
-                f"{path} is not an .npz (zip) archive: it starts with {magic!r} (an interrupted "
-                f"copy or an HTML error page saved under that name?). {fix}"
-            )
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise DataError(f"{path} holds a single array, not an .npz archive. {fix}")
-        with loaded as npz:
-            missing = [k for k in keys if k not in npz.files]
-            if missing:
-                raise DataError(
-                    f"{path} is not a MedMNIST file: keys {missing} are missing "
-                    f"(found {sorted(npz.files)}). {fix}"
-                )
-            return {k: np.asarray(npz[k]) for k in keys}
-    except DataError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as exc:
-        raise DataError(f"{path} is corrupt or not an .npz file ({exc}). {fix}") from exc
+        return load_npz(path, keys, fix=fix)
+    except DataError as e:  # say what the file was meant to be
+        raise DataError(f"{e} (expected a MedMNIST .npz with {', '.join(keys)})") from None
 
 
 def _images(arr: np.ndarray, path: Path, split: str, info: MedMNISTInfo) -> np.ndarray:

@@ -46,20 +46,32 @@ def load_mhist(data_dir: str | Path | None = None, size: int = DEFAULT_SIZE,
                             "(a format string with {filename})")
         fetch("mhist", res, root, HOMEPAGE, md5=(md5 or {}).get(res.filename))
     ann = root / "annotations.csv"
-    with open(ann, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(ann, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise DataError(f"{ann}: not a UTF-8 CSV file ({e}); restore the annotations.csv "
+                        "that came with MHIST") from None
     missing = [c for c in COLUMNS if rows and c not in rows[0]]
     if not rows or missing:
         raise DataError(f"{ann}: expected columns {list(COLUMNS)}; missing {missing or 'rows'}")
     parts: dict[str, tuple[list[Path], list[int]]] = {"train": ([], []), "test": ([], [])}
     for i, r in enumerate(rows, start=2):
+        if any(r.get(c) is None for c in COLUMNS):  # DictReader: a row cut short
+            raise DataError(f"{ann} line {i}: {sum(v is not None for v in r.values())} "
+                            f"column(s), expected {', '.join(COLUMNS)}; restore the "
+                            "annotations.csv that came with MHIST")
         label, part = r["Majority Vote Label"].strip(), r["Partition"].strip().lower()
         if label not in CLASSES or part not in parts:
             raise DataError(f"{ann} line {i}: label {label!r} / partition {part!r}; expected "
                             f"one of {CLASSES} / train, test")
         p = root / "images" / r["Image Name"].strip()
-        if not p.is_file():
-            raise DataError(f"{ann} line {i}: {p} does not exist")
+        try:
+            found = p.is_file()
+        except (OSError, ValueError):  # a NUL byte, a name too long for the OS
+            found = False
+        if not found:
+            raise DataError(f"{ann} line {i}: {str(p)[:200]!r} does not exist")
         parts[part][0].append(p)
         parts[part][1].append(CLASSES.index(label))
     if not parts["train"][0] or not parts["test"][0]:

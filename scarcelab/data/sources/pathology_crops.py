@@ -16,7 +16,6 @@ file is the shared data's own.
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from scarcelab.data import DATASETS
 from scarcelab.data import provenance as _provenance
 from scarcelab.data.bundle import RawDataset
 from scarcelab.data.ood import find_shared_file
+from scarcelab.data.safe_read import load_npz
 from scarcelab.errors import DataError
 
 REL = "pathology_crops/consep_nucleus_crops32.npz"
@@ -55,17 +55,9 @@ def read_crops(path: Path) -> RawDataset:
     if str(path) in _CACHE:
         return _CACHE[str(path)]
     keys = ("x_train", "y_train", "x_test", "y_test")
-    try:
-        _provenance.record(path)  # the run logs which bytes it read
-        with np.load(path, allow_pickle=False) as d:
-            missing = [k for k in keys if k not in d.files]
-            if missing:
-                raise DataError(f"{path}: keys {missing} missing (found {sorted(d.files)}); "
-                                "expected x_train, y_train, x_test, y_test")
-            arrays = {k: np.asarray(d[k]) for k in keys}
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise DataError(f"{path} is not a readable .npz ({e}); restore it from "
-                        "../shared/data (sha256sum -c SHA256SUMS)") from e
+    _provenance.record(path)  # the run logs which bytes it read
+    arrays = load_npz(path, keys, fix="restore it from ../shared/data (sha256sum -c "
+                      "SHA256SUMS); expected x_train, y_train, x_test, y_test")
     xtr = _images(arrays["x_train"], path, "x_train")
     xte = _images(arrays["x_test"], path, "x_test")
     raw = RawDataset(
