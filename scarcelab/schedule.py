@@ -53,10 +53,13 @@ class Horizon:
 
     def replan(self, step: int, total_steps: int) -> None:
         """End the plan at ``total_steps`` (at least ``step``: the steps done stay done),
-        keeping the progress of ``step``."""
+        keeping the progress of ``step``. The same end again changes nothing."""
+        total_steps = max(int(step), int(total_steps))
+        if total_steps == self.total_steps:
+            return
         self._from_fraction = self.fraction(step)
         self._from_step = step
-        self.total_steps = max(int(step), int(total_steps))
+        self.total_steps = total_steps
 
     def finished(self, step: int) -> bool:
         return step >= self.total_steps

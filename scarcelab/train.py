@@ -909,6 +909,12 @@ class _EpochLoop:
         left = min(self.plan_end - now, self.budget.remaining())
         fit = steps_that_fit(left, per_step, self.eval_s)
         self.horizon.replan(self.step, min(self.total, self.step + fit))
+        # the next step's learning rate, computed by the scheduler's last step under the
+        # plan before, follows this one (the same value, unless the plan just ended)
+        for group, base, factor in zip(self.opt.param_groups, self.sched.base_lrs,
+                                       self.sched.lr_lambdas, strict=True):
+            group["lr"] = base * factor(self.sched.last_epoch)
+        self.sched._last_lr = [group["lr"] for group in self.opt.param_groups]
 
     def _diagnostics(self, callbacks: tuple[EpochCallback, ...], epoch: int
                      ) -> dict[str, float]:
