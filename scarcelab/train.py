@@ -782,6 +782,11 @@ class _EpochLoop:
         if cfg.budget_share_s is not None:
             share = min(share, cfg.budget_share_s)
         self.plan_end = self.plan_start + share
+        # a trial given a share stops when its plan is done, leaving the rest to the next
+        # trial; one planned over all that is left runs until the budget check stops it
+        # (steps past an early estimate's end train at progress 1.0, not a new trial of a
+        # step or two in what is left)
+        self.stop_at_horizon = self.fit_budget and cfg.budget_share_s is not None
         self.ended_by = "budget"  # or "horizon": the budget-fitted plan is done
         self.res = TrialResult()
         self.since_best = 0
@@ -876,7 +881,7 @@ class _EpochLoop:
                 if self.budget.remaining() <= self.step_s + self.eval_s:
                     out_of_time = True
                     break
-                if self.fit_budget and self.horizon.finished(self.step):
+                if self.stop_at_horizon and self.horizon.finished(self.step):
                     out_of_time, self.ended_by = True, "horizon"
                     break
                 ts, td = now(), time.perf_counter()
