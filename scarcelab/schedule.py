@@ -46,7 +46,7 @@ class Horizon:
     def fraction(self, step: int) -> float:
         """Progress of ``step`` (the number of optimiser steps done before it), in [0, 1]."""
         span = self.total_steps - self._from_step
-        if span <= 0:
+        if span <= 0 or step >= self.total_steps:  # the end is exactly 1.0, not 1 - 1e-16
             return 1.0
         f = self._from_fraction + (1.0 - self._from_fraction) * (step - self._from_step) / span
         return min(1.0, max(0.0, f))
@@ -72,20 +72,39 @@ def cosine_factor(fraction: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * f))
 
 
-def steps_that_fit(seconds_left: float, seconds_per_step: float, eval_s: float) -> int:
+def steps_that_fit(seconds_left: float, step_s: float, eval_s: float, window: int = 0,
+                   in_window: int = 0, window_cost_s: float | None = None) -> int:
     """Optimiser steps the epoch loop will still start with ``seconds_left`` of its budget.
 
     The loop starts a step only while more than one step and one evaluation are left
-    (``train._EpochLoop._steps``), so the steps started are those ``k = 0, 1, ...`` with
-    ``seconds_left − k·c > c + eval_s``: ``ceil((seconds_left − eval_s) / c) − 1`` of them,
-    where ``c`` is the cost of a step with its share of the evaluations, logging and data
-    (the trial's own average). E.g. 10 s left, 1 s a step, evaluations free: 9 steps.
+    (``train._EpochLoop._steps``): with no evaluation in between, the steps started are
+    those ``k = 0, 1, ...`` with ``seconds_left − k·step_s > step_s + eval_s``, i.e.
+    ``ceil((seconds_left − eval_s) / step_s) − 1`` of them (10 s left, 1 s a step,
+    evaluations free: 9). With ``window`` > 0 an evaluation follows every ``window`` steps
+    (an epoch, or ``eval_every_steps`` rounded up to epochs), ``in_window`` of the current
+    one are done, and each costs ``window_cost_s`` (the evaluation with the logging and
+    checkpointing around it; default ``eval_s``): whole windows are counted while one more
+    fits, then the steps of the last, partial one.
     """
-    if seconds_per_step <= 0.0 or not math.isfinite(seconds_per_step):
-        raise ValueError(f"seconds_per_step must be a positive number, got {seconds_per_step}")
-    room = seconds_left - eval_s
-    if room == math.inf:  # no deadline: as many as the epoch plan asks
+    if step_s <= 0.0 or not math.isfinite(step_s):
+        raise ValueError(f"step_s must be a positive number of seconds, got {step_s}")
+    if seconds_left == math.inf:  # no deadline: as many as the epoch plan asks
         return sys.maxsize
-    if not room > 0.0:  # none left (or NaN)
+    if not seconds_left > 0.0:  # none left (or NaN)
         return 0
-    return max(0, math.ceil(room / seconds_per_step - 1e-9) - 1)
+
+    def partial(t: float) -> int:  # steps started in t seconds without an evaluation
+        return max(0, math.ceil((t - eval_s) / step_s - 1e-9) - 1)
+
+    fits = partial(seconds_left)
+    if window <= 0 or fits < window - in_window:  # ends before the next evaluation
+        return fits
+    over = eval_s if window_cost_s is None else max(window_cost_s, 0.0)
+    n = window - in_window  # the current window's steps, then its evaluation
+    t = seconds_left - n * step_s - over
+    # window j (0-based) of the rest is whole if what is left at its start exceeds
+    # window·step_s + eval_s (its last step starts); each whole one costs `per_window`
+    per_window = window * step_s + over
+    whole = max(0, math.ceil((t - window * step_s - eval_s) / per_window - 1e-9))
+    t -= whole * per_window
+    return n + whole * window + min(window - 1, partial(t))

@@ -788,6 +788,13 @@ class _EpochLoop:
         # step or two in what is left)
         self.stop_at_horizon = self.fit_budget and cfg.budget_share_s is not None
         self.ended_by = "budget"  # or "horizon": the budget-fitted plan is done
+        # what the plan is estimated from: the steps' own budget seconds, the evaluations
+        # so far, and the steps between two evaluations (an epoch, or eval_every_steps
+        # rounded up to whole epochs, as _due decides)
+        self.steps_budget_s = 0.0
+        self.n_evals = 0
+        every = cfg.eval_every_steps
+        self.eval_window = self.spe if every <= 0 else math.ceil(every / self.spe) * self.spe
         self.res = TrialResult()
         self.since_best = 0
         self.best_loss = math.inf
@@ -838,6 +845,7 @@ class _EpochLoop:
         val_bacc, test_m, probe = ev
         test_proba = getattr(ev, "test_proba", None)  # a plain triple from a stand-in
         t_eval, self.eval_s = time.perf_counter() - te, self.budget.now() - tb
+        self.n_evals += 1
         metrics = _epoch_metrics(win, val_bacc, test_m, self.sched.get_last_lr()[0], t_eval)
         if self.fit_budget:  # where the budget-fitted plan stands (1.0: schedules done)
             metrics["train/progress"] = self.horizon.fraction(self.step)
@@ -896,23 +904,30 @@ class _EpochLoop:
                 n += 1
                 self.step += 1
                 self.step_s = now() - ts
+                self.steps_budget_s += self.step_s
                 if self.fit_budget and self.step >= SCHEDULE_CALIBRATION_STEPS:
-                    self._replan()
+                    self._replan(self.window.n + n)
         watch.check(epoch)
         return _Steps(sums, n, t_data, out_of_time)
 
-    def _replan(self) -> None:
+    def _replan(self, in_window: int) -> None:
         """``schedule_horizon=budget``: end the schedules' plan at the steps that still fit
-        in the trial's share of the budget, at the trial's own cost per step so far (its
-        evaluations, logging and data included), never past the epoch plan. Called after
-        every step, so the estimate follows the trial's speed and progress reaches 1.0
-        with the last step the budget allows (``scarcelab.schedule.steps_that_fit``)."""
+        in the trial's share of the budget, never past the epoch plan. Counted as the loop
+        will start them (``scarcelab.schedule.steps_that_fit``), from the trial's own costs
+        so far: its mean step (data included), its last evaluation (what the loop keeps
+        room for) and what each evaluation cost with the logging and checkpointing around
+        it (the budget seconds not spent in steps, per evaluation). Called after every
+        step (``in_window``: steps since the last evaluation), so the estimate follows the
+        trial's speed and progress reaches 1.0 with the last step the budget allows."""
         now = self.budget.elapsed()
-        per_step = (now - self.plan_start) / self.step
-        if not per_step > 0.0:  # a clock that did not move: nothing to estimate from
+        step_s = self.steps_budget_s / self.step
+        if not step_s > 0.0:  # a clock that did not move: nothing to estimate from
             return
+        per_eval = ((now - self.plan_start - self.steps_budget_s) / self.n_evals
+                    if self.n_evals else self.eval_s)
         left = min(self.plan_end - now, self.budget.remaining())
-        fit = steps_that_fit(left, per_step, self.eval_s)
+        fit = steps_that_fit(left, step_s, self.eval_s, self.eval_window, in_window,
+                             max(per_eval, self.eval_s))
         self.horizon.replan(self.step, min(self.total, self.step + fit))
         # the next step's learning rate, computed by the scheduler's last step under the
         # plan before, follows this one (the same value, unless the plan just ended)

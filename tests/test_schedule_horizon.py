@@ -59,8 +59,15 @@ def test_horizon_progress_and_ramps_by_hand() -> None:
     assert steps_that_fit(10.5, 1.0, 0.0) == 10
     assert steps_that_fit(10.0, 1.0, 2.0) == 7
     assert steps_that_fit(0.5, 1.0, 0.0) == 0
+    # an evaluation of 0.5 s after every 2 steps: 10 → 9 → 8, eval 7.5 → 6.5 → 5.5, eval
+    # 5 → 4 → 3, eval 2.5 → 1.5 (then 1.5 is not > 1 + 0.5): 7 steps
+    assert steps_that_fit(10.0, 1.0, 0.5, window=2) == 7
+    # one step of the window already done: 9, eval 8.5 → 7.5 → 6.5, eval 6 → 5 → 4,
+    # eval 3.5 → 2.5 → 1.5: 7; evaluations costing 1.5 s with their logging: 6
+    assert steps_that_fit(10.0, 1.0, 0.5, window=2, in_window=1) == 7
+    assert steps_that_fit(10.0, 1.0, 0.5, window=2, window_cost_s=1.5) == 6
     assert steps_that_fit(math.inf, 1.0, 0.0) > 10**9
-    with pytest.raises(ValueError, match="seconds_per_step"):
+    with pytest.raises(ValueError, match="step_s"):
         steps_that_fit(10.0, 0.0, 0.0)
 
 
@@ -159,6 +166,10 @@ def test_a_budgeted_short_trial_ends_at_full_unlabeled_weight_and_final_lr(
     assert reports[-1]["train/horizon_steps"] == res.steps
     assert reports[-1]["train/lr"] == 0.0  # the cosine's final value, after the last step
     assert used <= 0.05 * base_lr  # the last step trained at the end of the decay
+    # exact on this clock: 4 calibration steps on the 400-step plan (progress 0.01), then
+    # one plan, right from the first estimate, ending with the trial's last step
+    n = res.steps
+    assert fraction == pytest.approx(0.01 + 0.99 * (n - 1 - 4) / (n - 4))
     if name == "ds3l":  # exp(-5 (1 - t)^2) at the last step's t = 1 - 1/steps or so
         assert ramp / lam >= 0.95
     else:
