@@ -52,8 +52,8 @@ STUDY_ENTRY = {n: n for n in (
     "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
     "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
     "hparams_from", "transfer_epochs", "positive_class", "class_weights", "probe_solver",
-    "eval_every_steps", "study_name")} | {"set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY,
-                            **DATASET_ENTRY}
+    "eval_every_steps", "study_name", "schedule_horizon")} | {
+    "set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY, **DATASET_ENTRY}
 #: the supervised / semi / self entry points add the model registry option and --folds
 FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model", **FOLDS_ENTRY}
 
@@ -158,6 +158,13 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      help="evaluate after an epoch only once this many steps are not yet "
                      "evaluated (0 = every epoch; for tiny sets); patience then counts "
                      "evaluations"),
+        click.option("--schedule-horizon", default="budget", show_default=True,
+                     type=Word(("budget", "epochs")),
+                     help="what the cosine learning rate and the unlabeled-weight ramps "
+                     "are planned over: budget = the steps each trial's share of the "
+                     "budget buys (measured; never more than --max-epochs), so they "
+                     "complete when the budget ends the trial; epochs = --max-epochs, "
+                     "as the papers (paper suites; a short budget leaves them unfinished)"),
     ]
     fn = accel_options(fn)  # listed after the options above
     for opt in reversed(opts):
@@ -214,6 +221,7 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         class_weights=kw.get("class_weights") or "balanced",
         probe_solver=kw.get("probe_solver") or "sklearn",
         eval_every_steps=kw.get("eval_every_steps") or 0,
+        schedule_horizon=kw.get("schedule_horizon") or "budget",
         positive_class=None if kw.get("positive_class") in (None, "", "default")
         else kw["positive_class"],
         accel=accel_from(kw),

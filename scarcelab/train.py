@@ -34,6 +34,12 @@ from scarcelab.methods.base import Batch, DataInfo, Method, Progress
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export, normalize
 from scarcelab.protocols.probe import PROBE_SOLVERS, LinearProbe, Probe, make_probe
+from scarcelab.schedule import SCHEDULE_HORIZONS, Horizon, cosine_factor, steps_that_fit
+
+#: ``schedule_horizon=budget``: steps trained before the plan is first fitted to the budget
+#: (the first steps pay one-off costs — allocation, autotuning — that would make the trial
+#: look slower than it is); re-fitted after every step from then on
+SCHEDULE_CALIBRATION_STEPS = 4
 
 #: what a study's budget counts (``StudyConfig.budget_clock``)
 BUDGET_CLOCKS = ("wall", "cpu")
@@ -135,6 +141,14 @@ class TrainConfig:
     # epoch costs more than training. Patience then counts evaluations, not epochs; the
     # last epoch, and one the budget ends, are always evaluated.
     eval_every_steps: int = 0
+    # what the schedules (cosine learning rate, unlabeled-weight ramps, EMA momentum) are
+    # planned over (scarcelab.schedule): "epochs" = steps_per_epoch x max_epochs (the
+    # papers'); "budget" = that, shortened to the steps the trial's share of the time
+    # budget buys (measured as it trains), so that they complete when the budget ends it
+    schedule_horizon: str = "epochs"
+    # "budget": the seconds of the budget this trial's schedules are planned over (a
+    # search splitting its budget over --max-trials); None = all that is left at its start
+    budget_share_s: float | None = None
     # precision and kernels (scarcelab.accel, docs/performance.md): bf16 autocast,
     # channels-last weights / inputs, cuDNN benchmarking, fused optimiser, TF32, compile;
     # ``auto`` resolved for ``device`` when the loop starts (on CPU: this loop's former
@@ -181,7 +195,9 @@ class TrialResult:
     best_test: dict[str, float] = field(default_factory=dict)
     epochs: int = 0
     steps: int = 0
-    stopped: str = ""  # "patience" | "max_epochs" | "budget"
+    # "patience" | "max_epochs" | "budget" | "horizon" (schedule_horizon=budget: the plan
+    # fitted to the trial's share of the budget is done)
+    stopped: str = ""
     best_state: dict[str, Any] | None = None
     # seconds of the trial's last step and last evaluation: what one more step costs
     step_s: float = 0.0
@@ -488,12 +504,14 @@ def export_classifier(
     return for_export(ExportedClassifier(backbone, head, class_names))
 
 
-def make_optimizer(method: Method, total_steps: int, fused: bool | None = None, *,
+def make_optimizer(method: Method, total_steps: int | Horizon, fused: bool | None = None, *,
                    accel: Accel | None = None
                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """Adam at the method's ``lr`` / ``weight_decay`` with a per-step cosine decay to 0 over
     ``total_steps`` — the one schedule of every method (SSL-vs-SSL §4), also for encoders
-    trained outside a study (``scarcelab.active.encoded``). The kernel: torch's fused one
+    trained outside a study (``scarcelab.active.encoded``). Given a :class:`Horizon`
+    (the epoch loop's), the decay follows that plan's progress, re-planned or not, the
+    same progress the methods' ramps read (``scarcelab.schedule``). The kernel: torch's fused one
     when the resolved ``accel`` says so and the optimiser has one on the parameters'
     device (same update up to float rounding); without ``accel``, ``fused`` picks it
     (``None``: torch's default).
@@ -517,9 +535,8 @@ def make_optimizer(method: Method, total_steps: int, fused: bool | None = None, 
     else:
         raise ConfigError(f"{type(method).__name__}.optimizer = {kind!r}: valid are "
                           "'adam' and 'sgd'")
-    total = max(1, total_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * min(s, total) / total)))
+    plan = total_steps if isinstance(total_steps, Horizon) else Horizon(total_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_factor(plan.fraction(s)))
     return opt, sched
 
 
@@ -692,6 +709,9 @@ def train_trial(
                          f"{' or '.join(map(repr, PROBE_SOLVERS))}")
     if cfg.eval_every_steps < 0:
         raise ValueError(f"TrainConfig.eval_every_steps={cfg.eval_every_steps}: >= 0")
+    if cfg.schedule_horizon not in SCHEDULE_HORIZONS:
+        raise ValueError(f"TrainConfig.schedule_horizon={cfg.schedule_horizon!r}: "
+                         f"{' or '.join(map(repr, SCHEDULE_HORIZONS))}")
     loop = _EpochLoop(method, bundle, cfg, budget, generator, probe_rng)
     return loop.run(tuple(callbacks))
 
@@ -751,7 +771,30 @@ class _EpochLoop:
         self.spe = steps_per_epoch(bundle, self.source.samples_per_step,
                                    cfg.max_steps_per_epoch)
         self.total = self.spe * cfg.max_epochs
-        self.opt, self.sched = make_optimizer(method, self.total, accel=self.accel)
+        # the one plan the learning rate and every ramp follow (scarcelab.schedule)
+        self.horizon = Horizon(self.total)
+        self.opt, self.sched = make_optimizer(method, self.horizon, accel=self.accel)
+        # schedule_horizon=budget: the plan ends where the trial's share of the budget
+        # does (budget seconds, on the budget's elapsed() clock), re-planned every step
+        self.fit_budget = cfg.schedule_horizon == "budget"
+        self.plan_start = budget.elapsed()
+        share = budget.remaining()
+        if cfg.budget_share_s is not None:
+            share = min(share, cfg.budget_share_s)
+        self.plan_end = self.plan_start + share
+        # a trial given a share stops when its plan is done, leaving the rest to the next
+        # trial; one planned over all that is left runs until the budget check stops it
+        # (steps past an early estimate's end train at progress 1.0, not a new trial of a
+        # step or two in what is left)
+        self.stop_at_horizon = self.fit_budget and cfg.budget_share_s is not None
+        self.ended_by = "budget"  # or "horizon": the budget-fitted plan is done
+        # what the plan is estimated from: the steps' own budget seconds, the evaluations
+        # so far, and the steps between two evaluations (an epoch, or eval_every_steps
+        # rounded up to whole epochs, as _due decides)
+        self.steps_budget_s = 0.0
+        self.n_evals = 0
+        every = cfg.eval_every_steps
+        self.eval_window = self.spe if every <= 0 else math.ceil(every / self.spe) * self.spe
         self.res = TrialResult()
         self.since_best = 0
         self.best_loss = math.inf
@@ -802,7 +845,11 @@ class _EpochLoop:
         val_bacc, test_m, probe = ev
         test_proba = getattr(ev, "test_proba", None)  # a plain triple from a stand-in
         t_eval, self.eval_s = time.perf_counter() - te, self.budget.now() - tb
+        self.n_evals += 1
         metrics = _epoch_metrics(win, val_bacc, test_m, self.sched.get_last_lr()[0], t_eval)
+        if self.fit_budget:  # where the budget-fitted plan stands (1.0: schedules done)
+            metrics["train/progress"] = self.horizon.fraction(self.step)
+            metrics["train/horizon_steps"] = float(self.horizon.total_steps)
         metrics.update(diag)
         if self.method.linear_probe and probe is not None:
             metrics["time/probe_s"] = t_eval
@@ -822,7 +869,7 @@ class _EpochLoop:
             for cb in callbacks:
                 cb.on_epoch_end(report, improved, snap)
         if steps.out_of_time:
-            return "budget"
+            return self.ended_by
         if self.since_best >= self.cfg.patience:
             return "patience"
         return ""
@@ -842,10 +889,14 @@ class _EpochLoop:
                 if self.budget.remaining() <= self.step_s + self.eval_s:
                     out_of_time = True
                     break
+                if self.stop_at_horizon and self.horizon.finished(self.step):
+                    out_of_time, self.ended_by = True, "horizon"
+                    break
                 ts, td = now(), time.perf_counter()
                 batch = self.accel.batch(self.source.next())  # the input layout (NHWC: on)
                 t_data += time.perf_counter() - td
-                progress = Progress(step=self.step, total_steps=self.total, epoch=epoch)
+                progress = Progress(step=self.step, total_steps=self.horizon.total_steps,
+                                    epoch=epoch, horizon=self.horizon)
                 losses = optimizer_step(self.method, self.opt, self.sched, batch, progress,
                                         self.accel)
                 for k, v in losses.items():
@@ -853,8 +904,37 @@ class _EpochLoop:
                 n += 1
                 self.step += 1
                 self.step_s = now() - ts
+                self.steps_budget_s += self.step_s
+                if self.fit_budget and self.step >= SCHEDULE_CALIBRATION_STEPS:
+                    self._replan(self.window.n + n)
         watch.check(epoch)
         return _Steps(sums, n, t_data, out_of_time)
+
+    def _replan(self, in_window: int) -> None:
+        """``schedule_horizon=budget``: end the schedules' plan at the steps that still fit
+        in the trial's share of the budget, never past the epoch plan. Counted as the loop
+        will start them (``scarcelab.schedule.steps_that_fit``), from the trial's own costs
+        so far: its mean step (data included), its last evaluation (what the loop keeps
+        room for) and what each evaluation cost with the logging and checkpointing around
+        it (the budget seconds not spent in steps, per evaluation). Called after every
+        step (``in_window``: steps since the last evaluation), so the estimate follows the
+        trial's speed and progress reaches 1.0 with the last step the budget allows."""
+        now = self.budget.elapsed()
+        step_s = self.steps_budget_s / self.step
+        if not step_s > 0.0:  # a clock that did not move: nothing to estimate from
+            return
+        per_eval = ((now - self.plan_start - self.steps_budget_s) / self.n_evals
+                    if self.n_evals else self.eval_s)
+        left = min(self.plan_end - now, self.budget.remaining())
+        fit = steps_that_fit(left, step_s, self.eval_s, self.eval_window, in_window,
+                             max(per_eval, self.eval_s))
+        self.horizon.replan(self.step, min(self.total, self.step + fit))
+        # the next step's learning rate, computed by the scheduler's last step under the
+        # plan before, follows this one (the same value, unless the plan just ended)
+        for group, base, factor in zip(self.opt.param_groups, self.sched.base_lrs,
+                                       self.sched.lr_lambdas, strict=True):
+            group["lr"] = base * factor(self.sched.last_epoch)
+        self.sched._last_lr = [group["lr"] for group in self.opt.param_groups]
 
     def _diagnostics(self, callbacks: tuple[EpochCallback, ...], epoch: int
                      ) -> dict[str, float]:

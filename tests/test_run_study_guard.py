@@ -358,6 +358,7 @@ RANDOM = {'calls': [('start_study', 'sup-synthetic_tiny-s0', ['config.json', 'sp
                  'patience': 10,
                  'positive_class': None,
                  'probe_solver': 'sklearn',
+                 'schedule_horizon': 'epochs',
                  'search': 'random',
                  'seed': 0,
                  'storage': '',

@@ -290,7 +290,8 @@ def test_study_budget_clock_is_validated_logged_and_keys_the_study():
     legacy = {k: v for k, v in __import__("dataclasses").asdict(_cfg()).items()
               if k not in ("storage", "study_name", "fresh_study", "device", "label_fraction",
                            "budget_clock", "started_at", "final_reserve_s",
-                           "probe_solver", "eval_every_steps", "accel", "data_options")}
+                           "probe_solver", "eval_every_steps", "accel", "data_options",
+                           "schedule_horizon")}
     import hashlib
     import json
     blob = json.dumps({**legacy, "split_hash": "h"}, sort_keys=True, default=str)

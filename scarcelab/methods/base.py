@@ -19,6 +19,7 @@ from torch import nn
 from scarcelab.errors import ConfigError
 from scarcelab.methods._parts import soft_cross_entropy
 from scarcelab.methods.space import Distribution
+from scarcelab.schedule import Horizon
 
 
 @dataclass
@@ -42,15 +43,21 @@ class Batch:
 
 @dataclass
 class Progress:
-    """Where training stands, for warm-ups and schedules."""
+    """Where training stands, for warm-ups and schedules.
+
+    ``fraction`` is the one progress every ramp reads: the trial's :class:`Horizon`'s
+    (the epoch loop passes the one its learning-rate schedule follows, re-planned to the
+    time budget under ``schedule_horizon=budget``), else ``step / total_steps``."""
 
     step: int
     total_steps: int
     epoch: int
+    horizon: Horizon | None = None
 
     @property
     def fraction(self) -> float:
-        return min(1.0, self.step / max(1, self.total_steps))
+        plan = self.horizon if self.horizon is not None else Horizon(self.total_steps)
+        return plan.fraction(self.step)
 
 
 @dataclass

@@ -62,6 +62,7 @@ from scarcelab.models.image_input import transform_of
 from scarcelab.protocols.probe import PROBE_SOLVERS
 from scarcelab.protocols.study_store import StudyStore, redact
 from scarcelab.protocols.trials import COMPLETE, MAX_CONSECUTIVE_ERRORS, TrialRunner, trial_seed
+from scarcelab.schedule import SCHEDULE_HORIZONS
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
 from scarcelab.train import (
     BUDGET_CLOCKS,
@@ -190,6 +191,12 @@ class StudyConfig(AutoDevice):
     # evaluate after an epoch only once this many steps are unevaluated (0 = every
     # epoch); patience then counts evaluations (scarcelab.train.TrainConfig)
     eval_every_steps: int = 0
+    # what every trial's schedules (cosine learning rate, unlabeled-weight ramps, EMA
+    # momentum) are planned over (scarcelab.schedule): "epochs" = max_epochs (the papers':
+    # a budget that ends a trial early leaves them unfinished); "budget" = the steps the
+    # trial's share of the budget buys (all that is left, or an even split over the trials
+    # --max-trials has still to run), so that they complete. The CLI's default: budget.
+    schedule_horizon: str = "epochs"
 
     def budget_split(self, now: float) -> tuple[float, float]:
         """(start-up seconds charged to the budget, seconds reserved for the final phase)."""
@@ -253,6 +260,9 @@ def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
     if cfg.eval_every_steps < 0:
         raise ConfigError(f"eval_every_steps must be >= 0 (0 = every epoch), got "
                           f"{cfg.eval_every_steps}")
+    if cfg.schedule_horizon not in SCHEDULE_HORIZONS:
+        raise ConfigError(f"schedule_horizon={cfg.schedule_horizon!r}: valid values are "
+                          f"{', '.join(SCHEDULE_HORIZONS)}")
     for name in ("max_epochs", "patience"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
@@ -379,7 +389,8 @@ def _train_config(cfg: StudyConfig, method_cls: type[Method], device: str) -> Tr
         batch_labeled=cfg.batch_size or method_cls.batch_sizes["labeled"],
         batch_unlabeled=cfg.unlabeled_batch_size or method_cls.batch_sizes["unlabeled"],
         device=device, class_weights=cfg.class_weights, accel=cfg.accel,
-        probe_solver=cfg.probe_solver, eval_every_steps=cfg.eval_every_steps)
+        probe_solver=cfg.probe_solver, eval_every_steps=cfg.eval_every_steps,
+        schedule_horizon=cfg.schedule_horizon)
 
 
 def _study_tags(cfg: StudyConfig, method_cls: type[Method], arch: str, split: dict[str, Any],
@@ -579,6 +590,7 @@ class _Search:
                                   "arch": self.arch, "trial_seed": seed})
         method = self.method_cls(self.backbone_factory(self.bundle.channels),
                                  self.bundle.num_classes, hp)
+        tc = dataclasses.replace(tc, budget_share_s=self._budget_share(number))
         callbacks: list[EpochCallback] = []
         if self.diagnostics is not None:
             callbacks.append(Diagnostics(self.diagnostics))
@@ -614,6 +626,17 @@ class _Search:
         self.tracker.end_trial("FINISHED")
         self.best.upload(self.tracker, force=True)
         return self.cfg.search == "random"  # else one run of the given configuration
+
+    def _budget_share(self, number: int) -> float | None:
+        """``schedule_horizon=budget``: the budget seconds trial ``number`` plans its
+        schedules over — what is left split evenly over the trials ``max_trials`` still
+        allows (this one included); None (all that is left) without a trial cap, or for the
+        one run of a given configuration."""
+        cfg = self.cfg
+        if cfg.max_trials <= 0 or cfg.search != "random":
+            return None
+        left = max(1, cfg.max_trials - self.store.started_before(number))
+        return self.budget.remaining() / left
 
     def _on_epoch(self, trial: Any, hp: dict[str, Any], method: Method, rep: EpochReport,
                   snap: Callable[[], dict[str, Any]]) -> None:
@@ -742,6 +765,8 @@ def _study_key(cfg: StudyConfig, split_hash: str) -> str:
         d.pop("eval_every_steps")
     if d.get("probe_solver") == "sklearn":
         d.pop("probe_solver")
+    if d.get("schedule_horizon") == "epochs":
+        d.pop("schedule_horizon")
     blob = json.dumps({**d, "split_hash": split_hash}, sort_keys=True, default=str)
     return "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
