@@ -378,8 +378,8 @@ def test_a_study_logs_its_resolved_settings_and_keys_only_given_ones() -> None:
 
     plain = StudyConfig(**base)
     d = {k: v for k, v in dataclasses.asdict(plain).items()
-         if k not in ("storage", "study_name", "device", "started_at", "final_reserve_s",
-                      "label_fraction", "budget_clock", "accel", "data_options",
+         if k not in ("storage", "study_name", "fresh_study", "device", "started_at",
+                      "final_reserve_s", "label_fraction", "budget_clock", "accel", "data_options",
                       "probe_solver", "eval_every_steps", "schedule_horizon")}
     blob = json.dumps({**d, "split_hash": "h"}, sort_keys=True, default=str)
     assert _study_key(plain, "h") == "study-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
