@@ -98,3 +98,38 @@ def test_the_watcher_ends_when_the_cluster_ended_in_order() -> None:
         os.close(r)
         p.kill()
         p.wait()
+
+
+def test_a_new_cluster_kills_agents_whose_raylet_is_gone() -> None:
+    """Second line of defence (the watcher killed along with its driver): Ray agents of this
+    user whose raylet is gone are killed before the next embedded cluster starts; agents of
+    a live raylet, and Ray processes that do not name their raylet, are left alone."""
+    import os
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    raylet = subprocess.Popen(["bash", "-c", "exec -a raylet sleep 600"])
+
+    def fake(name: str, env: dict[str, str]) -> subprocess.Popen:
+        e = {k: v for k, v in os.environ.items() if k != "RAY_RAYLET_PID"}
+        return subprocess.Popen(["bash", "-c", f'exec -a "{name}" sleep 600'], env={**e, **env})
+
+    orphan = fake("ray::RuntimeEnvAgent", {"RAY_RAYLET_PID": str(gone.pid)})
+    kept = fake("ray::DashboardAgent", {"RAY_RAYLET_PID": str(raylet.pid)})
+    unnamed = fake("ray::IDLE", {})
+    procs = [raylet, orphan, kept, unnamed]
+    try:
+        deadline = time.time() + 10
+        while not all(reaper._cmdline(p.pid).startswith((b"ray", b"raylet")) for p in procs):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        found = reaper.orphaned_agents()
+        assert orphan.pid in found
+        assert not {kept.pid, unnamed.pid, raylet.pid} & set(found)
+        assert orphan.pid in reaper.reap_orphans()
+        assert orphan.wait(5) == -signal.SIGKILL
+        assert kept.poll() is None and unnamed.poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -89,6 +89,12 @@ def embedded_init(ray: Any, **kw: Any) -> None:
     kw.setdefault("include_dashboard", False)
     kw["_node_ip_address"] = LOOPBACK
     kw["dashboard_host"] = LOOPBACK
+    try:  # a killed earlier driver's agents, should its watcher have died with it
+        from scarcelab.tracking.sweep.reaper import reap_orphans
+
+        reap_orphans()
+    except OSError:
+        pass
     before = _children()
     with _loopback_node(ray):
         ray.init(**kw)

@@ -18,7 +18,9 @@ forgetting those that ended (it exits when none is left: after an orderly
 whichever way — it sends SIGTERM to every recorded process still alive with the same
 start time (a pid reused since is left alone), and SIGKILL to those still there
 ``GRACE_S`` later. Pids are followed with their start times, so a pid reused by an
-unrelated process is never signalled.
+unrelated process is never signalled. Should the watcher die with the driver (a kill of
+every process of the user), the next embedded cluster kills Ray agents whose raylet is
+gone before it starts (:func:`reap_orphans`).
 """
 
 from __future__ import annotations
@@ -93,6 +95,61 @@ def kill(recorded: dict[int, str], grace_s: float = GRACE_S) -> list[int]:
         while sig == signal.SIGTERM and time.time() < end and any(
                 start_time(p) == recorded[p] for p in live):
             time.sleep(0.1)
+    return hit
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])  # noqa: SIM115
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def orphaned_agents() -> list[int]:
+    """This user's Ray processes (``ray::…``) whose raylet (``$RAY_RAYLET_PID`` in their
+    environment: Ray's agents) is gone: the leftovers of a cluster whose driver and
+    watcher were both killed, waiting up to a minute on a dead GCS. A live raylet's agents,
+    another user's, and Ray processes without that variable are never included."""
+    uid, out = os.getuid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid or \
+                    not _cmdline(pid).startswith(b"ray::"):
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.partition(b"=")[::2] for v in f.read().split(b"\0") if v)
+        except OSError:
+            continue
+        raylet = env.get(b"RAY_RAYLET_PID", b"")
+        if not raylet.isdigit() or any(b"raylet" in _cmdline(p) and start_time(p) for p in (
+                int(raylet), _ppid(pid))):
+            continue  # its raylet lives (by the variable, or as its parent: a pid
+            # namespace of its own, such as a container's, numbers the variable otherwise)
+        out.append(pid)
+    return out
+
+
+def reap_orphans() -> list[int]:
+    """Kill :func:`orphaned_agents` (SIGKILL: their cluster is gone, they hold nothing to
+    save); the next embedded cluster calls this before it starts."""
+    hit = []
+    for pid in orphaned_agents():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            hit.append(pid)
+        except OSError:
+            continue
     return hit
 
 
