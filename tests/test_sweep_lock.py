@@ -91,6 +91,34 @@ def test_a_dead_drivers_lock_is_taken_over(client) -> None:  # type: ignore[no-u
     assert _locks(client) == []
 
 
+def test_a_killed_driver_not_yet_reaped_is_dead(client) -> None:  # type: ignore[no-untyped-def]
+    """Issue 42 item 10: a driver killed with SIGKILL whose parent has not collected its exit
+    status yet (a supervisor starting the sweep again first) is a zombie whose /proc entry,
+    start time included, is still there; it held the lock, and the re-run was refused as
+    "being run by the driver"."""
+    from scarcelab.tracking.sweep.lock import SweepLock
+
+    exp = client.create_experiment("e")
+    held = SweepLock(client, exp, "grid", beat_s=3600)
+    held.acquire()
+    victim = subprocess.Popen(["sleep", "600"])
+    try:
+        start = Path(f"/proc/{victim.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        _forge(client, held, f"{socket.gethostname()}:{victim.pid}:{start}", time.time())
+        victim.kill()
+        deadline = time.time() + 20
+        while Path(f"/proc/{victim.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.time() < deadline, "the killed process never became a zombie"
+            time.sleep(0.05)
+        nxt = SweepLock(client, exp, "grid")
+        nxt.acquire()  # before: SweepLocked "being run by the driver <host>:<pid>:<start>"
+        assert nxt.lock_id != held.lock_id and _locks(client) == [nxt.name]
+        nxt.release()
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 def test_the_heartbeat_keeps_the_lock_and_notices_a_takeover(client) -> None:  # type: ignore[no-untyped-def]
     from scarcelab.tracking.sweep.lock import BEAT_TAG, SweepLock
 

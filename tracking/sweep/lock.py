@@ -48,10 +48,14 @@ class SweepLocked(RuntimeError):
 
 def _start_token(pid: int) -> str:
     """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22),
-    or '' where it cannot be read: a pid reused by another process does not look alive."""
+    or '' where it cannot be read: a pid reused by another process does not look alive.
+    A zombie (state Z: dead, its exit status not yet collected by its parent) is '' too:
+    a driver killed by a supervisor that starts the sweep again before reaping it held
+    the lock as long as it stayed unreaped (issue 42 item 10)."""
     try:
         stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115 - one small read
-        return stat.rsplit(")", 1)[1].split()[19]
+        fields = stat.rsplit(")", 1)[1].split()
+        return "" if fields[0] in ("Z", "X") else fields[19]
     except (OSError, IndexError):
         return ""
 

@@ -89,9 +89,54 @@ def embedded_init(ray: Any, **kw: Any) -> None:
     kw.setdefault("include_dashboard", False)
     kw["_node_ip_address"] = LOOPBACK
     kw["dashboard_host"] = LOOPBACK
+    try:  # a killed earlier driver's agents, should its watcher have died with it
+        from scarcelab.tracking.sweep.reaper import reap_orphans
+
+        reap_orphans()
+    except OSError:
+        pass
+    before = _children()
     with _loopback_node(ray):
         ray.init(**kw)
+    _reap_with_us(_children() - before)
     check_loopback(ray)
+
+
+def _children() -> set[int]:
+    """This process's live children (Linux /proc; empty elsewhere)."""
+    from scarcelab.tracking.sweep.reaper import children_map
+
+    try:
+        return set(children_map().get(os.getpid(), []))
+    except OSError:
+        return set()
+
+
+#: the watchers of this process's embedded clusters; each holds the read end of a pipe
+#: whose write end lives here until this process ends
+_REAPERS: list[Any] = []
+
+
+def _reap_with_us(roots: set[int]) -> None:
+    """Start the watcher that kills the embedded cluster's processes (``roots``: what
+    ``ray.init`` started, and everything below them) when this process dies, however it
+    dies (tracking/sweep/reaper.py; issue 42 item 10: after a SIGKILL Ray's agents lived
+    on for a minute). Not started where /proc is missing; a watcher that cannot start
+    costs only that clean-up, never the sweep."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not roots or not Path("/proc/self/stat").exists():
+        return
+    try:
+        _REAPERS.append(subprocess.Popen(
+            [sys.executable, "-I", "-S", str(Path(__file__).with_name("reaper.py")),
+             ",".join(str(p) for p in sorted(roots))],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True))  # out of reach of signals to the driver's group
+    except OSError:
+        pass
 
 
 def check_loopback(ray: Any) -> None:
