@@ -1,4 +1,4 @@
-"""End to end through the real tracking stack: PostgreSQL + s3rver + ``mlflow server``.
+"""End to end through the real tracking stack: PostgreSQL + SeaweedFS + ``mlflow server``.
 
 One stack serves the module (CI's, when ``SCARCELAB_E2E_STACK`` names its state folder;
 otherwise one started here on free ports in a private folder and stopped afterwards).
@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from scarcelab.tracking.stack import DEFAULT_PORTS, S3_KEY, Stack, StackError, free_port
+from scarcelab.tracking.stack import DEFAULT_PORTS, Stack, StackError, free_port
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -96,8 +96,9 @@ def _runs(exp: str):  # type: ignore[no-untyped-def]
     return mlflow.search_runs(experiment_names=[exp])
 
 
-def _bucket_keys(stack, env, keys=(S3_KEY, S3_KEY)) -> list[str]:  # type: ignore[no-untyped-def]
+def _bucket_keys(stack, env, keys=None) -> list[str]:  # type: ignore[no-untyped-def]
     """Every object key in the stack's bucket, read with boto3 (not through MLflow)."""
+    keys = keys or stack.state.s3_keys()
     s3 = boto3.client("s3", endpoint_url=env["MLFLOW_S3_ENDPOINT_URL"],
                       aws_access_key_id=keys[0], aws_secret_access_key=keys[1],
                       region_name="us-east-1")
@@ -248,7 +249,8 @@ def test_kill_and_resume_study_through_server(stack, client_env, tmp_path):
         assert float(line) == pytest.approx(s["metrics.best/test_accuracy"])
 
     # no credential in params, tags, artifacts or the processes' output
-    secrets = [stack.state.pg_password, stack.state.admin_password, S3_KEY]
+    secrets = [stack.state.pg_password, stack.state.admin_password,
+               stack.state.s3_secret_key]
     texts = [p2.stdout, p2.stderr, (tmp_path / "run1.log").read_text()]
     for _, row in after.iterrows():
         texts += [str(v) for k, v in row.items() if k.startswith(("params.", "tags."))]
@@ -423,7 +425,7 @@ def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
     (workers' OPTUNA_STORAGE cannot open the MLflow database; nobody gets the superuser);
     secret files are 0600; and no generated secret appears in a finished study's params,
     tags or artifacts, the stack's logs, or — beyond the client's own credentials — in
-    `stack env`; the S3 store refuses unsigned requests and s3rver's built-in key while the
+    `stack env`; the S3 store refuses unsigned requests and a wrong secret while the
     study's artifacts still land in it (issue 13 item 2)."""
     import psycopg2
 
@@ -447,7 +449,7 @@ def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
         # -- files with secrets: 0600
         for f in (st.state_file, st.root / "auth.ini"):
             assert (f.stat().st_mode & 0o777) == 0o600, f
-        # -- the object store: anonymous (raw unsigned) and s3rver's built-in key refused
+        # -- the object store: anonymous (raw unsigned) and a wrong secret refused
         bucket_url = f"{st.state.s3_endpoint}/{st.state.bucket}"
         for method, url, data in (("GET", bucket_url, None),
                                   ("PUT", f"{bucket_url}/artifacts/evil.pt", b"pickle"),
@@ -457,9 +459,10 @@ def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
                                        timeout=10)
             assert e.value.code == 403, (method, url)
         with pytest.raises(Exception) as e:
-            boto3.client("s3", endpoint_url=st.state.s3_endpoint, aws_access_key_id=S3_KEY,
-                         aws_secret_access_key=S3_KEY, region_name="us-east-1").list_objects_v2(
-                Bucket=st.state.bucket)
+            boto3.client("s3", endpoint_url=st.state.s3_endpoint,
+                         aws_access_key_id=st.state.s3_access_key,
+                         aws_secret_access_key=st.state.s3_secret_key[::-1],
+                         region_name="us-east-1").list_objects_v2(Bucket=st.state.bucket)
         assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403  # type: ignore
         # -- PostgreSQL roles
         s = st.state
@@ -515,14 +518,13 @@ def test_auth_stack_least_privilege_and_no_secret_leaks(monkeypatch, tmp_path):
                                                          dst_path=tmp_path / "model"))
         files += [f for f in model.rglob("*") if f.is_file()]
         assert any(f.name == "best.pt" for f in files) and any(f.name == "MLmodel" for f in files)
-        # the artifacts landed in the bucket through the proxy (the server signs with the
-        # stack's keys), and nothing unsigned was stored
+        # the artifacts landed in the bucket (the server signs with the stack's keys), and
+        # nothing unsigned was stored
         keys = _bucket_keys(st, {"MLFLOW_S3_ENDPOINT_URL": s.s3_endpoint}, s.s3_keys())
         assert any(k.endswith(f"{study.run_id}/artifacts/checkpoints/best.pt") for k in keys)
         assert not any(k.endswith("evil.pt") for k in keys)
         logs = [f for f in (st.root / "logs").glob("*.log")]
-        assert {f.name for f in logs} >= {"mlflow.log", "postgres.log", "s3.log",
-                                          "s3proxy.log"}
+        assert {f.name for f in logs} >= {"mlflow.log", "postgres.log", "s3.log"}
         generated = {"pg superuser": s.pg_password, "mlflow db role": s.mlflow_db_password,
                      "optuna db role": s.optuna_password, "admin": s.admin_password,
                      "flask secret": s.flask_secret, "s3 secret key": s.s3_secret_key}
