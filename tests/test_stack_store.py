@@ -73,9 +73,12 @@ def test_weed_comes_from_the_wheel_or_a_named_binary(tmp_path: Path, monkeypatch
         Stack.weed_binary()
 
 
-def test_a_taken_port_of_a_store_with_data_is_refused(tmp_path: Path) -> None:
+def test_a_taken_port_of_a_store_with_data_is_refused(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import socket
 
+    import scarcelab.tracking.stack as stack_mod
+
+    monkeypatch.setattr(stack_mod, "PORT_RELEASE_S", 0.5)  # held for good, not a moment
     st = Stack(tmp_path / "s")
     ports = st._store_ports()
     (st.s3_dir / "master").mkdir(parents=True)
@@ -92,3 +95,21 @@ def test_a_taken_port_of_a_store_with_data_is_refused(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", fp["volume"]))
         s.listen()
         assert fresh._store_ports()["volume"] != fp["volume"]
+
+
+def test_a_kept_port_released_a_moment_later_is_waited_for(tmp_path: Path) -> None:
+    """A store stopped a moment ago can hold its ports for about a second after its
+    process is gone (seen: `start` right after `stop` refused the master's port); a start
+    of a store with data waits for them instead of failing."""
+    import socket
+    import threading
+
+    st = Stack(tmp_path / "s")
+    ports = st._store_ports()
+    (st.s3_dir / "master").mkdir(parents=True)
+    (st.s3_dir / "master" / "state").write_text("x")
+    s = socket.socket()
+    s.bind(("127.0.0.1", ports["master"]))
+    s.listen()
+    threading.Timer(1.0, s.close).start()
+    assert st._store_ports() == ports  # the same ports, after the wait

@@ -62,6 +62,8 @@ def state_home() -> Path:
 STORE_PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc",
                "s3_grpc", "admin")
 GRPC_OFFSET = 10000
+#: how long a start waits for a kept store port that is still held (by a store just stopped)
+PORT_RELEASE_S = 15.0
 DEFAULT_PORTS = {"pg_port": 15432, "s3_port": 14568, "mlflow_port": 15000}
 #: ``mlflow server --workers``: uvicorn worker processes, each its own Python and its own
 #: database connection pool, each about one core of request handling. One worker (what the
@@ -449,8 +451,17 @@ class Stack:
         for name in STORE_PORTS:
             p = ports.get(name)
             need = [p, p + GRPC_OFFSET] if (p and name == "admin") else [p]
-            ok = bool(p) and p not in taken and all(
-                q and q < 65536 and self._port_free(host, q) for q in need)
+
+            def free(need: list[int | None] = need) -> bool:
+                return all(q and q < 65536 and self._port_free(host, q) for q in need)
+
+            ok = bool(p) and p not in taken and free()
+            # a store stopped a moment ago: the kernel releases its ports after the process
+            # is gone (seen: the master's port refused for ~1 s after `weed` exited)
+            end = time.time() + PORT_RELEASE_S
+            while not ok and p and p not in taken and have_data and time.time() < end:
+                time.sleep(0.25)
+                ok = free()
             if not ok:
                 if p and have_data:
                     raise StackError(f"the store's {name} port {p} is already in use; free it "
@@ -523,6 +534,9 @@ class Stack:
         self._kill_group("s3proxy", "s3_proxy")
         self._kill_group("s3", "s3rver")
         weed = self.weed_binary()
+        end = time.time() + (PORT_RELEASE_S if (self.s3_dir / "master").is_dir() else 0)
+        while not self._port_free(self.state.host, self.state.s3_port) and time.time() < end:
+            time.sleep(0.25)  # a store stopped a moment ago still holds it (see _store_ports)
         if not self._port_free(self.state.host, self.state.s3_port):
             raise StackError(f"port {self.state.s3_port} is already in use; choose another "
                              "(--s3-port 0 picks a free one)")
