@@ -35,6 +35,9 @@ def test_store_options_bind_loopback_and_record_every_port(tmp_path: Path) -> No
     assert opts["admin.ui"] == "false" and opts["bucket"] == "scarcelab"
     assert opts["dir"] == str(st.s3_dir) and opts["master.dir"] == str(st.s3_dir / "master")
     assert opts["s3.allowedOrigins"] == st.state.tracking_uri
+    # its local sockets in the stack's 0700 folder, not /tmp/seaweedfs-<name>-<port>.sock
+    assert opts["s3.localSocket"] == str(st.store_conf / "s3.sock")
+    assert opts["filer.localSocket"] == str(st.store_conf / "filer.sock")
     # a second start keeps the ports (the master's state is kept per port)
     again = Stack(tmp_path / "stack")
     assert again._store_ports() == saved["store_ports"]

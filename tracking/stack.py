@@ -523,6 +523,10 @@ class Stack:
             "master.telemetry": "false",
             "s3.allowedOrigins": st.tracking_uri, "filer.allowedOrigins": st.tracking_uri,
         }
+        for name in ("s3", "filer"):  # their local sockets, else /tmp/seaweedfs-<name>-<port>.sock
+            sock = conf / f"{name}.sock"
+            if len(str(sock)) < 100:  # AF_UNIX path limit (108 bytes with the terminator)
+                opts[f"{name}.localSocket"] = sock
         path = conf / "weed.options"
         write_secret(path, "".join(f"{k}={v}\n" for k, v in opts.items()))
         return path
@@ -541,8 +545,9 @@ class Stack:
             raise StackError(f"port {self.state.s3_port} is already in use; choose another "
                              "(--s3-port 0 picks a free one)")
         opts = self._store_config(self._store_ports())
-        self._spawn("s3", [str(weed), "mini", f"-options={opts}"], dict(os.environ),
-                    cwd=self.store_conf)
+        # glog writes files into /tmp unless told otherwise: everything to logs/s3.log
+        self._spawn("s3", [str(weed), "-logtostderr=true", f"-config_dir={self.store_conf}",
+                           "mini", f"-options={opts}"], dict(os.environ), cwd=self.store_conf)
         self._wait_store(HEALTH_TIMEOUT_S)
 
     def _wait_store(self, timeout: float) -> None:

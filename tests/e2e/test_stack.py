@@ -577,6 +577,13 @@ def test_store_listens_on_loopback_only_on_its_recorded_ports(stack):
     assert "Admin" not in ident[0]["actions"] and "anonymous" not in {i["name"] for i in ident}
     for f in ("identities.json", "security.toml", "weed.options"):
         assert ((stack.root / "store" / f).stat().st_mode & 0o777) == 0o600, f
+    # its sockets and logs stay in the stack's folder, not /tmp (weed's defaults)
+    tmp = [p.name for p in Path(tempfile.gettempdir()).glob("seaweedfs-*.sock")
+           if any(p.name.endswith(f"-{port}.sock") for port in recorded)]
+    assert not tmp, tmp
+    assert (stack.root / "store" / "s3.sock").exists() or len(str(stack.root)) > 80
+    cmd = Path(f"/proc/{st.pids['s3']}/cmdline").read_bytes().split(b"\0")
+    assert b"-logtostderr=true" in cmd
     if shutil.which("ss"):  # the same seen from outside, as the issue checks it
         out = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
         pid = f"pid={st.pids['s3']},"
