@@ -143,7 +143,8 @@ class StackState:
     s3_access_key: str = field(default_factory=lambda: "SL" + secrets.token_hex(9).upper())
     s3_secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(30))
     #: the store's internal ports (STORE_PORTS), picked free on the first start and kept:
-    #: SeaweedFS's master keeps its state per port, so they stay stable across restarts
+    #: a restart on other master/gRPC ports (and another master folder) showed an empty
+    #: bucket here, so they stay stable across restarts
     store_ports: dict[str, int] = field(default_factory=dict)
     #: keys the store's master/volume/filer HTTP APIs check JWTs with (write and read)
     store_jwt_keys: dict[str, str] = field(default_factory=lambda: {
@@ -442,8 +443,8 @@ class Stack:
     def _store_ports(self) -> dict[str, int]:
         """The store's internal ports: kept from the last start; picked (free, and for the
         admin server with its gRPC port + 10000 free too) on the first start, or when a
-        stack without data finds one taken. A stack with data whose port is taken is an
-        error: its master's state is kept per port."""
+        stack without data finds one taken. A stack with data whose port stays taken is an
+        error: its data was written under these ports (see ``StackState.store_ports``)."""
         host = self.state.host
         have_data = (self.s3_dir / "master").is_dir() and any((self.s3_dir / "master").iterdir())
         ports = dict(self.state.store_ports)
