@@ -116,3 +116,35 @@ def test_a_kept_port_released_a_moment_later_is_waited_for(tmp_path: Path) -> No
     s.listen()
     threading.Timer(1.0, s.close).start()
     assert st._store_ports() == ports  # the same ports, after the wait
+
+
+def test_stop_removes_the_grpc_sockets_weed_leaves_in_tmp(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``weed`` puts its components' gRPC sockets in the temporary folder (no option moves
+    them) and leaves them there when stopped; ``stop`` removes this stack's, and nothing
+    else: not another stack's socket, not a regular file of the same name."""
+    import socket
+    import tempfile
+
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    st = Stack(tmp_path / "s")
+    ports = st._store_ports()
+    ours = [f"seaweedfs-master-grpc-{ports['master_grpc']}.sock",
+            f"seaweedfs-admin-grpc-{ports['admin'] + GRPC_OFFSET}.sock",
+            f"seaweedfs-s3-grpc-{ports['s3_grpc']}.sock"]
+    other = "seaweedfs-master-grpc-1.sock"
+    socks = []
+    for name in [*ours, other]:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(tmp / name))
+        socks.append(s)
+    (tmp / f"seaweedfs-filer-grpc-{ports['filer_grpc']}.sock").write_text("not a socket")
+    try:
+        gone = st._remove_store_sockets()
+    finally:
+        for s in socks:
+            s.close()
+    assert sorted(p.name for p in gone) == sorted(ours)
+    assert sorted(p.name for p in tmp.iterdir()) == sorted(
+        [other, f"seaweedfs-filer-grpc-{ports['filer_grpc']}.sock"])

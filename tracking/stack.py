@@ -577,6 +577,32 @@ class Stack:
         raise StackError(f"the S3 store did not answer on port {self.state.s3_port} "
                          f"({err}); see {self.logs / 's3.log'}")
 
+    def _remove_store_sockets(self) -> list[Path]:
+        """Remove the Unix sockets a stopped ``weed`` left in the temporary folder: its
+        components' gRPC sockets (``seaweedfs-<component>-grpc-<port>.sock``, no option
+        moves them) for this stack's ports only, and only sockets this user owns."""
+        import stat
+        import tempfile
+
+        ports = {**self.state.store_ports, "s3": self.state.s3_port}
+        names = {f"seaweedfs-{c}-grpc-{ports[k]}.sock" for c, k in (
+            ("master", "master_grpc"), ("volume", "volume_grpc"), ("filer", "filer_grpc"),
+            ("s3", "s3_grpc")) if k in ports}
+        if "admin" in ports:
+            names.add(f"seaweedfs-admin-grpc-{ports['admin'] + GRPC_OFFSET}.sock")
+        names |= {f"seaweedfs-{c}-{ports[c]}.sock" for c in ("s3", "filer") if c in ports}
+        gone = []
+        for name in sorted(names):
+            p = Path(tempfile.gettempdir()) / name
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid():
+                p.unlink(missing_ok=True)
+                gone.append(p)
+        return gone
+
     def store_listening(self) -> list[tuple[str, int]]:
         """(address, port) of every TCP socket the store's process listens on, from
         ``/proc/net/tcp*`` and the process's open sockets (what ``ss -ltnp`` shows)."""
@@ -700,6 +726,7 @@ class Stack:
             stopped.append("mlflow")
         if self._kill_group("s3", "weed"):
             stopped.append("s3")
+            self._remove_store_sockets()
         if self._stop_pg():
             stopped.append("postgres")
         self._save()
