@@ -322,3 +322,18 @@ def test_a_high_learning_rate_collapse_is_counted_and_logged() -> None:
     assert bad.collapsed_fits <= len(bad.accuracies)
     summary = _repetition_rows(bad)[-1][0]
     assert summary["al/collapsed_fits"] == float(bad.collapsed_fits)
+
+
+def test_the_sweep_summary_says_when_fits_collapsed() -> None:
+    from scarcelab.active.loop import ALResult, ALRunConfig, RepetitionResult, sweep_summary
+
+    def rep(k: int, auc: float, c: int) -> RepetitionResult:
+        return RepetitionResult(k, {}, [2, 3], [auc, auc], [0.1], auc, "h", [], c)
+
+    rc = ALRunConfig("margin", "splice")
+    assert sweep_summary(ALResult(rc, [rep(0, 0.7, 0), rep(1, 0.8, 0)], [])) == (
+        "margin on splice q=1: AUC 0.7500 ± 0.0707 over 2 repetitions")
+    assert sweep_summary(ALResult(rc, [rep(0, 0.5, 280), rep(1, 0.8, 0), rep(2, 0.7, 3)],
+                                  [])).endswith(
+        "; 2 of 3 repetitions had fits that left a one-class classifier (283 fits, "
+        "al/collapsed_fits)")

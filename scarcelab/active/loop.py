@@ -555,4 +555,17 @@ def sweep_summary(result: ALResult) -> str:
     return (f"{result.config.strategy} on {result.config.dataset} q={result.config.query_size}: "
             f"AUC {aucs.mean():.4f}{spread} over {len(aucs)} repetition"
             f"{'s' if len(aucs) != 1 else ''}"
-            + (f" ({len(result.failed)} failed)" if result.failed else ""))
+            + (f" ({len(result.failed)} failed)" if result.failed else "")
+            + _collapse_note(result))
+
+
+def _collapse_note(result: ALResult) -> str:
+    """Said beside the AUC, since a repetition whose classifier collapsed to one class
+    scores the majority share and its strategy ranked nothing (e.g. a learning rate too
+    high for the carried optimiser state: docs/active.md)."""
+    hit = [r for r in result.repetitions if r.collapsed_fits]
+    if not hit:
+        return ""
+    fits = sum(r.collapsed_fits for r in hit)
+    return (f"; {len(hit)} of {len(result.repetitions)} repetitions had fits that left a "
+            f"one-class classifier ({fits} fits, al/collapsed_fits)")
