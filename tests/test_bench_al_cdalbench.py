@@ -40,13 +40,14 @@ def test_variant_syntax() -> None:
 
 
 def test_repetitions_with_a_collapsed_fit_are_marked() -> None:
-    """A repetition whose run logged al/collapsed_fits > 0 is counted beside the cell
-    (⊘n); none, or runs from before the metric (NaN), leave the cell unmarked."""
+    """The mean al/collapsed_fits per repetition stands beside the cell (⊘n, n >= 0.5);
+    runs from before the metric (NaN) are left out of the mean."""
     b = _bench()
     df = pd.DataFrame({
         "variant": ["default"] * 3 + ["hi_lr"] * 3,
         "dataset": ["splice"] * 6, "query_size": [1] * 6, "strategy": ["margin"] * 6,
         "repetition": [0, 1, 2] * 2, "auc": [0.77, 0.78, 0.79, 0.55, 0.74, 0.75],
-        "collapsed": [0.0, float("nan"), 0.0, 290.0, 3.0, 0.0]})
+        "collapsed": [0.0, float("nan"), 0.8, 290.0, 3.0, 1.0]})
     row = next(ln for ln in b.render(df, "x").splitlines() if ln.startswith("| splice q=1"))
-    assert "| 0.780 ± 0.010 (3) | 0.680 ± 0.113 (3) ⊘2 |" in row
+    # default: mean(0, 0.8) = 0.4 < 0.5, unmarked; hi_lr: (290 + 3 + 1) / 3 = 98
+    assert "| 0.780 ± 0.010 (3) | 0.680 ± 0.113 (3) ⊘98 |" in row
