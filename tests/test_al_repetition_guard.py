@@ -135,7 +135,8 @@ def test_repetition_errors_are_unchanged(over: dict[str, Any], q: int, error: ty
 _REP_CALLS = [
     *[("log_metrics", s, "trial", ("al/test_accuracy",)) for s in (2, 5, 8)],
     *[("log_metrics", s, "trial", ("al/query_time_s",)) for s in (5, 8)],
-    ("log_metrics", 0, "trial", ("al/auc", "al/final_accuracy", "al/query_time_mean_s")),
+    ("log_metrics", 0, "trial", ("al/auc", "al/collapsed_fits", "al/final_accuracy",
+                                 "al/query_time_mean_s")),
     ("set_tags", "trial", ("scarcelab.split_hash",)),
     ("end_trial", "FINISHED", "")]
 #: the sweep of test_sweep_around_the_repetitions_is_unchanged, repetition by repetition

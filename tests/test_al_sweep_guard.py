@@ -57,7 +57,8 @@ def test_a_failing_repetition_is_recorded_and_the_sweep_goes_on(
         ("al/test_accuracy", 0.5, 2), ("al/test_accuracy", 0.6, 4),
         ("al/test_accuracy", 0.7, 6), ("al/query_time_s", 0.25, 4),
         ("al/query_time_s", 0.75, 6), ("al/auc", 0.55, 0),
-        ("al/query_time_mean_s", 0.5, 0), ("al/final_accuracy", 0.7, 0)]
+        ("al/query_time_mean_s", 0.5, 0), ("al/final_accuracy", 0.7, 0),
+        ("al/collapsed_fits", 0.0, 0)]
     assert tr.trials[2].tags["scarcelab.split_hash"] == "hash2"
     assert tr.trials[2].tags["scarcelab.seed"] == "5"
     assert tr.trials[2].params == {"repetition": 2, "seed_data": 5, "seed_model": 7}

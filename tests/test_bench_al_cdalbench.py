@@ -37,3 +37,17 @@ def test_variant_syntax() -> None:
         "one_fit_per_query", 5, {"fit_per_label": 0})
     assert b._variant("test_stop=early_stop_on=test,lr=0.01") == (
         "test_stop", None, {"early_stop_on": "test", "lr": 0.01})
+
+
+def test_repetitions_with_a_collapsed_fit_are_marked() -> None:
+    """The mean al/collapsed_fits per repetition stands beside the cell (⊘n, n >= 0.5);
+    runs from before the metric (NaN) are left out of the mean."""
+    b = _bench()
+    df = pd.DataFrame({
+        "variant": ["default"] * 3 + ["hi_lr"] * 3,
+        "dataset": ["splice"] * 6, "query_size": [1] * 6, "strategy": ["margin"] * 6,
+        "repetition": [0, 1, 2] * 2, "auc": [0.77, 0.78, 0.79, 0.55, 0.74, 0.75],
+        "collapsed": [0.0, float("nan"), 0.8, 290.0, 3.0, 1.0]})
+    row = next(ln for ln in b.render(df, "x").splitlines() if ln.startswith("| splice q=1"))
+    # default: mean(0, 0.8) = 0.4 < 0.5, unmarked; hi_lr: (290 + 3 + 1) / 3 = 98
+    assert "| 0.780 ± 0.010 (3) | 0.680 ± 0.113 (3) ⊘98 |" in row

@@ -275,3 +275,65 @@ def test_test_set_stopping_watches_the_test_loss_and_is_tagged(
     tr = InMemoryTracker()
     run_al(ALRunConfig("random", "honeypot", overrides={**MOVING, "budget": 2}), tr)
     assert "scarcelab.leak" not in tr.study.tags  # type: ignore[union-attr]
+
+
+# -- issue 41: a collapsed classifier is counted, not hidden in the AUC ----------------------
+
+def test_collapsed_counts_a_single_class_network_and_nothing_else() -> None:
+    """``_Learner.collapsed`` by hand: a head with zero weights and a bias favouring class 0
+    predicts class 0 everywhere (collapsed); the same net with a head that reads its input
+    does not; a labeled set of one class never counts (one class is all it could learn)."""
+    from scarcelab.active.loop import _Learner, _on_device, _split
+
+    cfg = dataset_config("diverging_sine").replace(**MOVING)
+    rng = np.random.default_rng(0)
+    data = load_al_dataset("diverging_sine", None, rng)
+    val, _, seed = _split(data, cfg, rng)
+    dev = torch.device("cpu")
+    lr_ = _Learner(data, cfg, dev, _on_device(data, cfg, val, dev), torch.Generator(),
+                   torch.Generator(), batched_oracle=False)
+    two = seed  # one sample per class
+    assert len(np.unique(data.y_train[two])) == 2
+    with torch.no_grad():
+        lr_.net.head.weight.zero_()
+        lr_.net.head.bias.copy_(torch.tensor([1.0, 0.0]))
+    assert lr_.collapsed(two)
+    one = two[data.y_train[two] == data.y_train[two][0]]
+    assert not lr_.collapsed(one)
+    with torch.no_grad():  # class 0 where one varying embedding unit is above its median
+        e = lr_.net.embed(lr_.arrays.x_val)
+        j = int(e.std(0).argmax())
+        assert float(e[:, j].std()) > 0
+        lr_.net.head.weight.zero_()
+        lr_.net.head.weight[0, j] = 1.0
+        lr_.net.head.bias.copy_(torch.tensor([-float(e[:, j].median()), 0.0]))
+    assert not lr_.collapsed(two)
+
+
+def test_a_high_learning_rate_collapse_is_counted_and_logged() -> None:
+    """NAdam at lr 30 with its state carried across fits kills the ReLUs of the [24, 12]
+    MLP; the repetition says so (``collapsed_fits``, logged as ``al/collapsed_fits``) while
+    a sane learning rate reports none. Counting reads no RNG: the curve is the same."""
+    from scarcelab.active.loop import _repetition_rows
+
+    bad = _rep("random", lr=30.0, keep_optimizer=True, restore_best=False)
+    good = _rep("random")
+    assert bad.collapsed_fits > 0 and good.collapsed_fits == 0
+    assert bad.collapsed_fits <= len(bad.accuracies)
+    summary = _repetition_rows(bad)[-1][0]
+    assert summary["al/collapsed_fits"] == float(bad.collapsed_fits)
+
+
+def test_the_sweep_summary_says_when_fits_collapsed() -> None:
+    from scarcelab.active.loop import ALResult, ALRunConfig, RepetitionResult, sweep_summary
+
+    def rep(k: int, auc: float, c: int) -> RepetitionResult:
+        return RepetitionResult(k, {}, [2, 3], [auc, auc], [0.1], auc, "h", [], c)
+
+    rc = ALRunConfig("margin", "splice")
+    assert sweep_summary(ALResult(rc, [rep(0, 0.7, 0), rep(1, 0.8, 0)], [])) == (
+        "margin on splice q=1: AUC 0.7500 ± 0.0707 over 2 repetitions")
+    assert sweep_summary(ALResult(rc, [rep(0, 0.5, 280), rep(1, 0.8, 0), rep(2, 0.7, 3)],
+                                  [])).endswith(
+        "; 2 of 3 repetitions had fits that left a one-class classifier (283 fits, "
+        "al/collapsed_fits)")

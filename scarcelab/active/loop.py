@@ -36,6 +36,8 @@ from scarcelab.active.classifier import (
     ALModel,
     FitConfig,
     TorchModelView,
+    _autocast,
+    _chunked,
     _optimizer,
     accuracy,
     al_accel,
@@ -102,6 +104,11 @@ class RepetitionResult:
     auc: float
     split_hash: str
     labeled: list[int] = field(default_factory=list)  # seed set, then queries in order
+    #: recorded fits whose classifier predicts one class for every validation sample while
+    #: the labeled set holds several: a collapsed (e.g. dead-ReLU) network, whose accuracy
+    #: is the majority share and whose scores no strategy can rank by (docs/active.md,
+    #: "Active learning at high learning rates")
+    collapsed_fits: int = 0
 
 
 @dataclass
@@ -253,6 +260,19 @@ class _Learner:
         return self._fit(self.net, labeled, self.data_gen, self.model_gen,
                          fc if fc is not None else self.fcfg, self.main_opt, score)
 
+    @torch.no_grad()
+    def collapsed(self, labeled: np.ndarray) -> bool:
+        """True when the current classifier predicts a single class for the whole split
+        early stopping watches although the labeled set holds several classes. Reads no
+        RNG, so the trajectory is unchanged."""
+        if len(np.unique(self.data.y_train[labeled])) < 2:
+            return False
+        self.net.eval()
+        x = self.accel.images(self.arrays.x_val)  # the layout the fits use
+        with _autocast(self.accel, x.device):
+            pred = _chunked(self.net, x, self.fcfg.eval_batch_size).argmax(1)
+        return bool((pred == pred[0]).all())
+
     def add_labels(self, labeled: np.ndarray, picked: np.ndarray) -> np.ndarray:
         """``labeled`` plus the query; with fit_per_label under finetune, one fit per label
         but the last (the caller's fit follows), as CDALBench's ``ALGame.step`` does."""
@@ -343,6 +363,7 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     labeled = seed_idx.copy()
 
     acc = learner.fit_main(labeled, learner.first_cfg)
+    collapsed = int(learner.collapsed(labeled))
     if on_iteration is not None:
         on_iteration(repetition, len(labeled), acc)
     sizes, accs, qtimes = [len(labeled)], [acc], []
@@ -361,6 +382,7 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
         labeled = learner.add_labels(labeled, picked)
         added += picked.size
         acc = learner.fit_main(labeled)
+        collapsed += learner.collapsed(labeled)
         if on_iteration is not None:
             on_iteration(repetition, len(labeled), acc)
         sizes.append(len(labeled))
@@ -368,7 +390,7 @@ def run_repetition(data: ALData, cfg: ALConfig, strategy: Strategy, query_size: 
     auc = curve_auc(accs)
     return RepetitionResult(repetition, {"strategy": seed_strategy, "data": s_d, "model": s_t},
                             sizes, accs, qtimes, auc, _hash_split(val, pool, seed_idx),
-                            labeled.tolist())
+                            labeled.tolist(), collapsed)
 
 
 def _digest(data: ALData) -> str:
@@ -479,7 +501,8 @@ def _repetition_rows(rep: RepetitionResult) -> list[tuple[dict[str, float], int]
     rows.append(({"al/auc": rep.auc,
                   "al/query_time_mean_s": float(np.mean(rep.query_times))
                   if rep.query_times else 0.0,
-                  "al/final_accuracy": rep.accuracies[-1]}, 0))
+                  "al/final_accuracy": rep.accuracies[-1],
+                  "al/collapsed_fits": float(rep.collapsed_fits)}, 0))
     return rows
 
 
@@ -557,4 +580,17 @@ def sweep_summary(result: ALResult) -> str:
     return (f"{result.config.strategy} on {result.config.dataset} q={result.config.query_size}: "
             f"AUC {aucs.mean():.4f}{spread} over {len(aucs)} repetition"
             f"{'s' if len(aucs) != 1 else ''}"
-            + (f" ({len(result.failed)} failed)" if result.failed else ""))
+            + (f" ({len(result.failed)} failed)" if result.failed else "")
+            + _collapse_note(result))
+
+
+def _collapse_note(result: ALResult) -> str:
+    """Said beside the AUC, since a repetition whose classifier collapsed to one class
+    scores the majority share and its strategy ranked nothing (e.g. a learning rate too
+    high for the carried optimiser state: docs/active.md)."""
+    hit = [r for r in result.repetitions if r.collapsed_fits]
+    if not hit:
+        return ""
+    fits = sum(r.collapsed_fits for r in hit)
+    return (f"; {len(hit)} of {len(result.repetitions)} repetitions had fits that left a "
+            f"one-class classifier ({fits} fits, al/collapsed_fits)")
