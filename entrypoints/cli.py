@@ -48,6 +48,11 @@ class _LazyGroup(click.Group):
             return super().invoke(ctx)
         except ScarcelabError as e:
             raise click.ClickException(str(e)) from None
+        except Exception as e:  # noqa: BLE001 - only a full disk is turned into a line
+            line = _disk_full_line(e)
+            if line is None:
+                raise
+            raise click.ClickException(line) from None
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         saved, self._loading = getattr(self, "_loading", False), True
@@ -55,6 +60,34 @@ class _LazyGroup(click.Group):
             super().add_command(cmd, name)  # its self.commands[...] write must not load
         finally:
             self._loading = saved
+
+
+def _disk_full_line(e: BaseException) -> str | None:
+    """One line for a disk that filled up while a command ran (issue 42 item 12), or None.
+
+    The start-up check (``tracking/store_check.py``) refuses a store with under 16 MiB free,
+    but a disk can fill later, under a checkpoint, a spool record or the sqlite store;
+    that used to end in a traceback. Why here: any of those writes can be the one that
+    fails, and the fix is the same for all — free space where the file lives. Records
+    already written stay: the spool keeps what it could not deliver."""
+    import errno
+    import os
+
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:  # the OSError may sit under a wrapper
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = cur.filename or "a file"
+            return (f"{where}: {os.strerror(cur.errno)} — free space on that disk (or point "
+                    f"the store, spool or cache at another one) and run the command again; "
+                    f"a study started with a shared store resumes where it stopped")
+        if "database or disk is full" in str(cur):  # sqlite's SQLITE_FULL, via SQLAlchemy
+            return ("the sqlite tracking or Optuna database: database or disk is full — "
+                    "free space on its disk and run the command again; a study resumes "
+                    "where it stopped")
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
