@@ -105,11 +105,16 @@ def _experiment_id(client: Any, parent_id: str | None, experiment: str | None) -
 
     if parent_id:
         return client.get_run(parent_id).info.experiment_id
-    if experiment:
-        return mlflow.set_experiment(experiment).experiment_id
-    from mlflow.tracking.fluent import _get_experiment_id
+    from scarcelab.tracking.experiment_kind import mark_classic
 
-    return _get_experiment_id() or "0"
+    if experiment:
+        exp_id = mlflow.set_experiment(experiment).experiment_id
+    else:
+        from mlflow.tracking.fluent import _get_experiment_id
+
+        exp_id = _get_experiment_id() or "0"
+    mark_classic(client, exp_id)  # MLflow 3's UI opens it on the runs, not GenAI
+    return exp_id
 
 
 def _take_over(client: Any, exp_id: str, killed: str, parent_id: str) -> None:

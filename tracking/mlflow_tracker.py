@@ -56,7 +56,7 @@ from scarcelab.errors import ScarcelabError
 from scarcelab.models.classifier import ExportedClassifier
 from scarcelab.models.image_input import InputSpec
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
-from scarcelab.tracking import pyfunc_model
+from scarcelab.tracking import experiment_kind, pyfunc_model
 from scarcelab.tracking.run_views import RunViews
 from scarcelab.tracking.safe_io import (
     CHECKSUM_TAG,
@@ -277,7 +277,7 @@ def _experiment_id(name: str | None) -> str:
         if exp:
             return str(exp.experiment_id)
         try:
-            return str(client.create_experiment(name))
+            return str(client.create_experiment(name, tags=experiment_kind.creation_tags()))
         except mlflow.exceptions.MlflowException as e:
             # Two workers starting together both saw no experiment; the second create loses
             # the race. The experiment now exists: use it.
@@ -559,6 +559,8 @@ class MlflowTracker(RunViews, Tracker):
             run = _retry(self.client.create_run, exp, tags=resolve_tags({}), run_name=name)
         self.study_run_id = run.info.run_id
         self._experiment_id = run.info.experiment_id
+        # Default, a sweep's or a user-made experiment: open on the runs in MLflow 3's UI
+        experiment_kind.mark_classic(self.client, self._experiment_id)
         all_tags = {**tags, T.OWNER: OWNER}
         if (project_run and run.info.run_id == project_run and not self._resume_run
                 and (self._label["run_name"] or _generated_name(run.info.run_name))):
