@@ -445,16 +445,27 @@ def summary_lines(tracker: Any, what: str, wall_s: float, extra: list[str]) -> l
 
     run_id = getattr(tracker, "study_run_id", None)
     uri = mlflow.get_tracking_uri()
-    exp = "?"
+    from scarcelab.tracking.experiment_kind import WORKFLOW_QUERY, experiment_url
+
+    exp, exp_id = "?", None
     try:
         from mlflow.tracking import MlflowClient
 
         c = MlflowClient()
-        exp = c.get_experiment(c.get_run(run_id).info.experiment_id).name
+        exp_id = c.get_run(run_id).info.experiment_id
+        exp = c.get_experiment(exp_id).name
     except Exception:  # noqa: BLE001 - a summary must not fail a finished study
         pass
-    browse = (f"open {uri} in a browser" if uri.startswith(("http://", "https://"))
-              else f"mlflow ui --backend-store-uri {uri}")
+    # the address opens MLflow 3's UI on the runs table, not its GenAI overview
+    url = experiment_url(uri, exp_id) if exp_id is not None else None
+    if url:
+        browse = url
+    elif uri.startswith(("http://", "https://")):
+        browse = f"open {uri} in a browser"
+    else:
+        page = (f"http://127.0.0.1:5000/#/experiments/{exp_id}?{WORKFLOW_QUERY}"
+                if exp_id is not None else "http://127.0.0.1:5000")
+        browse = f"mlflow ui --backend-store-uri {uri}, then open {page}"
     return [*extra,
             f"  experiment: {exp}    {what} run: {run_id}",
             *([f"  model: runs:/{run_id}/model"] if what == "study" else []),

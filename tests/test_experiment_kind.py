@@ -7,18 +7,24 @@ from __future__ import annotations
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-from scarcelab.tracking.experiment_kind import CLASSIC_ML, KIND_TAG
+from scarcelab.tracking.experiment_kind import (
+    CLASSIC_ML,
+    KIND_TAG,
+    WORKFLOW_QUERY,
+    experiment_url,
+)
 
 TINY = ["--dataset", "synthetic_tiny", "--arch", "small_cnn", "--device", "cpu",
         "--max-epochs", "1", "--batch-size", "16", "--max-steps-per-epoch", "2",
         "--max-trials", "1", "--budget-minutes", "1", "-q"]
 
 
-def _study(*extra: str) -> None:
+def _study(*extra: str) -> str:
     from scarcelab.entrypoints.cli import main
 
     res = CliRunner().invoke(main, ["supervised", "--method", "sup", *TINY, *extra])
     assert res.exit_code == 0, res.output
+    return res.output
 
 
 def _kind(c: MlflowClient, exp_id: str) -> str | None:
@@ -47,8 +53,10 @@ def test_every_experiment_a_study_writes_to_is_classic_ml(store, monkeypatch) ->
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     c = MlflowClient()
     assert _kind(c, "0") is None
-    _study()  # no --experiment: MLflow's Default, where a newcomer's runs go
+    out = _study()  # no --experiment: MLflow's Default, where a newcomer's runs go
     assert _kind(c, "0") == CLASSIC_ML
+    # MLflow 3.17's UI goes by the browser's workflow type: the address printed says it
+    assert f"then open http://127.0.0.1:5000/#/experiments/0?{WORKFLOW_QUERY}" in out
     _study("--experiment", "fresh")  # one scarcelab creates
     fresh = c.get_experiment_by_name("fresh")
     assert fresh is not None and fresh.tags.get(KIND_TAG) == CLASSIC_ML
@@ -76,3 +84,23 @@ def test_contamination_and_report_experiments_are_classic_ml(store, tmp_path) ->
     page.write_text("# report\n")
     log_report({"page": page}, experiment="reports", run_name="r")
     assert c.get_experiment_by_name("reports").tags.get(KIND_TAG) == CLASSIC_ML
+
+
+def test_the_printed_address_opens_the_runs_and_never_shows_a_password() -> None:
+    q = WORKFLOW_QUERY
+    assert experiment_url("http://ana:s3cret@127.0.0.1:5000/", "7") == \
+        f"http://127.0.0.1:5000/#/experiments/7?{q}"
+    assert experiment_url("https://mlflow.example.org/team", "0") == \
+        f"https://mlflow.example.org/team/#/experiments/0?{q}"
+    assert experiment_url("http://[::1]:5000", "3") == f"http://[::1]:5000/#/experiments/3?{q}"
+    assert experiment_url("sqlite:///m.db", "0") is None
+    assert experiment_url("file:///tmp/mlruns", "0") is None
+    # the query value is the one MLflow's UI bundle accepts
+    from pathlib import Path
+
+    import mlflow
+
+    js = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    if js.is_dir():
+        bundle = "".join(p.read_text(errors="replace") for p in js.glob("main.*.js"))
+        assert 'get("workflowType")' in bundle and 'MACHINE_LEARNING="machine_learning"' in bundle

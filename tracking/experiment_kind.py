@@ -47,3 +47,27 @@ def mark_classic(client: Any, experiment_id: str) -> None:
     except Exception as e:  # noqa: BLE001 - cosmetic for the UI; the study goes on
         log.warning("could not set %s on experiment %s (%s): the MLflow UI may open it on "
                     "its GenAI overview", KIND_TAG, experiment_id, e)
+
+
+#: MLflow 3.17's UI ignores the tag above in favour of a per-browser "workflow type" (the
+#: GenAI / Model training switch in its sidebar, stored in the browser as
+#: ``mlflow.workflowType``, "genai" until the user flips it); a ``workflowType`` query
+#: parameter in the page's address overrides it. Checked in headless Chromium against
+#: MLflow 3.17.2: an experiment page opens on the GenAI overview with or without the tag,
+#: and on the runs table with this parameter.
+WORKFLOW_QUERY = "workflowType=machine_learning"
+
+
+def experiment_url(tracking_uri: str, experiment_id: str) -> str | None:
+    """The MLflow UI address of an experiment's runs for an ``http(s)`` tracking URI (the
+    stack's server, a shared one), without any user:password the URI carries; None for a
+    local store (file, sqlite), which has no UI until ``mlflow ui`` serves it."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(tracking_uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    base = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+    return f"{base}/#/experiments/{experiment_id}?{WORKFLOW_QUERY}"
