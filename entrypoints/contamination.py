@@ -36,6 +36,7 @@ from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     Folder,
+    GroupedCommand,
     Names,
     Ratios,
     apply_identity,
@@ -296,9 +297,10 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     _report(points, table, parent_id, cfg, t0)
 
 
-@main.command(name="contamination", short_help="Sweep OOD contamination ratios of the "
-              "unlabeled pool.", help="Sweep OOD contamination ratios of the unlabeled "
-              "pool for a semi-supervised method; one child study per (source, ratio).")
+@main.command(name="contamination", cls=GroupedCommand,
+              short_help="Sweep OOD contamination ratios of the unlabeled pool.",
+              help="Sweep OOD contamination ratios of the unlabeled pool for a "
+              "semi-supervised method; one child study per (source, ratio).")
 @study_options(dataset="pneumoniamnist", family="semi")
 @click.option("--ood", default="mnist", show_default=True, type=Names(),
               help="OOD source(s), comma-separated: mnist, digits, textures, lfw, cifar10, "

@@ -24,6 +24,7 @@ from scarcelab.entrypoints.options import (
     Device,
     Float,
     Folder,
+    GroupedCommand,
     Int,
     LabelCount,
     Overrides,
@@ -78,7 +79,9 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
         click.option("--arch", default="auto", show_default=True,
                      type=Registered("arch", extra=("auto",)),
                      help="backbone; auto = resnet18 on GPU, small_cnn on CPU"),
-        click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX)),
+        click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX),
+                     help="seed of the split, the search and training; each seed is one "
+                     "sample of the method in the leaderboard"),
         click.option("--budget-minutes", default="3", show_default=True,
                      type=Float(0.0, 7 * 24 * 60, lo_open=True),
                      help="budget of the whole command, in minutes of --budget-clock: "
@@ -94,7 +97,9 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      help="the labeled loss: balanced = each class weighted by its inverse "
                      "labeled frequency (and the probe's class_weight=balanced), as "
                      "SSL-vs-SSL trains every method; none = unweighted"),
-        click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6)),
+        click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6),
+                     help="epochs of a trial at most; --patience and the budget end it "
+                     "sooner"),
         click.option("--patience", default="20", show_default=True, type=Int(1, 10**6),
                      help="epochs without a better validation score before a trial stops"),
         click.option("--n-labeled", default="default", show_default=True,
@@ -105,7 +110,9 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      type=LabelCount(allow_all=False),
                      help="validation size (>= 1, it selects the model); defaults to "
                      "n_labeled (with 'all': the dataset's default validation size)"),
-        click.option("--allow-large-val", default="false", show_default=True, type=Bool()),
+        click.option("--allow-large-val", default="false", show_default=True, type=Bool(),
+                     help="accept a validation set larger than the labeled training set "
+                     "(refused by default: unrealistic when labels are scarce)"),
         click.option("--search", default="random", show_default=True,
                      type=Word(("random", "none", "fixed")),
                      help="random = budgeted random search; none = transfer (one run on "
@@ -128,14 +135,20 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      "(official), from train (train), or official where it is large enough "
                      "(auto)"),
         click.option("--batch-size", default="default", show_default=True,
-                     type=Int(1, 10**6, default_ok=True)),
+                     type=Int(1, 10**6, default_ok=True),
+                     help="labeled images per step; default = the method's own"),
         click.option("--unlabeled-batch-size", default="default", show_default=True,
-                     type=Int(1, 10**6, default_ok=True)),
+                     type=Int(1, 10**6, default_ok=True),
+                     help="unlabeled images per step (semi and self methods); default = "
+                     "the method's own"),
         click.option("--max-steps-per-epoch", default="default", show_default=True,
-                     type=Int(1, None, default_ok=True)),
+                     type=Int(1, None, default_ok=True),
+                     help="cap on the steps of an epoch (one pass over the labeled and "
+                     "unlabeled images); default = no cap"),
         click.option("--max-trials", default="0", show_default=True, type=Int(0, None),
                      help="stop after this many trials (0 = until the budget is spent)"),
-        click.option("--device", default="auto", show_default=True, type=Device()),
+        click.option("--device", default="auto", show_default=True, type=Device(),
+                     help="where to train; auto = cuda when available, else cpu"),
         click.option("--set", "overrides", default="none", show_default=True,
                      type=Overrides(),
                      help="fixed hyperparameters, e.g. 'lambda_u=1,threshold=0.9'"),
@@ -354,7 +367,8 @@ def _run_folds(family: str, cfg: Any, kw: dict[str, Any], ctx: click.Context, di
 def _family_command(family: str, default_method: str) -> None:
     short = f"Run a budgeted {family} study of one method."
 
-    @main.command(name=family, short_help=short, help=f"{short}\n\nFor example: scarcelab "
+    @main.command(name=family, cls=GroupedCommand, short_help=short,
+                  help=f"{short}\n\nFor example: scarcelab "
                   f"{family} --method {default_method} --dataset breastmnist "
                   "--budget-minutes 3")
     @study_options(family=family, folds=True)
