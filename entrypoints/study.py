@@ -279,11 +279,13 @@ def _tracker(kw: dict[str, Any], ident: dict[str, Any], reg: str | None, display
 
 def _summary(tracker: Any, cfg: Any, res: Any, t0: float, what: str = "study") -> None:
     from scarcelab.entrypoints._progress import fmt_time, summary_lines
+    from scarcelab.tracking.run_views import counted
 
     test = res.best_test.get("balanced_accuracy", float("nan"))
     click.echo("\n".join(summary_lines(tracker, what, time.time() - t0, [
-        f"study {getattr(tracker, 'name', cfg.method)}: {res.n_trials} trials "
-        f"({res.n_failed} failed), {tracker.epochs_total} epochs in this process, budget "
+        f"study {getattr(tracker, 'name', cfg.method)}: {counted(res.n_trials, 'trial')} "
+        f"({res.n_failed} failed), {counted(tracker.epochs_total, 'epoch')} in this "
+        "process, budget "
         f"{fmt_time(cfg.budget_minutes * 60)}",
         f"  best val balanced accuracy {res.best_val:.4f} (trial {res.best_trial}), test "
         f"balanced accuracy of that checkpoint {test:.4f}"])))
