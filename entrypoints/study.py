@@ -235,14 +235,19 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     cfg = study_config(family, kw)
     import dataclasses
 
-    from scarcelab.entrypoints._progress import Display
-    from scarcelab.protocols.search import run_study
+    from scarcelab.entrypoints._progress import Display, Startup
     from scarcelab.tracking.lifecycle import command_started_at
-    from scarcelab.tracking.mlflow_tracker import check_tracking_server
 
     # the budget is the command's wall time: its start-up counts (protocols.search)
-    cfg = dataclasses.replace(cfg, started_at=command_started_at())
+    started = command_started_at()
+    display = Display(level)
+    startup = Startup(display, started)
+    startup.phase("imports (torch, MLflow)")
+    from scarcelab.protocols.search import run_study
+    from scarcelab.tracking.mlflow_tracker import check_tracking_server
 
+    cfg = dataclasses.replace(cfg, started_at=started)
+    startup.phase("tracking server check")
     check_tracking_server()  # a dead server: one clear line now, not a traceback later
     reg = kw.get("register_model") or "none"
     if reg == "auto":  # a name that says what the model is, not just "model"
@@ -250,13 +255,14 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
 
         reg = f"scarcelab-{family}-{cfg.method}-{dataset_label(cfg.dataset)}"
     reg = None if reg in ("none", "default", "") else reg
-    display = Display(level)
     if cfg.data_options is not None and cfg.data_options.folds > 1:
         _run_folds(family, cfg, kw, ctx, display, ident, reg, t0)
         return
     tracker = _tracker(kw, ident, reg, display, cfg, ctx)
+    tracker.startup = startup
+    startup.phase("data, split and model set-up")
     res = run_study(cfg, tracker)
-    _summary(tracker, cfg, res, t0)
+    _summary(tracker, cfg, res, t0, startup=startup.text)
 
 
 def _tracker(kw: dict[str, Any], ident: dict[str, Any], reg: str | None, display: Any,
@@ -277,7 +283,8 @@ def _tracker(kw: dict[str, Any], ident: dict[str, Any], reg: str | None, display
                            entry=entry_params(ctx, FAMILY_ENTRY))
 
 
-def _summary(tracker: Any, cfg: Any, res: Any, t0: float, what: str = "study") -> None:
+def _summary(tracker: Any, cfg: Any, res: Any, t0: float, what: str = "study",
+             startup: str = "") -> None:
     from scarcelab.entrypoints._progress import fmt_time, summary_lines
     from scarcelab.tracking.run_views import counted
 
@@ -288,7 +295,8 @@ def _summary(tracker: Any, cfg: Any, res: Any, t0: float, what: str = "study") -
         "process, budget "
         f"{fmt_time(cfg.budget_minutes * 60)}",
         f"  best val balanced accuracy {res.best_val:.4f} (trial {res.best_trial}), test "
-        f"balanced accuracy of that checkpoint {test:.4f}"])))
+        f"balanced accuracy of that checkpoint {test:.4f}",
+        *([f"  {startup}"] if startup else [])])))
     if tracker.spool_left is not None:  # trained, but the record is not complete: say so
         raise ScarcelabError(
             f"the tracking records of study run {tracker.study_run_id} were not all delivered; "
