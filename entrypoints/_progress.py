@@ -234,7 +234,9 @@ class Startup:
         self.display = display
         self.started_at = started_at
         self.phases: list[tuple[str, float]] = []
-        self._cur: tuple[str, float] | None = (self.FIRST, started_at)
+        first = ("launch (mlflow run, interpreter, command line, option checks)"
+                 if os.environ.get("MLFLOW_RUN_ID") else self.FIRST)
+        self._cur: tuple[str, float] | None = (first, started_at)
         self.text = ""
 
     def phase(self, what: str) -> None:
