@@ -100,14 +100,16 @@ def _parse_set(over: dict[str, Any], dataset: str
               help="existing folder with the data files (default: $SCARCELAB_DATA or "
               "~/.cache/scarcelab, then the project's shared data, announced); synthetic "
               "sets need none")
-@click.option("--query-size", default="1", show_default=True, type=Int(1, None))
+@click.option("--query-size", default="1", show_default=True, type=Int(1, None),
+              help="labels acquired per AL iteration (the batch the strategy picks)")
 @click.option("--budget", default="default", show_default=True,
               type=Int(1, None, default_ok=True),
               help="labels to acquire after the seed set (default: the dataset's, Table 6)")
 @click.option("--seed-set", default="default", show_default=True,
               type=Int(1, None, default_ok=True),
               help="initial labeled samples per class (default 1)")
-@click.option("--repetitions", default="1", show_default=True, type=Int(1, 10_000))
+@click.option("--repetitions", default="1", show_default=True, type=Int(1, 10_000),
+              help="independent repetitions (seed sets), each a child run")
 @click.option("--seed-strategy", default="0", show_default=True, type=Int(0, SEED_MAX),
               help="s_Ω (fixed)")
 @click.option("--seed-data", default="0", show_default=True, type=Int(0, SEED_MAX),
@@ -330,8 +332,9 @@ def _encoded_context(rc: Any, encoder: str, enc_params: dict[str, Any],
 
 @main.command(name="al-report", short_help="Rank AL strategies; critical-difference diagram.")
 @click.option("--experiment", required=True, help="experiment name(s), comma-separated")
-@click.option("--tracking-uri", default="")
-@click.option("--alpha", default=0.05, show_default=True)
+@click.option("--tracking-uri", default="", help="default: MLFLOW_TRACKING_URI / MLflow's")
+@click.option("--alpha", default=0.05, show_default=True,
+              help="significance level of the Friedman and Wilcoxon-Holm tests")
 @click.option("--log/--no-log", default=True, show_default=True,
               help="log the tables and the critical-difference diagram as a report run")
 def al_report_cmd(experiment: str, tracking_uri: str, alpha: float, log: bool) -> None:

@@ -36,6 +36,7 @@ from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
     Folder,
+    GroupedCommand,
     Names,
     Ratios,
     apply_identity,
@@ -105,11 +106,16 @@ def _experiment_id(client: Any, parent_id: str | None, experiment: str | None) -
 
     if parent_id:
         return client.get_run(parent_id).info.experiment_id
-    if experiment:
-        return mlflow.set_experiment(experiment).experiment_id
-    from mlflow.tracking.fluent import _get_experiment_id
+    from scarcelab.tracking.experiment_kind import mark_classic
 
-    return _get_experiment_id() or "0"
+    if experiment:
+        exp_id = mlflow.set_experiment(experiment).experiment_id
+    else:
+        from mlflow.tracking.fluent import _get_experiment_id
+
+        exp_id = _get_experiment_id() or "0"
+    mark_classic(client, exp_id)  # MLflow 3's UI opens it on the runs, not GenAI
+    return exp_id
 
 
 def _take_over(client: Any, exp_id: str, killed: str, parent_id: str) -> None:
@@ -301,9 +307,10 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
     _report(points, table, parent_id, cfg, t0)
 
 
-@main.command(name="contamination", short_help="Sweep OOD contamination ratios of the "
-              "unlabeled pool.", help="Sweep OOD contamination ratios of the unlabeled "
-              "pool for a semi-supervised method; one child study per (source, ratio).")
+@main.command(name="contamination", cls=GroupedCommand,
+              short_help="Sweep OOD contamination ratios of the unlabeled pool.",
+              help="Sweep OOD contamination ratios of the unlabeled pool for a "
+              "semi-supervised method; one child study per (source, ratio).")
 @study_options(dataset="pneumoniamnist", family="semi")
 @click.option("--ood", default="mnist", show_default=True, type=Names(),
               help="OOD source(s), comma-separated: mnist, digits, textures, lfw, cifar10, "

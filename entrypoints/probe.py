@@ -34,7 +34,9 @@ from scarcelab.errors import ScarcelabError
               help="random | a weights file | runs:/<id>/model | runs:/<id>/checkpoints/"
               "best.pt | models:/<name>/<version>")
 @click.option("--protocol", default="linear", show_default=True,
-              type=click.Choice(["linear", "finetune"]))
+              type=click.Choice(["linear", "finetune"]),
+              help="linear: a logistic-regression probe on frozen features; finetune: the "
+              "encoder trained with a new head")
 @click.option("--dataset", default="pathology_crops", show_default=True, type=DatasetName(),
               help="a registered dataset or plugin, or your own images: folder:PATH or "
               "csv:FILE (docs/own-images.md)")
@@ -43,7 +45,8 @@ from scarcelab.errors import ScarcelabError
 @click.option("--arch", default="auto", show_default=True,
               type=Registered("arch", extra=("auto",)),
               help="auto = the encoder's own (random: resnet18 on GPU, small_cnn on CPU)")
-@click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
+@click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX),
+              help="seed of the split and training")
 @click.option("--n-labeled", default="all", show_default=True,
               help="labeled train size; all = the train split minus validation")
 @click.option("--n-val", default="default", show_default=True,
@@ -61,14 +64,21 @@ from scarcelab.errors import ScarcelabError
               type=Registered("method", "supervised"), help="finetune: supervised method")
 @click.option("--budget-minutes", default="3", show_default=True,
               type=Float(0.0, 7 * 24 * 60, lo_open=True), help="finetune search budget")
-@click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6))
-@click.option("--patience", default="20", show_default=True, type=Int(1, 10**6))
+@click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6),
+              help="finetune: epochs of a trial at most")
+@click.option("--patience", default="20", show_default=True, type=Int(1, 10**6),
+              help="finetune: epochs without a better validation score before a trial "
+              "stops")
 @click.option("--batch-size", default="default", show_default=True,
-              type=Int(1, 10**6, default_ok=True))
+              type=Int(1, 10**6, default_ok=True),
+              help="finetune: labeled images per step; default = the method's own")
 @click.option("--max-steps-per-epoch", default="default", show_default=True,
-              type=Int(1, None, default_ok=True))
-@click.option("--max-trials", default="0", show_default=True, type=Int(0, None))
-@click.option("--device", default="auto", show_default=True, type=Device())
+              type=Int(1, None, default_ok=True),
+              help="finetune: cap on the steps of an epoch; default = no cap")
+@click.option("--max-trials", default="0", show_default=True, type=Int(0, None),
+              help="finetune: stop after this many trials (0 = until the budget is spent)")
+@click.option("--device", default="auto", show_default=True, type=Device(),
+              help="where to train; auto = cuda when available, else cpu")
 @click.option("--set", "overrides", default="", help="finetune: fixed hyperparameters")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 @accel_options

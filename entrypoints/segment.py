@@ -64,16 +64,20 @@ BIG = 10**6
 @click.option("--encoder-norm", default="auto", show_default=True,
               help="input normalisation the weights expect: auto (ImageNet's for a "
               "torchvision/timm file) | imagenet | none | m1,m2,m3/s1,s2,s3")
-@click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
+@click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX),
+              help="seed of the tile draws and training")
 @click.option("--budget-minutes", default="5", show_default=True, type=Float(0, None, lo_open=True),
               help="wall clock for training + per-epoch validation; the selected "
               "checkpoint's test (and --cross-test) evaluation and the model logging run "
               "after it, each shown with a time estimate")
-@click.option("--max-epochs", default="100", show_default=True, type=Int(1, BIG))
+@click.option("--max-epochs", default="100", show_default=True, type=Int(1, BIG),
+              help="epochs at most; --patience and the budget end training sooner")
 @click.option("--patience", default="5", show_default=True, type=Int(1, BIG),
               help="epochs without a better validation PQ before stopping")
-@click.option("--steps-per-epoch", default="40", show_default=True, type=Int(1, BIG))
-@click.option("--batch-size", default="8", show_default=True, type=Int(1, 4096))
+@click.option("--steps-per-epoch", default="40", show_default=True, type=Int(1, BIG),
+              help="training steps between two validations")
+@click.option("--batch-size", default="8", show_default=True, type=Int(1, 4096),
+              help="training crops per step")
 @click.option("--crop", default="96", show_default=True, type=Int(8, BIG),
               help="training crop (pixels)")
 @click.option("--window", default="256", show_default=True, type=Int(8, BIG),
@@ -81,7 +85,8 @@ BIG = 10**6
 @click.option("--scale", default="1.0", show_default=True, type=Float(0.1, 4),
               help="resize tiles by this factor first (0.5: CoNSeP's 40x seen at ~20x; "
               "4x less compute)")
-@click.option("--lr", default="0.001", show_default=True, type=Float(0, 10, lo_open=True))
+@click.option("--lr", default="0.001", show_default=True, type=Float(0, 10, lo_open=True),
+              help="learning rate")
 @click.option("--types", default="true", show_default=True, type=Bool(),
               help="train a nucleus-type head (mPQ) when the dataset has types")
 @click.option("--aggregation", default="image", show_default=True,
@@ -95,12 +100,17 @@ BIG = 10**6
               help="comma-separated test-only datasets, e.g. nuclei_cpm15 (checked, and "
               "read, before training)")
 @click.option("--max-val-tiles", default="32", show_default=True,
-              type=Int(1, None, default_ok=True))
+              type=Int(1, None, default_ok=True),
+              help="validation tiles drawn (validation runs every epoch: kept cheap); "
+              "default = all")
 @click.option("--max-train-tiles", default="default", show_default=True,
-              type=Int(1, None, default_ok=True))
+              type=Int(1, None, default_ok=True),
+              help="training tiles drawn; default = all (a cap is for quick tries)")
 @click.option("--max-test-tiles", default="default", show_default=True,
-              type=Int(1, None, default_ok=True))
-@click.option("--device", default="auto", show_default=True, type=Device())
+              type=Int(1, None, default_ok=True),
+              help="test tiles scored; default = all (a cap is for quick tries)")
+@click.option("--device", default="auto", show_default=True, type=Device(),
+              help="where to train; auto = cuda when available, else cpu")
 @click.option("--experiment", default="", help="MLflow experiment (ignored under mlflow run)")
 @accel_options
 @identity_options

@@ -24,6 +24,7 @@ from scarcelab.entrypoints.options import (
     Device,
     Float,
     Folder,
+    GroupedCommand,
     Int,
     LabelCount,
     Overrides,
@@ -78,7 +79,9 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
         click.option("--arch", default="auto", show_default=True,
                      type=Registered("arch", extra=("auto",)),
                      help="backbone; auto = resnet18 on GPU, small_cnn on CPU"),
-        click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX)),
+        click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX),
+                     help="seed of the split, the search and training; each seed is one "
+                     "sample of the method in the leaderboard"),
         click.option("--budget-minutes", default="3", show_default=True,
                      type=Float(0.0, 7 * 24 * 60, lo_open=True),
                      help="budget of the whole command, in minutes of --budget-clock: "
@@ -94,7 +97,9 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      help="the labeled loss: balanced = each class weighted by its inverse "
                      "labeled frequency (and the probe's class_weight=balanced), as "
                      "SSL-vs-SSL trains every method; none = unweighted"),
-        click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6)),
+        click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6),
+                     help="epochs of a trial at most; --patience and the budget end it "
+                     "sooner"),
         click.option("--patience", default="20", show_default=True, type=Int(1, 10**6),
                      help="epochs without a better validation score before a trial stops"),
         click.option("--n-labeled", default="default", show_default=True,
@@ -105,7 +110,9 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      type=LabelCount(allow_all=False),
                      help="validation size (>= 1, it selects the model); defaults to "
                      "n_labeled (with 'all': the dataset's default validation size)"),
-        click.option("--allow-large-val", default="false", show_default=True, type=Bool()),
+        click.option("--allow-large-val", default="false", show_default=True, type=Bool(),
+                     help="accept a validation set larger than the labeled training set "
+                     "(refused by default: unrealistic when labels are scarce)"),
         click.option("--search", default="random", show_default=True,
                      type=Word(("random", "none", "fixed")),
                      help="random = budgeted random search; none = transfer (one run on "
@@ -128,14 +135,20 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
                      "(official), from train (train), or official where it is large enough "
                      "(auto)"),
         click.option("--batch-size", default="default", show_default=True,
-                     type=Int(1, 10**6, default_ok=True)),
+                     type=Int(1, 10**6, default_ok=True),
+                     help="labeled images per step; default = the method's own"),
         click.option("--unlabeled-batch-size", default="default", show_default=True,
-                     type=Int(1, 10**6, default_ok=True)),
+                     type=Int(1, 10**6, default_ok=True),
+                     help="unlabeled images per step (semi and self methods); default = "
+                     "the method's own"),
         click.option("--max-steps-per-epoch", default="default", show_default=True,
-                     type=Int(1, None, default_ok=True)),
+                     type=Int(1, None, default_ok=True),
+                     help="cap on the steps of an epoch (one pass over the labeled and "
+                     "unlabeled images); default = no cap"),
         click.option("--max-trials", default="0", show_default=True, type=Int(0, None),
                      help="stop after this many trials (0 = until the budget is spent)"),
-        click.option("--device", default="auto", show_default=True, type=Device()),
+        click.option("--device", default="auto", show_default=True, type=Device(),
+                     help="where to train; auto = cuda when available, else cpu"),
         click.option("--study-name", default="auto", show_default=True, type=Word(),
                      help="the Optuna study workers share (with $OPTUNA_STORAGE): auto = "
                      "the one named after this command's settings (workers of the same "
@@ -247,14 +260,19 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
     cfg = study_config(family, kw)
     import dataclasses
 
-    from scarcelab.entrypoints._progress import Display
-    from scarcelab.protocols.search import run_study
+    from scarcelab.entrypoints._progress import Display, Startup
     from scarcelab.tracking.lifecycle import command_started_at
-    from scarcelab.tracking.mlflow_tracker import check_tracking_server
 
     # the budget is the command's wall time: its start-up counts (protocols.search)
-    cfg = dataclasses.replace(cfg, started_at=command_started_at())
+    started = command_started_at()
+    display = Display(level)
+    startup = Startup(display, started)
+    startup.phase("imports (torch, MLflow)")
+    from scarcelab.protocols.search import run_study
+    from scarcelab.tracking.mlflow_tracker import check_tracking_server
 
+    cfg = dataclasses.replace(cfg, started_at=started)
+    startup.phase("tracking server check")
     check_tracking_server()  # a dead server: one clear line now, not a traceback later
     reg = kw.get("register_model") or "none"
     if reg == "auto":  # a name that says what the model is, not just "model"
@@ -262,13 +280,14 @@ def _run(family: str, kw: dict[str, Any], ctx: click.Context) -> None:
 
         reg = f"scarcelab-{family}-{cfg.method}-{dataset_label(cfg.dataset)}"
     reg = None if reg in ("none", "default", "") else reg
-    display = Display(level)
     if cfg.data_options is not None and cfg.data_options.folds > 1:
         _run_folds(family, cfg, kw, ctx, display, ident, reg, t0)
         return
     tracker = _tracker(kw, ident, reg, display, cfg, ctx)
+    tracker.startup = startup
+    startup.phase("data, split and model set-up")
     res = run_study(cfg, tracker)
-    _summary(tracker, cfg, res, t0)
+    _summary(tracker, cfg, res, t0, startup=startup.text)
 
 
 def _tracker(kw: dict[str, Any], ident: dict[str, Any], reg: str | None, display: Any,
@@ -289,16 +308,20 @@ def _tracker(kw: dict[str, Any], ident: dict[str, Any], reg: str | None, display
                            entry=entry_params(ctx, FAMILY_ENTRY))
 
 
-def _summary(tracker: Any, cfg: Any, res: Any, t0: float, what: str = "study") -> None:
+def _summary(tracker: Any, cfg: Any, res: Any, t0: float, what: str = "study",
+             startup: str = "") -> None:
     from scarcelab.entrypoints._progress import fmt_time, summary_lines
+    from scarcelab.tracking.run_views import counted
 
     test = res.best_test.get("balanced_accuracy", float("nan"))
     click.echo("\n".join(summary_lines(tracker, what, time.time() - t0, [
-        f"study {getattr(tracker, 'name', cfg.method)}: {res.n_trials} trials "
-        f"({res.n_failed} failed), {tracker.epochs_total} epochs in this process, budget "
+        f"study {getattr(tracker, 'name', cfg.method)}: {counted(res.n_trials, 'trial')} "
+        f"({res.n_failed} failed), {counted(tracker.epochs_total, 'epoch')} in this "
+        "process, budget "
         f"{fmt_time(cfg.budget_minutes * 60)}",
         f"  best val balanced accuracy {res.best_val:.4f} (trial {res.best_trial}), test "
-        f"balanced accuracy of that checkpoint {test:.4f}"])))
+        f"balanced accuracy of that checkpoint {test:.4f}",
+        *([f"  {startup}"] if startup else [])])))
     if tracker.spool_left is not None:  # trained, but the record is not complete: say so
         raise ScarcelabError(
             f"the tracking records of study run {tracker.study_run_id} were not all delivered; "
@@ -379,7 +402,8 @@ def _run_folds(family: str, cfg: Any, kw: dict[str, Any], ctx: click.Context, di
 def _family_command(family: str, default_method: str) -> None:
     short = f"Run a budgeted {family} study of one method."
 
-    @main.command(name=family, short_help=short, help=f"{short}\n\nFor example: scarcelab "
+    @main.command(name=family, cls=GroupedCommand, short_help=short,
+                  help=f"{short}\n\nFor example: scarcelab "
                   f"{family} --method {default_method} --dataset breastmnist "
                   "--budget-minutes 3")
     @study_options(family=family, folds=True)

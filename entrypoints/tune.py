@@ -96,18 +96,24 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
 @click.option("--arch", default="default", show_default=True,
               type=Registered("arch", extra=ARCH_DEFAULTS),
               help="backbone; default = the dataset's (wrn16_8 / resnet50_imagenet)")
-@click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX))
+@click.option("--seed", default="0", show_default=True, type=Int(0, SEED_MAX),
+              help="seed of the search; the final retrains use their own seeds from it")
 @click.option("--epochs", default="default", show_default=True,
-              type=Int(1, None, default_ok=True))
+              type=Int(1, None, default_ok=True),
+              help="epochs of a search trial at most (ASHA's max_t); default = the "
+              "dataset's published count")
 @click.option("--epochs-final", default="default", show_default=True,
               type=Int(1, None, default_ok=True),
               help="epochs of each final retraining (gem --epochs-f); default: the "
               "dataset's published count (ImageNet: 500) while --epochs is the published "
               "one, else --epochs")
 @click.option("--grace-period", default="default", show_default=True,
-              type=Int(1, None, default_ok=True))
+              type=Int(1, None, default_ok=True),
+              help="epochs every ASHA trial runs before it can be stopped; default = the "
+              "dataset's")
 @click.option("--n-trials", default="default", show_default=True,
-              type=Int(1, None, default_ok=True))
+              type=Int(1, None, default_ok=True),
+              help="configurations sampled by the search; default = the dataset's")
 @click.option("--batch-sizes", default="default", show_default=True, type=IntList(1),
               help="comma-separated set searched over, e.g. 10,25,50")
 @click.option("--n-final", default="10", show_default=True, type=Int(1, None),
@@ -116,11 +122,13 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
               type=Word(("all", "search", "final")),
               help="search and/or final retraining (workers: search; then one: final)")
 @click.option("--max-steps-per-epoch", default="default", show_default=True,
-              type=Int(1, None, default_ok=True))
+              type=Int(1, None, default_ok=True),
+              help="cap on the steps of an epoch; default = no cap")
 @click.option("--budget-minutes", default="0", show_default=True, type=Float(0, None),
               help="wall-clock cap on the search (0 = none); the --n-final retrains of "
               "the best configuration run after it, each shown as it finishes")
-@click.option("--device", default="auto", show_default=True, type=Device())
+@click.option("--device", default="auto", show_default=True, type=Device(),
+              help="where to train; auto = cuda when available, else cpu")
 @click.option("--set", "overrides", default="", type=Overrides(),
               help="fixed hyperparameters, typed like the method's, e.g. 'lambda_ole=0.25'")
 @click.option("--study-name", default="", help="workers given the same name (and "

@@ -69,6 +69,10 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    # mlflow.set_experiment (which logging a model calls) exports MLFLOW_EXPERIMENT_ID to
+    # the process: an earlier test's experiment id must not point into this new store
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     mlflow.set_tracking_uri(uri)
     yield uri
     while mlflow.active_run():

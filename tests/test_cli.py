@@ -226,8 +226,9 @@ CLI_ONLY = {
     **{family: {"--diag-samples": "the per-epoch diagnostics' sample count, a debugging "
                 "knob the family entry points have never exposed (contamination does)"}
        for family in ("supervised", "semi", "self")},
-    "leaderboard": {"--format": "terminal rendering", "--view": "the query views; the "
-                    "entry point logs the leaderboard", "--include-failed": "terminal use",
+    "leaderboard": {"--format": "terminal rendering", "--columns": "terminal rendering",
+                    "--view": "the query views; the entry point logs the leaderboard",
+                    "--include-failed": "terminal use",
                     "--log": "the entry point always logs", "--tracking-uri": "mlflow run "
                     "sets MLFLOW_TRACKING_URI"},
     "sweep": {"--full": "MLproject passes --full-scale true|false (it cannot omit a flag)",

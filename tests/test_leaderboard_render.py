@@ -90,8 +90,12 @@ def test_cli_formats_table_on_a_terminal_csv_in_a_pipe(monkeypatch: pytest.Monke
     assert got["test_balanced_accuracy_mean"].tolist()[:2] == [0.7959999999999999,
                                                                0.6893333333333334]
     monkeypatch.setattr(lbcmd, "_on_terminal", lambda: True)
-    tty = CliRunner().invoke(main, args)
+    tty = CliRunner().invoke(main, [*args, "--columns", "all"])
     assert tty.output.strip() == render.to_table(_lb())
+    # by default a terminal gets the leaderboard's main columns (issue 43: fit 80 columns)
+    short = CliRunner().invoke(main, args)
+    assert short.stdout.splitlines()[0].split() == [
+        "dataset", "n_labeled", "budget_minutes", "method", "n", "test_balanced_accuracy"]
     for fmt, check in (("json", lambda o: json.loads(o)[1]["method"] == "sup"),
                        ("markdown", lambda o: "| 0.796 ± 0.015" in o),
                        ("csv", lambda o: o.startswith("dataset,n_labeled"))):

@@ -169,7 +169,11 @@ def al_report(experiments: list[str], tracking_uri: str | None = None, alpha: fl
                      f"{scores.shape[0]} block(s)")
     run_id = None
     if log:
-        mlflow.set_experiment(experiments[0])
+        from mlflow import MlflowClient
+
+        from scarcelab.tracking.experiment_kind import mark_classic
+
+        mark_classic(MlflowClient(), mlflow.set_experiment(experiments[0]).experiment_id)
         with mlflow.start_run(run_name="al-report") as run, \
                 tempfile.TemporaryDirectory() as tmp:
             mlflow.set_tags({T.ROLE: "al_report", T.FAMILY: "active"})

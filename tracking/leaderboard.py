@@ -42,3 +42,22 @@ def leaderboard(experiments: str | Iterable[str], tracking_uri: str | None = Non
     :func:`tracking.query.views.leaderboard`)."""
     return views.leaderboard(frame.load(experiments, tracking_uri), sort_by=sort_by,
                              **filters)
+
+
+def experiments_with_studies(tracking_uri: str | None = None) -> list[str]:
+    """The names of the active experiments that hold at least one scarcelab study run, in
+    the store's order (``Default`` first when it has any): what ``scarcelab leaderboard``
+    reads when no ``--experiment`` is given — a newcomer's studies went to ``Default``
+    unless they named one, and needing to know that should not stop the first query."""
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    from scarcelab import tags as T
+
+    c = MlflowClient(tracking_uri=tracking_uri)
+    out = []
+    for e in sorted(c.search_experiments(view_type=ViewType.ACTIVE_ONLY),
+                    key=lambda e: (e.experiment_id != "0", e.creation_time or 0)):
+        if c.search_runs([e.experiment_id], f"tags.`{T.ROLE}` = 'study'", max_results=1):
+            out.append(e.name)
+    return out

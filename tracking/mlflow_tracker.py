@@ -59,8 +59,8 @@ from scarcelab.models.classifier import ExportedClassifier
 from scarcelab.models.image_input import InputSpec
 from scarcelab.redaction import hide_mlflow_links, redact
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
-from scarcelab.tracking import pyfunc_model
-from scarcelab.tracking.run_views import RunViews
+from scarcelab.tracking import experiment_kind, pyfunc_model
+from scarcelab.tracking.run_views import DESCRIPTION_TAG, RunViews
 from scarcelab.tracking.safe_io import (
     CHECKSUM_TAG,
     UnsafeArtifact,
@@ -281,7 +281,7 @@ def _experiment_id(name: str | None) -> str:
         if exp:
             return str(exp.experiment_id)
         try:
-            return str(client.create_experiment(name))
+            return str(client.create_experiment(name, tags=experiment_kind.creation_tags()))
         except mlflow.exceptions.MlflowException as e:
             # Two workers starting together both saw no experiment; the second create loses
             # the race. The experiment now exists: use it.
@@ -441,6 +441,7 @@ class MlflowTracker(RunViews, Tracker):
         self.study_run_id: str | None = None
         self.trial_run_id: str | None = None
         self._trial_key: str | None = None
+        self._trial_number, self._trial_text = -1, ""  # the open trial's, for its description
         self._resume_run: str | None = None
         self._attach_run: str | None = None  # attach_study: continue this very run
         self._orphans: list[Any] = []  # trial runs a dead process left RUNNING (resume)
@@ -645,6 +646,8 @@ class MlflowTracker(RunViews, Tracker):
             run = _retry(self.client.create_run, exp, tags=resolve_tags({}), run_name=name)
         self.study_run_id = run.info.run_id
         self._experiment_id = run.info.experiment_id
+        # Default, a sweep's or a user-made experiment: open on the runs in MLflow 3's UI
+        experiment_kind.mark_classic(self.client, self._experiment_id)
         all_tags = {**tags, T.OWNER: OWNER}
         if (project_run and run.info.run_id == project_run and not self._resume_run
                 and (self._label["run_name"] or _generated_name(run.info.run_name))):
@@ -737,14 +740,18 @@ class MlflowTracker(RunViews, Tracker):
 
         self._n += 1
         key = f"trial-{number}-{self._n}"
-        run_name = self.trial_run_name(number, str(tags.get(T.ROLE, "trial")))
+        role = str(tags.get(T.ROLE, "trial"))
+        run_name = self.trial_run_name(number, role)
         self._trial_key = key
+        self._trial_number = number
+        self._trial_text = self.trial_description(number, role, params)
         self._submit({"op": "create_run", "key": key, "parent": "study",
                       "experiment_id": self._experiment_id, "run_name": run_name,
                       "start_time": int(time.time() * 1000),
                       # tags go with the creation: a run killed right after it is still
                       # findable (and closable) by its study key and trial number
                       "tags": {**resolve_tags({}), MLFLOW_RUN_NAME: run_name,
+                               DESCRIPTION_TAG: self._trial_text,
                                **{k: str(v) for k, v in tags.items()}}})
         self._submit({"op": "log_batch", "key": key,
                       "params": [[k, _param_value(v)] for k, v in params.items()]})
@@ -800,9 +807,10 @@ class MlflowTracker(RunViews, Tracker):
     def end_trial(self, status: str, error: str | None = None) -> None:
         if self._trial_key is None:
             return
-        if error:
-            self._submit({"op": "log_batch", "key": self._trial_key,
-                          "tags": [[T.ERROR, error[:5000]]]})
+        outcome = [[DESCRIPTION_TAG, self._trial_text + "\n\n"
+                    + self.trial_outcome(self._trial_number, status)]]
+        self._submit({"op": "log_batch", "key": self._trial_key,
+                      "tags": ([[T.ERROR, error[:5000]]] if error else []) + outcome})
         self._submit({"op": "terminate", "key": self._trial_key, "status": status,
                       "end_time": int(time.time() * 1000)})
         self._trial_key = self.trial_run_id = None

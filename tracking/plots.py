@@ -28,6 +28,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from scarcelab.tracking.run_views import counted  # noqa: E402
+
 log = logging.getLogger("scarcelab.tracking")
 
 
@@ -146,7 +148,7 @@ def trials_profile_figure(history: Mapping[int, Sequence[tuple[float, float, flo
     ax.set_xlabel("minutes since the study started")
     ax.set_ylabel("balanced accuracy")
     ax.set_ylim(0, 1.02)
-    ax.set_title(f"{title} ({len(history)} trials)")
+    ax.set_title(f"{title} ({counted(len(history), 'trial')})")
     ax.legend(fontsize=8, loc="lower right")
     return fig
 

@@ -39,6 +39,18 @@ def system_metrics_enabled() -> bool:
     return True
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 trial``, ``2 trials``: the count with the noun in the number it needs."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
+def _short(v: Any) -> str:
+    """A hyperparameter's value for a description: floats to 4 significant digits."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
 #: the options that say what a cell is, shown bare and in this order (the rest as k=v)
 _CELL_HEAD = ("method", "strategy", "dataset")
 
@@ -100,6 +112,39 @@ class RunViews:
         st["trial"] = number
         mark = "r" if role == "retrain" else "t"
         return f"{st['name'] or 'study'}/{mark}{number:02d}"
+
+    def trial_description(self, number: int, role: str, params: dict[str, Any]) -> str:
+        """A trial run's description (the MLflow UI's Description): whose trial it is, what
+        it ran with and how the study uses it — a trial run opened on its own said nothing
+        (issue 43)."""
+        st = self._rv()
+        kind = "Final retraining" if role == "retrain" else "Trial"
+        run_id = getattr(self, "study_run_id", None)
+        lines = [f"**{kind} {number}** of study **{st['name'] or 'study'}**"
+                 + (f" (run `{run_id}`)" if run_id else "") + ".", ""]
+        p = st["params"]
+        what = ", ".join(f"{k}={p[k]}" for k in ("method", "dataset", "seed", "budget_minutes")
+                         if k in p)
+        if what:
+            lines.append(f"Study: {what}.")
+        if params:
+            lines.append("Hyperparameters: " + ", ".join(
+                f"{k}={_short(v)}" for k, v in sorted(params.items())) + ".")
+        lines.append("The final retrainings are scored on test; the study reports their mean."
+                     if role == "retrain" else
+                     "The study keeps the checkpoint best on validation balanced accuracy "
+                     "over all its trials; that checkpoint's test scores are the study's.")
+        return "\n".join(lines)
+
+    def trial_outcome(self, number: int, status: str) -> str:
+        """The line added to a trial's description when it ends: how it went."""
+        hist = self._rv()["history"].get(number, [])
+        text = f"Ended {status}"
+        if hist:
+            best = max(hist, key=lambda r: r[1])
+            text += (f" after {counted(len(hist), 'evaluation')}; best validation balanced "
+                     f"accuracy {best[1]:.4f} (test {best[2]:.4f} at that checkpoint)")
+        return text + "."
 
     def _rv_metrics(self, metrics: dict[str, float], step: int, scope: str) -> None:
         st = self._rv()

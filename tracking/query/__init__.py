@@ -25,8 +25,8 @@ _EXPORTS = {
     "log_report": "report", "sections": "report",
     "ApiReader": "store", "SqlReader": "store", "open_reader": "store",
     **{n: "views" for n in ("VIEWS", "al_ranks", "al_scores", "filter_frame", "gains",
-                            "leaderboard", "per_study", "profile", "ranks", "significance",
-                            "study_scores", "transfer")},
+                            "leaderboard", "mixed_budgets", "per_study", "profile", "ranks",
+                            "significance", "study_scores", "transfer")},
 }
 
 __all__ = sorted(_EXPORTS)

@@ -79,7 +79,9 @@ def log_report(paths: dict[str, Path], experiment: str | None, run_name: str = "
     own = active is None
     if own:
         if experiment and not os.environ.get("MLFLOW_RUN_ID"):
-            mlflow.set_experiment(experiment)
+            from scarcelab.tracking.experiment_kind import mark_classic
+
+            mark_classic(mlflow.MlflowClient(), mlflow.set_experiment(experiment).experiment_id)
         active = mlflow.start_run(run_name=None if os.environ.get("MLFLOW_RUN_ID") else run_name)
     try:
         mlflow.set_tags({"scarcelab.role": "report", **(tags or {}),

@@ -12,7 +12,9 @@
   strategies over (dataset, query size, repetition) blocks, as ``tracking.al``.
 
 Label budgets never mix: a "dataset" block is (dataset, n_labeled) whenever the studies
-carry ``n_labeled``. Nor does anything else: studies of one method that
+carry ``n_labeled``; the leaderboard ranks, and :func:`significance` tests, within one time
+budget (``budget_minutes``) of such a block, and :func:`mixed_budgets` names the blocks that
+hold several. Nor does anything else: studies of one method that
 were run with different settings — any param but the seed and a few names of places
 (``frame.study_settings``) — are different *variants* of it, each with its own leaderboard
 row, gains row, Welch test and profile; and a seed repeated with the same settings is one
@@ -274,9 +276,31 @@ def _leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = Fa
     out["budget_minutes"] = pd.to_numeric(out["budget_minutes"], errors="coerce").astype(float)
     if sort_by not in out:
         raise ValueError(f"cannot sort by {sort_by!r}; columns: {', '.join(out.columns)}")
-    out = out.sort_values(["dataset", "n_labeled", sort_by],
-                          ascending=[True, True, ascending], kind="stable", na_position="last")
+    # the time budget is part of the ranked block: a 0.5-minute study is not ranked among
+    # 3-minute ones (issue 43); mixed_budgets() names such blocks for a note
+    out = out.sort_values(["dataset", "n_labeled", "budget_minutes", sort_by],
+                          ascending=[True, True, True, ascending], kind="stable",
+                          na_position="last")
     return out.reset_index(drop=True)
+
+
+def mixed_budgets(df: pd.DataFrame) -> list[str]:
+    """The (dataset, label budget) blocks of a leaderboard or significance frame whose
+    studies ran with different time budgets, as ``"dA (n=40): 0.5, 1, 3 min"``: each is
+    ranked (compared) within one time budget, and a reader is told so."""
+    if df.empty or "budget_minutes" not in df:
+        return []
+    b = pd.to_numeric(df["budget_minutes"], errors="coerce")
+    out = []
+    keys = [k for k in ("dataset", "n_labeled") if k in df]
+    for key, part in b.groupby([df[k] for k in keys], dropna=False, sort=True):
+        vals = sorted(set(part.dropna()))
+        if len(vals) + int(part.isna().any()) > 1:
+            ds, nl = (key if isinstance(key, tuple) else (key,)) + (np.nan,) * (2 - len(keys))
+            where = f"{ds}" + (f" (n={int(nl)})" if pd.notna(nl) else "")
+            names = [f"{v:g}" for v in vals] + (["unset"] if part.isna().any() else [])
+            out.append(f"{where}: {', '.join(names)} min")
+    return out
 
 
 def _block_label(row: pd.Series, multi_budget: set[str]) -> str:
@@ -325,25 +349,35 @@ def gains(t: Tracked, labeled_only: Sequence[str] = LABELED_ONLY, metric: str = 
 
 @view("significance", order=40, in_report=True,
       note="Welch's two-sided t-test of each method against the best mean per "
-           "dataset; significantly_worse = p < 0.05.")
+           "dataset, label budget and time budget; significantly_worse = p < 0.05.")
 def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: str = "auto",
                  **filters: Any) -> pd.DataFrame:
-    """Per dataset block, every method's per-seed ``metric`` against the best method's
-    (highest mean): two-sided Welch's t-test (unequal variances). ``p_value`` is NaN for the
-    best itself and where either side has fewer than two seeds; ``significantly_worse``
-    is ``p_value < alpha`` (the paper sets the others in italics: not distinguishable from
-    the best). A method run with several settings is one row per variant (``method`` is
-    the variant's name, :func:`per_study`); a repeated seed is one sample."""
+    """Per (dataset, label budget, time budget) block, every method's per-seed ``metric``
+    against the best method's (highest mean): two-sided Welch's t-test (unequal
+    variances). ``p_value`` is NaN for the best itself and where either side has fewer
+    than two seeds; ``significantly_worse`` is ``p_value < alpha`` (the paper sets the
+    others in italics: not distinguishable from the best). A method run with several
+    settings is one row per variant (``method`` is the variant's name, :func:`per_study`);
+    a repeated seed is one sample. Studies of different time budgets are never tested
+    against each other; a warning names the blocks that hold several."""
     s = samples(t, source, **filters)
-    cols = ["dataset", "n_labeled", "method", "mean", "std", "n", "best_method", "t_statistic",
-            "p_value", "significantly_worse"]
+    cols = ["dataset", "n_labeled", "budget_minutes", "method", "mean", "std", "n",
+            "best_method", "t_statistic", "p_value", "significantly_worse"]
     if s.empty or metric not in s:
         return pd.DataFrame(columns=cols)
-    for k in ("dataset", "n_labeled"):  # untagged studies form one block, as in leaderboard
+    # untagged studies form one block, as in leaderboard
+    for k in ("dataset", "n_labeled", "budget_minutes"):
         if k not in s:
             s[k] = np.nan
+    s["budget_minutes"] = pd.to_numeric(s["budget_minutes"], errors="coerce").astype(float)
     rows = []
-    for (ds, nl), part in s.groupby(["dataset", "n_labeled"], dropna=False, sort=True):
+    mixed = mixed_budgets(s)
+    if mixed:  # split, never compared: said once, so that a reader knows why
+        warnings.warn("significance: studies of different time budgets are tested within "
+                      "their own budget, never against each other: " + "; ".join(mixed),
+                      stacklevel=2)
+    for (ds, nl, bm), part in s.groupby(["dataset", "n_labeled", "budget_minutes"],
+                                        dropna=False, sort=True):
         vals = {m: g[metric].dropna().to_numpy() for m, g in part.groupby("variant")}
         means = {m: v.mean() for m, v in vals.items() if len(v)}
         if not means:
@@ -354,11 +388,12 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
             if m != best and len(v) >= 2 and len(vals[best]) >= 2:
                 res = sps.ttest_ind(v, vals[best], equal_var=False)
                 tstat, p = float(res.statistic), float(res.pvalue)
-            rows.append((ds, nl, m, v.mean() if len(v) else np.nan,
+            rows.append((ds, nl, bm, m, v.mean() if len(v) else np.nan,
                          v.std(ddof=1) if len(v) > 1 else np.nan, len(v), best, tstat, p,
                          bool(p < alpha) if np.isfinite(p) else False))
     out = pd.DataFrame(rows, columns=cols)
-    return out.sort_values(["dataset", "n_labeled", "mean"], ascending=[True, True, False],
+    return out.sort_values(["dataset", "n_labeled", "budget_minutes", "mean"],
+                           ascending=[True, True, True, False],
                            kind="stable").reset_index(drop=True)
 
 
