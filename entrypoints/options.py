@@ -837,7 +837,8 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
                     "ood", "ratios", "ood_dir", "tuning"),
     "Time budget and search": ("budget_minutes", "budget_clock", "search", "hparams_from",
                                "transfer_epochs", "max_trials", "max_epochs", "patience",
-                               "overrides", "eval_every_steps"),
+                               "overrides", "eval_every_steps", "schedule_horizon",
+                               "study_name"),
     "Your own images (--dataset folder:PATH or csv:FILE)": (
         "image_size", "channels", "fit", "skip_bad_files", "test_fraction", "folds"),
     "Batches and device": ("batch_size", "unlabeled_batch_size", "max_steps_per_epoch",
