@@ -156,8 +156,9 @@ def test_records_lost_at_kill9_are_marked_on_the_next_start_and_the_resume(tmp_p
     assert sorted(trials) == ["0", "1"]  # trial 2 was never created: its records are gone
     t0, t1 = trials["0"], trials["1"]
     assert t0.info.status == "FINISHED" and RECORDS_LOST_TAG not in t0.data.tags
-    # trial 1: epochs 1 and 2 and its end were held in memory only
-    assert t1.info.status == "RUNNING"
+    # trial 1: epochs 1 and 2 and its end were held in memory only; the replay closed it
+    # FAILED rather than leave it RUNNING for ever (issue 42 item 9)
+    assert t1.info.status == "FAILED" and t1.data.tags["scarcelab.ended_by_replay"] == "true"
     assert [m.step for m in c.get_metric_history(t1.info.run_id, "val/balanced_accuracy")] \
         == [0]
     line = t1.data.tags[RECORDS_LOST_TAG]

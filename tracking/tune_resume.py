@@ -233,7 +233,7 @@ def _search_trials(client: MlflowClient, run: Any
         last = max(last, r.info.end_time or r.info.start_time)
         if not number.isdigit() or tags.get(T.CRASHED) == "true":
             continue  # crashed: an earlier resume ran it again
-        if r.info.status == "RUNNING":
+        if _left_by_dead_process(r):
             stale.append(r.info.run_id)
             continue
         state = ("complete" if r.info.status == "FINISHED" else
@@ -278,7 +278,7 @@ def read_final_phase(run_id: str, client: MlflowClient | None = None, run: Any =
         if not index.isdigit():
             continue
         i = int(index)
-        if r.info.status == "RUNNING":
+        if _left_by_dead_process(r):
             stale.append(r.info.run_id)
             continue
         if r.info.status != "FINISHED" or SCORE not in r.data.metrics:
@@ -301,6 +301,14 @@ def read_final_phase(run_id: str, client: MlflowClient | None = None, run: Any =
     best = json.loads(run.data.tags[T.BEST_PARAMS])
     return fields, FinalResume(best_params=best, done=done, logged=logged,
                                recorded=dict(run.data.params)), stale
+
+
+def _left_by_dead_process(r: Any) -> bool:
+    """A record the dead process left unfinished: still RUNNING, or closed FAILED by the
+    spool replay that the resume ran first (``scarcelab.ended_by_replay``, issue 42 item 9)
+    — the same trial either way, to be closed as crashed and run again."""
+    return r.info.status == "RUNNING" or (
+        r.info.status == "FAILED" and r.data.tags.get(T.ENDED_BY_REPLAY) == "true")
 
 
 def close_stale(run_ids: list[str], client: MlflowClient | None = None) -> None:

@@ -53,9 +53,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from scarcelab import tags as T
+
 SCHEMA = "scarcelab.results-export/1"
 PARENT = "mlflow.parentRunId"
-ROLE = "scarcelab.role"
+ROLE = T.ROLE
 #: tags no page reads that can be long (a model's logging history, the run's notes)
 DROPPED_TAGS = frozenset({"mlflow.log-model.history", "mlflow.note.content"})
 
