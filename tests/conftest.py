@@ -46,6 +46,18 @@ def _fresh_provenance() -> None:
     provenance.reset()
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_mlflow_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test inherits an experiment or run that an earlier test pointed the process at.
+    Why: ``mlflow.set_experiment`` (and so every study run in-process) writes
+    ``MLFLOW_EXPERIMENT_ID`` into ``os.environ``; an e2e test that copies the environment
+    into ``mlflow run`` then got "Specify only one of 'experiment-name' or 'experiment-id'"
+    or "No Experiment with id=1" from a store where that id never existed (CI of stop 47,
+    test_param_parity after the in-process UI and serving tests)."""
+    for name in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def medmnist_dir() -> Path:
     if not (MEDMNIST_DIR / "breastmnist.npz").exists():
