@@ -818,7 +818,7 @@ def _open_sweep(spec_path: str | Path, scale: str, experiment: str | None,
     from scarcelab.tracking.query.render import _safe_uri
 
     if spec is None:
-        spec = load_spec(spec_path, full=scale == "full", smoke=scale == "smoke")
+        spec = load_spec(spec_path, scale=scale)
     suite = Path(spec_path).stem
     paper = load_paper(paper_path(spec_path))
     exp_name = experiment or spec.experiment
