@@ -182,7 +182,7 @@ def _from_export(specs: tuple[str, ...], spec_list: str, out: str, smoke: bool, 
         jobs = [(src, paths[0] if paths else None)]
     want = next((s for s, on in (("smoke", smoke), ("full", full)) if on), None) or (
         scale if scale and scale != "default" else None)
-    pages, failed, sc = [], False, None
+    pages, failed = [], False
     for f, spec in jobs:
         try:
             page = page_from_export(f, spec)
@@ -195,7 +195,6 @@ def _from_export(specs: tuple[str, ...], spec_list: str, out: str, smoke: bool, 
                        err=True)
             failed = True
             continue
-        sc = sc or page.spec.scale
         out_dir = Path(out if out not in ("", "default") else
                        "docs/results" + ("" if page.spec.scale == "reference"
                                          else f"/{page.spec.scale}"))
@@ -207,7 +206,13 @@ def _from_export(specs: tuple[str, ...], spec_list: str, out: str, smoke: bool, 
         entries = [(p.stem, done.get(p.stem, f"no export of it in {source}"))
                    for p in sorted(Path(suites).glob("*.yaml"))]
         entries += [(k, v) for k, v in done.items() if k not in {e[0] for e in entries}]
-        click.echo(f"{write_index_page(entries, out_dir, sc or 'reference')}: "
+        # the title's scale: the pages' one scale when every row is such a page, else the
+        # reference (a folder that mixes a claims page with carried reference rows is the
+        # reference index; each row of another scale says its scale)
+        scales = {v.spec.scale for _, v in entries if not isinstance(v, str)}
+        one = next(iter(scales)) if len(scales) == 1 and all(
+            not isinstance(v, str) for _, v in entries) else None
+        click.echo(f"{write_index_page(entries, out_dir, want or one or 'reference')}: "
                    f"{len(entries)} suites")
     if failed or not pages:
         raise SystemExit(1)

@@ -1217,7 +1217,8 @@ def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | P
         commit = ", ".join(f"`{c[:12]}`" for c in p.commits) or "—"
         lines.append(f"| [{suite}]({suite}.md) | {p.paper.title} | {heads} "
                      f"({_summary(p.verdicts)}) | {_fmt_s(p.wall_s)} | {_fmt_s(p.cpu_s)} | "
-                     f"{commit} | {p.counts['finished']}/{p.counts['cells']} finished |")
+                     f"{commit} | {p.counts['finished']}/{p.counts['cells']} finished"
+                     + (f" ({p.spec.scale} scale)" if p.spec.scale != scale else "") + " |")
     if carried:
         lines += ["", f"{CARRIED} {', '.join(carried)}: this store holds no sweep of "
                   f"{'it' if len(carried) == 1 else 'them'}; the row is the one the index of "
