@@ -26,11 +26,11 @@ import click
 
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import Bool, Word
+from scarcelab.tracking.sweep.spec import SCALES
 
 if TYPE_CHECKING:
     from scarcelab.tracking.results.page import SuitePage
 
-SCALES = ("reference", "smoke", "full")
 
 
 @main.command(name="results", short_help="Write a suite's results page from the store.")
@@ -43,8 +43,10 @@ SCALES = ("reference", "smoke", "full")
               "docs/results/smoke for --smoke, docs/results/full for --full)")
 @click.option("--smoke", is_flag=True, help="the page of the spec's --smoke run")
 @click.option("--full", is_flag=True, help="the page of the spec's --full run")
+@click.option("--claims", is_flag=True, help="the page of the spec's --claims run")
 @click.option("--scale", type=Word((*SCALES, "default")), default="default",
-              help="reference | smoke | full (the same as the flags; for mlflow run)")
+              help="reference | smoke | full | claims (the same as the flags; for mlflow "
+              "run)")
 @click.option("--index", "index_flag", is_flag=True,
               help="also write <out>/README.md: one row per suite of --suites")
 @click.option("--write-index", type=Bool(), default="false", hidden=True,
@@ -59,7 +61,7 @@ SCALES = ("reference", "smoke", "full")
               "this export file, or from the <suite>.json.gz files of this folder, instead "
               "of the store (the scale is the export's)")
 def results_cmd(specs: tuple[str, ...], spec_list: str, experiment: str, out: str,
-                smoke: bool, full: bool, scale: str | None, index_flag: bool,
+                smoke: bool, full: bool, claims: bool, scale: str | None, index_flag: bool,
                 write_index: bool, suites: str, tracking_uri: str, export_to: str,
                 from_export: str) -> None:
     """Write docs/results/<suite>.md (tables, figures, the paper's numbers beside ours and a
@@ -69,11 +71,16 @@ def results_cmd(specs: tuple[str, ...], spec_list: str, experiment: str, out: st
         raise click.BadParameter("--export writes what the store gave; with --from-export "
                                  "there is no store: give one of them",
                                  param_hint="'--export'")
+    if claims and scale in (None, "default"):
+        scale = "claims"  # the flag is --scale claims (the export's scale is checked)
+    elif claims and scale != "claims":
+        raise click.BadParameter(f"one scale at a time, got claims and {scale}",
+                                 param_hint="'--scale'")
     if from_export:
         _from_export(specs, spec_list, out, smoke, full, scale, index_flag or write_index,
                      suites, from_export)
         return
-    chosen = {s for s, on in (("smoke", smoke), ("full", full)) if on}
+    chosen = {s for s, on in (("smoke", smoke), ("full", full), ("claims", claims)) if on}
     if scale and scale != "default":
         chosen.add(scale)
     if len(chosen - {"reference"}) > 1 or ("reference" in chosen and len(chosen) > 1):
@@ -175,7 +182,7 @@ def _from_export(specs: tuple[str, ...], spec_list: str, out: str, smoke: bool, 
         jobs = [(src, paths[0] if paths else None)]
     want = next((s for s, on in (("smoke", smoke), ("full", full)) if on), None) or (
         scale if scale and scale != "default" else None)
-    pages, failed, sc = [], False, None
+    pages, failed = [], False
     for f, spec in jobs:
         try:
             page = page_from_export(f, spec)
@@ -188,7 +195,6 @@ def _from_export(specs: tuple[str, ...], spec_list: str, out: str, smoke: bool, 
                        err=True)
             failed = True
             continue
-        sc = sc or page.spec.scale
         out_dir = Path(out if out not in ("", "default") else
                        "docs/results" + ("" if page.spec.scale == "reference"
                                          else f"/{page.spec.scale}"))
@@ -200,7 +206,13 @@ def _from_export(specs: tuple[str, ...], spec_list: str, out: str, smoke: bool, 
         entries = [(p.stem, done.get(p.stem, f"no export of it in {source}"))
                    for p in sorted(Path(suites).glob("*.yaml"))]
         entries += [(k, v) for k, v in done.items() if k not in {e[0] for e in entries}]
-        click.echo(f"{write_index_page(entries, out_dir, sc or 'reference')}: "
+        # the title's scale: the pages' one scale when every row is such a page, else the
+        # reference (a folder that mixes a claims page with carried reference rows is the
+        # reference index; each row of another scale says its scale)
+        scales = {v.spec.scale for _, v in entries if not isinstance(v, str)}
+        one = next(iter(scales)) if len(scales) == 1 and all(
+            not isinstance(v, str) for _, v in entries) else None
+        click.echo(f"{write_index_page(entries, out_dir, want or one or 'reference')}: "
                    f"{len(entries)} suites")
     if failed or not pages:
         raise SystemExit(1)

@@ -79,6 +79,9 @@ class _OptBool(Bool):
               "method at a trivial size, into the experiment <experiment>-smoke)")
 @click.option("--smoke-scale", default="", hidden=True, type=Bool(),
               help="--smoke as a true/false value (for mlflow run -P smoke=…)")
+@click.option("--claims", is_flag=True, help="merge the spec's `claims:` sections (a design "
+              "sized to test the paper's headline claims, into the experiment "
+              "<experiment>-claims)")
 @click.option("--dry-run", is_flag=True, help="print the cells and what a run would do")
 @click.option("--max-cells", type=Int(1, None), default=None,
               help="refuse a spec of more cells than this (default 10000), counted before "
@@ -96,7 +99,7 @@ class _OptBool(Bool):
               "spec's mps)")
 @identity_options
 def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, full: bool,
-              full_scale: bool, smoke: bool, smoke_scale: bool, dry_run: bool,
+              full_scale: bool, smoke: bool, smoke_scale: bool, claims: bool, dry_run: bool,
               max_cells: int | None, gpus_per_cell: float | str | None,
               gpu_memory_fraction: float | str | None, mps: bool | None, run_name: str,
               tags: dict[str, str], description: str) -> None:
@@ -110,7 +113,8 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
     full, smoke, n_retries = full or full_scale, smoke or smoke_scale, retries
 
     try:
-        sp = load_spec(spec, full=full, smoke=smoke, max_cells=max_cells or MAX_CELLS)
+        sp = load_spec(spec, full=full, smoke=smoke, max_cells=max_cells or MAX_CELLS,
+                       scale="claims" if claims else None)
         check_spec_names(sp)  # before anything is printed (issue 42 item 5)
     except SpecError as e:
         raise click.ClickException(str(e)) from None
@@ -157,7 +161,8 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
 
         command = shlex.join(
             ["scarcelab", "sweep", rel(spec)] + (["--smoke"] if smoke else []) +
-            (["--full"] if full else []) + (["--jobs", str(jobs)] if jobs else []) +
+            (["--full"] if full else []) + (["--claims"] if claims else []) +
+            (["--jobs", str(jobs)] if jobs else []) +
             (["--address", address] if address else []) +
             (["--retries", str(n_retries)] if n_retries is not None else []) +
             [a for k, v in over.items() for a in (f"--{k.replace('_', '-')}", str(v).lower())])

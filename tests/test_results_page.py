@@ -446,14 +446,26 @@ def test_an_attempt_a_dead_driver_left_counts_until_its_last_record_not_its_take
         mlflow.set_tracking_uri(prev)
 
 
-def _index_page(suite: str, wall: float, status: str):
+def _index_page(suite: str, wall: float, status: str, scale: str = "reference"):
     from types import SimpleNamespace
 
     return SimpleNamespace(
         verdicts=[SimpleNamespace(id="claim1", status=status)],
         paper=SimpleNamespace(title=suite.upper()),
         commits=["0123456789abcdef"], counts={"finished": 3, "cells": 4}, wall_s=wall,
-        cpu_s=2 * wall)
+        cpu_s=2 * wall, spec=SimpleNamespace(scale=scale))
+
+
+def test_an_index_row_of_another_scale_says_its_scale(tmp_path):
+    """docs/results holds the reference pages and, for CDALBench, its --claims page (issue
+    41 item 5): that row says so, the reference rows and the title do not change."""
+    text = P.write_index([("a", _index_page("a", 60, "reproduced")),
+                          ("b", _index_page("b", 60, "reproduced", "claims"))],
+                         tmp_path).read_text()
+    rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith("| [")}
+    assert rows["[b](b.md)"].endswith("| 3/4 finished (claims scale) |")
+    assert rows["[a](a.md)"].endswith("| 3/4 finished |")
+    assert text.startswith("# Results of the suites (reference scale)")
 
 
 def test_the_index_keeps_the_row_of_a_suite_whose_sweep_this_store_lacks(tmp_path):

@@ -97,7 +97,7 @@ def test_shipped_suites_are_valid():
     suites = sorted((Path(__file__).resolve().parents[1] / "suites").glob("*.yaml"))
     assert suites, "suites/ ships grid specs"
     for p in suites:
-        for flags in ({}, {"full": True}, {"smoke": True}):
+        for flags in ({}, {"full": True}, {"smoke": True}, {"scale": "claims"}):
             sp = load_spec(p, **flags)
             assert sp.cells, p
 
@@ -196,3 +196,59 @@ def test_shipped_dependency_suites_expand_and_show_their_dependencies():
     full = load_spec(suites / "tune_it.yaml", full=True)
     assert len(full.cells) == 10 * 5
     assert {dict(c.options)["epochs"] for c in full.cells} == {"default"}
+
+
+CLAIMS = GRID.replace("    budget_minutes: 2\n", "    budget_minutes: 2\n    claims: {seed: [0, "
+                      "1, 2, 3], dataset: breastmnist, budget_minutes: 5}\n").replace(
+    "    query-size: [1, 5]\n", "    query-size: [1, 5]\n    claims: {query-size: 1}\n")
+
+
+def test_the_claims_scale_merges_its_blocks_and_records_apart():
+    """``--claims`` (issue 41 item 5): the top-level ``claims:`` into every grid and a
+    grid's own after it (axes replaced, e.g. more seeds on fewer datasets), into the
+    experiment ``<experiment>-claims`` so its numbers never mix with the reference's."""
+    ref = parse_spec(CLAIMS, "c.yaml")
+    sp = parse_spec(CLAIMS, "c.yaml", scale="claims")
+    assert sp.scale == "claims" and sp.experiment == "mini-claims"
+    assert ref.scale == "reference" and ref.experiment == "mini" and len(ref.cells) == 12
+    semi = [dict(c.options) for c in sp.cells if c.entry == "semi"]
+    assert len(semi) == 8 and {o["dataset"] for o in semi} == {"breastmnist"}
+    assert {o["seed"] for o in semi} == {"0", "1", "2", "3"}
+    assert {o["budget_minutes"] for o in semi} == {"5"}
+    al = [dict(c.options) for c in sp.cells if c.entry == "al"]
+    assert sorted(o["strategy"] for o in al) == ["margin", "random"]
+    assert {o["query_size"] for o in al} == {"1"}
+    # the top-level block goes into every grid, a grid's own after it
+    top = parse_spec("name: t\ngrids:\n  - {entry: al, strategy: random, repetitions: 2}\n"
+                     "  - {entry: al, strategy: margin, claims: {repetitions: 7}}\n"
+                     "claims: {repetitions: 20, query_size: 1}\n", "t.yaml", scale="claims")
+    assert [(dict(c.options)["repetitions"], dict(c.options)["query_size"])
+            for c in top.cells] == [("20", "1"), ("7", "1")]
+    # the reference grid is untouched by the claims blocks, and the cell ids of a scale
+    # are those of the same options written out (an export's cells are checked by id)
+    assert {c.id for c in ref.cells} == {c.id for c in parse_spec(GRID, "g.yaml").cells}
+    for bad, words in ((dict(scale="tiny"), "unknown scale 'tiny'"),
+                       (dict(scale="claims", full=True), "--claims and --full")):
+        with pytest.raises(SpecError, match=words):
+            parse_spec(CLAIMS, "c.yaml", **bad)
+
+
+def test_cdalbench_claims_scale_is_the_design_its_header_states():
+    """suites/cdalbench.yaml --claims: Fig. 1 (margin and random, 100 paired repetitions
+    on splice, q = 1) and the q = 1 oracle beside five strategies on the synthetic
+    problems, >= 10 repetitions everywhere (what the claims' ``needs`` ask)."""
+    from pathlib import Path
+
+    p = Path(__file__).resolve().parents[1] / "suites" / "cdalbench.yaml"
+    sp = load_spec(p, scale="claims")
+    opts = [dict(c.options) for c in sp.cells]
+    assert sp.experiment == "cdalbench-claims" and len(opts) == 14
+    assert {o["query_size"] for o in opts} == {"1"}
+    assert min(int(o["repetitions"]) for o in opts) >= 10
+    fig1 = {o["strategy"]: int(o["repetitions"]) for o in opts if o["dataset"] == "splice"}
+    assert fig1 == {"margin": 100, "random": 100}
+    oracle = {o["dataset"] for o in opts if o["strategy"] == "oracle"}
+    assert oracle == {"honeypot", "diverging_sine"}
+    r = CliRunner().invoke(main, ["sweep", str(p), "--claims", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "14 cells -> experiment 'cdalbench-claims' (claims scale" in r.output

@@ -663,7 +663,7 @@ def page_from_export(path: str | Path, spec_path: str | Path | None = None,
                           "suite's spec file)")
     if spec_file.stem != src.suite:
         raise ExportError(f"{path}: an export of suite {src.suite!r}, not of {spec_file}")
-    spec = load_spec(spec_file, full=src.scale == "full", smoke=src.scale == "smoke")
+    spec = load_spec(spec_file, scale=src.scale)
     spec = dataclasses.replace(spec, cells=list(src.cells), name=src.sweep,
                                experiment=src.experiment)
     src.origin = (f"the export `{rel(path)}` of its tracking store (exported "

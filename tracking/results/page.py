@@ -818,7 +818,7 @@ def _open_sweep(spec_path: str | Path, scale: str, experiment: str | None,
     from scarcelab.tracking.query.render import _safe_uri
 
     if spec is None:
-        spec = load_spec(spec_path, full=scale == "full", smoke=scale == "smoke")
+        spec = load_spec(spec_path, scale=scale)
     suite = Path(spec_path).stem
     paper = load_paper(paper_path(spec_path))
     exp_name = experiment or spec.experiment
@@ -1217,7 +1217,8 @@ def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | P
         commit = ", ".join(f"`{c[:12]}`" for c in p.commits) or "—"
         lines.append(f"| [{suite}]({suite}.md) | {p.paper.title} | {heads} "
                      f"({_summary(p.verdicts)}) | {_fmt_s(p.wall_s)} | {_fmt_s(p.cpu_s)} | "
-                     f"{commit} | {p.counts['finished']}/{p.counts['cells']} finished |")
+                     f"{commit} | {p.counts['finished']}/{p.counts['cells']} finished"
+                     + (f" ({p.spec.scale} scale)" if p.spec.scale != scale else "") + " |")
     if carried:
         lines += ["", f"{CARRIED} {', '.join(carried)}: this store holds no sweep of "
                   f"{'it' if len(carried) == 1 else 'them'}; the row is the one the index of "

@@ -24,14 +24,17 @@ the entry point's own options (``budget_minutes`` or ``budget-minutes`` for
     smoke:                         # merged into every grid by `scarcelab sweep --smoke`
       max_epochs: 1
 
-Three scales: the grids as written (the *reference* scale), ``--full`` (the source study's
-own scale) and ``--smoke`` (a trivial size that still runs every method of the grid, for
-CI). A grid may carry its own ``full:`` / ``smoke:`` mapping, merged after the top-level
-one, for options only its entry point has (``segment``'s ``steps_per_epoch``). The
-top-level ``full:`` / ``smoke:`` may also set the resource keys (``RESOURCE_KEYS``), which
-then replace the top-level ones at that scale: a suite's CPU reference grid takes no GPU
-(``gpus_per_cell: 0``) while its ``full:`` GPU scale packs eight studies on a card
-(``gpus_per_cell: 0.125``). A smoke
+Four scales: the grids as written (the *reference* scale), ``--full`` (the source study's
+own scale), ``--smoke`` (a trivial size that still runs every method of the grid, for
+CI) and ``--claims`` (a design sized to *test* the paper's headline claims on a small
+machine, e.g. many repetitions of a few cells: issue 41 item 5; it records into
+``<experiment>-claims``). A grid may carry its own ``full:`` / ``smoke:`` / ``claims:``
+mapping, merged after the top-level one, for options only its entry point has
+(``segment``'s ``steps_per_epoch``) or axes of its own at that scale (CDALBench's claims
+design reshapes each grid). The top-level ``full:`` / ``smoke:`` / ``claims:`` may also
+set the resource keys (``RESOURCE_KEYS``), which then replace the top-level ones at that
+scale: a suite's CPU reference grid takes no GPU (``gpus_per_cell: 0``) while its
+``full:`` GPU scale packs eight studies on a card (``gpus_per_cell: 0.125``). A smoke
 sweep records into ``<experiment>-smoke`` (or the smoke block's ``experiment:``), so its
 trivial numbers never mix with a reference run's in one leaderboard.
 
@@ -72,16 +75,21 @@ import yaml
 #: a cell's share of a machine: Ray's resources, its GPU memory cap, CUDA MPS. Top-level,
 #: and in a top-level ``full:`` / ``smoke:`` block for that scale (docs/sweeps.md)
 RESOURCE_KEYS = ("cpus_per_cell", "gpus_per_cell", "gpu_memory_fraction", "mps")
-TOP_KEYS = {"name", "experiment", "retries", "grids", "full", "smoke", "description",
-            "env", *RESOURCE_KEYS}
-#: the scales a spec runs at (``scarcelab sweep --smoke`` / ``--full``)
-SCALES = ("reference", "smoke", "full")
+TOP_KEYS = {"name", "experiment", "retries", "grids", "full", "smoke", "claims",
+            "description", "env", *RESOURCE_KEYS}
+#: the scales a spec runs at (``scarcelab sweep --smoke`` / ``--full`` / ``--claims``)
+SCALES = ("reference", "smoke", "full", "claims")
+#: the scales written as a block (``full:``, ``smoke:``, ``claims:``) merged into the grids
+SCALE_BLOCKS = ("full", "smoke", "claims")
+#: the scales that record into ``<experiment>-<scale>``: their numbers are of another
+#: design than the reference grid's and must not mix with them in one leaderboard
+OWN_EXPERIMENT = ("smoke", "claims")
 # Options the driver sets itself: a spec may not override them.
 RESERVED = {"experiment"}
 
 
 #: Keys of a grid that are not options of its entry point.
-GRID_KEYS = {"entry", "id", "full", "smoke"}
+GRID_KEYS = {"entry", "id", *SCALE_BLOCKS}
 #: An option value starting with this refers to the grid with that ``id``.
 REF = "@"
 
@@ -546,7 +554,8 @@ def _yaml_error(path: str, e: yaml.YAMLError, text: str) -> SpecError:
 
 
 def parse_spec(text: str, path: str = "<spec>", full: bool = False,
-               smoke: bool = False, max_cells: int = MAX_CELLS) -> SweepSpec:
+               smoke: bool = False, max_cells: int = MAX_CELLS,
+               scale: str | None = None) -> SweepSpec:
     """Parse and validate a spec; ``full`` (``smoke``) merges its ``full:`` (``smoke:``)
     sections into the grids: the top-level one into every grid, a grid's own after it.
     More than ``max_cells`` cells is an error, found before a single cell is built.
@@ -554,9 +563,15 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
     The steps below check in a fixed order (the top-level keys and name, the grids list,
     the scale blocks, resources, env, then each grid in turn, then references and repeated
     cells), so a spec with several mistakes always reports the same one."""
-    if full and smoke:
-        raise SpecError(f"{path}: --full and --smoke are two scales; choose one")
-    scale = "full" if full else "smoke" if smoke else "reference"
+    chosen = {s for s, on in (("full", full), ("smoke", smoke)) if on}
+    if scale not in (None, "reference"):
+        if scale not in SCALES:
+            raise SpecError(f"{path}: unknown scale {scale!r}; valid: {', '.join(SCALES)}")
+        chosen.add(scale)
+    if len(chosen) > 1:
+        raise SpecError(f"{path}: {' and '.join('--' + c for c in sorted(chosen))} are "
+                        f"{len(chosen)} scales; choose one")
+    scale = next(iter(chosen), "reference")
     _check_size(path, len(text.encode("utf-8", "surrogatepass")))
     node, data = _load(path, text)
     loc = _Located(path, node)
@@ -574,8 +589,8 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
         expanded.add(gi, grid)
     cells = expanded.cells()
     experiment = str(data.get("experiment") or name).strip()
-    if scale == "smoke":
-        experiment = smoke_exp or f"{experiment}-smoke"
+    if scale in OWN_EXPERIMENT:
+        experiment = (smoke_exp if scale == "smoke" else None) or f"{experiment}-{scale}"
     lines = {str(k.value): _line(k) for k, _ in node.value} \
         if isinstance(node, yaml.MappingNode) else {}
     return SweepSpec(name=name.strip(), experiment=experiment,
@@ -641,10 +656,10 @@ def _scale_block(loc: _Located, data: dict[str, Any], scale: str
     scale runs, so a broken ``smoke:`` fails the reference run too rather than first in
     CI."""
     over: dict[str, Any] = {}
-    over_key = {"full": "full", "smoke": "smoke"}.get(scale)
+    over_key = scale if scale in SCALE_BLOCKS else None
     smoke_exp = None
     res = _resources(loc, data, loc.node, defaults=True)
-    for key in ("full", "smoke"):
+    for key in SCALE_BLOCKS:
         block = data.get(key) or {}
         if not isinstance(block, dict):
             raise loc.error(loc.child(loc.node, key), f"{key!r} must be a mapping of options")
@@ -802,7 +817,7 @@ class _Grids:
         """The grid's own options for the running scale (merged after the top-level ones);
         both of its blocks are checked whichever scale runs, as the top-level ones are."""
         own: dict[str, Any] = {}
-        for key in ("full", "smoke"):
+        for key in SCALE_BLOCKS:
             block = grid.get(key) or {}
             if not isinstance(block, dict):
                 raise self.loc.error(self.loc.child(gn, key), f"a grid's {key!r} must be a "
@@ -965,7 +980,7 @@ def _with_refs(loc: _Located, cell: Cell, refs: dict[str, tuple[str, yaml.Node |
 
 
 def load_spec(path: str | Path, full: bool = False, smoke: bool = False,
-              max_cells: int = MAX_CELLS) -> SweepSpec:
+              max_cells: int = MAX_CELLS, scale: str | None = None) -> SweepSpec:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: no such spec file (a YAML grid spec; see docs/sweeps.md)")
@@ -980,4 +995,5 @@ def load_spec(path: str | Path, full: bool = False, smoke: bool = False,
         line = raw[:e.start].count(b"\n") + 1
         raise SpecError(f"{p}:{line}: the spec is not UTF-8 (byte 0x{raw[e.start]:02x} at "
                         f"offset {e.start}); save it as UTF-8") from None
-    return parse_spec(text, str(p), full=full, smoke=smoke, max_cells=max_cells)
+    return parse_spec(text, str(p), full=full, smoke=smoke, max_cells=max_cells,
+                      scale=scale)
