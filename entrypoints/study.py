@@ -321,7 +321,9 @@ def _summary(tracker: Any, cfg: Any, res: Any, t0: float, what: str = "study",
         f"{fmt_time(cfg.budget_minutes * 60)}",
         f"  best val balanced accuracy {res.best_val:.4f} (trial {res.best_trial}), test "
         f"balanced accuracy of that checkpoint {test:.4f}",
-        *([f"  {startup}"] if startup else [])])))
+        *([f"  {startup}"] if startup else []),
+        *([f"  warning: {res.schedule_warning}"]
+          if getattr(res, "schedule_warning", "") else [])])))
     if tracker.spool_left is not None:  # trained, but the record is not complete: say so
         raise ScarcelabError(
             f"the tracking records of study run {tracker.study_run_id} were not all delivered; "

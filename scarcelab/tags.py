@@ -66,6 +66,9 @@ N_PRUNED = "scarcelab.n_pruned"
 N_FAILED = "scarcelab.n_failed"
 #: the selected trial's number
 BEST_TRIAL = "scarcelab.best_trial"
+#: the selected trial ended before its learning-rate schedule or its unlabeled-weight ramp
+#: did (a short budget, patience): one sentence, also in the study's description
+SCHEDULE_SHORT = "scarcelab.schedule_short"
 #: a worker of a shared study that found every trial taken by other workers: why its
 #: record has no model (protocols.search)
 NO_TRIAL_LEFT = "scarcelab.no_trial_left"

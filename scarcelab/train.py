@@ -202,6 +202,10 @@ class TrialResult:
     # seconds of the trial's last step and last evaluation: what one more step costs
     step_s: float = 0.0
     eval_s: float = 0.0
+    # the schedules' progress (scarcelab.schedule) at the trial's last step: below 1.0 the
+    # learning rate had not decayed to its end and the unlabeled-weight ramps had not run
+    # their course (issue 43: a short budget under schedule_horizon=epochs said nothing)
+    progress: float = 0.0
 
 
 class BatchSource:
@@ -815,6 +819,7 @@ class _EpochLoop:
                 break
         else:
             self.res.stopped = "max_epochs"
+        self.res.progress = self.horizon.fraction(self.step)
         return self.res
 
     def _due(self, epoch: int, steps: _Steps) -> bool:

@@ -282,6 +282,8 @@ class RunViews:
                              f"({t.get(T.N_FAILED, '0')} failed); selected trial "
                              f"{t.get(T.BEST_TRIAL, '?')} (best validation balanced "
                              "accuracy).")
+            if t.get(T.SCHEDULE_SHORT):  # a budget cut the selected trial's schedules short
+                lines.append(f"**Warning**: {t[T.SCHEDULE_SHORT]}.")
             head = [(k, b[k]) for k in ("best/val_balanced_accuracy",
                                         "best/test_balanced_accuracy", "best/test_auroc",
                                         "best/test_accuracy") if k in b]

@@ -172,6 +172,13 @@ class Method(nn.Module, metaclass=ABCMeta):
     def after_optimizer_step(self, progress: Progress) -> None:
         """Hook for EMA teachers, queues and other post-update state."""
 
+    def unlabeled_ramp(self, fraction: float) -> float | None:
+        """The share in [0, 1] of the full unlabeled-loss weight this method's ramp gives
+        at schedule progress ``fraction``; None for a method without such a ramp. A study
+        reads it at its selected trial's end, to say when a budget stopped the ramp short
+        of its full weight."""
+        return None
+
     def host_draws(self, n_labeled: int, n_unlabeled: int) -> dict[str, Any] | None:
         """Random numbers the next ``step`` needs from the global RNG, drawn on the host
         *now* (by the batch source, just before the step, so nothing else draws in

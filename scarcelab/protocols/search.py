@@ -227,6 +227,36 @@ class StudyResult:
     n_failed: int
     split_hash: str
     best_checkpoint: dict[str, Any] | None
+    # the selected trial ended short of its schedules: the warning, else ""
+    schedule_warning: str = ""
+
+
+def schedule_warning(cfg: StudyConfig, trial: int,
+                     end: tuple[float, float | None, str] | None) -> str:
+    """One sentence when the selected trial ended before its schedules did (issue 43: a
+    0.5-minute study ended at chance and said nothing): the learning rate's cosine had not
+    reached its end, or the unlabeled-loss weight its full value. "" when both finished, or
+    when the trial's end is not known (a resumed study's restored checkpoint)."""
+    if end is None:
+        return ""
+    progress, ramp, stopped = end
+    short_lr = progress < 1.0 - 1e-9
+    short_ramp = ramp is not None and ramp < 1.0 - 1e-9
+    if not (short_lr or short_ramp):
+        return ""
+    parts = []
+    if short_lr:
+        parts.append(f"its learning-rate schedule at {progress:.0%} of its plan")
+    if short_ramp:
+        parts.append(f"{cfg.method}'s unlabeled-loss weight at {ramp:.0%} of its full value")
+    why = {"budget": f"the {cfg.budget_minutes:g}-minute budget ran out",
+           "patience": "early stopping (patience) ended it",
+           "horizon": "its budget-fitted plan ended"}.get(stopped, f"it stopped ({stopped})")
+    fix = ("raise --budget-minutes or lower --max-epochs" if cfg.schedule_horizon == "epochs"
+           else "raise --budget-minutes")
+    return (f"schedules not finished: the selected trial {trial} ended with "
+            + " and ".join(parts) + f" ({why}; --schedule-horizon {cfg.schedule_horizon}); "
+            f"its scores may be far from what the method reaches: {fix}")
 
 
 def _validate(cfg: StudyConfig, method_cls: type[Method]) -> None:
@@ -545,6 +575,9 @@ class _Search:
         self.best = _BestSoFar()
         self.global_epoch = 0
         self.last_error = ""
+        # trial -> (schedule progress, unlabeled-ramp share or None, why it stopped) at
+        # its end: the selected trial's says whether a budget cut its schedules short
+        self.schedule_end: dict[int, tuple[float, float | None, str]] = {}
         self.next_trial_s = 0.0  # the last trial's step + evaluation: what one more costs
         self.ran = 0  # trials this worker started (the others' are in the shared study)
         if resume is not None:
@@ -613,6 +646,8 @@ class _Search:
         res = outcome.value
         assert res is not None
         self.next_trial_s = res.step_s + res.eval_s
+        self.schedule_end[number] = (res.progress, method.unlabeled_ramp(res.progress),
+                                     res.stopped)
         if res.epochs == 0:  # budget ran out before one epoch: not a real trial
             self.store.tell(trial, state=optuna.trial.TrialState.PRUNED)
             self.tracker.end_trial("KILLED", "budget exhausted before the first epoch")
@@ -687,10 +722,13 @@ class _Search:
                 f"no trial of {cfg.method} completed an epoch within {cfg.budget_minutes} min; "
                 "raise budget_minutes or lower max_steps_per_epoch")
         best.upload(self.tracker, force=True)
+        warning = schedule_warning(self.cfg, best.trial, self.schedule_end.get(best.trial))
+        if warning:  # the closing summary prints it; the description carries it
+            self.tracker.set_tags({T.SCHEDULE_SHORT: warning})
         self._export(n_trials, n_failed)
         return StudyResult(best_val=best.val, best_test=best.test, best_trial=best.trial,
                            n_trials=n_trials, n_failed=n_failed, split_hash=self.split["hash"],
-                           best_checkpoint=best.ckpt)
+                           best_checkpoint=best.ckpt, schedule_warning=warning)
 
     def _joined_late(self, n_trials: int, n_failed: int) -> StudyResult:
         """A worker that found every trial of its shared study taken by other workers: it

@@ -115,6 +115,9 @@ class DS3L(SemiMethod):
         logits = self.logits(x)
         return PseudoTargets(logits, logits.argmax(dim=-1), self._weights(logits))
 
+    def unlabeled_ramp(self, fraction: float) -> float | None:
+        return sigmoid_rampup(fraction, float(self.hp["warmup"]))
+
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u1, u2) = batch.x[0], batch.u
         with_lc = bool(self.hp["labeled_consistency"])

@@ -43,6 +43,9 @@ class MeanTeacher(SemiMethod):
         # a view over the live modules (not registered, so nothing is counted twice)
         return nn.Sequential(self.backbone, self.head)
 
+    def unlabeled_ramp(self, fraction: float) -> float | None:
+        return linear_rampup(fraction, float(self.hp["warmup"]))
+
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, (u1, u2) = batch.x[0], batch.u
         l_x, l_u = joint_forward(self.logits, x, u1)

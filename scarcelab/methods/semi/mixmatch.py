@@ -63,6 +63,9 @@ class MixMatch(SemiMethod):
         n = n_labeled + len(self.views) * n_unlabeled  # the whole batch is mixed
         return {"mixup": mixup_draw(float(self.hp["alpha"]), n, keep_larger=True)}
 
+    def unlabeled_ramp(self, fraction: float) -> float | None:
+        return linear_rampup(fraction, float(self.hp["warmup"]))
+
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, us = batch.x[0], batch.u
         n_x = len(x)

@@ -40,6 +40,9 @@ class PseudoLabel(SemiMethod):
         mask, pseudo, _ = confidence_mask(logits, float(self.hp["threshold"]))
         return PseudoTargets(logits, pseudo, mask)
 
+    def unlabeled_ramp(self, fraction: float) -> float | None:
+        return linear_rampup(fraction, float(self.hp["warmup"]))
+
     def step(self, batch: Batch, progress: Progress) -> Losses:
         x, u = batch.x[0], batch.u[0]
         l_x, l_u = joint_forward(self.logits, x, u)
