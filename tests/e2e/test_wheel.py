@@ -133,7 +133,8 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_help_list_and_a_study(
     def run(*args: str, timeout: int = 120) -> str:
         r = subprocess.run([str(venv / "bin" / "scarcelab"), *args], cwd=work, env=env,
                            capture_output=True, text=True, timeout=timeout)
-        assert r.returncode == 0, f"scarcelab {' '.join(args)}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+        said = r.stdout[-3000:] + r.stderr[-3000:]
+        assert r.returncode == 0, f"scarcelab {' '.join(args)}:\n{said}"
         return r.stdout + r.stderr
 
     where = subprocess.run([str(py), "-c", "import scarcelab.tracking.stack as s, scarcelab; "
