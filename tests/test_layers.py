@@ -19,16 +19,18 @@ one such import fails here, in the commit that adds it:
 3. **Tracking sits below the command line.** Nothing in ``tracking/`` (the sweep, compare,
    query and results layers included) imports ``scarcelab.entrypoints``: the commands are
    one thin layer over it (DESIGN §1), and the sweep that runs them as cells reads them
-   through the table they install (``tracking/sweep/commands.py``), not by importing them.
+   through the table they install (``tracking/commands.py``), not by importing them.
 4. **Reading runs does not depend on the pages that show them.** ``tracking/query``
    (frames, views, leaderboards) never imports ``tracking/results`` (the published pages and
    their claims): a page is built from views, so a view that needs a page's helper has it
    moved into the query layer.
 
-An exception is named in :data:`EXCEPTIONS` with why it is one; an exception that no longer
-matches an import fails too, so the list only shrinks. Every import counts, also one inside
-a function (a lazy import is still a dependency; it only runs later). The scan reads the
-files (``ast``), so it needs no import of torch or MLflow and covers code that no test runs.
+An exception is named in :data:`EXCEPTIONS` with why it is one (one today: the sweep
+cell's process, ``tracking/sweep/cell.py``, which *is* the command line with a GPU cap);
+an exception that no longer matches an import fails too, so the list only shrinks. Every
+import counts, also one inside a function (a lazy import is still a dependency; it only
+runs later). The scan reads the files (``ast``), so it needs no import of torch or MLflow
+and covers code that no test runs.
 """
 
 from __future__ import annotations
