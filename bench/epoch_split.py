@@ -76,7 +76,7 @@ def run(method: str, a: argparse.Namespace, settings: dict[str, Any]) -> dict[st
     import numpy as np
     import torch
 
-    import scarcelab.protocols.probe as probe_mod
+    import scarcelab.probe as probe_mod
     import scarcelab.train as train_mod
     from scarcelab.data import load_raw
     from scarcelab.data.splits import apply_split, make_split

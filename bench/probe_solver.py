@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scarcelab.metrics import balanced_accuracy  # noqa: E402
-from scarcelab.protocols.probe import (  # noqa: E402
+from scarcelab.probe import (  # noqa: E402
     LinearProbe,
     TorchLinearProbe,
     draw_penalties,

@@ -10,6 +10,8 @@ import sys
 
 import click
 
+from scarcelab.tracking import commands as _commands
+
 
 def _version() -> str:
     from scarcelab import __version__  # the package's __init__ imports nothing heavy
@@ -113,6 +115,11 @@ def main(verbose: bool, quiet: bool) -> None:
     hide_mlflow_links(os.environ.get("MLFLOW_TRACKING_URI"))
     die_with_mlflow_run()  # under `mlflow run`: a killed run must not leave us training
     skip_gc_at_exit()  # exit-time garbage collection cost seconds per command
+
+
+# the sweep and compare layers (tracking/) read the commands through this table rather than
+# importing this module: tracking sits below the command line (tests/test_layers.py)
+_commands.install(lambda: main.commands)
 
 
 _OURS = "SCARCELAB_MLFLOW_LOGGING_LEVEL_SET"  # marks a level this module chose, not the user

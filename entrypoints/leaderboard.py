@@ -23,6 +23,7 @@ import click
 from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import identity_options
+from scarcelab.tracking.query.keys import RANKED
 
 
 class ViewChoice(click.Choice):
@@ -55,7 +56,7 @@ def _opt(s: str) -> str | None:
 
 #: the leaderboard's columns in a terminal table unless --columns says otherwise: the whole
 #: frame is ~40 columns (~210 characters at one seed), which wraps every row at 80
-DEFAULT_COLUMNS = ("dataset", "n_labeled", "budget_minutes", "method", "setting", "n",
+DEFAULT_COLUMNS = (*RANKED, "method", "setting", "n",
                    "val_balanced_accuracy", "test_balanced_accuracy", "test_auroc")
 #: dropped in this order while the default table is wider than the terminal
 FIT_DROP = ("test_auroc", "val_balanced_accuracy", "setting", "n_labeled")

@@ -172,6 +172,12 @@ class Word(_Typed):
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return "|".join(self.choices) if self.choices else "NAME"
 
+    @property
+    def names_only(self) -> bool:
+        """Whether it takes a name from a closed set (its ``choices``): a sweep checks such
+        a value when it reads a spec (tracking/commands.py)."""
+        return bool(self.choices)
+
     def parse(self, value: str) -> str:
         if not value:
             raise ValueError("must not be empty")
@@ -192,33 +198,15 @@ class Registered(Word):
         super().__init__()
         self.kind, self.family, self.extra = kind, family, extra
 
+    #: a name from a closed set: a sweep checks it when it reads a spec (tracking/commands.py)
+    names_only = True
+
     def parse(self, value: str) -> str:
-        from scarcelab.registry import did_you_mean
+        from scarcelab.registry import check_name
 
         if value.lower() in self.extra:
             return value
-        value = super().parse(value)
-        idx = _static_index(self.kind)
-        if value.lower() in idx.where:
-            got = idx.family(value)
-            if self.family is not None and got != self.family:
-                raise ValueError(f"{value} is a {got} method, not {self.family}; run it with "
-                                 f"`scarcelab {got} --method {value}` (mlflow run . -e {got} "
-                                 f"-P method={value}); {self.family} methods: "
-                                 f"{', '.join(idx.names(self.family))}")
-            return value
-        if not idx.complete:  # a computed name: the registry decides, after import
-            return value
-        from scarcelab.registry import registered_so_far
-
-        if value.lower() in registered_so_far(self.kind):  # registered by the caller's code
-            return value
-        names = idx.names(self.family)
-        what = f"{self.family} methods" if self.family else f"{self.kind}s"
-        near = did_you_mean(value, names)
-        raise ValueError(f"unknown {self.kind};{near}{';' if near else ''} {what}: "
-                         f"{', '.join(names)} (scarcelab list {_LIST.get(self.kind, '')})"
-                         .replace(" ()", ""))
+        return check_name(self.kind, super().parse(value), self.family)
 
 
 class DatasetName(Registered):
@@ -235,6 +223,11 @@ class DatasetName(Registered):
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return "NAME|folder:PATH|csv:FILE"
+
+    def may_be_own(self, value: str) -> bool:
+        """Whether ``value`` may name a user's files, which the cell's machine reads (a
+        sweep leaves those to the cell: tracking/commands.py)."""
+        return _maybe_own(value)
 
     def parse(self, value: str) -> str:
         from scarcelab.errors import ScarcelabError
@@ -279,16 +272,9 @@ def _maybe_own(value: str) -> bool:
 
 def _static_index(kind: str) -> Any:
     """One :class:`~scarcelab.registry.StaticIndex` per kind and process."""
-    from scarcelab.registry import StaticIndex
+    from scarcelab.registry import static_index
 
-    if kind not in _INDEXES:
-        _INDEXES[kind] = StaticIndex(kind)
-    return _INDEXES[kind]
-
-
-_INDEXES: dict[str, Any] = {}
-_LIST = {"method": "methods", "dataset": "datasets", "arch": "archs",
-         "strategy": "strategies", "segmentation dataset": "datasets"}
+    return static_index(kind)
 
 
 class Device(_Typed):
@@ -313,6 +299,8 @@ class Folder(_Typed):
     the user did not point at."""
 
     name = "folder"
+    #: its value is an absolute folder, passed on as it is (tracking/commands.py)
+    gives_path = True
 
     def __init__(self, data_root: bool = True) -> None:
         # a data root (--data-dir) holds public datasets' files; a folder laid out as a

@@ -286,3 +286,44 @@ def unknown_name(kind: str, name: str, names: list[str] | tuple[str, ...],
     valid = ", ".join(sorted(names)) or "(none registered)"
     return (f"unknown {kind} {name!r};{did_you_mean(name, names)} "
             f"{what or 'valid names'}: {valid}").replace(";  ", "; ")
+
+
+def static_index(kind: str) -> StaticIndex:
+    """One :class:`StaticIndex` per kind and process."""
+    if kind not in _INDEXES:
+        _INDEXES[kind] = StaticIndex(kind)
+    return _INDEXES[kind]
+
+
+_INDEXES: dict[str, StaticIndex] = {}
+#: the ``scarcelab list`` word that lists each kind (named in an unknown name's message)
+LIST_WORDS = {"method": "methods", "dataset": "datasets", "arch": "archs",
+              "strategy": "strategies", "segmentation dataset": "datasets"}
+
+
+def check_name(kind: str, value: str, family: str | None = None) -> str:
+    """``value`` if it is a registered ``kind`` name (of ``family``, for a method), read
+    from the registry's files without importing them (:class:`StaticIndex`); else
+    ``ValueError`` with the near misses and the names that fit. A registry whose names are
+    computed (``StaticIndex.complete`` false) decides after import: the name passes here.
+
+    Why in the core: the entry points' option type (``Registered``) and the compare grid
+    (``tracking/compare/grid.py``, below the entry points) both check names with it, and
+    the layers below the command line may not import it (tests/test_layers.py)."""
+    idx = static_index(kind)
+    if value.lower() in idx.where:
+        got = idx.family(value)
+        if family is not None and got != family:
+            raise ValueError(f"{value} is a {got} method, not {family}; run it with "
+                             f"`scarcelab {got} --method {value}` (mlflow run . -e {got} "
+                             f"-P method={value}); {family} methods: "
+                             f"{', '.join(idx.names(family))}")
+        return value
+    if not idx.complete or value.lower() in registered_so_far(kind):
+        return value  # computed names, or one registered by the caller's code
+    names = idx.names(family)
+    what = f"{family} methods" if family else f"{kind}s"
+    near = did_you_mean(value, names)
+    raise ValueError(f"unknown {kind};{near}{';' if near else ''} {what}: "
+                     f"{', '.join(names)} (scarcelab list {LIST_WORDS.get(kind, '')})"
+                     .replace(" ()", ""))

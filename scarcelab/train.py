@@ -33,7 +33,7 @@ from scarcelab.methods._parts import balanced_class_weights
 from scarcelab.methods.base import Batch, DataInfo, Method, Progress
 from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export, normalize
-from scarcelab.protocols.probe import PROBE_SOLVERS, LinearProbe, Probe, make_probe
+from scarcelab.probe import PROBE_SOLVERS, LinearProbe, Probe, make_probe
 from scarcelab.schedule import SCHEDULE_HORIZONS, Horizon, cosine_factor, steps_that_fit
 
 #: ``schedule_horizon=budget``: steps trained before the plan is first fitted to the budget
@@ -133,7 +133,7 @@ class TrainConfig:
     # class_weight="balanced"), as SSL-vs-SSL does for every method; "none" = unweighted
     class_weights: str = "none"
     # the self-supervised methods' per-epoch probe: "sklearn" (LinearProbe, on the host) or
-    # "torch" (TorchLinearProbe, on the device); scarcelab.protocols.probe
+    # "torch" (TorchLinearProbe, on the device); scarcelab.probe
     probe_solver: str = "sklearn"
     # evaluation cadence: after an epoch only once at least this many steps were trained
     # since the last evaluation (0 = after every epoch). For sets so small that an epoch

@@ -12,6 +12,11 @@ import torch
 
 torch.set_num_threads(1)
 
+# The sweep and compare layers read the entry points' commands through the table the command
+# line installs when it is imported (tracking/commands.py); the product always starts through
+# it, so the tests that call those layers directly install it the same way.
+import scarcelab.entrypoints.cli  # noqa: E402,F401  (installs the command table)
+
 # MLflow's log_model infers a model's pip requirements by re-importing it in a subprocess
 # (torch + MLflow again: 5-50 s per logged model on a 2-core machine, a few minutes over the
 # suite). No test reads the inferred requirements, and MLflow falls back to the flavor's

@@ -149,7 +149,7 @@ def test_train_trial_sets_the_weights_from_the_labeled_counts(kind, expected):
 def test_probe_balanced_matches_sklearn():
     from sklearn.linear_model import LogisticRegression
 
-    from scarcelab.protocols.probe import LinearProbe
+    from scarcelab.probe import LinearProbe
 
     rng = np.random.default_rng(0)
     f = rng.normal(size=(60, 4))

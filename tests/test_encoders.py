@@ -53,7 +53,7 @@ def test_study_checkpoint_with_pickled_probe_reads_without_unpickling(tmp_path):
     import numpy as np
 
     from scarcelab.methods import get_method
-    from scarcelab.protocols.probe import LinearProbe
+    from scarcelab.probe import LinearProbe
 
     m = get_method("simclr")(create_model("small_cnn", in_channels=3), 3, {})
     rng = np.random.default_rng(0)

@@ -19,8 +19,8 @@ from scarcelab.errors import ConfigError
 from scarcelab.methods import get_method
 from scarcelab.metrics import classification_metrics
 from scarcelab.models import create_model
+from scarcelab.probe import LinearProbe
 from scarcelab.protocols import search as search_mod
-from scarcelab.protocols.probe import LinearProbe
 from scarcelab.protocols.search import StudyConfig, run_study
 from scarcelab.tracker import InMemoryTracker
 from scarcelab.train import (

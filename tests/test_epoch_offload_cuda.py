@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 from scarcelab.methods import get_method
 from scarcelab.metrics.diagnostics import DiagnosticsConfig, EpochDiagnostics
 from scarcelab.models import create_model
-from scarcelab.protocols.probe import TorchLinearProbe
+from scarcelab.probe import TorchLinearProbe
 from scarcelab.train import (
     EvalSets,
     TrainConfig,

@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from scarcelab.protocols.probe import LinearProbe
+from scarcelab.probe import LinearProbe
 
 
 def _blobs(n, d, k, seed):
@@ -46,7 +46,7 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from scarcelab.metrics import balanced_accuracy  # noqa: E402
-from scarcelab.protocols.probe import (  # noqa: E402
+from scarcelab.probe import (  # noqa: E402
     TorchLinearProbe,
     draw_penalties,
     fit_logistic,

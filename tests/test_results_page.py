@@ -18,6 +18,7 @@ import yaml  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from scarcelab.entrypoints.cli import main  # noqa: E402
+from scarcelab.tracking.query import views as V  # noqa: E402
 from scarcelab.tracking.results import claims as C  # noqa: E402
 from scarcelab.tracking.results import page as P  # noqa: E402
 from scarcelab.tracking.results.papers import PaperError, load_paper, paper_path  # noqa: E402
@@ -355,7 +356,7 @@ def test_probe_runs_of_n_labeled_all_and_a_count_get_the_columns_the_claims_name
                          "metrics.test/accuracy": a, "metrics.test/balanced_accuracy": a})
     t = Tracked(pd.DataFrame(rows), None, ["0"])  # type: ignore[arg-type]
     refs = ['{"encoder": ["@pretrain", "runs:/abc/model"]}']
-    out = P.protocols_as_columns(P.transfer_view(t, refs)).set_index("encoder")
+    out = P.protocols_as_columns(V.transfer_view(t, refs)).set_index("encoder")
     assert out.loc["@pretrain", "pathology_crops linear (all labels) accuracy"] == 0.66
     assert out.loc["random", "pathology_crops linear (147 labels) accuracy"] == 0.59
     claims = {c["id"]: c["rule"] for c in
@@ -386,7 +387,7 @@ def test_transfer_by_seed_feeds_encoder_beats_a_paired_test():
     refs = [f'{{"encoder": ["@pretrain", "runs:/abc{s}/model"]}}' for s in range(3)]
     per_seed = P.transfer_by_seed(t, refs)
     assert len(per_seed) == 6 and set(per_seed["encoder"]) == {"@pretrain", "random"}
-    data = C.SuiteData(transfer=P.protocols_as_columns(P.transfer_view(t, refs)),
+    data = C.SuiteData(transfer=P.protocols_as_columns(V.transfer_view(t, refs)),
                        transfer_runs=per_seed)
     v = C.evaluate({"kind": "encoder_beats", "columns": ["linear (all labels) accuracy"]},
                    data)

@@ -106,7 +106,7 @@ def test_checkpoints_hold_only_plain_types():
     assert out["v"] == 0.5 and isinstance(out["v"], float)
     assert torch.equal(out["a"], torch.arange(3)) and out["l"] == [2]
     with pytest.raises(TypeError, match=r"checkpoint\['p'\] is a .*LinearProbe"):
-        from scarcelab.protocols.probe import LinearProbe
+        from scarcelab.probe import LinearProbe
 
         plain({"p": LinearProbe(2)})
 

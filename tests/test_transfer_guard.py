@@ -105,7 +105,7 @@ def test_linear_records_in_order_with_the_same_payloads():
 
 
 def test_linear_failure_ends_the_study_failed_and_raises_the_same_error(monkeypatch):
-    from scarcelab.protocols import probe
+    from scarcelab import probe
 
     def boom(self, *a, **kw):  # type: ignore[no-untyped-def]
         raise ValueError("probe fit exploded")

@@ -1,1 +1,2 @@
-"""How methods are run and tuned: budgeted search, linear probe, (later) ASHA, transfer."""
+"""How methods are run and tuned: budgeted search, (later) ASHA, transfer. The linear probe
+the epoch loop refits lives below them, in ``scarcelab/probe.py`` (tests/test_layers.py)."""

@@ -59,7 +59,7 @@ from scarcelab.methods.space import sample
 from scarcelab.metrics.diagnostics import DiagnosticsConfig, EpochDiagnostics
 from scarcelab.models import create_model
 from scarcelab.models.image_input import transform_of
-from scarcelab.protocols.probe import PROBE_SOLVERS
+from scarcelab.probe import PROBE_SOLVERS
 from scarcelab.protocols.study_store import StudyStore, redact
 from scarcelab.protocols.trials import COMPLETE, MAX_CONSECUTIVE_ERRORS, TrialRunner, trial_seed
 from scarcelab.schedule import SCHEDULE_HORIZONS
@@ -186,7 +186,7 @@ class StudyConfig(AutoDevice):
     # resolved as the params precision, channels_last, ... (they change the numbers)
     accel: Accel = field(default_factory=Accel)
     # self-supervised methods' per-epoch probe: "sklearn" or "torch" (on the device;
-    # scarcelab.protocols.probe)
+    # scarcelab.probe)
     probe_solver: str = "sklearn"
     # evaluate after an epoch only once this many steps are unevaluated (0 = every
     # epoch); patience then counts evaluations (scarcelab.train.TrainConfig)

@@ -5,7 +5,7 @@ Learning on Diverse Pathology Datasets", CVPR 2023, §4): linear probing and fin
   computed once (``scarcelab.active.encoded.encode_dataset``: cached under a key of the
   images and the encoder's weights, so a second protocol run or a second machine skips the
   forward passes) and a multinomial logistic regression is fitted on the labeled part, its
-  L2 penalty chosen on the validation part (:class:`~scarcelab.protocols.probe.LinearProbe`:
+  L2 penalty chosen on the validation part (:class:`~scarcelab.probe.LinearProbe`:
   random draws of ``C`` log-uniform on [1e-3, 1e3], best validation balanced accuracy; here
   run once per study, with more iterations than the per-epoch probe of ``self`` studies).
 * ``finetune`` — the whole network (encoder + a new linear head) is trained with a
@@ -51,7 +51,7 @@ from scarcelab.metrics import classification_metrics
 from scarcelab.models.classifier import ExportedClassifier, for_export
 from scarcelab.models.encoder import check_norm
 from scarcelab.models.image_input import transform_of
-from scarcelab.protocols.probe import LinearProbe
+from scarcelab.probe import LinearProbe
 from scarcelab.protocols.search import AutoDevice, StudyConfig
 from scarcelab.tracker import DatasetInfo, Tracker
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from scarcelab.tracking import commands
+
 #: The default shortlist (docs/compare.md, "The grid"): the two labeled-only baselines that
 #: SSL-vs-SSL (Huang et al., CVPR 2024) found hard to beat (plain supervised training and
 #: MixUp), its most reliable semi-supervised method (MixMatch) beside the common reference
@@ -93,12 +95,14 @@ def family(method: str) -> str:
 def check_methods(names: list[str], where: str) -> tuple[str, ...]:
     """The methods, each a registered study method, none twice, at least two, one of them
     labeled-only (the gain is measured against the best of those)."""
-    from scarcelab.entrypoints.options import Registered
+    from scarcelab.registry import check_name
 
     out = []
     for n in names:
         try:
-            out.append(Registered("method").parse(str(n).strip()).lower())
+            if not str(n).strip():
+                raise ValueError("must not be empty")
+            out.append(check_name("method", str(n).strip()).lower())
         except ValueError as e:
             raise GridError(f"{where}: {n!r}: {e}") from None
     twice = sorted({m for m in out if out.count(m) > 1})
@@ -138,9 +142,9 @@ def check_seeds(seeds: list[Any], where: str) -> tuple[int, ...]:
 # -- options of the study commands ------------------------------------------------------
 
 def _command(entry: str) -> Any:
-    from scarcelab.entrypoints.cli import main
-
-    cmd = main.commands.get(entry)
+    """The study command's click command, from the table the command line installs
+    (tracking/commands.py: tracking does not import the entry points)."""
+    cmd = commands.command(entry)
     if cmd is None:  # pragma: no cover - the three study commands always exist
         raise GridError(f"no command {entry!r}")
     return cmd
@@ -200,9 +204,7 @@ def check_option(entries: set[str], key: str, value: Any, where: str) -> tuple[s
             conv = p.type.convert(text, p, click.Context(_command(entry)))
         except click.BadParameter as e:
             raise GridError(f"{where}: {k}={text!r}: {e.message}") from None
-        from scarcelab.entrypoints.options import Folder
-
-        if isinstance(p.type, Folder) and conv is not None:
+        if commands.gives_path(p.type) and conv is not None:
             out = str(conv)
     return k, out
 

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from scarcelab.tracking import stats  # noqa: E402
 from scarcelab.tracking.query.frame import VAL  # noqa: E402
+from scarcelab.tracking.query.keys import BLOCK  # noqa: E402
 
 FLOAT_FMT = ".4f"
 
@@ -164,7 +165,7 @@ def plot_leaderboard(lb: pd.DataFrame, metric: str = "test_balanced_accuracy") -
     :func:`row_labels`), best at the top."""
     if lb.empty or f"{metric}_mean" not in lb:
         return None
-    blocks = list(lb.groupby(["dataset", "n_labeled"], dropna=False, sort=True))
+    blocks = list(lb.groupby(list(BLOCK), dropna=False, sort=True))
     cols = min(len(blocks), 3)  # at most three blocks a row: readable at page width
     rows = -(-len(blocks) // cols)
     fig, grid = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.0 * rows), squeeze=False)
@@ -197,7 +198,7 @@ def plot_profile(prof: pd.DataFrame, metric: str = "test_balanced_accuracy") -> 
     best on validation by time t; lines are seed means, bands the min-max over seeds."""
     if prof.empty:
         return None
-    blocks = list(prof.groupby(["dataset", "n_labeled"], dropna=False, sort=True))
+    blocks = list(prof.groupby(list(BLOCK), dropna=False, sort=True))
     fig, axes = _grid(len(blocks), rows=2)
     for j, ((ds, nl), part) in enumerate(blocks):
         for i, (m, label) in enumerate(((metric, "test"), (VAL, "validation"))):
@@ -345,7 +346,7 @@ def condense_profile(prof: pd.DataFrame, k: int = 6) -> pd.DataFrame:
     if prof.empty:
         return prof
     keep = []
-    for _, part in prof.groupby(["dataset", "n_labeled"], dropna=False, sort=False):
+    for _, part in prof.groupby(list(BLOCK), dropna=False, sort=False):
         ts = np.sort(part["t_s"].unique())
         pick = ts[np.unique(np.linspace(0, len(ts) - 1, min(k, len(ts))).round().astype(int))]
         keep.append(part[part["t_s"].isin(pick)])

@@ -23,6 +23,7 @@ sample (the latest study is kept, and the leaderboard says which).
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -33,11 +34,11 @@ from scipy import stats as sps
 
 from scarcelab.tracking import stats
 from scarcelab.tracking.query.frame import VAL, Tracked, study_settings
+from scarcelab.tracking.query.keys import BLOCK, RANKED, block_columns
 from scarcelab.tracking.query.registry import EVERY_ENTRY, SweepContext, ViewFunctions, view
 
 TEST = "test_balanced_accuracy"
 LABELED_ONLY = ("sup", "mixup", "supcon")
-BLOCK = ("dataset", "n_labeled")
 #: settings the leaderboard shows as columns of their own (the rest go to ``setting``)
 SHOWN = ("n_val", "arch", "budget_minutes", "search")
 #: per-study columns that say which variant a study is and whether it is a sample
@@ -74,8 +75,8 @@ def filter_frame(df: pd.DataFrame, family: Any = None, dataset: Any = None,
 
 
 def _block_keys(df: pd.DataFrame) -> list[str]:
-    return ["dataset", "n_labeled"] if "n_labeled" in df and df["n_labeled"].notna().any() \
-        else ["dataset"]
+    return list(BLOCK) if all(k in df and df[k].notna().any() for k in BLOCK[1:]) \
+        else list(BLOCK[:1])
 
 
 def per_study(t: Tracked, source: str = "auto", **filters: Any) -> pd.DataFrame:
@@ -107,14 +108,13 @@ def _variants(t: Tracked, sel: pd.DataFrame) -> pd.DataFrame:
         return sel.assign(**{c: pd.Series(dtype=object) for c in VARIANT_COLUMNS})
     studies = t.studies().set_index("run_id")
     cfg = study_settings(studies.reset_index()).reindex(sel["study_id"].to_numpy())
-    cfg = cfg.drop(columns=[c for c in cfg.columns if c in ("family", "method", "dataset",
-                                                            "n_labeled")])
+    cfg = cfg.drop(columns=[c for c in cfg.columns if c in ("family", "method", *BLOCK)])
     filled = cfg.astype(object).where(cfg.notna(), "\x00unset")
     digest = pd.util.hash_pandas_object(filled[sorted(filled.columns)], index=False) \
         if len(filled.columns) else pd.Series(0, index=filled.index, dtype="uint64")
     config = [f"{int(h):016x}"[:12] for h in digest.to_numpy()]
     keys = pd.DataFrame({"family": sel.get("family"), "method": sel.get("method"),
-                         "dataset": sel["dataset"], "n_labeled": sel["n_labeled"]})
+                         **{k: sel[k] for k in BLOCK}})
     # per method: the settings that differ between its studies within some block (only
     # methods with two configurations in a block can have any: the common case is cheap)
     varies: dict[tuple, list[str]] = {}
@@ -253,7 +253,7 @@ def _leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = Fa
     """:func:`leaderboard` with the ``variant`` column."""
     s = per_study(t, source, **filters)
     metrics = [VAL] + sorted(c for c in s.columns if c.startswith("test_"))
-    keys = ["dataset", "n_labeled", "family", "method"]
+    keys = block_columns("family", "method")
     for k in [*keys, *SHOWN]:
         if k not in s:
             s[k] = np.nan
@@ -278,8 +278,8 @@ def _leaderboard(t: Tracked, sort_by: str = f"{TEST}_mean", ascending: bool = Fa
         raise ValueError(f"cannot sort by {sort_by!r}; columns: {', '.join(out.columns)}")
     # the time budget is part of the ranked block: a 0.5-minute study is not ranked among
     # 3-minute ones (issue 43); mixed_budgets() names such blocks for a note
-    out = out.sort_values(["dataset", "n_labeled", "budget_minutes", sort_by],
-                          ascending=[True, True, True, ascending], kind="stable",
+    out = out.sort_values([*RANKED, sort_by],
+                          ascending=[True] * len(RANKED) + [ascending], kind="stable",
                           na_position="last")
     return out.reset_index(drop=True)
 
@@ -292,7 +292,7 @@ def mixed_budgets(df: pd.DataFrame) -> list[str]:
         return []
     b = pd.to_numeric(df["budget_minutes"], errors="coerce")
     out = []
-    keys = [k for k in ("dataset", "n_labeled") if k in df]
+    keys = [k for k in BLOCK if k in df]
     for key, part in b.groupby([df[k] for k in keys], dropna=False, sort=True):
         vals = sorted(set(part.dropna()))
         if len(vals) + int(part.isna().any()) > 1:
@@ -361,12 +361,12 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
     a repeated seed is one sample. Studies of different time budgets are never tested
     against each other; a warning names the blocks that hold several."""
     s = samples(t, source, **filters)
-    cols = ["dataset", "n_labeled", "budget_minutes", "method", "mean", "std", "n",
+    cols = [*RANKED, "method", "mean", "std", "n",
             "best_method", "t_statistic", "p_value", "significantly_worse"]
     if s.empty or metric not in s:
         return pd.DataFrame(columns=cols)
     # untagged studies form one block, as in leaderboard
-    for k in ("dataset", "n_labeled", "budget_minutes"):
+    for k in RANKED:
         if k not in s:
             s[k] = np.nan
     s["budget_minutes"] = pd.to_numeric(s["budget_minutes"], errors="coerce").astype(float)
@@ -376,8 +376,7 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
         warnings.warn("significance: studies of different time budgets are tested within "
                       "their own budget, never against each other: " + "; ".join(mixed),
                       stacklevel=2)
-    for (ds, nl, bm), part in s.groupby(["dataset", "n_labeled", "budget_minutes"],
-                                        dropna=False, sort=True):
+    for (ds, nl, bm), part in s.groupby(list(RANKED), dropna=False, sort=True):
         vals = {m: g[metric].dropna().to_numpy() for m, g in part.groupby("variant")}
         means = {m: v.mean() for m, v in vals.items() if len(v)}
         if not means:
@@ -392,8 +391,8 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
                          v.std(ddof=1) if len(v) > 1 else np.nan, len(v), best, tstat, p,
                          bool(p < alpha) if np.isfinite(p) else False))
     out = pd.DataFrame(rows, columns=cols)
-    return out.sort_values(["dataset", "n_labeled", "budget_minutes", "mean"],
-                           ascending=[True, True, True, False],
+    return out.sort_values([*RANKED, "mean"],
+                           ascending=[True] * len(RANKED) + [False],
                            kind="stable").reset_index(drop=True)
 
 
@@ -413,8 +412,8 @@ def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
     (:func:`per_study`); a repeated seed is one sample."""
     rec = t.record(source, tests=[metric])
     studies = samples(t, source, **filters)
-    cols = ["dataset", "n_labeled", "method", "t_s", "n", f"{metric}_mean", f"{metric}_min",
-            f"{metric}_max", f"{VAL}_mean", f"{VAL}_min", f"{VAL}_max"]
+    cols = block_columns("method", "t_s", "n", f"{metric}_mean", f"{metric}_min",
+                         f"{metric}_max", f"{VAL}_mean", f"{VAL}_min", f"{VAL}_max")
     if studies.empty or rec.empty:
         return pd.DataFrame(columns=cols)
     if metric not in rec:
@@ -423,7 +422,7 @@ def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
     rec = rec[rec["study_id"].isin(set(studies["study_id"]))].dropna(subset=["elapsed_s"])
     by_study = {sid: g for sid, g in rec.groupby("study_id", sort=False)}
     out = []
-    for (ds, nl), block in studies.groupby(["dataset", "n_labeled"], dropna=False, sort=True):
+    for (ds, nl), block in studies.groupby(list(BLOCK), dropna=False, sort=True):
         ends = [by_study[s]["end_s"].max() for s in block["study_id"] if s in by_study]
         if not ends:
             continue
@@ -573,9 +572,7 @@ TRANSFER_KEYS = ("encoder", "arch", "protocol", "label_fraction")
 
 def _transfer_for_sweep(t: Tracked, ctx: SweepContext) -> pd.DataFrame:
     """The sweep's transfer table names an encoder a dependency resolved by the spec's
-    reference, so its seeds are one row (tracking/results/page.py, ``transfer_view``)."""
-    from scarcelab.tracking.results.page import transfer_view
-
+    reference, so its seeds are one row (:func:`transfer_view`)."""
     return transfer_view(t, ctx.refs())
 
 
@@ -650,3 +647,38 @@ def transfer(t: Tracked, seg_metrics: Sequence[str] = ("seg/pq", "seg/mpq"),
     wide.insert(1, "n_runs", long.groupby(keys)["run_id"].nunique().reindex(wide.index)
                 .to_numpy())
     return wide.reset_index()
+
+
+def transfer_view(t: Any, refs: Iterable[str]) -> pd.DataFrame:
+    """Kang et al.'s comparison (rows = encoder, columns = tasks), with an encoder that a
+    dependency resolved (``runs:/<id>/model`` of a cell of this sweep) shown as the spec's
+    reference (``@pretrain``), so its seeds average into one row; segment's cross-dataset
+    tests (``seg/cross/<set>/pq``) are columns too. ``refs``: the cells' REFS tags (JSON
+    ``{option: [reference, resolved]}``).
+
+    In the query layer, not in tracking/results/page.py, which shows it: the sweep's
+    transfer view (:func:`_transfer_for_sweep`) builds on it, and reading runs never
+    imports the pages that render them (tests/test_layers.py)."""
+    labels: dict[str, str] = {}
+    for text in refs:
+        for ref, value in json.loads(text or "{}").values():
+            labels[value] = ref
+    runs = t.runs
+    if labels and "encoder" in runs:
+        runs = runs.assign(encoder=runs["encoder"].replace(labels))
+    if "protocol" in runs and "params.n_labeled" in runs and "task" in runs:
+        # probes with all labels and with a count are separate columns, not averaged. A
+        # probe run records n_labeled=all resolved to a count (e.g. 1174); its
+        # label_fraction tag (the share trained on; the CLI parameter stays 1 for a
+        # count) is 1 then: "all labels", the column the paper file's claims name
+        probe = runs["task"].eq("probe") & runs["protocol"].notna()
+        full = (pd.to_numeric(runs["label_fraction"], errors="coerce") == 1.0
+                if "label_fraction" in runs else pd.Series(False, index=runs.index))
+        lab = runs["params.n_labeled"].astype(str).map(
+            lambda v: "all labels" if v in ("all", "", "nan", "None") else f"{v} labels")
+        lab = lab.where(~full, "all labels")
+        runs = runs.assign(protocol=runs["protocol"].where(
+            ~probe, runs["protocol"].astype(str) + " (" + lab + ")"))
+    cross = sorted(c[len("metrics."):] for c in runs.columns
+                   if c.startswith("metrics.seg/cross/") and c.endswith(("/pq", "/mpq")))
+    return transfer(t.with_runs(runs), seg_metrics=("seg/pq", "seg/mpq", *cross))

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from scarcelab import tags as T
+from scarcelab.tracking.query.keys import BLOCK
 from scarcelab.tracking.results import claims as C
 from scarcelab.tracking.results.papers import PaperFile, load_paper, paper_path
 from scarcelab.tracking.sweep.driver import (
@@ -265,39 +266,6 @@ def _attempt_interval(client: Any, run: Any) -> tuple[float, float]:
 
 
 # -- the tables -------------------------------------------------------------------------
-def transfer_view(t: Any, refs: Iterable[str]) -> pd.DataFrame:
-    """Kang et al.'s comparison (rows = encoder, columns = tasks), with an encoder that a
-    dependency resolved (``runs:/<id>/model`` of a cell of this sweep) shown as the spec's
-    reference (``@pretrain``), so its seeds average into one row; segment's cross-dataset
-    tests (``seg/cross/<set>/pq``) are columns too. ``refs``: the cells' REFS tags (JSON
-    ``{option: [reference, resolved]}``)."""
-    from scarcelab.tracking.query.views import transfer
-
-    labels: dict[str, str] = {}
-    for text in refs:
-        for ref, value in json.loads(text or "{}").values():
-            labels[value] = ref
-    runs = t.runs
-    if labels and "encoder" in runs:
-        runs = runs.assign(encoder=runs["encoder"].replace(labels))
-    if "protocol" in runs and "params.n_labeled" in runs and "task" in runs:
-        # probes with all labels and with a count are separate columns, not averaged. A
-        # probe run records n_labeled=all resolved to a count (e.g. 1174); its
-        # label_fraction tag (the share trained on; the CLI parameter stays 1 for a
-        # count) is 1 then: "all labels", the column the paper file's claims name
-        probe = runs["task"].eq("probe") & runs["protocol"].notna()
-        full = (pd.to_numeric(runs["label_fraction"], errors="coerce") == 1.0
-                if "label_fraction" in runs else pd.Series(False, index=runs.index))
-        lab = runs["params.n_labeled"].astype(str).map(
-            lambda v: "all labels" if v in ("all", "", "nan", "None") else f"{v} labels")
-        lab = lab.where(~full, "all labels")
-        runs = runs.assign(protocol=runs["protocol"].where(
-            ~probe, runs["protocol"].astype(str) + " (" + lab + ")"))
-    cross = sorted(c[len("metrics."):] for c in runs.columns
-                   if c.startswith("metrics.seg/cross/") and c.endswith(("/pq", "/mpq")))
-    return transfer(t.with_runs(runs), seg_metrics=("seg/pq", "seg/mpq", *cross))
-
-
 def protocols_as_columns(view: pd.DataFrame) -> pd.DataFrame:
     """Kang et al.'s table: a row per encoder (and architecture), a column per task *and
     protocol* (``<dataset> <protocol> <metric>``, e.g. ``pathology_crops linear (147
@@ -335,10 +303,13 @@ def protocols_as_columns(view: pd.DataFrame) -> pd.DataFrame:
 
 
 def transfer_by_seed(t: Any, refs: Sequence[str]) -> pd.DataFrame:
-    """The page's transfer table (:func:`protocols_as_columns` of :func:`transfer_view`)
+    """The page's transfer table (:func:`protocols_as_columns` of
+    :func:`~scarcelab.tracking.query.views.transfer_view`)
     computed on each seed's runs alone, long: encoder, column, seed, value. Why: the
     encoder_beats rule pairs the two encoders over the seeds they share (the pre-trained
     encoder of seed s is probed by the cells of seed s), which the averaged table hides."""
+    from scarcelab.tracking.query.views import transfer_view
+
     cols = ["encoder", "column", "seed", "value"]
     runs = t.runs
     if runs.empty or "seed" not in runs:
@@ -481,7 +452,7 @@ def _study_sections(t: Any, data: C.SuiteData, encoders_only: bool = False
             "dataset": smp["dataset"], "method": smp["variant"],
             "family": smp["family"] if "family" in smp else np.nan, "seed": smp["seed"],
             "score": pd.to_numeric(smp[C_SCORE], errors="coerce")})
-    keep = [c for c in ("dataset", "n_labeled", "family", "method", "n",
+    keep = [c for c in (*BLOCK, "family", "method", "n",
                         "val_balanced_accuracy_mean", "test_balanced_accuracy_mean",
                         "test_balanced_accuracy_std", "test_auroc_mean") if c in lb]
     fig = render.plot_leaderboard(lb)
@@ -639,6 +610,7 @@ def _tune_sections(t: Any, data: C.SuiteData) -> list[Section]:
 
 
 def _transfer_sections(t: Any, cells: Sequence[Any], data: C.SuiteData) -> list[Section]:
+    from scarcelab.tracking.query.views import transfer_view
     from scarcelab.tracking.sweep.driver import REFS_TAG
 
     # the page's table: a row per encoder, protocols in the column names (the sweep's own

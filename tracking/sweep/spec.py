@@ -72,6 +72,8 @@ from typing import Any
 
 import yaml
 
+from scarcelab.tracking import commands
+
 #: a cell's share of a machine: Ray's resources, its GPU memory cap, CUDA MPS. Top-level,
 #: and in a top-level ``full:`` / ``smoke:`` block for that scale (docs/sweeps.md)
 RESOURCE_KEYS = ("cpus_per_cell", "gpus_per_cell", "gpu_memory_fraction", "mps")
@@ -336,10 +338,9 @@ def _dataset_at(value: str, spec_path: str) -> str:
 
 def entry_options(entry: str) -> dict[str, str] | None:
     """Option name (underscored) -> its help, for a registered entry point; None if the
-    entry point does not exist. Reads the click commands: no heavy import happens."""
-    from scarcelab.entrypoints.cli import main
-
-    cmd = main.commands.get(entry)
+    entry point does not exist. Reads the click commands (tracking/commands.py): no heavy
+    import happens."""
+    cmd = commands.command(entry)
     if cmd is None:
         return None
     out = {}
@@ -353,11 +354,7 @@ def entry_options(entry: str) -> dict[str, str] | None:
 def entry_params(entry: str) -> dict[str, Any]:
     """Option name (underscored) -> its click parameter, for a registered entry point
     (empty if the entry point does not exist)."""
-    from scarcelab.entrypoints.cli import main
-
-    cmd = main.commands.get(entry)
-    return {opt[2:].replace("-", "_"): p for p in (cmd.params if cmd else [])
-            for opt in getattr(p, "opts", []) if opt.startswith("--")}
+    return commands.params(entry)
 
 
 def _is_name_type(ptype: Any) -> bool:
@@ -366,12 +363,7 @@ def _is_name_type(ptype: Any) -> bool:
     registries' files without importing them) or one of fixed words (``Word`` with
     choices, ``click.Choice``). Those are checked when the spec is read; other values
     (numbers, paths, run ids) by the cell's command, where they are used."""
-    import click
-
-    from scarcelab.entrypoints.options import Registered, Word
-
-    return isinstance(ptype, (Registered, click.Choice)) or (
-        isinstance(ptype, Word) and bool(ptype.choices))
+    return commands.takes_name(ptype)
 
 
 def check_names(entry: str, key: str, values: list[str]) -> str | None:
@@ -383,14 +375,11 @@ def check_names(entry: str, key: str, values: list[str]) -> str | None:
     left to the cell."""
     import click
 
-    from scarcelab.entrypoints.options import DatasetName, _maybe_own
-
     param = entry_params(entry).get(key)
     if param is None or not _is_name_type(param.type):
         return None
     for v in values:
-        if v.startswith(REF) or (isinstance(param.type, DatasetName) and _maybe_own(
-                v.removeprefix("encoded_"))):
+        if v.startswith(REF) or commands.may_be_own(param.type, v.removeprefix("encoded_")):
             continue
         try:
             param.type.convert(v, param, None)
@@ -464,9 +453,7 @@ def continues_with(option: str, carry: tuple[str, ...] = ()) -> Callable[[Any], 
 def entry_continuation(entry: str) -> Continuation | None:
     """The continuation the entry point's command declares, None when it declares none
     (its killed cells are run again from the start)."""
-    from scarcelab.entrypoints.cli import main
-
-    cmd = main.commands.get(entry)  # loads the command modules, whose decorators declare
+    cmd = commands.command(entry)  # loads the command modules, whose decorators declare
     return _CONTINUATIONS.get(cmd.name or entry) if cmd is not None else None
 
 
@@ -475,9 +462,7 @@ NOT_CELLS = ("sweep", "list", "stack", "compare")
 
 
 def _entries() -> list[str]:
-    from scarcelab.entrypoints.cli import main
-
-    return sorted(n for n in main.commands if n not in NOT_CELLS)
+    return sorted(n for n in commands.commands() if n not in NOT_CELLS)
 
 
 def _check_tree(path: str, root: yaml.Node) -> None:

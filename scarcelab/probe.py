@@ -27,6 +27,10 @@ the features to the host, no host CPU work while a GPU waits, and two small host
 per epoch (the validation predictions of every penalty, then the chosen probe's
 probabilities). On real features it chooses what scikit-learn's optimum chooses
 (bench/probe_solver.py, docs/performance.md "The probe on the device").
+
+Why here and not in ``scarcelab/protocols/``: the epoch loop (``scarcelab/train.py``)
+refits it, and protocols drive the loop, never the reverse (tests/test_layers.py); the
+transfer protocol's linear probe uses it from above, like any protocol uses the loop.
 """
 
 from __future__ import annotations
