@@ -82,6 +82,8 @@ class _OptBool(Bool):
 @click.option("--claims", is_flag=True, help="merge the spec's `claims:` sections (a design "
               "sized to test the paper's headline claims, into the experiment "
               "<experiment>-claims)")
+@click.option("--claims-scale", default="", hidden=True, type=Bool(),
+              help="--claims as a true/false value (for mlflow run -P claims=…)")
 @click.option("--dry-run", is_flag=True, help="print the cells and what a run would do")
 @click.option("--max-cells", type=Int(1, None), default=None,
               help="refuse a spec of more cells than this (default 10000), counted before "
@@ -99,7 +101,8 @@ class _OptBool(Bool):
               "spec's mps)")
 @identity_options
 def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, full: bool,
-              full_scale: bool, smoke: bool, smoke_scale: bool, claims: bool, dry_run: bool,
+              full_scale: bool, smoke: bool, smoke_scale: bool, claims: bool, claims_scale: bool,
+              dry_run: bool,
               max_cells: int | None, gpus_per_cell: float | str | None,
               gpu_memory_fraction: float | str | None, mps: bool | None, run_name: str,
               tags: dict[str, str], description: str) -> None:
@@ -111,6 +114,7 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
     from scarcelab.tracking.sweep.spec import MAX_CELLS, SpecError, check_spec_names, load_spec
 
     full, smoke, n_retries = full or full_scale, smoke or smoke_scale, retries
+    claims = claims or claims_scale
 
     try:
         sp = load_spec(spec, full=full, smoke=smoke, max_cells=max_cells or MAX_CELLS,

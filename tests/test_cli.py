@@ -233,9 +233,11 @@ CLI_ONLY = {
                     "sets MLFLOW_TRACKING_URI"},
     "sweep": {"--full": "MLproject passes --full-scale true|false (it cannot omit a flag)",
               "--smoke": "MLproject passes --smoke-scale true|false",
+              "--claims": "MLproject passes --claims-scale true|false",
               "--dry-run": "terminal use", "--jobs": "the pool size of a local run",
               "--max-cells": "a debugging cap"},
     "results": {"--full": "MLproject passes --scale", "--smoke": "MLproject passes --scale",
+                "--claims": "MLproject passes --scale",
                 "--index": "MLproject passes --write-index true|false",
                 "--suites": "the page's suite list; the entry point renders one --spec",
                 "--tracking-uri": "mlflow run sets MLFLOW_TRACKING_URI",
@@ -254,6 +256,7 @@ DEFAULT_DIFFERS = {
                         "--method (or --resume)",
     ("sweep", "full"): "'false' (MLproject) and '' (the CLI's 'not given') both mean no",
     ("sweep", "smoke"): "as full",
+    ("sweep", "claims"): "as full",
 }
 
 

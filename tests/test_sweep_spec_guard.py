@@ -417,7 +417,7 @@ CASES: list[tuple[str, str, dict[str, Any], str | dict[str, Any]]] = [
                 (0, '77e5f498baaaff3b', 'semi --method b --seed 1', ()),
                 (0, 'b3fc30270b9cb8d7', 'semi --method b --seed 2', ())]}),
     ('both-scales', 'not: [valid', {'full': True, 'smoke': True},
-     'g.yaml: --full and --smoke are two scales; choose one'),
+     'g.yaml: --full and --smoke are 2 scales; choose one'),
     ('yaml-bad', 'name: x\ngrids: [\n', {},
      "g.yaml:3: not valid YAML: expected the node content, but found '<stream end>'"),
     ('yaml-at', 'name: x\ngrids:\n  - {entry: semi, encoder: @p}\n', {},
@@ -437,7 +437,7 @@ CASES: list[tuple[str, str, dict[str, Any], str | dict[str, Any]]] = [
     ('scalar-top', '\n\nhello\n', {},
      "g.yaml:3: a spec is a mapping with at least 'name' and 'grids'"),
     ('unknown-key-before-name', 'gridz: 1\nfoo: 2\n', {},
-     ("g.yaml:1: unknown key 'gridz'; valid: cpus_per_cell, description, env, experiment, "
+     ("g.yaml:1: unknown key 'gridz'; valid: claims, cpus_per_cell, description, env, experiment, "
       'full, gpu_memory_fraction, gpus_per_cell, grids, mps, name, retries, smoke')),
     ('name-missing', 'grids: []\n', {},
      "g.yaml:1: 'name' (the sweep's name) is required"),
