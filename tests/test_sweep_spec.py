@@ -234,21 +234,25 @@ def test_the_claims_scale_merges_its_blocks_and_records_apart():
 
 
 def test_cdalbench_claims_scale_is_the_design_its_header_states():
-    """suites/cdalbench.yaml --claims: Fig. 1 (margin and random, 100 paired repetitions
-    on splice, q = 1) and the q = 1 oracle beside five strategies on the synthetic
-    problems, >= 10 repetitions everywhere (what the claims' ``needs`` ask)."""
+    """suites/cdalbench.yaml --claims: seven strategies on six problems (splice and usps at
+    q = 1 and 5, the synthetic sets at q = 1), the q = 1 oracle on the synthetic sets, 20
+    paired repetitions per cell (the claims' ``needs`` ask >= 10 and >= 2 problems)."""
     from pathlib import Path
 
     p = Path(__file__).resolve().parents[1] / "suites" / "cdalbench.yaml"
     sp = load_spec(p, scale="claims")
     opts = [dict(c.options) for c in sp.cells]
-    assert sp.experiment == "cdalbench-claims" and len(opts) == 14
-    assert {o["query_size"] for o in opts} == {"1"}
-    assert min(int(o["repetitions"]) for o in opts) >= 10
-    fig1 = {o["strategy"]: int(o["repetitions"]) for o in opts if o["dataset"] == "splice"}
-    assert fig1 == {"margin": 100, "random": 100}
-    oracle = {o["dataset"] for o in opts if o["strategy"] == "oracle"}
-    assert oracle == {"honeypot", "diverging_sine"}
+    assert sp.experiment == "cdalbench-claims" and len(opts) == 44
+    assert {int(o["repetitions"]) for o in opts} == {20}
+    problems: dict[str, set[tuple[str, str]]] = {}
+    for o in opts:
+        problems.setdefault(o["strategy"], set()).add((o["dataset"], o["query_size"]))
+    six = {("splice", "1"), ("splice", "5"), ("usps", "1"), ("usps", "5"),
+           ("honeypot", "1"), ("diverging_sine", "1")}
+    heuristics = {"margin", "random", "entropy", "least_confident", "badge", "coreset",
+                  "typiclust"}
+    assert {s for s, ps in problems.items() if ps == six} == heuristics
+    assert problems["oracle"] == {("honeypot", "1"), ("diverging_sine", "1")}
     r = CliRunner().invoke(main, ["sweep", str(p), "--claims", "--dry-run"])
     assert r.exit_code == 0, r.output
-    assert "14 cells -> experiment 'cdalbench-claims' (claims scale" in r.output
+    assert "44 cells -> experiment 'cdalbench-claims' (claims scale" in r.output
