@@ -7,28 +7,42 @@ from scarcelab.losses import nt_xent
 from scarcelab.methods._parts import confidence_mask, masked_cross_entropy
 
 
-def test_nt_xent_hand_computed_two_pairs():
+def _nt_xent_brute_force(z1: torch.Tensor, z2: torch.Tensor, t: float) -> float:
+    """NT-Xent by its definition, one anchor at a time: anchor i's positive is its other
+    view (i + n) mod 2n, its negatives every other embedding but itself."""
+    n = len(z1)
+    z = torch.nn.functional.normalize(torch.cat([z1, z2]), dim=1)
+    total = 0.0
+    for i in range(2 * n):
+        pos = (i + n) % (2 * n)
+        num = math.exp(float(z[i] @ z[pos]) / t)
+        den = sum(math.exp(float(z[i] @ z[k]) / t) for k in range(2 * n) if k != i)
+        total += -math.log(num / den)
+    return total / (2 * n)
+
+
+_ORTHO = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+_G = torch.Generator().manual_seed(0)
+_Z1, _Z2 = torch.randn(5, 8, generator=_G), torch.randn(5, 8, generator=_G)
+
+#: (z1, z2, temperature, expected, tolerance), lightly's parametrised loss tests
+NT_XENT_CASES = [
     # Two samples, orthogonal unit embeddings, views identical: z1 = z2 = [[1,0],[0,1]].
     # For each of the 4 anchors: positive similarity 1, negatives {0, 0} (self excluded),
     # so loss = -log(e^(1/t) / (e^(1/t) + 2)).
-    z = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    t = 0.5
-    expected = -math.log(math.exp(1 / t) / (math.exp(1 / t) + 2))
-    assert abs(float(nt_xent(z, z.clone(), t)) - expected) < 1e-6
+    pytest.param(_ORTHO, _ORTHO.clone(), 0.5,
+                 -math.log(math.exp(1 / 0.5) / (math.exp(1 / 0.5) + 2)), 1e-6,
+                 id="hand_computed_two_pairs"),
+    # five random pairs in 8-d, against the definition computed anchor by anchor
+    pytest.param(_Z1, _Z2, 0.1, _nt_xent_brute_force(_Z1, _Z2, 0.1), 1e-4,
+                 id="brute_force_random"),
+]
 
 
-def test_nt_xent_brute_force_random():
-    g = torch.Generator().manual_seed(0)
-    z1, z2 = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
-    t = 0.1
-    z = torch.nn.functional.normalize(torch.cat([z1, z2]), dim=1)
-    total = 0.0
-    for i in range(10):
-        pos = (i + 5) % 10
-        num = math.exp(float(z[i] @ z[pos]) / t)
-        den = sum(math.exp(float(z[i] @ z[k]) / t) for k in range(10) if k != i)
-        total += -math.log(num / den)
-    assert abs(float(nt_xent(z1, z2, t)) - total / 10) < 1e-4
+@pytest.mark.parametrize(("z1", "z2", "t", "expected", "tol"), NT_XENT_CASES)
+def test_nt_xent_reference_values(z1: torch.Tensor, z2: torch.Tensor, t: float,
+                                  expected: float, tol: float) -> None:
+    assert abs(float(nt_xent(z1, z2, t)) - expected) < tol
 
 
 def test_confidence_mask_and_masked_ce():
@@ -73,26 +87,49 @@ def test_feature_queue_fifo():
 # -- classifier losses that used to live in method files (issue 26 item 5) --------------
 
 
-def test_graph_contrastive_loss_reference_value_and_cutoff() -> None:
-    """q = (0.9, 0.1) for both samples: q·qᵀ off-diagonal 0.82; z orthonormal, T = 0.5,
-    so every row of log softmax(z zᵀ / T) is (2 − L, −L) with L = ln(e² + 1).
+_BIG_L = math.log(math.exp(2) + 1)
+_Q_082 = [[0.9, 0.1], [0.9, 0.1]]
 
-    cut-off 0.8 keeps the edge: row target (1, 0.82) / 1.82 -> loss L − 2 / 1.82.
-    cut-off 0.85 drops it: identity target -> loss L − 2."""
-    from scarcelab.losses import graph_contrastive_loss
-
-    q = torch.tensor([[0.9, 0.1], [0.9, 0.1]])
-    z = torch.eye(2)
-    big_l = math.log(math.exp(2) + 1)
-    assert graph_contrastive_loss(q, z, z, 0.5, 0.8).item() == pytest.approx(
-        big_l - 2 / 1.82, rel=1e-6)
-    assert graph_contrastive_loss(q, z, z, 0.5, 0.85).item() == pytest.approx(
-        big_l - 2, rel=1e-6)
+#: (q, z1, z2, temperature, cut-off, expected): the graph target is q·qᵀ with entries
+#: below the cut-off dropped (self-loops kept), rows normalised; the loss is the
+#: cross-entropy of each row of softmax(z1·z2ᵀ / T) against it
+GRAPH_CASES = [
+    # q = (0.9, 0.1) for both samples: q·qᵀ off-diagonal 0.82; z orthonormal, T = 0.5,
+    # so every row of log softmax(z zᵀ / T) is (2 − L, −L) with L = ln(e² + 1).
+    # cut-off 0.8 keeps the edge: row target (1, 0.82) / 1.82 -> loss L − 2 / 1.82.
+    pytest.param(_Q_082, [[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]], 0.5, 0.8,
+                 _BIG_L - 2 / 1.82, id="edge_kept"),
+    # cut-off 0.85 drops it: identity target -> loss L − 2.
+    pytest.param(_Q_082, [[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]], 0.5, 0.85,
+                 _BIG_L - 2, id="edge_cut"),
     # the two views enter asymmetrically: z1 · z2ᵀ, so swapping z2's rows swaps the
     # positives and the loss becomes L − 2·0.82/1.82 (the edge now sits on the diagonal)
-    swapped = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
-    assert graph_contrastive_loss(q, z, swapped, 0.5, 0.8).item() == pytest.approx(
-        big_l - 2 * 0.82 / 1.82, rel=1e-6)
+    pytest.param(_Q_082, [[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]], 0.5, 0.8,
+                 _BIG_L - 2 * 0.82 / 1.82, id="views_asymmetric"),
+    # T = 1, z = I: every row of log softmax(z zᵀ) is (1 − l, −l) with l = ln(e + 1).
+    # two confident, different classes: graph = identity -> l − 1 = ln(1 + e⁻¹)
+    pytest.param([[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]],
+                 [[1.0, 0.0], [0.0, 1.0]], 1.0, 0.8, math.log(1 + math.exp(-1)),
+                 id="different_classes"),
+    # same class: both edges, weight 1/2 -> l − 1/2
+    pytest.param([[1.0, 0.0], [1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]],
+                 [[1.0, 0.0], [0.0, 1.0]], 1.0, 0.8, math.log(math.e + 1) - 0.5,
+                 id="same_class"),
+    # q q^T = 0.5 < 0.8: only self-loops survive -> as for different classes
+    pytest.param([[0.5, 0.5], [0.5, 0.5]], [[1.0, 0.0], [0.0, 1.0]],
+                 [[1.0, 0.0], [0.0, 1.0]], 1.0, 0.8, math.log(1 + math.exp(-1)),
+                 id="weak_edges_cut"),
+]
+
+
+@pytest.mark.parametrize(("q", "z1", "z2", "t", "cutoff", "expected"), GRAPH_CASES)
+def test_graph_contrastive_loss_reference_values(q: list[list[float]], z1: list[list[float]],
+                                                 z2: list[list[float]], t: float,
+                                                 cutoff: float, expected: float) -> None:
+    from scarcelab.losses import graph_contrastive_loss
+
+    got = graph_contrastive_loss(torch.tensor(q), torch.tensor(z1), torch.tensor(z2), t, cutoff)
+    assert got.item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_ole_loss_reference_value_and_subgradient() -> None:

@@ -9,6 +9,7 @@ docs/methods-self.md; the numbers are stored here so the comparison always runs)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -35,28 +36,43 @@ from scarcelab.methods._ssl import (
 E = math.exp
 
 
-def test_info_nce_hand_computed_in_batch_and_queue_only():
-    # q = k = e1, e2; one queued negative -e1; T = 0.5 (logits are cosines / T).
-    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
-    k = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
-    neg = torch.tensor([[-1.0, 0.0]])
+_E1_E2 = [[1.0, 0.0], [0.0, 1.0]]
+
+#: (q, k, negatives, temperature, in_batch, expected); logits are cosines / T
+INFO_NCE_CASES = [
+    # q = k = e1, e2; one queued negative -e1; T = 0.5.
     # in batch: row 0 logits (2, 0, -2), row 1 (0, 2, 0); positives on the diagonal
-    row0 = -math.log(E(2) / (E(2) + 1 + E(-2)))
-    row1 = -math.log(E(2) / (E(2) + 2))
-    loss = info_nce(q, k, neg, 0.5)
-    assert abs(loss.item() - (row0 + row1) / 2) < 1e-6
+    pytest.param(_E1_E2, _E1_E2, [[-1.0, 0.0]], 0.5, True,
+                 (-math.log(E(2) / (E(2) + 1 + E(-2))) - math.log(E(2) / (E(2) + 2))) / 2,
+                 id="in_batch_and_queue"),
     # queue only (MoCo layout): row 0 (pos 2, neg -2), row 1 (pos 2, neg 0)
-    only = info_nce(q, k, neg, 0.5, in_batch=False)
-    expected = (-math.log(E(2) / (E(2) + E(-2))) - math.log(E(2) / (E(2) + 1))) / 2
-    assert abs(only.item() - expected) < 1e-6
-    loss.backward()
+    pytest.param(_E1_E2, _E1_E2, [[-1.0, 0.0]], 0.5, False,
+                 (-math.log(E(2) / (E(2) + E(-2))) - math.log(E(2) / (E(2) + 1))) / 2,
+                 id="queue_only"),
+    # no negatives at all: each row picks among the 2 batch keys, logits (2, 0)
+    pytest.param(_E1_E2, _E1_E2, None, 0.5, True, -math.log(E(2) / (E(2) + 1)),
+                 id="empty_queue_in_batch"),
+]
+
+
+@pytest.mark.parametrize(("q", "k", "neg", "t", "in_batch", "expected"), INFO_NCE_CASES)
+def test_info_nce_hand_computed(q: list[list[float]], k: list[list[float]],
+                                neg: list[list[float]] | None, t: float, in_batch: bool,
+                                expected: float) -> None:
+    negatives = None if neg is None else torch.tensor(neg)
+    loss = info_nce(torch.tensor(q), torch.tensor(k), negatives, t, in_batch=in_batch)
+    assert abs(loss.item() - expected) < 1e-6
+
+
+def test_info_nce_stops_the_gradient_at_the_keys():
+    q = torch.tensor(_E1_E2, requires_grad=True)
+    k = torch.tensor(_E1_E2, requires_grad=True)
+    info_nce(q, k, torch.tensor([[-1.0, 0.0]]), 0.5).backward()
     assert q.grad is not None and k.grad is None  # keys come from the momentum encoder
 
 
-def test_info_nce_empty_queue_is_in_batch_contrast():
-    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    # no negatives at all: each row picks among the 2 batch keys, logits (2, 0)
-    assert abs(float(info_nce(q, q, None, 0.5)) + math.log(E(2) / (E(2) + 1))) < 1e-6
+def test_info_nce_refuses_keys_of_another_shape():
+    q = torch.tensor(_E1_E2)
     with pytest.raises(ValueError, match="equal shape"):
         info_nce(q, q[:1], None, 0.5)
 
@@ -116,16 +132,28 @@ def test_dino_loss_hand_computed_with_centering():
     assert torch.allclose(c, torch.tensor([[0.1, 0.1]]))
 
 
-def test_barlow_twins_hand_computed():
+_BT_Z = [[1.0, 1.0], [-1.0, -1.0]]
+
+#: (z1, z2, λ, expected, tolerance): eps in the standardisation makes these approximate
+BARLOW_CASES = [
     # Two samples. z1 = z2 = ((1, 1), (-1, -1)): both dimensions standardise to (1, -1), so
     # C = [[1, 1], [1, 1]] (up to eps): on-diagonal 0, off-diagonal 1 + 1 -> loss = 2λ.
-    z = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
-    assert abs(float(barlow_twins(z, z.clone(), 0.5)) - 1.0) < 1e-4
+    pytest.param(_BT_Z, _BT_Z, 0.5, 1.0, 1e-4, id="identical_views"),
     # z2 = ((1, -1), (-1, 1)): C = [[1, -1], [1, -1]]; on = 0 + 4, off = 1 + 1 -> 4 + 2λ
-    z2 = torch.tensor([[1.0, -1.0], [-1.0, 1.0]])
-    assert abs(float(barlow_twins(z, z2, 0.5)) - 5.0) < 1e-3
+    pytest.param(_BT_Z, [[1.0, -1.0], [-1.0, 1.0]], 0.5, 5.0, 1e-3, id="anticorrelated_dim"),
+]
+
+
+@pytest.mark.parametrize(("z1", "z2", "lambd", "expected", "tol"), BARLOW_CASES)
+def test_barlow_twins_hand_computed(z1: list[list[float]], z2: list[list[float]],
+                                    lambd: float, expected: float, tol: float) -> None:
+    assert abs(float(barlow_twins(torch.tensor(z1), torch.tensor(z2), lambd)) - expected) < tol
+
+
+def test_barlow_twins_refuses_one_sample():
+    z = torch.tensor(_BT_Z)
     with pytest.raises(ValueError, match="N >= 2"):
-        barlow_twins(z[:1], z2[:1], 0.5)
+        barlow_twins(z[:1], z[:1], 0.5)
 
 
 def test_momentum_schedule_and_update():
@@ -191,26 +219,39 @@ def _close(got: torch.Tensor, ref: float | list[float], rtol: float = 1e-5,
                           .reshape(-1), rtol=rtol, atol=atol)
 
 
-def test_matches_lightly_contrastive():
-    z1, z2 = _rand(16, 8, seed=1), _rand(16, 8, seed=2)
-    assert _close(nt_xent(z1, z2, 0.1), LIGHTLY_1_6_0["ntxent"])
-    bank = torch.nn.functional.normalize(_rand(32, 8, seed=3), dim=1)
-    assert _close(info_nce(z1, z2, bank, 0.1, in_batch=False), LIGHTLY_1_6_0["moco"])
-
-
-def test_matches_lightly_non_contrastive():
-    p, z = _rand(16, 8, seed=4), _rand(16, 8, seed=5)
-    assert _close(negative_cosine(p, z), LIGHTLY_1_6_0["negative_cosine"])
-    assert _close(barlow_twins(p, z, 5e-3), LIGHTLY_1_6_0["barlow"])
-
-
-def test_matches_lightly_swav_and_dino():
+def _lightly_inputs() -> dict[str, torch.Tensor]:
     s1, s2 = _rand(16, 10, seed=6).tanh(), _rand(16, 10, seed=7).tanh()
-    codes1 = sinkhorn_knopp(s1, 0.05, 3)
-    assert _close(codes1[0], LIGHTLY_1_6_0["sinkhorn_row0"], atol=1e-12)
-    assert _close(codes1.sum(0), LIGHTLY_1_6_0["sinkhorn_col_sums"])
-    codes = [codes1, sinkhorn_knopp(s2, 0.05, 3)]
-    assert _close(swapped_prediction([s1, s2], codes, 0.1), LIGHTLY_1_6_0["swav"])
-    t1, t2 = _rand(16, 10, seed=8), _rand(16, 10, seed=9)
-    center = _rand(1, 10, seed=10)
-    assert _close(dino_loss([s1, s2], [t1, t2], center, 0.1, 0.04), LIGHTLY_1_6_0["dino"])
+    return {"z1": _rand(16, 8, seed=1), "z2": _rand(16, 8, seed=2),
+            "bank": torch.nn.functional.normalize(_rand(32, 8, seed=3), dim=1),
+            "p": _rand(16, 8, seed=4), "z": _rand(16, 8, seed=5), "s1": s1, "s2": s2,
+            "t1": _rand(16, 10, seed=8), "t2": _rand(16, 10, seed=9),
+            "center": _rand(1, 10, seed=10)}
+
+
+def _swav(d: dict[str, torch.Tensor]) -> torch.Tensor:
+    codes = [sinkhorn_knopp(d["s1"], 0.05, 3), sinkhorn_knopp(d["s2"], 0.05, 3)]
+    return swapped_prediction([d["s1"], d["s2"]], codes, 0.1)
+
+
+#: (our computation on ``_lightly_inputs()``, key in LIGHTLY_1_6_0, atol); rtol 1e-5
+LIGHTLY_CASES = [
+    pytest.param(lambda d: nt_xent(d["z1"], d["z2"], 0.1), "ntxent", 1e-6, id="ntxent"),
+    pytest.param(lambda d: info_nce(d["z1"], d["z2"], d["bank"], 0.1, in_batch=False),
+                 "moco", 1e-6, id="moco"),
+    pytest.param(lambda d: negative_cosine(d["p"], d["z"]), "negative_cosine", 1e-6,
+                 id="negative_cosine"),
+    pytest.param(lambda d: barlow_twins(d["p"], d["z"], 5e-3), "barlow", 1e-6, id="barlow"),
+    pytest.param(lambda d: sinkhorn_knopp(d["s1"], 0.05, 3)[0], "sinkhorn_row0", 1e-12,
+                 id="sinkhorn_row0"),
+    pytest.param(lambda d: sinkhorn_knopp(d["s1"], 0.05, 3).sum(0), "sinkhorn_col_sums",
+                 1e-6, id="sinkhorn_col_sums"),
+    pytest.param(_swav, "swav", 1e-6, id="swav"),
+    pytest.param(lambda d: dino_loss([d["s1"], d["s2"]], [d["t1"], d["t2"]], d["center"],
+                                     0.1, 0.04), "dino", 1e-6, id="dino"),
+]
+
+
+@pytest.mark.parametrize(("compute", "key", "atol"), LIGHTLY_CASES)
+def test_matches_lightly(compute: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+                         key: str, atol: float) -> None:
+    assert _close(compute(_lightly_inputs()), LIGHTLY_1_6_0[key], atol=atol)

@@ -500,6 +500,22 @@ def _fconv_block_reference(b, x: torch.Tensor, pad: int) -> torch.Tensor:
     return F.relu(out + xp)
 
 
+def test_fconv_refuses_residual_blocks_it_cannot_pad_in_one_line():
+    """wrn28_2's blocks (FixMatch's WRN) have no full-convolution form: fconv used to widen
+    their 3x3 convolutions anyway and leave the identity unpadded, so every forward pass
+    died in a shape mismatch ("size of tensor a (22) must match ... (18)", found by
+    tests/test_every_parameter_learns.py). Refused when the method is built, naming the
+    block and the archs that work; the archs fconv converts still build."""
+    from scarcelab.errors import ConfigError
+
+    fconv = get_method("fconv")
+    with pytest.raises(ConfigError, match=r"^fconv: .*_Block.*wrn16_2") as e:
+        fconv(create_model("wrn28_2", in_channels=1), 3, dict(fconv.defaults))
+    assert "\n" not in str(e.value)
+    for arch in ("wrn16_2", "resnet18", "small_cnn"):
+        fconv(create_model(arch, in_channels=1), 3, dict(fconv.defaults))
+
+
 @pytest.mark.parametrize("cin,cout,stride,pad", [(4, 4, 1, 2), (4, 8, 1, 2), (4, 8, 2, 3)])
 def test_fconv_basic_block_pads_the_identity_to_the_full_convolution_output(cin, cout,
                                                                             stride, pad):

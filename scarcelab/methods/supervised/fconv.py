@@ -18,9 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
+from scarcelab.errors import ConfigError
 from scarcelab.methods import Batch, Losses, Progress, register
 from scarcelab.methods.supervised._deic import DEICMethod
 from scarcelab.methods.supervised.harmonic import _replace
+from scarcelab.models.wrn_trunk import PreActBlock
 
 
 def _full(conv: nn.Conv2d) -> None:
@@ -56,7 +58,20 @@ class FConvResBlock(nn.Module):
 
 
 def full_convolution(backbone: nn.Module) -> int:
-    """Convert ``backbone`` in place; returns the number of convolutions changed."""
+    """Convert ``backbone`` in place; returns the number of convolutions changed.
+
+    A WRN block without a full-convolution form (``wrn28_2``'s: only the DEIC WRN's
+    ``WideBlock`` pads its identity) is refused before anything changes: widening its
+    convolutions alone leaves the identity path smaller than the grown maps, and every
+    forward pass would die in a shape mismatch."""
+    unpadded = sorted({type(m).__name__ for m in backbone.modules()
+                       if isinstance(m, PreActBlock)
+                       and not getattr(m, "supports_full_conv", False)})
+    if unpadded:
+        raise ConfigError(
+            f"fconv: the backbone's residual blocks ({', '.join(unpadded)}) have no "
+            "full-convolution form (their identity path is not padded); use --arch "
+            "wrn16_2, wrn16_8, a ResNet (resnet18, resnet50, ..._imagenet) or small_cnn")
     n = 0
     handled: set[int] = set()
     for name, m in list(backbone.named_modules()):
