@@ -327,7 +327,6 @@ def test_which_earlier_attempt_a_continuation_takes(store):
     itself is not tried again across invocations either, the cell starts afresh; an entry
     point without a declared continuation always starts afresh. The study's own end is
     logged once, before the first continuation re-opens it."""
-    from scarcelab import tags as T
     from scarcelab.tracking.sweep.driver import STALE_MARK
 
     spec = parse_spec(FALLBACK_SPEC, "tunefall.yaml")
