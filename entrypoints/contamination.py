@@ -69,7 +69,9 @@ class ChildStudyTracker(DelegatingTracker):
 
     def start_study(self, name: str, tags: dict[str, str], params: dict[str, Any],
                     artifacts: dict[str, Any], dataset: DatasetInfo | None = None) -> None:
-        self.inner.start_study(name, {**tags, "mlflow.parentRunId": self.parent_run_id},
+        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+        self.inner.start_study(name, {**tags, MLFLOW_PARENT_RUN_ID: self.parent_run_id},
                                params, artifacts, dataset)
 
 
@@ -93,9 +95,11 @@ CONTAMINATION_ENTRY = {**STUDY_ENTRY, **{n: n for n in ("ood", "ratios", "ood_di
 
 def _parent_name(client: Any, run_id: str, name: str) -> dict[str, str]:
     """``mlflow.runName`` for a sweep run MLflow named at random (under ``mlflow run``)."""
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
     from scarcelab.tracking.mlflow_tracker import _generated_name
 
-    return {"mlflow.runName": name} if _generated_name(
+    return {MLFLOW_RUN_NAME: name} if _generated_name(
         client.get_run(run_id).info.run_name) else {}
 
 
@@ -122,9 +126,11 @@ def _take_over(client: Any, exp_id: str, killed: str, parent_id: str) -> None:
     """Under ``mlflow run`` the new run continues a killed sweep: its children move under
     the new run, and the old run is closed FAILED with links both ways, so the sweep's
     history stays one tree and no RUNNING orphan is left behind."""
-    for c in client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{killed}'",
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    for c in client.search_runs([exp_id], f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{killed}'",
                                 max_results=5000):
-        client.set_tag(c.info.run_id, "mlflow.parentRunId", parent_id)
+        client.set_tag(c.info.run_id, MLFLOW_PARENT_RUN_ID, parent_id)
     client.set_tag(killed, T.RESUMED_BY, parent_id)
     client.set_tag(parent_id, T.RESUMED_FROM, killed)
     client.set_terminated(killed, "FAILED")
@@ -159,6 +165,7 @@ def _log_parent(client: Any, ctx: click.Context, parent_id: str, cfg: StudyConfi
     run`` logged the entry parameters or not, and never a parameter logged twice (a
     resumed parent has them already; MLflow rejects a changed value)."""
     from mlflow.entities import Param, RunTag
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
     from scarcelab.tracking.mlflow_tracker import OWNER
 
@@ -178,7 +185,7 @@ def _log_parent(client: Any, ctx: click.Context, parent_id: str, cfg: StudyConfi
                          T.RATIOS: params["ratios"], T.SWEEP_KEY: key,
                          T.OWNER: OWNER, **ident["tags"],
                          **_parent_name(client, parent_id, name),
-                         **({"mlflow.note.content": ident["description"]}
+                         **({MLFLOW_RUN_NOTE: ident["description"]}
                             if ident["description"] else {})}.items()])
 
 

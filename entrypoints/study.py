@@ -345,6 +345,7 @@ def _run_folds(family: str, cfg: Any, kw: dict[str, Any], ctx: click.Context, di
     import mlflow
     import numpy as np
     from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
     from scarcelab import tags as T
     from scarcelab.data import provenance
@@ -373,7 +374,7 @@ def _run_folds(family: str, cfg: Any, kw: dict[str, Any], ctx: click.Context, di
     for key, v in {T.ROLE: "folds", T.FAMILY: family, T.METHOD: cfg.method,
                    T.DATASET: cfg.dataset, T.SEED: str(cfg.seed), T.TEST_FROM: "fold",
                    T.FOLD: f"-/{k}", **ident["tags"],
-                   **({"mlflow.note.content": ident["description"]}
+                   **({MLFLOW_RUN_NOTE: ident["description"]}
                       if ident["description"] else {})}.items():
         client.set_tag(parent, key, v)
     status, tests, vals = "FAILED", [], []

@@ -27,9 +27,10 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from scipy import stats as sps
 
+from scarcelab import tags as T
 from scarcelab.tracking import query
 from scarcelab.tracking.query import render, views
-from scarcelab.tracking.query.store import ROLE_TAG, ApiReader, SqlReader, open_reader
+from scarcelab.tracking.query.store import ApiReader, SqlReader, open_reader
 from scarcelab.tracking.query.table3 import retrain_scores
 
 T0 = 1_700_000_000_000  # ms; all timestamps derive from the spec, so the store is fixed
@@ -770,14 +771,14 @@ FRAME_AL = {("random", 0): 0.60, ("random", 1): 0.70, ("margin", 0): 0.65, ("mar
 
 def _log_frame_study(c: MlflowClient, exp: str, key: tuple, trials: list, start: int) -> str:
     ds, method, family, seed = key
-    tags = {ROLE_TAG: "study", "scarcelab.family": family, "scarcelab.method": method,
+    tags = {T.ROLE: "study", "scarcelab.family": family, "scarcelab.method": method,
             "scarcelab.dataset": ds, "scarcelab.seed": str(seed)}
     sid = c.create_run(exp, start_time=start, tags=tags).info.run_id
     c.log_batch(sid, params=[Param("n_labeled", "40")])
     series, best, g = [], None, 0
     for i, trial in enumerate(trials):
         tr = c.create_run(exp, start_time=start + 1 + i, tags={
-            **tags, ROLE_TAG: "trial", "scarcelab.trial": str(i), "mlflow.parentRunId": sid})
+            **tags, T.ROLE: "trial", "scarcelab.trial": str(i), "mlflow.parentRunId": sid})
         ms = []
         for ep, (val, test, acc, el) in enumerate(trial):
             ts = T0 + int(el * 1000)
@@ -821,29 +822,29 @@ def frame_store():
     ids = {k: _log_frame_study(c, q, k, v, T0 + 1000 * i)
            for i, (k, v) in enumerate(FRAME_STUDIES.items())}
     for (s, rep), auc in FRAME_AL.items():
-        _finished(c, q, {ROLE_TAG: "al", "scarcelab.dataset": "dX", "scarcelab.strategy": s,
+        _finished(c, q, {T.ROLE: "al", "scarcelab.dataset": "dX", "scarcelab.strategy": s,
                          "scarcelab.query_size": "1", "scarcelab.repetition": str(rep)},
                   {"al/auc": auc})
-    foreign = c.create_run(q, tags={ROLE_TAG: "retrain", "scarcelab.dataset": "dX"}).info.run_id
+    foreign = c.create_run(q, tags={T.ROLE: "retrain", "scarcelab.dataset": "dX"}).info.run_id
     c.log_batch(foreign, metrics=[Metric("val/balanced_accuracy", 0.99, T0 + 5000, 0),
                                   Metric("time/elapsed_s", 5.0, T0 + 5000, 0)])
     c.set_terminated(foreign, "FINISHED")
-    like = _finished(c, q, {ROLE_TAG: "misc"}, {"a_b/x": 1.0, "axb/y": 2.0, "a_bc/z": 3.0})
+    like = _finished(c, q, {T.ROLE: "misc"}, {"a_b/x": 1.0, "axb/y": 2.0, "a_bc/z": 3.0})
     # transfer: two probe studies (one with a trial carrying its tags), one segment run
-    probe = {ROLE_TAG: "study", "scarcelab.task": "probe", "scarcelab.family": "transfer"}
+    probe = {T.ROLE: "study", "scarcelab.task": "probe", "scarcelab.family": "transfer"}
     _finished(c, tr, {**probe, "scarcelab.encoder": "random", "scarcelab.encoder_method": "random",
                       "scarcelab.protocol": "linear", "scarcelab.dataset": "pA"},
               {"test/accuracy": 0.5, "test/balanced_accuracy": 0.4})
     _finished(c, tr, {**probe, "scarcelab.encoder": "random", "scarcelab.encoder_method": "random",
                       "scarcelab.protocol": "linear", "scarcelab.dataset": "pA"},
               {"test/accuracy": 0.7, "test/balanced_accuracy": 0.6})
-    _finished(c, tr, {**probe, ROLE_TAG: "trial", "scarcelab.encoder": "random",
+    _finished(c, tr, {**probe, T.ROLE: "trial", "scarcelab.encoder": "random",
                       "scarcelab.protocol": "linear", "scarcelab.dataset": "pA"},
               {"test/accuracy": 0.0, "test/balanced_accuracy": 0.0})
     _finished(c, tr, {**probe, "scarcelab.encoder": "w.pt", "scarcelab.encoder_method": "simclr",
                       "scarcelab.protocol": "finetune", "scarcelab.dataset": "pB"},
               {"test/accuracy": 0.9, "test/balanced_accuracy": 0.8})
-    _finished(c, tr, {ROLE_TAG: "segment", "scarcelab.encoder": "random",
+    _finished(c, tr, {T.ROLE: "segment", "scarcelab.encoder": "random",
                       "scarcelab.dataset": "seg"}, {"seg/pq": 0.42, "seg/mpq": 0.21})
     # the same encoder as another arch, protocol or label fraction: never averaged in
     arch = {"scarcelab.encoder": "random", "scarcelab.encoder_method": "random"}
@@ -853,7 +854,7 @@ def frame_store():
     _finished(c, tr, {**probe, **arch, "scarcelab.protocol": "linear", "scarcelab.arch": "r18",
                       "scarcelab.label_fraction": "0.1", "scarcelab.dataset": "pA"},
               {"test/accuracy": 0.35, "test/balanced_accuracy": 0.3})
-    _finished(c, tr, {ROLE_TAG: "study", "scarcelab.task": "segment", **arch,
+    _finished(c, tr, {T.ROLE: "study", "scarcelab.task": "segment", **arch,
                       "scarcelab.protocol": "frozen", "scarcelab.arch": "r18",
                       "scarcelab.label_fraction": "1", "scarcelab.dataset": "seg"},
               {"seg/pq": 0.3, "seg/mpq": 0.1})
@@ -925,7 +926,7 @@ def test_api_reader_reads_a_file_store(tmp_path, monkeypatch):
     uri = (tmp_path / "mlruns").as_uri()
     c = MlflowClient(tracking_uri=uri)
     e = c.create_experiment("f")
-    made = {_finished(c, e, {ROLE_TAG: "al"}, {"al/auc": 0.5 + i / 10}) for i in range(3)}
+    made = {_finished(c, e, {T.ROLE: "al"}, {"al/auc": 0.5 + i / 10}) for i in range(3)}
     r = open_reader(uri)
     assert isinstance(r, ApiReader)
     assert set(r.runs([e])["run_id"]) == made
@@ -1092,7 +1093,7 @@ def test_params_of_one_role_are_only_that_roles(tmp_path, reader):
     e = c.create_experiment("p", artifact_location=str(tmp_path / "art"))
     runs = {}
     for role in ("study", "trial", "trial"):
-        rid = c.create_run(e, tags={ROLE_TAG: role}).info.run_id
+        rid = c.create_run(e, tags={T.ROLE: role}).info.run_id
         c.log_batch(rid, params=[Param("lr", "0.1"), Param("role_of_run", role)])
         c.set_terminated(rid, "FINISHED")
         runs.setdefault(role, set()).add(rid)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from scarcelab.tracking.spool import LEDGER, RECORDS_LOST_TAG, MemoryLedger, leftovers
+from scarcelab import tags as T
+from scarcelab.tracking.spool import LEDGER, MemoryLedger, leftovers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -155,20 +156,20 @@ def test_records_lost_at_kill9_are_marked_on_the_next_start_and_the_resume(tmp_p
         [exp], f"tags.`mlflow.parentRunId` = '{study}'")}
     assert sorted(trials) == ["0", "1"]  # trial 2 was never created: its records are gone
     t0, t1 = trials["0"], trials["1"]
-    assert t0.info.status == "FINISHED" and RECORDS_LOST_TAG not in t0.data.tags
+    assert t0.info.status == "FINISHED" and T.RECORDS_LOST not in t0.data.tags
     # trial 1: epochs 1 and 2 and its end were held in memory only; the replay closed it
     # FAILED rather than leave it RUNNING for ever (issue 42 item 9)
     assert t1.info.status == "FAILED" and t1.data.tags["scarcelab.ended_by_replay"] == "true"
     assert [m.step for m in c.get_metric_history(t1.info.run_id, "val/balanced_accuracy")] \
         == [0]
-    line = t1.data.tags[RECORDS_LOST_TAG]
+    line = t1.data.tags[T.RECORDS_LOST]
     assert t1.data.tags["scarcelab.epochs_lost"] == "2"
     assert line.startswith("Records lost: 3 tracking record(s) of this run")
     assert "steps 1-2" in line and "left RUNNING" in line and "disk was full" in line
     assert line in t1.data.tags["mlflow.note.content"]  # and in its description
 
     s = c.get_run(study)
-    sline = s.data.tags[RECORDS_LOST_TAG]
+    sline = s.data.tags[T.RECORDS_LOST]
     # the study's own best-so-far of trial 1's epochs 1-2 and trial 2's epochs 0-1 (steps
     # 4-7), and trial 2: its creation and two epochs, the whole run
     assert s.data.tags["scarcelab.trials_lost"] == "1"

@@ -109,7 +109,7 @@ def _study_sweep(tmp: Path) -> tuple[Any, str]:
     from mlflow.tracking import MlflowClient
     from test_query import StudySpec, _log_study, _random_trials
 
-    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
+    from scarcelab import tags as T
     from scarcelab.tracking.sweep.spec import load_spec
 
     uri = f"sqlite:///{tmp / 'studies.db'}"
@@ -124,7 +124,7 @@ def _study_sweep(tmp: Path) -> tuple[Any, str]:
     spec = dataclasses.replace(spec, cells=list(picked.values()))
     c = MlflowClient(tracking_uri=uri)
     exp = c.create_experiment(spec.experiment)
-    sweep = c.create_run(exp, start_time=X_T0, tags={SWEEP_TAG: spec.name,
+    sweep = c.create_run(exp, start_time=X_T0, tags={T.SWEEP: spec.name,
                                                      "scarcelab.role": "sweep"})
     rng = np.random.default_rng(0)
     for i, cell in enumerate(spec.cells):
@@ -133,8 +133,8 @@ def _study_sweep(tmp: Path) -> tuple[Any, str]:
                       int(o.get("seed", 0)), trials=_random_trials(rng, "sup"),
                       series="best" if i % 2 else "")
         sid = _log_study(c, {spec.experiment: exp}, s, X_T0 + 1000 * (i + 1))
-        c.set_tag(sid, SWEEP_TAG, spec.name)
-        c.set_tag(sid, CELL_TAG, cell.id)
+        c.set_tag(sid, T.SWEEP, spec.name)
+        c.set_tag(sid, T.CELL, cell.id)
         c.set_tag(sid, "mlflow.parentRunId", sweep.info.run_id)
     c.set_terminated(sweep.info.run_id, "FINISHED", end_time=X_T0 + 100_000)
     mlflow.set_tracking_uri(uri)
@@ -295,7 +295,6 @@ def test_a_contamination_sweep_gives_the_same_page_from_its_export(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from scarcelab import tags as T
-    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
     from scarcelab.tracking.sweep.spec import load_spec
 
     uri = f"sqlite:///{tmp_path / 'c.db'}"
@@ -304,9 +303,9 @@ def test_a_contamination_sweep_gives_the_same_page_from_its_export(tmp_path):
                                             if c.entry == "contamination"][:1])
     c = MlflowClient(tracking_uri=uri)
     exp = c.create_experiment(spec.experiment)
-    sweep = c.create_run(exp, start_time=X_T0, tags={SWEEP_TAG: spec.name, T.ROLE: "sweep"})
+    sweep = c.create_run(exp, start_time=X_T0, tags={T.SWEEP: spec.name, T.ROLE: "sweep"})
     cell = c.create_run(exp, start_time=X_T0 + 10, tags={
-        SWEEP_TAG: spec.name, CELL_TAG: spec.cells[0].id, "mlflow.parentRunId":
+        T.SWEEP: spec.name, T.CELL: spec.cells[0].id, "mlflow.parentRunId":
         sweep.info.run_id, T.ROLE: "contamination"})
     rng = np.random.default_rng(1)
     n = 0

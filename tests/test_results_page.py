@@ -288,13 +288,13 @@ def test_cells_of_a_sweep_still_running_are_counted_as_running_not_failed(tmp_pa
     'running or queued'; once the sweep has ended the same run counts as failed."""
     import mlflow
 
-    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
+    from scarcelab import tags as T
 
     path, spec, c, exp, prev = _sweep_store(tmp_path, 2)
-    sweep = c.create_run(exp, tags={SWEEP_TAG: spec.name, "scarcelab.role": "sweep"})
-    done = c.create_run(exp, tags={SWEEP_TAG: spec.name, CELL_TAG: spec.cells[0].id})
+    sweep = c.create_run(exp, tags={T.SWEEP: spec.name, "scarcelab.role": "sweep"})
+    done = c.create_run(exp, tags={T.SWEEP: spec.name, T.CELL: spec.cells[0].id})
     c.set_terminated(done.info.run_id, "FINISHED")
-    c.create_run(exp, tags={SWEEP_TAG: spec.name, CELL_TAG: spec.cells[1].id})
+    c.create_run(exp, tags={T.SWEEP: spec.name, T.CELL: spec.cells[1].id})
     try:
         page = P.build_page(path, "smoke", spec=spec)
         assert (page.counts["finished"], page.counts["running"], page.counts["failed"]) == \
@@ -405,23 +405,24 @@ def test_an_attempt_a_dead_driver_left_counts_until_its_last_record_not_its_take
 
     import mlflow
 
-    from scarcelab.tracking.sweep.driver import CELL_TAG, DRIVER_TAG, SWEEP_TAG, Driver
+    from scarcelab import tags as T
+    from scarcelab.tracking.sweep.driver import Driver
 
     path, spec, c, exp, prev = _sweep_store(tmp_path, 3)
     t0 = 1_700_000_000_000
-    sweep = c.create_run(exp, start_time=t0, tags={SWEEP_TAG: spec.name,
+    sweep = c.create_run(exp, start_time=t0, tags={T.SWEEP: spec.name,
                                                    "scarcelab.role": "sweep"})
-    cell = {SWEEP_TAG: spec.name, DRIVER_TAG: "dead"}
-    done = c.create_run(exp, start_time=t0, tags={**cell, CELL_TAG: spec.cells[0].id})
+    cell = {T.SWEEP: spec.name, T.SWEEP_DRIVER: "dead"}
+    done = c.create_run(exp, start_time=t0, tags={**cell, T.CELL: spec.cells[0].id})
     c.set_terminated(done.info.run_id, "FINISHED", end_time=t0 + 100_000)
     # the dead driver's running cell: its study ran 300 s, then everything died
-    ran = c.create_run(exp, start_time=t0, tags={**cell, CELL_TAG: spec.cells[1].id})
+    ran = c.create_run(exp, start_time=t0, tags={**cell, T.CELL: spec.cells[1].id})
     study = c.create_run(exp, start_time=t0 + 1_000,
                          tags={"mlflow.parentRunId": ran.info.run_id})
     trial = c.create_run(exp, start_time=t0 + 2_000,
                          tags={"mlflow.parentRunId": study.info.run_id})
     c.set_terminated(trial.info.run_id, "FINISHED", end_time=t0 + 300_000)
-    queued = c.create_run(exp, start_time=t0, tags={**cell, CELL_TAG: spec.cells[2].id})
+    queued = c.create_run(exp, start_time=t0, tags={**cell, T.CELL: spec.cells[2].id})
     try:
         # a store written by the old driver: closed at takeover, 4 hours later
         for r in (ran, queued):

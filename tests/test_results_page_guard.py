@@ -109,31 +109,25 @@ def _record(page: Any, store: _Store) -> dict[str, Any]:
 
 
 def _tags(spec: Any, cell: Any, **extra: str) -> dict[str, str]:
-    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
+    from scarcelab import tags as T
 
-    return {SWEEP_TAG: spec.name, CELL_TAG: cell.id, **extra}
+    return {T.SWEEP: spec.name, T.CELL: cell.id, **extra}
 
 
 def _machine(cores: str, host: str) -> dict[str, str]:
-    from scarcelab.tracking.sweep.driver import MACHINE_TAG
+    from scarcelab import tags as T
 
-    return {f"{MACHINE_TAG}.cores": cores, f"{MACHINE_TAG}.cpu": "Fake CPU",
-            f"{MACHINE_TAG}.ram_gb": "15.6", f"{MACHINE_TAG}.gpu": "none",
-            f"{MACHINE_TAG}.host": host}
+    return {f"{T.MACHINE}.cores": cores, f"{T.MACHINE}.cpu": "Fake CPU",
+            f"{T.MACHINE}.ram_gb": "15.6", f"{T.MACHINE}.gpu": "none",
+            f"{T.MACHINE}.host": host}
 
 
 def _states(st: _Store) -> Iterator[tuple[str, Any]]:
     """tune_it's smoke, its first 7 cells in every state a cell can be in; yields the page
     while the sweep runs and once it has ended."""
+    from scarcelab import tags as T
     from scarcelab.tracking.results import page as P
-    from scarcelab.tracking.sweep.driver import (
-        CELL_CPU,
-        COMMAND_TAG,
-        INVOCATION_WALL,
-        INVOCATIONS_TAG,
-        STALE_MARK,
-        SWEEP_TAG,
-    )
+    from scarcelab.tracking.sweep.driver import CELL_CPU, INVOCATION_WALL, STALE_MARK
     from scarcelab.tracking.sweep.spec import load_spec
 
     path = REPO / "suites" / "tune_it.yaml"
@@ -142,9 +136,9 @@ def _states(st: _Store) -> Iterator[tuple[str, Any]]:
     c = st.client
     try:
         exp = c.create_experiment(spec.experiment)
-        sweep = st.run(exp, "sweep", 0, {SWEEP_TAG: spec.name, "scarcelab.role": "sweep",
-                                          COMMAND_TAG: "scarcelab sweep suites/tune_it.yaml "
-                                          "--smoke --jobs 2", INVOCATIONS_TAG: "2"})
+        sweep = st.run(exp, "sweep", 0, {T.SWEEP: spec.name, "scarcelab.role": "sweep",
+                                          T.SWEEP_COMMAND: "scarcelab sweep suites/tune_it.yaml "
+                                          "--smoke --jobs 2", T.SWEEP_INVOCATIONS: "2"})
         for step, v in enumerate((100.0, 250.5)):
             c.log_metric(sweep.info.run_id, INVOCATION_WALL, v, timestamp=T0, step=step)
         cl = spec.cells
@@ -198,9 +192,9 @@ def _all_entries(st: _Store, monkeypatch: pytest.MonkeyPatch
                  ) -> Iterator[tuple[str, Any]]:
     """A spec with a cell of every entry kind, every one finished: which section builders
     run, in which order, with which runs (the builders are stand-ins that say so)."""
+    from scarcelab import tags as T
     from scarcelab.tracking.results import claims as C
     from scarcelab.tracking.results import page as P
-    from scarcelab.tracking.sweep.driver import SWEEP_TAG
     from scarcelab.tracking.sweep.spec import load_spec
 
     cells = []
@@ -247,7 +241,7 @@ def _all_entries(st: _Store, monkeypatch: pytest.MonkeyPatch
                                cells=cells, experiment="all-entries")
     c = st.client
     exp = c.create_experiment(spec.experiment)
-    st.run(exp, "sweep", 0, {SWEEP_TAG: spec.name, "scarcelab.role": "sweep"},
+    st.run(exp, "sweep", 0, {T.SWEEP: spec.name, "scarcelab.role": "sweep"},
            "FINISHED", 900_000)
     other = st.run(exp, "unrelated", 0, {"scarcelab.role": "study"}, "FINISHED", 10)
     st.run(exp, "unrelated-child", 0, {"mlflow.parentRunId": other.info.run_id},

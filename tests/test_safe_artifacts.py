@@ -17,14 +17,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from scarcelab import tags as T
 from scarcelab.tracking.mlflow_tracker import MlflowTracker
-from scarcelab.tracking.safe_io import (
-    CHECKSUM_TAG,
-    UnsafeArtifact,
-    load_checkpoint,
-    plain,
-    save_checkpoint,
-)
+from scarcelab.tracking.safe_io import UnsafeArtifact, load_checkpoint, plain, save_checkpoint
 
 MARKER = Path("/tmp/scarcelab-test-pwned-marker")
 
@@ -54,7 +49,7 @@ def _dead_study_with(tmp_path: Path, key: str, payload: Path, recorded_sha: str 
     tags = {"scarcelab.role": "study", "scarcelab.study_key": key,
             "scarcelab.owner": f"{socket.gethostname()}:{dead.pid}"}
     if recorded_sha:
-        tags[CHECKSUM_TAG] = recorded_sha
+        tags[T.CHECKPOINT_SHA256] = recorded_sha
     run = c.create_run(exp, tags=tags)
     d = tmp_path / "upload"
     d.mkdir()
@@ -122,7 +117,7 @@ def test_study_checkpoint_and_model_load_without_unpickling(store):
                           max_trials=1, arch="small_cnn", device="cpu"), t)
     run = MlflowClient().get_run(t.study_run_id)
     path = mlflow.artifacts.download_artifacts(f"runs:/{t.study_run_id}/checkpoints/best.pt")
-    ck = load_checkpoint(path, run.data.tags[CHECKSUM_TAG])
+    ck = load_checkpoint(path, run.data.tags[T.CHECKPOINT_SHA256])
     assert "state_dict" in ck
     model_dir = Path(mlflow.artifacts.download_artifacts(f"runs:/{t.study_run_id}/model"))
     files = {p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()}

@@ -11,10 +11,10 @@ import mlflow
 import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
 from scarcelab.methods import get_method
 from scarcelab.protocols.search import StudyConfig, schedule_warning
-from scarcelab.tracking.run_views import DESCRIPTION_TAG
 
 ARGS = ["semi", "--method", "mixmatch", "--dataset", "synthetic_tiny", "--arch", "small_cnn",
         "--device", "cpu", "--batch-size", "8", "--unlabeled-batch-size", "16",
@@ -30,7 +30,7 @@ def _study(experiment: str, *extra: str) -> tuple[str, str, dict[str, str]]:
     runs = mlflow.search_runs(experiment_names=[experiment])
     study = runs[runs["tags.scarcelab.role"] == "study"].iloc[0]
     tags = MlflowClient().get_run(study.run_id).data.tags
-    return r.output, tags[DESCRIPTION_TAG], tags
+    return r.output, tags[MLFLOW_RUN_NOTE], tags
 
 
 def test_a_budget_that_cuts_the_schedules_short_says_so_at_the_end_and_in_the_description(

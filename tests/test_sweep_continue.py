@@ -30,13 +30,9 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from scarcelab import tags as T
 from scarcelab.tracking.sweep import driver as driver_mod
-from scarcelab.tracking.sweep.driver import (
-    CELL_CPU,
-    CELL_END,
-    CELL_TAG,
-    Driver,
-)
+from scarcelab.tracking.sweep.driver import CELL_CPU, CELL_END, Driver
 from scarcelab.tracking.sweep.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +133,7 @@ def _cell_runs(experiment: str) -> list:  # type: ignore[type-arg]
     exp = c.get_experiment_by_name(experiment).experiment_id
     return [r for r in c.search_runs([exp], "", max_results=1000,
                                      order_by=["attributes.start_time ASC"])
-            if CELL_TAG in r.data.tags]
+            if T.CELL in r.data.tags]
 
 
 def _retrains(study_id: str) -> list:  # type: ignore[type-arg]
@@ -331,7 +327,7 @@ def test_which_earlier_attempt_a_continuation_takes(store):
     itself is not tried again across invocations either, the cell starts afresh; an entry
     point without a declared continuation always starts afresh. The study's own end is
     logged once, before the first continuation re-opens it."""
-    from scarcelab.tracking.sweep.driver import ATTEMPT_TAG, STALE_MARK
+    from scarcelab.tracking.sweep.driver import STALE_MARK
 
     spec = parse_spec(FALLBACK_SPEC, "tunefall.yaml")
     tune, own = spec.cells
@@ -340,7 +336,7 @@ def test_which_earlier_attempt_a_continuation_takes(store):
     exp = c.create_experiment(spec.experiment)
 
     def attempt(n: int, status: str, **tags: str):  # type: ignore[no-untyped-def]
-        rid = c.create_run(exp, tags={ATTEMPT_TAG: str(n), **tags}).info.run_id
+        rid = c.create_run(exp, tags={T.SWEEP_ATTEMPT: str(n), **tags}).info.run_id
         c.set_terminated(rid, status, end_time=1_000_000 * n)
         return c.get_run(rid)
 

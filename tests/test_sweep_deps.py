@@ -21,7 +21,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from scarcelab.tracking.sweep.driver import CELL_TAG, REFS_TAG, Driver
+from scarcelab import tags as T
+from scarcelab.tracking.sweep.driver import Driver
 from scarcelab.tracking.sweep.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,8 +106,8 @@ def _runs_by_cell(spec):  # type: ignore[no-untyped-def]
     exp = c.get_experiment_by_name(spec.experiment).experiment_id
     out: dict[str, list] = {}
     for r in c.search_runs([exp], "tags.`scarcelab.sweep` = 'deps'", max_results=1000):
-        if CELL_TAG in r.data.tags:
-            out.setdefault(r.data.tags[CELL_TAG], []).append(r)
+        if T.CELL in r.data.tags:
+            out.setdefault(r.data.tags[T.CELL], []).append(r)
     return out
 
 
@@ -121,7 +122,7 @@ def test_dependents_get_the_finished_run_and_fail_with_their_dependency(sweeps):
     run = MlflowClient().get_run(fin.run_id)
     want = f"runs:/{pre0.run_id}/model"
     assert f"--encoder {want}" in run.data.params["cell_argv"]
-    assert json.loads(run.data.tags[REFS_TAG]) == {"encoder": ["@pre", want]}
+    assert json.loads(run.data.tags[T.SWEEP_REFS]) == {"encoder": ["@pre", want]}
     # the failing dependency fails its dependents (transitively) without starting them
     assert by["self method=simclr seed=7 set=fail=1"].status == "FAILED"
     seg, chained = by["segment encoder=@bad"], by["probe encoder=@seg seed=3"]
@@ -203,7 +204,7 @@ grids:
                 "scarcelab.protocol": "linear", "scarcelab.encoder": value,
                 "scarcelab.dataset": "pathology_crops", "scarcelab.seed": str(s)}
         if enc != "random":
-            tags[REFS_TAG] = json.dumps({"encoder": [enc, value]})
+            tags[T.SWEEP_REFS] = json.dumps({"encoder": [enc, value]})
         r = c.create_run(exp, tags=tags).info.run_id
         c.log_metric(r, "test/accuracy", v)
         c.set_terminated(r, "FINISHED")

@@ -20,7 +20,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from scarcelab.tracking.sweep.driver import CELL_MODULE, RESOURCES_TAG, Driver  # noqa: E402
+from scarcelab import tags as T  # noqa: E402
+from scarcelab.tracking.sweep.driver import CELL_MODULE, Driver  # noqa: E402
 from scarcelab.tracking.sweep.pool import embedded_init  # noqa: E402
 from scarcelab.tracking.sweep.spec import parse_spec  # noqa: E402
 
@@ -99,7 +100,7 @@ def test_four_quarter_gpu_cells_run_at_once_on_one_gpu(fake_gpu_cluster, tmp_pat
     assert said == ["[sweep pack-quarter] each cell: 2 CPU, 0.25 GPU (4 per GPU, memory "
                     "capped at 0.25 of a GPU), OMP_NUM_THREADS=2; 4 at once"], lines
     sweep = drv.client.search_runs([drv._experiment_id()], "tags.`scarcelab.role` = 'sweep'")
-    info = json.loads(sweep[0].data.tags[RESOURCES_TAG])
+    info = json.loads(sweep[0].data.tags[T.SWEEP_RESOURCES])
     assert info == {"cpus_per_cell": 2.0, "gpus_per_cell": 0.25, "cells_per_gpu": 4,
                     "gpu_memory_fraction": 0.25, "omp_num_threads": "2", "mps": False,
                     "slots": 4}

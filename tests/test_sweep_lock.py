@@ -53,10 +53,10 @@ def test_one_holder_then_the_next_after_release(client) -> None:  # type: ignore
 
 
 def _forge(client: MlflowClient, lock: object, owner: str, beat: float) -> None:
-    from scarcelab.tracking.sweep.lock import BEAT_TAG, OWNER_TAG
+    from scarcelab import tags as T
 
-    client.set_experiment_tag(lock.lock_id, OWNER_TAG, owner)  # type: ignore[attr-defined]
-    client.set_experiment_tag(lock.lock_id, BEAT_TAG, str(beat))  # type: ignore[attr-defined]
+    client.set_experiment_tag(lock.lock_id, T.LOCK_OWNER, owner)  # type: ignore[attr-defined]
+    client.set_experiment_tag(lock.lock_id, T.LOCK_HEARTBEAT, str(beat))  # type: ignore[attr-defined]
 
 
 def test_a_dead_drivers_lock_is_taken_over(client) -> None:  # type: ignore[no-untyped-def]
@@ -120,14 +120,15 @@ def test_a_killed_driver_not_yet_reaped_is_dead(client) -> None:  # type: ignore
 
 
 def test_the_heartbeat_keeps_the_lock_and_notices_a_takeover(client) -> None:  # type: ignore[no-untyped-def]
-    from scarcelab.tracking.sweep.lock import BEAT_TAG, SweepLock
+    from scarcelab import tags as T
+    from scarcelab.tracking.sweep.lock import SweepLock
 
     exp = client.create_experiment("e")
     lock = SweepLock(client, exp, "grid", beat_s=0.05)
     lock.acquire()
-    first = float(client.get_experiment(lock.lock_id).tags[BEAT_TAG])
+    first = float(client.get_experiment(lock.lock_id).tags[T.LOCK_HEARTBEAT])
     deadline = time.time() + 20
-    while float(client.get_experiment(lock.lock_id).tags[BEAT_TAG]) == first:
+    while float(client.get_experiment(lock.lock_id).tags[T.LOCK_HEARTBEAT]) == first:
         assert time.time() < deadline, "the heartbeat was never rewritten"
         time.sleep(0.05)
     _forge(client, lock, "elsewhere:1:1", time.time())  # someone else holds it now

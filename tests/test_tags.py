@@ -19,9 +19,9 @@ from scarcelab import tags as T
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("scarcelab", "tracking", "entrypoints")
-#: tracking/query is being rewritten as a views registry in parallel; its
-#: literals move to the constants with that rewrite, and this exclusion goes with it
-NOT_YET = ("tracking/query/",)
+#: Left for the change that owns the file (issue 44: the layers helper edits it): use
+#: ``T.PREFIX`` there, then delete the entry (an entry that matches nothing fails)
+PENDING = {"tracking/query/frame.py": ['"scarcelab."']}
 #: "scarcelab.*" strings that are not tags: click's ctx.meta key of the typed options
 NOT_TAGS = {"scarcelab.raw_params",
             "scarcelab.datasets"}  # the dataset plugins' entry-point group
@@ -114,7 +114,11 @@ def test_no_product_file_spells_a_tag() -> None:
     offenders = []
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "scarcelab/tags.py" or rel.startswith(NOT_YET):
+        if rel == "scarcelab/tags.py":
             continue
-        offenders += [f"{rel}:{line}: {text}" for line, text in tag_literals(path.read_text())]
+        found = tag_literals(path.read_text())
+        pending = PENDING.get(rel, [])
+        assert all(p in [t for _, t in found] for p in pending), f"{rel}: fixed, delete it " \
+            "from PENDING"
+        offenders += [f"{rel}:{line}: {text}" for line, text in found if text not in pending]
     assert not offenders, "use the constants of scarcelab/tags.py:\n" + "\n".join(offenders)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import mlflow
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
 from scarcelab.tracking import plots
-from scarcelab.tracking.run_views import DESCRIPTION_TAG, counted
+from scarcelab.tracking.run_views import counted
 
 
 def test_trial_runs_have_a_description_naming_study_trial_and_hyperparameters(store):  # type: ignore[no-untyped-def]
@@ -25,7 +26,7 @@ def test_trial_runs_have_a_description_naming_study_trial_and_hyperparameters(st
     runs = mlflow.search_runs(experiment_names=["desc"])
     study = runs[runs["tags.scarcelab.role"] == "study"].iloc[0]
     trial = runs[runs["tags.scarcelab.role"] == "trial"].iloc[0]
-    text = MlflowClient().get_run(trial.run_id).data.tags[DESCRIPTION_TAG]
+    text = MlflowClient().get_run(trial.run_id).data.tags[MLFLOW_RUN_NOTE]
     assert text.startswith(f"**Trial 0** of study **{study['tags.mlflow.runName']}** "
                            f"(run `{study.run_id}`).")
     assert "Study: method=fixmatch, dataset=synthetic_tiny, seed=0, budget_minutes=1" in text

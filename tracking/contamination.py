@@ -27,6 +27,7 @@ from typing import Any
 import mlflow
 import pandas as pd
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from scarcelab import tags as T
 from scarcelab.redaction import redact
@@ -166,13 +167,13 @@ def load_points(parent_run_id: str | None = None, experiments: str | Iterable[st
     flt = (f"tags.`{T.ROLE}` = 'study' and tags.`{T.RATIO}` != '' "
            "and attributes.status = 'FINISHED'")
     if parent_run_id:
-        flt += f" and tags.`mlflow.parentRunId` = '{parent_run_id}'"
+        flt += f" and tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_run_id}'"
     studies = client.search_runs(exp_ids, flt, max_results=5000)
     rows: list[dict[str, Any]] = []
     for s in studies:
         t, m = s.data.tags, s.data.metrics
         trials = client.search_runs(
-            exp_ids, f"tags.`mlflow.parentRunId` = '{s.info.run_id}' and "
+            exp_ids, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{s.info.run_id}' and "
             f"tags.`{T.TRIAL}` = '{t.get(T.BEST_TRIAL, '0')}'", max_results=1)
         hist = _history(client, trials[0].info.run_id) if trials else {}
         rows.append({
@@ -256,11 +257,11 @@ def finished_children(client: MlflowClient, parent_run_id: str) -> dict[str, Any
 
     from scarcelab.protocols.contamination import TUNING_POINT, FinishedChild
     from scarcelab.protocols.search import StudyResult
-    from scarcelab.tracking.safe_io import CHECKSUM_TAG, UnsafeArtifact, load_checkpoint
+    from scarcelab.tracking.safe_io import UnsafeArtifact, load_checkpoint
 
     exp = client.get_run(parent_run_id).info.experiment_id
     runs = client.search_runs(
-        [exp], f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
+        [exp], f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_run_id}' and "
         f"tags.`{T.ROLE}` = 'study' and attributes.status = 'FINISHED'",
         max_results=5000, order_by=["attributes.start_time ASC"])
     out: dict[str, Any] = {}
@@ -275,7 +276,7 @@ def finished_children(client: MlflowClient, parent_run_id: str) -> dict[str, Any
                 try:
                     path = mlflow.artifacts.download_artifacts(
                         run_id=r.info.run_id, artifact_path="checkpoints/best.pt", dst_path=tmp)
-                    ckpt = load_checkpoint(path, t.get(CHECKSUM_TAG))
+                    ckpt = load_checkpoint(path, t.get(T.CHECKPOINT_SHA256))
                 except (UnsafeArtifact, OSError, MlflowException):
                     ckpt = None  # run_contamination refuses to go on without it
 

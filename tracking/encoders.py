@@ -93,6 +93,8 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
     """
     if not spec.startswith(MLFLOW_PREFIXES):
         return build_encoder(spec, arch, in_channels or 3, seed, norm=norm)
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
     client = _client()
     run_id, sub = source_run(spec)
     try:
@@ -116,7 +118,7 @@ def resolve_encoder(spec: str, arch: str | None, in_channels: int | None,
                     cands[0] if cands else None)
             path = got
         if path is None:
-            parent = tags.get("mlflow.parentRunId")
+            parent = tags.get(MLFLOW_PARENT_RUN_ID)
             hint = (f"it is a trial of study run {parent}: pass runs:/{parent}/model" if
                     tags.get(T.ROLE) == "trial" and parent else
                     "pass a scarcelab study run (scarcelab.role = study)")
@@ -157,13 +159,13 @@ def _verify(path: Path, tags: dict[str, str], spec: str) -> None:
     """A study records its checkpoint's sha256 in the tracking store: a file in the
     artifact store that differs from it was replaced behind the study's back (the artifact
     store is the less protected of the two, docs/threat-model.md) and is refused."""
-    from scarcelab.tracking.safe_io import CHECKSUM_TAG, sha256_file
+    from scarcelab.tracking.safe_io import sha256_file
 
-    want = tags.get(CHECKSUM_TAG)
+    want = tags.get(T.CHECKPOINT_SHA256)
     if want and sha256_file(path) != want:
         raise DataError(f"encoder={spec!r}: {CHECKPOINT} differs from the sha256 the study "
-                        f"recorded ({CHECKSUM_TAG}); refusing a checkpoint that was replaced "
-                        "in the artifact store")
+                        f"recorded ({T.CHECKPOINT_SHA256}); refusing a checkpoint that was "
+                        "replaced in the artifact store")
 
 
 __all__ = ["CHECKPOINT", "resolve_encoder", "source_run"]

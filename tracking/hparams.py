@@ -28,6 +28,7 @@ from typing import Any
 import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from scarcelab import tags as T
 from scarcelab.errors import ConfigError
@@ -79,7 +80,7 @@ def _best_trial(client: MlflowClient, study: Any, spec: str) -> Any:
         raise ConfigError(f"hparams_from={spec!r}: study run {study.info.run_id} has no "
                           "scarcelab.best_trial tag (it did not finish)")
     trials = client.search_runs(
-        [study.info.experiment_id], f"tags.`mlflow.parentRunId` = '{study.info.run_id}' and "
+        [study.info.experiment_id], f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{study.info.run_id}' and "
         f"tags.`{T.TRIAL}` = '{number}'", max_results=1)
     if not trials:
         raise ConfigError(f"hparams_from={spec!r}: the best trial ({number}) of study run "

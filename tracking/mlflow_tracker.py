@@ -50,7 +50,13 @@ from mlflow.data.http_dataset_source import HTTPDatasetSource
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+from mlflow.utils.mlflow_tags import (
+    MLFLOW_DATASET_CONTEXT,
+    MLFLOW_GIT_COMMIT,
+    MLFLOW_PARENT_RUN_ID,
+    MLFLOW_RUN_NAME,
+    MLFLOW_RUN_NOTE,
+)
 from torch import nn
 
 from scarcelab import tags as T
@@ -60,9 +66,8 @@ from scarcelab.models.image_input import InputSpec
 from scarcelab.redaction import hide_mlflow_links, redact
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
 from scarcelab.tracking import experiment_kind, pyfunc_model
-from scarcelab.tracking.run_views import DESCRIPTION_TAG, RunViews
+from scarcelab.tracking.run_views import RunViews
 from scarcelab.tracking.safe_io import (
-    CHECKSUM_TAG,
     UnsafeArtifact,
     check_exported,
     export_model,
@@ -71,7 +76,6 @@ from scarcelab.tracking.safe_io import (
     save_checkpoint,
 )
 from scarcelab.tracking.spool import (
-    RECORDS_LOST_TAG,
     Spool,
     is_remote,
     is_transient,
@@ -86,8 +90,6 @@ MAX_PARAM_LEN = 6000
 RETRIES = 5
 FLUSH_TIMEOUT_S = float(os.environ.get("SCARCELAB_SPOOL_FLUSH_S", "60"))
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
-MLFLOW_NOTE = "mlflow.note.content"  # the run's description in the MLflow UI
-SPOOL_OP_TAG = T.SPOOL_OP  # the client-chosen key that makes re-delivery idempotent
 
 # A dead server must cost seconds, not MLflow's default ~2 minutes of backoff per call:
 # the spool retries later anyway. Users can still override these.
@@ -128,7 +130,7 @@ def _git_commit() -> str | None:
 
 def _find_by_op_id(client: MlflowClient, experiment_id: str, op_id: str) -> str | None:
     """The run an earlier delivery of this spooled ``create_run`` made, if any."""
-    runs = client.search_runs([experiment_id], f"tags.`{SPOOL_OP_TAG}` = '{op_id}'",
+    runs = client.search_runs([experiment_id], f"tags.`{T.SPOOL_OP}` = '{op_id}'",
                               max_results=1)
     return str(runs[0].info.run_id) if runs else None
 
@@ -147,7 +149,7 @@ def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
         if op.get("parent"):
             tags[MLFLOW_PARENT_RUN_ID] = ids[op["parent"]]
         if op_id:
-            tags[SPOOL_OP_TAG] = op_id
+            tags[T.SPOOL_OP] = op_id
             if op.get("_replay"):
                 found = _find_by_op_id(client, op["experiment_id"], op_id)
                 if found:
@@ -178,9 +180,9 @@ def deliver_op(op: dict[str, Any], ids: dict[str, str]) -> str | None:
     elif kind == "terminate":
         client.set_terminated(run_id, op["status"], end_time=op["end_time"])
     elif kind == "note_append":  # idempotent: a line already in the description stays one
-        note = client.get_run(run_id).data.tags.get(MLFLOW_NOTE, "")
+        note = client.get_run(run_id).data.tags.get(MLFLOW_RUN_NOTE, "")
         if op["line"] not in note:
-            client.set_tag(run_id, MLFLOW_NOTE, f"{note}\n\n{op['line']}" if note
+            client.set_tag(run_id, MLFLOW_RUN_NOTE, f"{note}\n\n{op['line']}" if note
                            else op["line"])
     else:
         raise ValueError(f"unknown spool operation {kind!r}")
@@ -196,18 +198,18 @@ def _deliver_model(client: MlflowClient, op: dict[str, Any], run_id: str) -> Non
     if op_id and op.get("_replay"):
         done = mlflow.search_logged_models(
             experiment_ids=[exp_id], output_format="list",
-            filter_string=f"tags.`{SPOOL_OP_TAG}` = '{op_id}'")
+            filter_string=f"tags.`{T.SPOOL_OP}` = '{op_id}'")
         if done:
             return
     if op.get("spec"):
         check_exported(op["path"])  # copied into the model unread: checked, not loaded
         _log_classifier(Path(op["path"]), InputSpec.from_json(op["spec"]), run_id, exp_id,
-                        op.get("metadata") or None, {SPOOL_OP_TAG: op_id} if op_id else None)
+                        op.get("metadata") or None, {T.SPOOL_OP: op_id} if op_id else None)
         return
     module = load_exported(op["path"]).module()
     example = torch.load(op["example_path"], map_location="cpu", weights_only=True)
     _log_pt2(module, example, run_id, exp_id, op.get("metadata") or None,
-             {SPOOL_OP_TAG: op_id} if op_id else None)
+             {T.SPOOL_OP: op_id} if op_id else None)
 
 
 def model_requirements() -> list[str]:
@@ -377,7 +379,7 @@ def replay_leftovers(uri: str | None = None, root: Path | None = None) -> None:
               f"{'delivered' if ok else 'still pending'}", file=sys.stderr, flush=True)
 
 
-LOST_TAGS = (RECORDS_LOST_TAG, T.TRIALS_LOST, T.EPOCHS_LOST)
+LOST_TAGS = (T.RECORDS_LOST, T.TRIALS_LOST, T.EPOCHS_LOST)
 
 
 class TrackingUnavailable(ScarcelabError):
@@ -530,7 +532,7 @@ class MlflowTracker(RunViews, Tracker):
             log.info("no checkpoint to restore from run %s (%s)", rid, e)
             return None
         try:
-            return load_checkpoint(path, run.data.tags.get(CHECKSUM_TAG))
+            return load_checkpoint(path, run.data.tags.get(T.CHECKPOINT_SHA256))
         except UnsafeArtifact as e:
             msg = (f"refusing the checkpoint of study run {rid}: {e}. The study continues "
                    "without its best-so-far checkpoint (nothing from the file was loaded).")
@@ -595,13 +597,13 @@ class MlflowTracker(RunViews, Tracker):
         the line is appended again then (``end_study``); a new run that takes the study
         over gets the tags too."""
         tags = _retry(self.client.get_run, continued).data.tags
-        line = tags.get(RECORDS_LOST_TAG)
+        line = tags.get(T.RECORDS_LOST)
         if not line:
             return
         self._lost_line = line if not moved else f"Study run `{continued}`: {line}"
         if moved:
             all_tags.update({k: tags[k] for k in LOST_TAGS if k in tags})
-            all_tags[RECORDS_LOST_TAG] = self._lost_line
+            all_tags[T.RECORDS_LOST] = self._lost_line
         print(f"[scarcelab] study run {continued}: {line}", file=sys.stderr, flush=True)
 
     def attach_study(self, run_id: str) -> None:
@@ -655,14 +657,14 @@ class MlflowTracker(RunViews, Tracker):
             # a name given with `mlflow run --run-name` is kept
             all_tags[MLFLOW_RUN_NAME] = name
         commit = _git_commit()
-        if commit and "mlflow.source.git.commit" not in run.data.tags:
-            all_tags["mlflow.source.git.commit"] = commit
+        if commit and MLFLOW_GIT_COMMIT not in run.data.tags:
+            all_tags[MLFLOW_GIT_COMMIT] = commit
         if launcher:
             all_tags[T.RESUMED_BY] = launcher
             _retry(self.client.log_batch, launcher, tags=[
                 RunTag(T.ROLE, "tune_resume"),
                 RunTag(T.RESUMES, self.study_run_id),
-                RunTag("mlflow.note.content", "Continues the final retraining of study run "
+                RunTag(MLFLOW_RUN_NOTE, "Continues the final retraining of study run "
                        f"`{self.study_run_id}`; its retrain runs and results are there.")])
         continued = self._attach_run or self._resume_run
         if continued:
@@ -717,7 +719,7 @@ class MlflowTracker(RunViews, Tracker):
         source = HTTPDatasetSource(d.source) if "://" in d.source else HTTPDatasetSource(
             f"file://{d.source}" if d.source.startswith("/") else f"scarcelab://{d.source}")
         ds = MetaDataset(source=source, name=d.name, digest=d.digest)
-        inp = DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context",
+        inp = DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT,
                                                                   d.context)])
         _retry(self.client.log_inputs, self.study_run_id, datasets=[inp])
 
@@ -751,7 +753,7 @@ class MlflowTracker(RunViews, Tracker):
                       # tags go with the creation: a run killed right after it is still
                       # findable (and closable) by its study key and trial number
                       "tags": {**resolve_tags({}), MLFLOW_RUN_NAME: run_name,
-                               DESCRIPTION_TAG: self._trial_text,
+                               MLFLOW_RUN_NOTE: self._trial_text,
                                **{k: str(v) for k, v in tags.items()}}})
         self._submit({"op": "log_batch", "key": key,
                       "params": [[k, _param_value(v)] for k, v in params.items()]})
@@ -792,7 +794,7 @@ class MlflowTracker(RunViews, Tracker):
                       "artifact_path": "checkpoints", "name": name})
         # after the upload: a crash in between leaves a digest that does not match, and the
         # resume then refuses the file instead of trusting it
-        self._submit({"op": "log_batch", "key": "study", "tags": [[CHECKSUM_TAG, digest]]})
+        self._submit({"op": "log_batch", "key": "study", "tags": [[T.CHECKPOINT_SHA256, digest]]})
 
     def log_image(self, image: Any, name: str) -> None:
         from PIL import Image
@@ -807,7 +809,7 @@ class MlflowTracker(RunViews, Tracker):
     def end_trial(self, status: str, error: str | None = None) -> None:
         if self._trial_key is None:
             return
-        outcome = [[DESCRIPTION_TAG, self._trial_text + "\n\n"
+        outcome = [[MLFLOW_RUN_NOTE, self._trial_text + "\n\n"
                     + self.trial_outcome(self._trial_number, status)]]
         self._submit({"op": "log_batch", "key": self._trial_key,
                       "tags": ([[T.ERROR, error[:5000]]] if error else []) + outcome})

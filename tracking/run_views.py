@@ -25,8 +25,6 @@ from scarcelab import tags as T
 
 log = logging.getLogger("scarcelab.tracking")
 
-DESCRIPTION_TAG = "mlflow.note.content"
-
 
 def system_metrics_enabled() -> bool:
     """On unless ``SCARCELAB_SYSTEM_METRICS=0`` (or psutil is missing)."""
@@ -197,10 +195,12 @@ class RunViews:
         except Exception as e:  # noqa: BLE001 - figures must never cost the study
             log.warning("run figures skipped: %s: %s", type(e).__name__, e)
         try:
+            from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
+
             text = self._rv_description(st, status)
             if text:
                 self._submit({"op": "log_batch", "key": "study",  # type: ignore[attr-defined]
-                              "tags": [[DESCRIPTION_TAG, text]]})
+                              "tags": [[MLFLOW_RUN_NOTE, text]]})
         except Exception as e:  # noqa: BLE001
             log.warning("run description skipped: %s", e)
         if T.PHASE in st["tags"]:  # the phase tag of a running study: over now

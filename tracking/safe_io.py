@@ -27,8 +27,6 @@ import torch
 
 from scarcelab import tags as T
 
-CHECKSUM_TAG = T.CHECKPOINT_SHA256
-
 
 class UnsafeArtifact(RuntimeError):
     """An artifact failed its integrity / no-code-execution check and was not loaded."""
@@ -74,11 +72,12 @@ def save_checkpoint(ckpt: dict[str, Any], path: str | Path) -> str:
 def load_checkpoint(path: str | Path, expected_sha256: str | None) -> dict[str, Any]:
     """Read a checkpoint fetched from a store: digest first, then ``weights_only=True``."""
     if not expected_sha256:
-        raise UnsafeArtifact(f"{path}: no {CHECKSUM_TAG} recorded for it in the tracking store, "
-                             "so it cannot be told apart from a file someone else uploaded")
+        raise UnsafeArtifact(f"{path}: no {T.CHECKPOINT_SHA256} recorded for it in the tracking "
+                             "store, so it cannot be told apart from a file someone else "
+                             "uploaded")
     got = sha256_file(path)
     if got != expected_sha256:
-        raise UnsafeArtifact(f"{path}: sha256 {got[:16]}… differs from the {CHECKSUM_TAG} "
+        raise UnsafeArtifact(f"{path}: sha256 {got[:16]}… differs from the {T.CHECKPOINT_SHA256} "
                              f"{expected_sha256[:16]}… this study recorded: the file in the "
                              "artifact store was replaced or damaged")
     try:

@@ -230,7 +230,6 @@ def read_journal(path: Path) -> tuple[list[dict[str, Any]], str | None]:
 # -- records held in memory only (a full disk) --------------------------------------------------
 LEDGER = "memory_only.json"
 LEDGER_BYTES = 4096  # one page, overwritten in place: a full disk still takes it
-RECORDS_LOST_TAG = T.RECORDS_LOST
 
 
 def _ranges(steps: list[int]) -> str:
@@ -386,7 +385,7 @@ def lost_marks(lost: dict[str, Any], ids: dict[str, str]) -> list[dict[str, Any]
         if key not in ids:  # its run was never created either: counted on its parent
             continue
         line = "Records lost: " + "; ".join(parts) + f", {why}."
-        t = {RECORDS_LOST_TAG: line, **tags.get(key, {})}
+        t = {T.RECORDS_LOST: line, **tags.get(key, {})}
         out.append({"op": "log_batch", "key": key, "tags": [[k, v] for k, v in t.items()]})
         out.append({"op": "note_append", "key": key, "line": line})
     return out
@@ -803,7 +802,7 @@ class Spool:
         n = int(self.lost.get("records", 0))
         msg = (f"spool {self.dir}: {n} tracking record(s) held in memory only were lost "
                f"when process {self.lost.get('owner', '?')} died; "
-               f"{len(marks) // 2} run(s) marked (tag {RECORDS_LOST_TAG})")
+               f"{len(marks) // 2} run(s) marked (tag {T.RECORDS_LOST})")
         log.error(msg)
         print(f"[scarcelab] {msg}", file=sys.stderr, flush=True)
         self.lost = None

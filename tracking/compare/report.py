@@ -50,6 +50,7 @@ def collect(spec: Any, grid: Grid) -> Collected:
     store. A cell with no FINISHED run has status FAILED (with its last error) or NOT RUN."""
     import mlflow
     from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT
 
     from scarcelab.tracking.sweep.driver import CELL_CPU, CELL_WALL, INVOCATION_WALL, result_run
 
@@ -93,7 +94,7 @@ def collect(spec: Any, grid: Grid) -> Collected:
                 gpu = r.data.tags.get(f"{T.MACHINE}.gpu", "none")
                 machines.add(f"{r.data.tags.get(f'{T.MACHINE}.cores', '?')} cores, {m}, "
                              f"GPU: {gpu}")
-            c = r.data.tags.get("mlflow.source.git.commit")
+            c = r.data.tags.get(MLFLOW_GIT_COMMIT)
             if c:
                 commits.add(c[:12] + ("+dirty" if c.endswith("+dirty") else ""))
         wall = cpu = np.nan

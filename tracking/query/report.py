@@ -72,8 +72,9 @@ def log_report(paths: dict[str, Path], experiment: str | None, run_name: str = "
     ``mlflow run`` the run MLflow Projects opened is used (``MLFLOW_RUN_ID``), so its
     name is MLflow's. ``description`` is the MLflow UI's Description of the run."""
     import mlflow
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
-    from scarcelab.tracking.run_views import DESCRIPTION_TAG
+    from scarcelab import tags as T
 
     active = mlflow.active_run()
     own = active is None
@@ -84,8 +85,8 @@ def log_report(paths: dict[str, Path], experiment: str | None, run_name: str = "
             mark_classic(mlflow.MlflowClient(), mlflow.set_experiment(experiment).experiment_id)
         active = mlflow.start_run(run_name=None if os.environ.get("MLFLOW_RUN_ID") else run_name)
     try:
-        mlflow.set_tags({"scarcelab.role": "report", **(tags or {}),
-                         **({DESCRIPTION_TAG: description} if description else {})})
+        mlflow.set_tags({T.ROLE: "report", **(tags or {}),
+                         **({MLFLOW_RUN_NOTE: description} if description else {})})
         folder = Path(next(iter(paths.values()))).parent
         mlflow.log_artifacts(str(folder), artifact_path="report")
         run_id = active.info.run_id

@@ -23,10 +23,14 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
+from scarcelab import tags as T
+
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 RUN_COLUMNS = ["run_id", "experiment_id", "run_name", "status", "start_time", "end_time"]
 CHUNK = 900  # ids per IN (...) list: below every backend's bound-parameter limit
-ROLE_TAG = "scarcelab.role"
+#: a second name of ``T.ROLE``, kept ONLY for tracking/query/frame.py's re-export (that file
+#: belongs to another change of issue 44): delete with it (tests/test_tag_literals.py)
+ROLE_TAG = T.ROLE
 # a role with more runs than this is read with the experiments' whole tables and filtered
 # here: beyond a few chunks, IN (...) lists cost more than one scan
 SCOPED_MAX = 20 * CHUNK
@@ -139,7 +143,7 @@ class SqlReader:
             # the role tag's rows come from the tags primary key (key, run_uuid)
             scope = (" AND run_uuid IN (SELECT run_uuid FROM tags WHERE key = :rk "
                      "AND value = :rv)")
-            params.update(rk=ROLE_TAG, rv=role)
+            params.update(rk=T.ROLE, rv=role)
         df = self._read(
             "SELECT run_uuid AS run_id, experiment_id, name AS run_name, status, start_time, "
             "end_time FROM runs WHERE experiment_id IN :e AND lifecycle_stage = 'active'"
@@ -249,13 +253,13 @@ class ApiReader:
             return self._cache[key]
         whole = self._cache.get((tuple(experiment_ids), None))
         if whole is not None:  # already read: select here
-            self._cache[key] = [r for r in whole if r.data.tags.get(ROLE_TAG) == role]
+            self._cache[key] = [r for r in whole if r.data.tags.get(T.ROLE) == role]
             return self._cache[key]
         where = ""
         if role is not None:
             if "'" in role or "\\" in role:
                 raise ValueError(f"role {role!r}: quotes and backslashes are not supported")
-            where = f"tags.`{ROLE_TAG}` = '{role}'"
+            where = f"tags.`{T.ROLE}` = '{role}'"
         runs, token = [], None
         while True:
             page = self.client.search_runs(list(experiment_ids), where, max_results=10_000,

@@ -56,10 +56,15 @@ import pandas as pd
 from scarcelab import tags as T
 
 SCHEMA = "scarcelab.results-export/1"
-PARENT = "mlflow.parentRunId"
-ROLE = T.ROLE
-#: tags no page reads that can be long (a model's logging history, the run's notes)
-DROPPED_TAGS = frozenset({"mlflow.log-model.history", "mlflow.note.content"})
+
+
+def dropped_tags() -> frozenset[str]:
+    """Tags no page reads that can be long: a model's logging history, the run's notes.
+    MLflow's own constants, imported here rather than at the top: reading an export needs
+    no MLflow, and importing it costs most of a second."""
+    from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_MODELS, MLFLOW_RUN_NOTE
+
+    return frozenset({MLFLOW_LOGGED_MODELS, MLFLOW_RUN_NOTE})
 
 
 class ExportError(ValueError):
@@ -126,9 +131,10 @@ class Metric:
 
 def _run_of(r: Any) -> Run:
     i, d = r.info, r.data
+    dropped = dropped_tags()
     return Run(RunInfo(i.run_id, str(i.experiment_id), i.run_name, i.status, i.start_time,
                        i.end_time),
-               RunData({k: v for k, v in d.tags.items() if k not in DROPPED_TAGS},
+               RunData({k: v for k, v in d.tags.items() if k not in dropped},
                        dict(d.params), {k: float(v) for k, v in d.metrics.items()}))
 
 
@@ -214,13 +220,14 @@ class _RecordingReader:
             return []
         runs = runs[runs["run_id"].isin(keep)].drop_duplicates("run_id")
         kv: dict[str, dict[str, dict[str, Any]]] = {}
+        dropped = dropped_tags()
         for kind in ("tags", "params", "metrics"):
             df = self.frames.get(kind)
             if df is None:
                 continue
             df = df[df["run_id"].isin(keep)].drop_duplicates(["run_id", "key"])
             for rid, key, value in zip(df["run_id"], df["key"], df["value"], strict=True):
-                if kind == "tags" and key in DROPPED_TAGS:
+                if kind == "tags" and key in dropped:
                     continue
                 kv.setdefault(kind, {}).setdefault(rid, {})[key] = (
                     float(value) if kind == "metrics" and value is not None else
@@ -240,9 +247,11 @@ class _RecordingReader:
 
 def _nested(runs: Iterable[Run], roots: set[str]) -> set[str]:
     """``roots`` and the runs nested under them at any depth."""
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
     kids: dict[str, list[str]] = {}
     for r in runs:
-        p = r.data.tags.get(PARENT)
+        p = r.data.tags.get(MLFLOW_PARENT_RUN_ID)
         if p:
             kids.setdefault(p, []).append(r.info.run_id)
     out, todo = set(), list(roots)
@@ -297,12 +306,10 @@ def export_doc(rec: _Record, reader: _RecordingReader | None, *, suite: str, sca
                store: str, exported: str) -> dict[str, Any]:
     """What a page read from the store (``rec``, ``reader``) as the export's object: the
     runs the client answered, and those of the reader's frames nested under them."""
-    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
-
     runs = dict(rec.runs)
     ids = {c.id for c in cells}
-    roots = {rid for rid, r in runs.items() if r.data.tags.get(CELL_TAG) in ids
-             or (r.data.tags.get(SWEEP_TAG) and r.data.tags.get(ROLE) == "sweep")}
+    roots = {rid for rid, r in runs.items() if r.data.tags.get(T.CELL) in ids
+             or (r.data.tags.get(T.SWEEP) and r.data.tags.get(T.ROLE) == "sweep")}
     if reader is not None:
         framed = reader.runs_of(set(reader.frames["runs"]["run_id"])
                                 if "runs" in reader.frames else set())
@@ -537,7 +544,7 @@ class _ExportReader:
     def _runs(self, experiment_ids: Sequence[str], role: str | None) -> list[Run]:
         exps = {str(e) for e in experiment_ids}
         return [r for r in self.src.runs if r.info.experiment_id in exps
-                and (role is None or r.data.tags.get(ROLE) == role)]
+                and (role is None or r.data.tags.get(T.ROLE) == role)]
 
     def runs(self, experiment_ids: Sequence[str], role: str | None = None) -> pd.DataFrame:
         from scarcelab.tracking.query.store import RUN_COLUMNS

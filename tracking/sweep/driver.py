@@ -82,7 +82,6 @@ from scarcelab.tracking.sweep.spec import (
     env_refusal,
 )
 
-ROLE = T.ROLE
 #: in the error of a cell attempt that a dead driver left RUNNING (see ``_close_stale``)
 STALE_MARK = "died while this cell ran"
 #: in the error of a cell attempt that an interrupted driver closed (``close_started``)
@@ -94,11 +93,13 @@ def last_record_ms(client: Any, run: Any, depth: int = 2) -> int | None:
     ``depth`` levels (its studies or repetitions, and their trials), or None when nothing
     ran under it (a queued cell): where a cell that a dead driver left RUNNING really
     stopped. One search per parent (MLflow's filter has no ``IN`` for tags)."""
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
     exp = run.info.experiment_id
     frontier, last = [run.info.run_id], None
     for _ in range(depth):
         kids = [k for rid in frontier for k in client.search_runs(
-            [exp], f"tags.`mlflow.parentRunId` = '{rid}'", max_results=50_000)]
+            [exp], f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{rid}'", max_results=50_000)]
         for k in kids:
             t = max(k.info.end_time or 0, k.info.start_time or 0)
             last = t if last is None else max(last, t)
@@ -132,16 +133,12 @@ def result_run(runs: list[Any]) -> Any | None:
     return (own or done or [None])[0]
 
 
-SWEEP_TAG = T.SWEEP
-CELL_TAG = T.CELL
-DRIVER_TAG = T.SWEEP_DRIVER
-ATTEMPT_TAG = T.SWEEP_ATTEMPT
-#: on a dependent cell's run: {option: [reference, resolved value]} (JSON)
-REFS_TAG = T.SWEEP_REFS
-INVOCATIONS_TAG = T.SWEEP_INVOCATIONS  # how often the sweep was run (resumes)
-SCALE_TAG = T.SWEEP_SCALE  # reference | smoke | full
-COMMAND_TAG = T.SWEEP_COMMAND
-MACHINE_TAG = T.MACHINE  # .host .cpu .cores .ram_gb .gpu, on each cell run
+# Second names of tags, kept ONLY because tracking/results/page.py still imports them and
+# another change of issue 44 owns that file: use ``T.*`` there and delete these
+# (tests/test_tag_literals.py lists them as pending and fails once they are gone, so the
+# list is cleaned too).
+SWEEP_TAG, CELL_TAG, REFS_TAG = T.SWEEP, T.CELL, T.SWEEP_REFS
+MACHINE_TAG, COMMAND_TAG, INVOCATIONS_TAG = T.MACHINE, T.SWEEP_COMMAND, T.SWEEP_INVOCATIONS
 CELL_WALL = "sweep/cell_wall_s"  # per attempt, on its cell run
 CELL_CPU = "sweep/cell_cpu_s"
 CELL_RSS = "sweep/cell_max_rss_mb"
@@ -156,8 +153,6 @@ LOG_TAIL = 200_000  # bytes of a cell's output kept as its run's artifact
 # The module every cell runs: the console script's command line, as ``python -m`` (no PATH
 # needed), after its share of a packed GPU is applied (tracking/sweep/cell.py).
 CELL_MODULE = "scarcelab.tracking.sweep.cell"
-#: on the sweep run: what each cell was given (JSON: CPUs, GPUs, memory cap, threads, MPS)
-RESOURCES_TAG = T.SWEEP_RESOURCES
 # Environment a cell takes from the driver when set there: where the data and the shared
 # search state live. Credentials are NOT forwarded to a remote cluster (they would travel
 # as task arguments): set them in the workers' own environment (docs/sweeps.md).
@@ -362,10 +357,10 @@ class Driver:
             return str(exp.experiment_id)
 
     def _open_sweep_run(self, exp: str) -> str:
-        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+        from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_RUN_NAME
 
         runs = self.client.search_runs(
-            [exp], f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP_TAG}` = '{self.spec.name}'",
+            [exp], f"tags.`{T.ROLE}` = 'sweep' and tags.`{T.SWEEP}` = '{self.spec.name}'",
             order_by=["attributes.start_time DESC"], max_results=1)
         if runs:  # RUNNING or not, its driver is gone: this one holds the sweep's lock
             run = runs[0]
@@ -375,20 +370,20 @@ class Driver:
             name = self.identity.run_name or f"sweep-{self.spec.name}"
             rid = self.client.create_run(
                 exp, run_name=name,
-                tags={ROLE: "sweep", SWEEP_TAG: self.spec.name,
+                tags={T.ROLE: "sweep", T.SWEEP: self.spec.name,
                       MLFLOW_RUN_NAME: name}).info.run_id
         self._apply_identity(rid)
-        self.client.set_tag(rid, DRIVER_TAG, self.owner)
+        self.client.set_tag(rid, T.SWEEP_DRIVER, self.owner)
         self.client.set_tag(rid, T.SWEEP_SPEC_DIGEST, self.spec.digest)
         from mlflow.entities import RunTag
 
-        prev = self.client.get_run(rid).data.tags.get(INVOCATIONS_TAG, "0")
+        prev = self.client.get_run(rid).data.tags.get(T.SWEEP_INVOCATIONS, "0")
         self.invocation = (int(prev) if prev.isdigit() else 0) + 1
         self.client.log_batch(rid, tags=[
-            RunTag(INVOCATIONS_TAG, str(self.invocation)),
-            RunTag(SCALE_TAG, self.spec.scale), RunTag(COMMAND_TAG, self.command[:5000]),
+            RunTag(T.SWEEP_INVOCATIONS, str(self.invocation)),
+            RunTag(T.SWEEP_SCALE, self.spec.scale), RunTag(T.SWEEP_COMMAND, self.command[:5000]),
             RunTag(T.SWEEP_SPEC_PATH, self.spec.path),
-            *([RunTag("mlflow.source.git.commit", self.commit)] if self.commit else [])])
+            *([RunTag(MLFLOW_GIT_COMMIT, self.commit)] if self.commit else [])])
         self.client.log_text(rid, self.spec.text, f"sweep/spec-{self.spec.digest}.yaml")
         self.client.log_text(rid, "\n".join(f"{c.id}\t{c.label}" for c in self.spec.cells),
                              f"sweep/cells-{self.spec.digest}.tsv")
@@ -399,25 +394,23 @@ class Driver:
         the ones given this time (the run is found by its role and sweep tags, never by
         its name)."""
         from mlflow.entities import RunTag
-        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
-
-        from scarcelab.tracking.run_views import DESCRIPTION_TAG
+        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME, MLFLOW_RUN_NOTE
 
         ident = self.identity
         tags = dict(ident.tags)
         if ident.run_name:
             tags[MLFLOW_RUN_NAME] = ident.run_name
         if ident.description:
-            tags[DESCRIPTION_TAG] = ident.description
+            tags[MLFLOW_RUN_NOTE] = ident.description
         if tags:
             self.client.log_batch(rid, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def _existing(self, exp: str) -> dict[str, list[Any]]:
         runs = self.client.search_runs(
-            [exp], f"tags.`{SWEEP_TAG}` = '{self.spec.name}'", max_results=50_000)
+            [exp], f"tags.`{T.SWEEP}` = '{self.spec.name}'", max_results=50_000)
         by_cell: dict[str, list[Any]] = {}
         for r in runs:
-            cid = r.data.tags.get(CELL_TAG)
+            cid = r.data.tags.get(T.CELL)
             if cid:
                 by_cell.setdefault(cid, []).append(r)
         return by_cell
@@ -433,7 +426,7 @@ class Driver:
         for r in runs:
             if r.info.status != "RUNNING":
                 continue
-            drv = r.data.tags.get(DRIVER_TAG, "")
+            drv = r.data.tags.get(T.SWEEP_DRIVER, "")
             if drv != self.owner:
                 self.client.set_tag(r.info.run_id, T.ERROR,
                                     f"the sweep driver {drv} {STALE_MARK}; "
@@ -457,7 +450,7 @@ class Driver:
         by_id = {r.info.run_id: r for r in runs}
 
         def number(r: Any) -> tuple[int, int]:
-            n = r.data.tags.get(ATTEMPT_TAG, "")
+            n = r.data.tags.get(T.SWEEP_ATTEMPT, "")
             return (int(n) if n.isdigit() else 0, r.info.start_time or 0)
 
         for r in sorted(runs, key=number, reverse=True):
@@ -466,12 +459,12 @@ class Driver:
             if tags.get(T.RESUMES) and STALE_MARK not in err and INTERRUPT_MARK not in err \
                     and r.info.status != "RUNNING":
                 return None  # that continuation failed on its own
-            target = tags.get(T.RESUMES) or (r.info.run_id if tags.get(ROLE) == "study"
+            target = tags.get(T.RESUMES) or (r.info.run_id if tags.get(T.ROLE) == "study"
                                              else None)
             if target is None or target not in by_id:  # a study of this very cell only
                 continue
             study = self.client.get_run(target)  # its status after _close_stale
-            if study.data.tags.get(ROLE) != "study" or study.info.status in (
+            if study.data.tags.get(T.ROLE) != "study" or study.info.status in (
                     "RUNNING", "SCHEDULED", "FINISHED"):
                 continue
             if CELL_END not in study.data.metrics:
@@ -486,19 +479,23 @@ class Driver:
     def _new_cell_run(self, exp: str, sweep_run: str, cell: Cell, attempt: int,
                       resolved: dict[str, str] | None = None,
                       resumes: str | None = None) -> str:
-        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+        from mlflow.utils.mlflow_tags import (
+            MLFLOW_GIT_COMMIT,
+            MLFLOW_PARENT_RUN_ID,
+            MLFLOW_RUN_NAME,
+        )
 
         from scarcelab.tracking.run_views import cell_run_name
 
         name = cell_run_name(cell.entry, cell.options)
-        tags = {SWEEP_TAG: self.spec.name, CELL_TAG: cell.id, T.CELL_LABEL: cell.label,
-                DRIVER_TAG: self.owner, ATTEMPT_TAG: str(attempt),
+        tags = {T.SWEEP: self.spec.name, T.CELL: cell.id, T.CELL_LABEL: cell.label,
+                T.SWEEP_DRIVER: self.owner, T.SWEEP_ATTEMPT: str(attempt),
                 MLFLOW_PARENT_RUN_ID: sweep_run, MLFLOW_RUN_NAME: name}
         if self.commit:  # the study's tracker keeps a commit already there
-            tags["mlflow.source.git.commit"] = self.commit
+            tags[MLFLOW_GIT_COMMIT] = self.commit
         if resolved:
             opts = dict(cell.options)
-            tags[REFS_TAG] = json.dumps({k: [opts[k], v] for k, v in resolved.items()})
+            tags[T.SWEEP_REFS] = json.dumps({k: [opts[k], v] for k, v in resolved.items()})
         if resumes:  # the entry point links it too, once it starts; a continuation that
             # dies before then must still name what it was continuing
             tags[T.RESUMES] = resumes
@@ -623,7 +620,7 @@ class Driver:
         self._say(f"each cell: {cpus:g} CPU, {gpu}, OMP_NUM_THREADS={omp}; "
                   f"{pool.slots} at once")
         try:
-            self.client.set_tag(sweep_run, RESOURCES_TAG, json.dumps(info))
+            self.client.set_tag(sweep_run, T.SWEEP_RESOURCES, json.dumps(info))
         except Exception as e:  # noqa: BLE001 - a description, not the record
             self._say(f"could not tag the sweep run with its resources: {e}")
 
@@ -651,7 +648,7 @@ class Driver:
         if "cpu_s" in out:
             metrics += [Metric(CELL_CPU, float(out["cpu_s"]), ts, 0),
                         Metric(CELL_RSS, float(out["max_rss_mb"]), ts, 0)]
-        tags = [RunTag(f"{MACHINE_TAG}.{k}", v) for k, v in (out.get("machine") or {}).items()]
+        tags = [RunTag(f"{T.MACHINE}.{k}", v) for k, v in (out.get("machine") or {}).items()]
         try:
             self.client.log_batch(rid, metrics=metrics, tags=tags)
         except Exception as e:  # noqa: BLE001 - cost is a convenience, not the record
@@ -775,8 +772,8 @@ class Driver:
     def _sweep_refs(self) -> list[str]:
         """The REFS tags of this sweep's cells (what each ``@reference`` resolved to)."""
         exp = self.client.get_experiment_by_name(self.spec.experiment)
-        return [r.data.tags.get(REFS_TAG, "") for r in self.client.search_runs(
-            [exp.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.spec.name}'",
+        return [r.data.tags.get(T.SWEEP_REFS, "") for r in self.client.search_runs(
+            [exp.experiment_id], f"tags.`{T.SWEEP}` = '{self.spec.name}'",
             max_results=50_000)]
 
 class _Schedule:

@@ -33,9 +33,6 @@ from typing import Any
 from scarcelab import tags as T
 
 LOCK_PREFIX = ".scarcelab-sweep-lock"
-OWNER_TAG = T.LOCK_OWNER
-BEAT_TAG = T.LOCK_HEARTBEAT
-SWEEP_TAG = T.LOCK_SWEEP
 #: a holder whose heartbeat is older than this is dead (seconds)
 TTL_S = 120.0
 #: how often the holder rewrites its heartbeat (seconds)
@@ -99,8 +96,8 @@ class SweepLock:
         for _ in range(5):
             try:
                 self.lock_id = str(self.client.create_experiment(self.name, tags={
-                    OWNER_TAG: self.owner, BEAT_TAG: f"{time.time():.3f}",
-                    SWEEP_TAG: self.sweep[:5000]}))
+                    T.LOCK_OWNER: self.owner, T.LOCK_HEARTBEAT: f"{time.time():.3f}",
+                    T.LOCK_SWEEP: self.sweep[:5000]}))
             except MlflowException as e:
                 if e.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
@@ -112,9 +109,9 @@ class SweepLock:
             held = self.client.get_experiment_by_name(self.name)
             if held is None:
                 continue  # released between our create and our read
-            owner = held.tags.get(OWNER_TAG, "")
+            owner = held.tags.get(T.LOCK_OWNER, "")
             try:
-                beat = float(held.tags.get(BEAT_TAG, ""))
+                beat = float(held.tags.get(T.LOCK_HEARTBEAT, ""))
             except ValueError:  # tags not written yet: it was created just now
                 beat = (held.creation_time or 0) / 1000.0 or time.time()
             if holder_alive(owner, beat, time.time(), self.ttl_s):
@@ -140,7 +137,7 @@ class SweepLock:
     def _mine(self) -> bool:
         exp = self.client.get_experiment(self.lock_id)
         return bool(exp.name == self.name and exp.lifecycle_stage == "active"
-                    and exp.tags.get(OWNER_TAG) == self.owner)
+                    and exp.tags.get(T.LOCK_OWNER) == self.owner)
 
     def _beat(self) -> None:
         while not self._stop.wait(self.beat_s):
@@ -148,7 +145,7 @@ class SweepLock:
                 if not self._mine():
                     self.lost = True
                     return
-                self.client.set_experiment_tag(self.lock_id, BEAT_TAG, f"{time.time():.3f}")
+                self.client.set_experiment_tag(self.lock_id, T.LOCK_HEARTBEAT, f"{time.time():.3f}")
             except Exception:  # noqa: BLE001, S112 - store unreachable: try again next beat
                 continue
 
