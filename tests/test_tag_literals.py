@@ -45,17 +45,7 @@ NO_CONSTANT = {
 #: Left for the change that owns these files (issue 44, the layers helper edits them): use
 #: ``mlflow.utils.mlflow_tags`` / ``T.*`` there, then delete the entry. An entry that no
 #: longer matches anything fails ``test_pending_entries_still_exist``, so the list shrinks.
-PENDING = {
-    ("tracking/query/frame.py", "mlflow.parentRunId"),  # MLFLOW_PARENT_RUN_ID
-    ("tracking/results/page.py", "mlflow.source.git.commit"),  # MLFLOW_GIT_COMMIT
-    # second names page.py imports from the driver (use T.SWEEP, T.CELL, ...)
-    ("tracking/sweep/driver.py", "SWEEP_TAG"), ("tracking/sweep/driver.py", "CELL_TAG"),
-    ("tracking/sweep/driver.py", "REFS_TAG"), ("tracking/sweep/driver.py", "MACHINE_TAG"),
-    ("tracking/sweep/driver.py", "COMMAND_TAG"),
-    ("tracking/sweep/driver.py", "INVOCATIONS_TAG"),
-    # frame.py re-exports it (use T.ROLE)
-    ("tracking/query/store.py", "ROLE_TAG"),
-}
+PENDING: set[tuple[str, str]] = set()  # (file, literal or name) still to fix: none
 
 
 TAG_MODULES = (("scarcelab", "tags"), ("mlflow.utils", "mlflow_tags"))

@@ -34,9 +34,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from scarcelab.tracking.query.store import ROLE_TAG, StoreReader, open_reader  # noqa: F401 - ROLE_TAG re-exported
+from scarcelab import tags as T
+from scarcelab.tracking.query.store import StoreReader, open_reader
 
-TAG_PREFIX = "scarcelab."
 NUMERIC_COLUMNS = ("seed", "trial", "query_size", "repetition", "n_labeled", "n_val",
                    "budget_minutes")
 VAL = "val_balanced_accuracy"
@@ -328,10 +328,12 @@ def tidy_runs(reader: StoreReader, experiments: dict[str, str], role: str | None
     tags = reader.tags(ids, role)
     params = reader.params(ids, role)
     latest = reader.latest_metrics(ids, role)
-    ours = tags[tags["key"].str.startswith(TAG_PREFIX)]
-    ours = ours.assign(key=ours["key"].str.slice(len(TAG_PREFIX)))
-    parent = tags[tags["key"] == "mlflow.parentRunId"].drop_duplicates("run_id", keep="last")
-    other = tags[~tags["key"].str.startswith(TAG_PREFIX)]
+    ours = tags[tags["key"].str.startswith(T.PREFIX)]
+    ours = ours.assign(key=ours["key"].str.slice(len(T.PREFIX)))
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    parent = tags[tags["key"] == MLFLOW_PARENT_RUN_ID].drop_duplicates("run_id", keep="last")
+    other = tags[~tags["key"].str.startswith(T.PREFIX)]
     df = runs.set_index("run_id")
     df["parent_run_id"] = parent.set_index("run_id")["value"].reindex(df.index)
     short = _wide(ours, "")

@@ -30,7 +30,6 @@ RUN_COLUMNS = ["run_id", "experiment_id", "run_name", "status", "start_time", "e
 CHUNK = 900  # ids per IN (...) list: below every backend's bound-parameter limit
 #: a second name of ``T.ROLE``, kept ONLY for tracking/query/frame.py's re-export (that file
 #: belongs to another change of issue 44): delete with it (tests/test_tag_literals.py)
-ROLE_TAG = T.ROLE
 # a role with more runs than this is read with the experiments' whole tables and filtered
 # here: beyond a few chunks, IN (...) lists cost more than one scan
 SCOPED_MAX = 20 * CHUNK

@@ -200,15 +200,14 @@ class _Cells:
 
 
 def _read_sweep(client: Any, exp_id: str, spec: SweepSpec) -> _Cells:
-    from scarcelab.tracking.sweep.driver import CELL_TAG, SWEEP_TAG
 
-    runs = client.search_runs([exp_id], f"tags.`{SWEEP_TAG}` = '{spec.name}'",
+    runs = client.search_runs([exp_id], f"tags.`{T.SWEEP}` = '{spec.name}'",
                               max_results=50_000, order_by=["attributes.start_time DESC"])
     sweep = next((r for r in runs if r.data.tags.get(T.ROLE) == "sweep"), None)
     ids = {c.id for c in spec.cells}
     attempts: dict[str, list[Any]] = {}
     for r in runs:
-        cid = r.data.tags.get(CELL_TAG)
+        cid = r.data.tags.get(T.CELL)
         if cid in ids:
             attempts.setdefault(cid, []).append(r)
     # a continued cell has two FINISHED attempts: the study run that holds the results
@@ -611,11 +610,10 @@ def _tune_sections(t: Any, data: C.SuiteData) -> list[Section]:
 
 def _transfer_sections(t: Any, cells: Sequence[Any], data: C.SuiteData) -> list[Section]:
     from scarcelab.tracking.query.views import transfer_view
-    from scarcelab.tracking.sweep.driver import REFS_TAG
 
     # the page's table: a row per encoder, protocols in the column names (the sweep's own
     # report keeps the query view's rows keyed on protocol, tracking/sweep/driver.py)
-    refs = [r.data.tags.get(REFS_TAG, "") for r in cells]
+    refs = [r.data.tags.get(T.SWEEP_REFS, "") for r in cells]
     view = protocols_as_columns(transfer_view(t, refs))
     data.transfer = view
     data.transfer_runs = transfer_by_seed(t, refs)
@@ -645,11 +643,10 @@ def _transfer_sections(t: Any, cells: Sequence[Any], data: C.SuiteData) -> list[
 
 
 def _ref_labels(cells: Sequence[Any]) -> dict[str, str]:
-    from scarcelab.tracking.sweep.driver import REFS_TAG
 
     labels = {}
     for r in cells:
-        for ref, value in json.loads(r.data.tags.get(REFS_TAG) or "{}").values():
+        for ref, value in json.loads(r.data.tags.get(T.SWEEP_REFS) or "{}").values():
             labels[value] = ref
     return labels
 
@@ -941,12 +938,11 @@ def _cell_states(spec: SweepSpec, cells: _Cells) -> tuple[dict[str, int], list[s
 def _machines(finished: dict[str, Any]) -> Counter[tuple[str, str, str, str, str]]:
     """The machine each finished cell ran on (cores, CPU, RAM, GPU, host; '?' where a tag
     is missing), counted."""
-    from scarcelab.tracking.sweep.driver import MACHINE_TAG
 
     return Counter(
-        (r.data.tags.get(f"{MACHINE_TAG}.cores", "?"), r.data.tags.get(f"{MACHINE_TAG}.cpu", "?"),
-         r.data.tags.get(f"{MACHINE_TAG}.ram_gb", "?"), r.data.tags.get(f"{MACHINE_TAG}.gpu", "?"),
-         r.data.tags.get(f"{MACHINE_TAG}.host", "?")) for r in finished.values())
+        (r.data.tags.get(f"{T.MACHINE}.cores", "?"), r.data.tags.get(f"{T.MACHINE}.cpu", "?"),
+         r.data.tags.get(f"{T.MACHINE}.ram_gb", "?"), r.data.tags.get(f"{T.MACHINE}.gpu", "?"),
+         r.data.tags.get(f"{T.MACHINE}.host", "?")) for r in finished.values())
 
 
 def _machine_text(machine: tuple[str, str, str, str, str], n: int) -> str:
@@ -964,7 +960,7 @@ def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str
                 cost: _Cost, commits: Counter[str]) -> dict[str, str]:
     """The page's "How it was run" table, every value read from the store."""
     from scarcelab.tracking.query.render import _safe_uri
-    from scarcelab.tracking.sweep.driver import COMMAND_TAG, INVOCATION_WALL, INVOCATIONS_TAG
+    from scarcelab.tracking.sweep.driver import INVOCATION_WALL
 
     machines = _machines(src.cells.finisher or src.cells.finished)
     sweep = src.cells.sweep_run
@@ -975,7 +971,7 @@ def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str
                                                                    INVOCATION_WALL)]
     flag = src.flag
     return {
-        "command": f"`{stags.get(COMMAND_TAG) or 'scarcelab sweep ' + rel(spec_path) + flag}`",
+        "command": f"`{stags.get(T.SWEEP_COMMAND) or 'scarcelab sweep ' + rel(spec_path) + flag}`",
         "scale": f"{scale} ({counts['cells']} cells: {counts['finished']} finished, "
                  + (f"{counts['running']} running or queued (the sweep is still going), "
                     if counts["running"] else "")
@@ -987,7 +983,7 @@ def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str
                                 for k, v in commits.most_common()) or "—",
         "machine": "; ".join(_machine_text(m, n) for m, n in machines.most_common()) or "—",
         "wall time": f"{_fmt_s(cost.wall)} (the union of the {cost.attempts} cell attempts' "
-                     f"run intervals; {stags.get(INVOCATIONS_TAG, '?')} driver invocation(s)"
+                     f"run intervals; {stags.get(T.SWEEP_INVOCATIONS, '?')} driver invocation(s)"
                      + (f", whose logged walls sum to {_fmt_s(sum(inv_wall))}" if inv_wall
                         else "") + ")",
         "CPU time": f"{_fmt_s(cost.cpu)} (user + system of every cell attempt's process tree"
@@ -1037,7 +1033,9 @@ def _build(src: _Sweep, spec_path: str | Path, scale: str, generated: str | None
     comparisons = _comparison_sections(src.paper, data)
     verdicts = _verdicts(src.paper, data)
     cost = _cost(src.client, src.cells)
-    commits = Counter(r.data.tags.get("mlflow.source.git.commit", "unknown")
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT
+
+    commits = Counter(r.data.tags.get(MLFLOW_GIT_COMMIT, "unknown")
                       for r in finished.values())
     counts, missing = _cell_states(src.spec, src.cells)
     prov = _provenance(src, spec_path, scale, counts, cost, commits)

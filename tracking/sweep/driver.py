@@ -133,12 +133,6 @@ def result_run(runs: list[Any]) -> Any | None:
     return (own or done or [None])[0]
 
 
-# Second names of tags, kept ONLY because tracking/results/page.py still imports them and
-# another change of issue 44 owns that file: use ``T.*`` there and delete these
-# (tests/test_tag_literals.py lists them as pending and fails once they are gone, so the
-# list is cleaned too).
-SWEEP_TAG, CELL_TAG, REFS_TAG = T.SWEEP, T.CELL, T.SWEEP_REFS
-MACHINE_TAG, COMMAND_TAG, INVOCATIONS_TAG = T.MACHINE, T.SWEEP_COMMAND, T.SWEEP_INVOCATIONS
 CELL_WALL = "sweep/cell_wall_s"  # per attempt, on its cell run
 CELL_CPU = "sweep/cell_cpu_s"
 CELL_RSS = "sweep/cell_max_rss_mb"
