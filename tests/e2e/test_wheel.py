@@ -7,8 +7,8 @@ checkout, where ``scarcelab --help``, ``scarcelab list datasets`` and a 1-epoch 
 Why the fresh venv borrows this venv's packages (a path line in a ``.pth``) instead of
 resolving them: a resolution downloads ~6 GB (torch's CUDA wheels) per CI run. What the
 borrowing cannot hide is what this test is for: the package layout (``tracking/`` and
-``entrypoints/`` installed as ``scarcelab.tracking`` / ``scarcelab.entrypoints`` by
-setup.py's mapping), the console script, ``py.typed`` and the metadata. The dependency
+``entrypoints/`` installed as ``scarcelab.tracking`` / ``scarcelab.entrypoints`` through
+the symlinks ``scarcelab/tracking`` and ``scarcelab/entrypoints``), the console script, ``py.typed`` and the metadata. The dependency
 ranges against the pins are checked by ``scripts/mlflow_env.py check-pins`` (scripts/setup).
 """
 
@@ -40,7 +40,10 @@ def _tracked_copy(dst: Path) -> Path:
                            check=True).stdout.decode().split("\0")
     for f in filter(None, files):
         src = REPO / f
-        if src.is_file():
+        if src.is_symlink():  # scarcelab/tracking -> ../tracking: a link, as a clone has it
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            (dst / f).symlink_to(os.readlink(src))
+        elif src.is_file():
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst / f)
     return dst
@@ -101,7 +104,8 @@ def test_wheel_and_sdist_carry_valid_metadata_and_the_whole_package(dist: Path) 
         assert pkg_info is not None
         sm = _metadata(pkg_info.read())
     assert str(sm.version) == scarcelab.__version__  # type: ignore[attr-defined]
-    for must in ("setup.py", "pyproject.toml", "tracking/stack.py", "entrypoints/cli.py"):
+    for must in ("setup.py", "pyproject.toml", "scarcelab/tracking/stack.py",
+                 "scarcelab/entrypoints/cli.py"):
         assert f"{top}/{must}" in members, must
     assert email.message_from_bytes(meta)["Name"] == "scarcelab"
 
