@@ -8,7 +8,8 @@ Why the fresh venv borrows this venv's packages (a path line in a ``.pth``) inst
 resolving them: a resolution downloads ~6 GB (torch's CUDA wheels) per CI run. What the
 borrowing cannot hide is what this test is for: the package layout (``tracking/`` and
 ``entrypoints/`` installed as ``scarcelab.tracking`` / ``scarcelab.entrypoints`` through
-the symlinks ``scarcelab/tracking`` and ``scarcelab/entrypoints``), the console script, ``py.typed`` and the metadata. The dependency
+the symlinks ``scarcelab/tracking`` and ``scarcelab/entrypoints``), the console script,
+``py.typed`` and the metadata. The dependency
 ranges against the pins are checked by ``scripts/mlflow_env.py check-pins`` (scripts/setup).
 """
 
