@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--spec", default="", help="grid spec (default: the tiny 8-cell grid)")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
+    import scarcelab.entrypoints.cli  # noqa: F401 - fills the command table specs are read against
     from scarcelab.tracking.sweep.spec import load_spec, parse_spec
 
     spec = load_spec(args.spec) if args.spec else parse_spec(TINY, "<tiny>")

@@ -169,6 +169,7 @@ def run_compare(out: Path, jobs: int, data: Path) -> dict[str, object]:
 def main(out: Path, jobs: int) -> int:
     os.chdir(out)
     sys.path.insert(0, str(REPO))
+    import scarcelab.entrypoints.cli  # noqa: F401 - fills the command table specs are read against
     from scarcelab.tracking.sweep.driver import run_sweep
 
     status: dict[str, dict[str, object]] = {}

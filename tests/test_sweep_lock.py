@@ -155,6 +155,7 @@ grids:
 DRIVER = """
 import os, sys, time
 from pathlib import Path
+import scarcelab.entrypoints.cli  # the command table the spec is read against
 from scarcelab.tracking.sweep import pool
 
 class InlinePool:
