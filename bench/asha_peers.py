@@ -15,7 +15,7 @@ drive one trainable, in alternating rounds, each system in a fresh process:
   batch size with :class:`~scarcelab.protocols.study_store.TrialSeededSampler` (seed 0);
   Ray runs the same list (``tune.grid_search`` over the trial index, which it schedules in
   order), and trial ``n`` trains with the seed ``_search`` gives it
-  (``scarcelab.protocols.trials.trial_seed``), so both sides train the same networks on
+  (``scarcelab.trials.trial_seed``), so both sides train the same networks on
   the same batches;
 * **ours**: :func:`scarcelab.protocols.tune.run_tune` with ``phase="search"`` — the code
   ``scarcelab tune`` runs — with its MLflow tracker on a fresh SQLite store
@@ -185,9 +185,9 @@ def ray_worker(a: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     from scarcelab.data import load_raw
     from scarcelab.methods import get_method
-    from scarcelab.protocols.trials import trial_seed
     from scarcelab.protocols.tune import AVG_WINDOW, _hp, build_method, prepare
     from scarcelab.train import OnEpochEnd, TrainConfig, train_trial
+    from scarcelab.trials import trial_seed
 
     configs = trial_configs(a)
     t0, c0 = time.perf_counter(), _tree_cpu()

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scarcelab.protocols.trials import trial_seed
+from scarcelab.trials import trial_seed
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -1,4 +1,4 @@
-"""The one trial runner (``scarcelab.protocols.trials``) on hand-written trial functions and
+"""The one trial runner (``scarcelab.trials``) on hand-written trial functions and
 the in-memory tracker: every outcome branch, the run of unexpected errors, what re-raises;
 and ``Tracker.open_study``'s statuses."""
 
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from scarcelab.errors import ConfigError, TrialFailed
-from scarcelab.protocols.trials import (
+from scarcelab.tracker import DelegatingTracker, InMemoryTracker
+from scarcelab.trials import (
     COMPLETE,
     FAILED,
     MAX_CONSECUTIVE_ERRORS,
@@ -20,7 +21,6 @@ from scarcelab.protocols.trials import (
     TrialRunner,
     trial_seed,
 )
-from scarcelab.tracker import DelegatingTracker, InMemoryTracker
 
 
 def _raise(e: BaseException) -> Callable[[], Any]:
@@ -216,3 +216,90 @@ def test_study_context_goes_through_a_wrappers_overrides() -> None:
         pass
     assert inner.study is not None
     assert inner.study.tags == {"a": "b", "extra": "1"} and inner.study.status == "FINISHED!"
+
+
+# --- the success and cut paths: every protocol ends its trials here (issue 44 item 4) ---
+
+
+class _Order(InMemoryTracker):
+    """An in-memory tracker that also keeps the order of the calls that end a trial."""
+
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def log_metrics(self, metrics: dict[str, float], step: int, scope: str = "trial") -> None:
+        self.calls.append(f"metrics@{step}:{scope}:{','.join(sorted(metrics))}")
+        super().log_metrics(metrics, step, scope)
+
+    def set_tags(self, tags: dict[str, str], scope: str = "study") -> None:
+        self.calls.append(f"tags:{scope}:{','.join(sorted(tags))}")
+        super().set_tags(tags, scope)
+
+    def end_trial(self, status: str, error: str | None = None) -> None:
+        self.calls.append(f"end:{status}")
+        super().end_trial(status, error)
+
+
+def _ordered() -> tuple[_Order, list[str]]:
+    calls: list[str] = []
+    tracker = _Order(calls)
+    tracker.start_study("s", {}, {}, {})
+    return tracker, calls
+
+
+def test_complete_tells_the_storage_first_then_records_and_finishes() -> None:
+    t, calls = _ordered()
+    runner = TrialRunner(t)
+    out = _trial(t, runner, 0, lambda: 0.5, objective=float)
+    assert out.state == COMPLETE and t.trials[0].status == "RUNNING"
+    runner.complete(tell=lambda: calls.append("tell"), metrics={"best/val": 0.5, "epochs": 3},
+                    step=3, rows=[({"al/acc": 0.1}, 1), ({"al/acc": 0.2}, 2)],
+                    tags={"stopped": "max_epochs"})
+    assert calls == ["tell", "metrics@3:trial:best/val,epochs", "metrics@1:trial:al/acc",
+                     "metrics@2:trial:al/acc", "tags:trial:stopped", "end:FINISHED"]
+    rec = t.trials[0]
+    assert (rec.status, rec.error, rec.tags) == ("FINISHED", None, {"stopped": "max_epochs"})
+    assert rec.history("al/acc") == [(1, 0.1), (2, 0.2)]
+    assert rec.last("best/val") == 0.5
+
+
+def test_complete_with_nothing_to_record_only_finishes() -> None:
+    t, calls = _ordered()
+    runner = TrialRunner(t)
+    _trial(t, runner, 0, lambda: 1)
+    runner.complete()
+    assert calls == ["end:FINISHED"] and t.trials[0].status == "FINISHED"
+
+
+def test_cut_tells_the_storage_tags_and_closes_killed_with_the_reason() -> None:
+    t, calls = _ordered()
+    runner = TrialRunner(t)
+    _trial(t, runner, 0, lambda: 1)
+    runner.cut("budget exhausted before the first epoch", tell=lambda: calls.append("tell"),
+               tags={"stopped": "budget"})
+    assert calls == ["tell", "tags:trial:stopped", "end:KILLED"]
+    rec = t.trials[0]
+    assert (rec.status, rec.error) == ("KILLED", "budget exhausted before the first epoch")
+
+
+def test_a_trial_record_is_closed_only_by_the_runner() -> None:
+    """One lifecycle: no protocol of the product closes a trial record itself (the calls
+    that remain are the runner's and the trackers' own delegations)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    allowed = {"scarcelab/trials.py", "scarcelab/tracker.py", "tracking/mlflow_tracker.py",
+               "entrypoints/_progress.py"}
+    found = []
+    for folder in ("scarcelab", "tracking", "entrypoints"):
+        for path in (root / folder).rglob("*.py"):
+            rel = path.relative_to(root).as_posix()
+            if rel.startswith(("scarcelab/tracking/", "scarcelab/entrypoints/")):
+                continue  # the symlinks to the two top-level folders
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "end_trial" and rel not in allowed):
+                    found.append(f"{rel}:{node.lineno}")
+    assert found == [], f"trial records closed outside scarcelab/trials.py: {found}"

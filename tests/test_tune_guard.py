@@ -1,7 +1,7 @@
 """A behaviour guard of ``run_tune`` (issue 26 item 1): the exact sequence of tracker
 calls, Optuna trial states, pruned epochs, best value and final scores of the tiniest
 searches the tune tests run, recorded on the protocol before its trial loop moved onto
-:class:`~scarcelab.protocols.trials.TrialRunner`, so the move can be checked to change
+:class:`~scarcelab.trials.TrialRunner`, so the move can be checked to change
 nothing a study records."""
 
 from __future__ import annotations

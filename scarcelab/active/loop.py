@@ -56,6 +56,7 @@ from scarcelab.active.datasets import (
 from scarcelab.data.own import dataset_label
 from scarcelab.errors import ConfigError, DataError
 from scarcelab.tracker import DatasetInfo, Tracker
+from scarcelab.trials import COMPLETE, TrialRunner
 
 
 @dataclass
@@ -506,31 +507,42 @@ def _repetition_rows(rep: RepetitionResult) -> list[tuple[dict[str, float], int]
     return rows
 
 
-def _run_trial(tracker: Tracker, rc: ALRunConfig, k: int, first: ALData | None,
+def _repetition_error(e: BaseException) -> str:
+    """What a failed repetition's record keeps: one line (a configuration or data error
+    is told in full by the sweep, which it ends)."""
+    if isinstance(e, (ConfigError, DataError)):
+        return "configuration or data error (see the sweep)"
+    return f"{type(e).__name__}: {e}"
+
+
+def repetition_runner(tracker: Tracker) -> TrialRunner:
+    """The trial runner of an AL sweep: a configuration or data error (or ^C) would fail
+    every repetition alike, so it ends the sweep; any other failure fails the repetition
+    and the sweep goes on, however many come in a row (repetitions are independent)."""
+    return TrialRunner(tracker, fatal=(ConfigError, DataError, KeyboardInterrupt),
+                       max_consecutive_errors=None, error_text=_repetition_error)
+
+
+def _run_trial(runner: TrialRunner, rc: ALRunConfig, k: int, first: ALData | None,
                strategy: Strategy, base_tags: dict[str, str], result: ALResult,
                on_iteration: Callable[[int, int, float], None] | None) -> None:
-    """Repetition ``k`` as one child record. A configuration or data error would fail
-    every repetition alike, so it ends the sweep; any other failure is recorded in
-    ``result.failed`` and the sweep goes on."""
+    """Repetition ``k`` as one child record, through the one trial lifecycle
+    (:class:`~scarcelab.trials.TrialRunner`); a failure lands in ``result.failed``."""
     s_d, s_t = rc.seed_data + k, rc.seed_model + k
-    tracker.start_trial(k, {**base_tags, T.ROLE: "al",
-                            T.REPETITION: str(k),
-                            T.SEED_DATA: str(s_d),
-                            T.SEED_MODEL: str(s_t),
-                            T.SEED: str(s_d)},
-                        {"repetition": k, "seed_data": s_d, "seed_model": s_t})
-    try:
-        rep = run_one(rc, k, first, strategy, on_iteration)
-    except (ConfigError, DataError):
-        tracker.end_trial("FAILED", "configuration or data error (see the sweep)")
-        raise
-    except Exception as e:  # noqa: BLE001 - one bad repetition must not end the sweep
-        tracker.end_trial("FAILED", f"{type(e).__name__}: {e}")
-        result.failed.append((k, f"{type(e).__name__}: {e}"))
+    runner.tracker.start_trial(k, {**base_tags, T.ROLE: "al",
+                                   T.REPETITION: str(k),
+                                   T.SEED_DATA: str(s_d),
+                                   T.SEED_MODEL: str(s_t),
+                                   T.SEED: str(s_d)},
+                               {"repetition": k, "seed_data": s_d, "seed_model": s_t})
+    outcome = runner.run(k, lambda: run_one(rc, k, first, strategy, on_iteration),
+                         fail_fatal=False)
+    if outcome.state != COMPLETE:
+        result.failed.append((k, outcome.error or ""))
         return
-    tracker.log_metrics_batch(_repetition_rows(rep))
-    tracker.set_tags({T.SPLIT_HASH: rep.split_hash}, scope="trial")
-    tracker.end_trial("FINISHED")
+    rep = outcome.value
+    assert rep is not None
+    runner.complete(rows=_repetition_rows(rep), tags={T.SPLIT_HASH: rep.split_hash})
     result.repetitions.append(rep)
 
 
@@ -564,8 +576,9 @@ def run_al(rc: ALRunConfig, tracker: Tracker, ctx: LoadContext | None = None,
     _start_sweep(tracker, rc, name, base_tags, params, first)
     result = ALResult(rc, [], [])
     try:
+        runner = repetition_runner(tracker)
         for k in range(rc.repetitions):
-            _run_trial(tracker, rc, k, first, strategy, base_tags, result, on_iteration)
+            _run_trial(runner, rc, k, first, strategy, base_tags, result, on_iteration)
         _log_sweep_summary(tracker, rc, result)
     except BaseException:
         tracker.end_study("FAILED")

@@ -61,7 +61,6 @@ from scarcelab.models import create_model
 from scarcelab.models.image_input import transform_of
 from scarcelab.probe import PROBE_SOLVERS
 from scarcelab.protocols.study_store import StudyStore, redact
-from scarcelab.protocols.trials import COMPLETE, MAX_CONSECUTIVE_ERRORS, TrialRunner, trial_seed
 from scarcelab.schedule import SCHEDULE_HORIZONS
 from scarcelab.tracker import DatasetInfo, ResumeState, Tracker
 from scarcelab.train import (
@@ -78,6 +77,7 @@ from scarcelab.train import (
     export_classifier,
     train_trial,
 )
+from scarcelab.trials import COMPLETE, MAX_CONSECUTIVE_ERRORS, TrialRunner, trial_seed
 
 log = logging.getLogger("scarcelab")
 
@@ -649,16 +649,15 @@ class _Search:
         self.schedule_end[number] = (res.progress, method.unlabeled_ramp(res.progress),
                                      res.stopped)
         if res.epochs == 0:  # budget ran out before one epoch: not a real trial
-            self.store.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            self.tracker.end_trial("KILLED", "budget exhausted before the first epoch")
+            self.runner.cut("budget exhausted before the first epoch", tell=lambda: (
+                self.store.tell(trial, state=optuna.trial.TrialState.PRUNED)))
             return False
-        self.store.tell(trial, res.best_val)
-        self.tracker.log_metrics({"best/val_balanced_accuracy": res.best_val,
-                                  "best/epoch": res.best_epoch, "epochs": res.epochs,
-                                  **{f"best/test_{k}": v for k, v in res.best_test.items()}},
-                                 res.epochs, scope="trial")
-        self.tracker.set_tags({T.STOPPED: res.stopped}, scope="trial")
-        self.tracker.end_trial("FINISHED")
+        self.runner.complete(
+            tell=lambda: self.store.tell(trial, res.best_val),
+            metrics={"best/val_balanced_accuracy": res.best_val, "best/epoch": res.best_epoch,
+                     "epochs": res.epochs,
+                     **{f"best/test_{k}": v for k, v in res.best_test.items()}},
+            step=res.epochs, tags={T.STOPPED: res.stopped})
         self.best.upload(self.tracker, force=True)
         return self.cfg.search == "random"  # else one run of the given configuration
 

@@ -88,7 +88,6 @@ from scarcelab.models import create_model
 from scarcelab.models.image_input import transform_of
 from scarcelab.models.standardize import Standardized, channel_stats
 from scarcelab.protocols.study_store import StudyStore, TrialSeededSampler, redact
-from scarcelab.protocols.trials import COMPLETE, TrialPruned, TrialRunner, trial_seed
 from scarcelab.tracker import DatasetInfo, Tracker
 from scarcelab.train import (
     EpochReport,
@@ -100,6 +99,7 @@ from scarcelab.train import (
     forward_images,
     train_trial,
 )
+from scarcelab.trials import COMPLETE, TrialPruned, TrialRunner, trial_seed
 
 log = logging.getLogger("scarcelab")
 
@@ -948,19 +948,18 @@ class _Search:
                   res: TrialResult) -> bool:
         """Record a trial that ran to its end (or was cut by the wall-clock cap, which
         makes it incomparable with the others: failed, and the search stops)."""
-        tracker = self.tracker
         if res.stopped == "budget" and res.epochs < self.s.epochs:
             trial.set_user_attr("budget_cut", res.epochs)
-            self.store.tell(trial, state=TrialState.FAIL)
-            tracker.set_tags({T.STOPPED: "budget"}, scope="trial")
-            tracker.end_trial("KILLED", f"budget_minutes ran out after {res.epochs} epochs")
+            self.runner.cut(f"budget_minutes ran out after {res.epochs} epochs",
+                            tell=lambda: self.store.tell(trial, state=TrialState.FAIL),
+                            tags={T.STOPPED: "budget"})
             return False
         value = _objective(history)
-        self.store.tell(trial, value)
-        tracker.log_metrics({"asha/final_value": value, "asha/rung": asha_rung(
-            res.epochs, self.s.grace_period)}, res.epochs, scope="trial")
-        tracker.set_tags({T.PRUNED: "false", T.STOPPED: res.stopped}, scope="trial")
-        tracker.end_trial("FINISHED")
+        self.runner.complete(
+            tell=lambda: self.store.tell(trial, value),
+            metrics={"asha/final_value": value,
+                     "asha/rung": asha_rung(res.epochs, self.s.grace_period)},
+            step=res.epochs, tags={T.PRUNED: "false", T.STOPPED: res.stopped})
         return True
 
 
@@ -1028,8 +1027,8 @@ class _Final:
         outcome = self.runner.run(i, lambda: self._fit_and_test(method, train_cfg, g, seed))
         assert outcome.value is not None  # anything else was raised
         res, test = outcome.value
-        tracker.log_metrics({f"test/{k}": v for k, v in test.items()}, res.epochs)
-        tracker.end_trial("FINISHED")
+        self.runner.complete(metrics={f"test/{k}": v for k, v in test.items()},
+                             step=res.epochs)
         score = float(test["balanced_accuracy"])
         tracker.log_metrics({"final/test_balanced_accuracy": score}, i, scope="study")
         if i == 0:

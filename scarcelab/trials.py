@@ -20,8 +20,20 @@ the search has always had:
   untouched, as it always has: the study record's ``with tracker.open_study(...)`` closes
   it as FAILED.
 
-A COMPLETE trial is left open: what a protocol records about a finished trial (its best
-epoch, its rung, a budget cut) is its own, so it logs that and ends the trial itself.
+A COMPLETE trial is left open, since only its protocol knows whether it counts; the
+protocol then ends it through the runner, which is the one place a trial record is closed
+on success or cut:
+
+- :meth:`TrialRunner.complete`: the trial counts. The study's storage is told first (what
+  the search decides on next), then the record gets its final metrics and tags and is
+  closed FINISHED;
+- :meth:`TrialRunner.cut`: the trial ran but must not count (the budget ended it before
+  its first epoch, or before the epochs every other trial had): the storage is told
+  (pruned or failed, the caller's choice), tags, the record closed KILLED with the reason.
+
+Every protocol's trials go through here: the budgeted search (``protocols/search.py``),
+Tune-It's trials and final retrains (``protocols/tune.py``) and the active-learning
+repetitions (``active/loop.py``). tests/test_trial_runner.py checks each path.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -146,3 +158,34 @@ class TrialRunner:
         self.tracker.end_trial("FAILED", error)
         log.warning("trial %d failed: %s", number, error)
         return TrialOutcome(FAILED, error=error)
+
+    def complete(self, *, tell: Callable[[], None] | None = None,
+                 metrics: Mapping[str, float] | None = None, step: int = 0,
+                 rows: Sequence[tuple[dict[str, float], int]] = (),
+                 tags: Mapping[str, str] | None = None) -> None:
+        """End a COMPLETE trial that counts: ``tell()`` records its value in the study's
+        storage, then ``metrics`` (at ``step``) and ``rows`` (``(metrics, step)`` pairs,
+        sent as one batch) and ``tags`` go to the trial record, which is closed FINISHED.
+        The storage comes first: a process killed before the record closes leaves a trial
+        the search already counts and the reaper closes."""
+        if tell is not None:
+            tell()
+        if metrics:
+            self.tracker.log_metrics(dict(metrics), step, scope="trial")
+        if rows:
+            self.tracker.log_metrics_batch(list(rows), scope="trial")
+        if tags:
+            self.tracker.set_tags(dict(tags), scope="trial")
+        self.tracker.end_trial("FINISHED")
+
+    def cut(self, reason: str, *, tell: Callable[[], None] | None = None,
+            tags: Mapping[str, str] | None = None) -> None:
+        """End a COMPLETE trial that must not count (``reason``: why, kept on the record):
+        ``tell()`` records it in the study's storage as the caller decides (pruned, or
+        failed so that it is never the best), ``tags`` go to the record, closed KILLED."""
+        if tell is not None:
+            tell()
+        if tags:
+            self.tracker.set_tags(dict(tags), scope="trial")
+        self.tracker.end_trial("KILLED", reason)
+        log.warning("trial cut: %s", reason)
