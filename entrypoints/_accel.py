@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from scarcelab.accel import AUTO, CHOICES, NAMES, Accel, check_value
-from scarcelab.entrypoints.options import _Typed
+from scarcelab.entrypoints.options import DEVICE, _Typed, option
 from scarcelab.errors import ConfigError
 
 #: MLproject parameter name -> click parameter name, for the entry maps of the commands
@@ -35,6 +35,11 @@ _HELP = {
     "tf32": "TF32 in CUDA matmuls and cuDNN convolutions (process-wide); auto = on on CUDA",
     "compile": "torch.compile the network (reduce-overhead: CUDA graphs); auto = off",
 }
+#: what every study ran with before these settings were logged (issue 40): the CPU's fp32
+#: path with channels-last convolution weights, no cuDNN benchmark, fused optimiser, TF32
+#: or compilation; bf16 and fp32 studies are different leaderboard rows
+BEFORE = {"precision": "fp32", "channels_last": "weights", "cudnn_benchmark": "off",
+          "fused_optimizer": "off", "tf32": "off", "compile": "off"}
 
 
 class AccelChoice(_Typed):
@@ -60,8 +65,9 @@ def accel_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The six options (each ``auto`` by default) on a command that trains; the command
     builds its :class:`~scarcelab.accel.Accel` with :func:`accel_from`."""
     for name in reversed(NAMES):
-        fn = click.option(f"--{name.replace('_', '-')}", name, default=AUTO,
-                          show_default=True, type=AccelChoice(name), help=_HELP[name])(fn)
+        fn = option(f"--{name.replace('_', '-')}", name, group=DEVICE, before=BEFORE[name],
+                    default=AUTO, show_default=True, type=AccelChoice(name),
+                    help=_HELP[name])(fn)
     return fn
 
 

@@ -35,17 +35,20 @@ import click
 from scarcelab import tags as T
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
+    WHAT,
     Folder,
     GroupedCommand,
     Names,
     Ratios,
     apply_identity,
+    command_entry_map,
     entry_params,
     merge_params,
+    option,
     param_str,
     verbosity,
 )
-from scarcelab.entrypoints.study import STUDY_ENTRY, study_config, study_options
+from scarcelab.entrypoints.study import study_config, study_options
 from scarcelab.errors import ScarcelabError
 from scarcelab.tracker import DatasetInfo, DelegatingTracker, Tracker
 
@@ -88,9 +91,6 @@ def sweep_key(cfg: StudyConfig, sources: list[str], ratios: list[float], tuning:
     return "sweep-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-#: MLproject parameter name -> click parameter name (tests/test_cli.py checks MLproject).
-CONTAMINATION_ENTRY = {**STUDY_ENTRY, **{n: n for n in ("ood", "ratios", "ood_dir",
-                                                        "diag_samples", "tuning")}}
 
 
 def _parent_name(client: Any, run_id: str, name: str) -> dict[str, str]:
@@ -319,15 +319,15 @@ def _run(kw: dict[str, Any], ctx: click.Context) -> None:
               help="Sweep OOD contamination ratios of the unlabeled pool for a "
               "semi-supervised method; one child study per (source, ratio).")
 @study_options(dataset="pneumoniamnist", family="semi")
-@click.option("--ood", default="mnist", show_default=True, type=Names(),
+@option("--ood", group=WHAT, default="mnist", show_default=True, type=Names(),
               help="OOD source(s), comma-separated: mnist, digits, textures, lfw, cifar10, "
               "gaussian (far) or another MedMNIST set, e.g. breastmnist (near)")
-@click.option("--ratios", default="0,0.1,0.3,0.5", show_default=True, type=Ratios(),
+@option("--ratios", group=WHAT, default="0,0.1,0.3,0.5", show_default=True, type=Ratios(),
               help="OOD fractions r of the contaminated pool: n_ood = round(r/(1-r)·n_id)")
-@click.option("--ood-dir", default="default", show_default=True, type=Folder(data_root=False),
+@option("--ood-dir", group=WHAT, default="default", show_default=True, type=Folder(data_root=False),
               help="folder laid out like ../shared/data (ood/…, cifar10_jpg/…); default: "
               "next to the data root")
-@click.option("--tuning", default="once", show_default=True,
+@option("--tuning", group=WHAT, default="once", show_default=True,
               type=click.Choice(["once", "per_ratio"]),
               help="once = tune at r=0 (a tuning study), then every ratio trains that "
               "configuration with the same seeds; per_ratio = a search at every ratio")
@@ -337,3 +337,8 @@ def contamination(ctx: click.Context, **kw: Any) -> None:
         _run(kw, ctx)
     except ScarcelabError as e:
         raise click.ClickException(str(e)) from e
+
+
+#: MLproject parameter name -> click parameter name, from the options' declarations
+#: (tests/test_cli.py checks MLproject)
+CONTAMINATION_ENTRY = command_entry_map(contamination.params)

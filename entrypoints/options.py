@@ -23,8 +23,9 @@ import math
 import re
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -631,12 +632,14 @@ class _RunNameOption(click.Option):
 def identity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--run-name``, ``--tags k=v,...`` and ``--description`` on a command that opens a
     run: what the MLflow UI lists it as, filters it by and says about it."""
-    fn = click.option("--description", default="none", show_default=True, type=Text(),
+    fn = option("--description", group=RUN, row=False,
+                default="none", show_default=True, type=Text(),
                       help="text put first in the run's description (the MLflow UI's "
                       "Description), before the one scarcelab writes")(fn)
-    fn = click.option("--tags", "tags", default="none", show_default=True, type=Tags(),
+    fn = option("--tags", "tags", group=RUN, row=False,
+                default="none", show_default=True, type=Tags(),
                       help="extra run tags, e.g. 'project=liver,owner=ana'")(fn)
-    return click.option("--run-name", default="", cls=_RunNameOption,
+    return option("--run-name", group=RUN, row=False, entry=False, default="", cls=_RunNameOption,
                         help="the name of the run this command opens")(fn)
 
 
@@ -667,28 +670,30 @@ def dataset_options(fn: Callable[..., Any] | None = None, *, folds: bool = False
     if fn is None:
         return lambda f: dataset_options(f, folds=folds)
     opts = [
-        click.option("--image-size", default="default", show_default=True,
+        option("--image-size", group=OWN, before="default", default="default", show_default=True,
                      type=Int(1, 4096, default_ok=True),
                      help="own images: resize to this side in pixels (shorter side, then "
                      "--fit); default = the files' own size, which must then agree"),
-        click.option("--channels", default="auto", show_default=True,
+        option("--channels", group=OWN, before="auto", default="auto", show_default=True,
                      type=Word(("auto", "gray", "rgb")),
                      help="own images: auto keeps the files' own (mixed gray and colour is "
                      "refused), gray or rgb converts every file"),
-        click.option("--fit", default="crop", show_default=True, type=Word(("crop", "pad")),
+        option("--fit", group=OWN, before="crop",
+               default="crop", show_default=True, type=Word(("crop", "pad")),
                      help="own images: a non-square image becomes square by a centre crop "
                      "or by padding with black"),
-        click.option("--skip-bad-files", default="false", show_default=True, type=Bool(),
+        option("--skip-bad-files", group=OWN, before="false",
+               default="false", show_default=True, type=Bool(),
                      help="own images: skip unreadable files (counted in the run as "
                      "data.n_bad_files) instead of stopping at the first"),
-        click.option("--test-fraction", default="0.2", show_default=True,
+        option("--test-fraction", group=OWN, before="0.2", default="0.2", show_default=True,
                      type=Float(0.0, 0.9, lo_open=True),
                      help="own images without test/: the share of labeled images held out "
                      "(stratified, fixed seed) as the test set"),
     ]
     if folds:
-        opts.append(click.option(
-            "--folds", default="1", show_default=True, type=Int(1, 100),
+        opts.append(option(
+            "--folds", group=OWN, before="1", default="1", show_default=True, type=Int(1, 100),
             help="own images without test/: k > 1 runs k studies, fold i's labeled images "
             "the test set of study i (tags scarcelab.fold, scarcelab.test_from=fold)"))
     for opt in reversed(opts):
@@ -730,10 +735,10 @@ def check_dataset(name: str, hint: str = "'--dataset'") -> str:
 def verbosity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``-q/--quiet`` and ``-v/--verbose`` on a command (also accepted before it, on the
     ``scarcelab`` group); they are not MLproject parameters."""
-    fn = click.option("-v", "--verbose", is_flag=True,
+    fn = option("-v", "--verbose", group=OUTPUT, row=False, entry=False, is_flag=True,
                       help="also print trial lines when not on a terminal, one line per "
                       "epoch, and INFO logs")(fn)
-    return click.option("-q", "--quiet", is_flag=True,
+    return option("-q", "--quiet", group=OUTPUT, row=False, entry=False, is_flag=True,
                         help="no progress output, only the final summary")(fn)
 
 
@@ -815,47 +820,119 @@ def bool_option(value: str) -> bool:
         raise click.BadParameter(str(e)) from None
 
 
-# -- grouped --help ---------------------------------------------------------------------------
+# -- one declaration per option ---------------------------------------------------------------
 
-#: the study commands' options by what a user decides with them, in the order --help shows
-#: the groups (parameter names); an option not listed is shown under "Other options"
-OPTION_GROUPS: dict[str, tuple[str, ...]] = {
-    "What to run": ("method", "dataset", "data_dir", "arch", "seed", "n_labeled", "n_val",
-                    "val_from", "allow_large_val", "positive_class", "class_weights",
-                    "ood", "ratios", "ood_dir", "tuning"),
-    "Time budget and search": ("budget_minutes", "budget_clock", "search", "hparams_from",
-                               "transfer_epochs", "max_trials", "max_epochs", "patience",
-                               "overrides", "eval_every_steps", "schedule_horizon",
-                               "study_name"),
-    "Your own images (--dataset folder:PATH or csv:FILE)": (
-        "image_size", "channels", "fit", "skip_bad_files", "test_fraction", "folds"),
-    "Batches and device": ("batch_size", "unlabeled_batch_size", "max_steps_per_epoch",
-                           "device", "precision", "channels_last", "cudnn_benchmark",
-                           "fused_optimizer", "tf32", "compile"),
-    "Per-epoch diagnostics": ("diag_samples", "probe_solver"),
-    "MLflow run": ("experiment", "run_name", "tags", "description", "register_model"),
-    "Output": ("quiet", "verbose"),
-}
+# the --help groups of the study commands, in the order --help shows them
+WHAT = "What to run"
+BUDGET = "Time budget and search"
+OWN = "Your own images (--dataset folder:PATH or csv:FILE)"
+DEVICE = "Batches and device"
+DIAGNOSTICS = "Per-epoch diagnostics"
+RUN = "MLflow run"
+OUTPUT = "Output"
+OTHER = "Other options"
+GROUPS: tuple[str, ...] = (WHAT, BUDGET, OWN, DEVICE, DIAGNOSTICS, RUN, OUTPUT)
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What an option is beside its click definition (type, default, help), declared with
+    it in one call (:func:`option`), so that nothing else lists options by hand (issue 44
+    item 2: a study option was declared in 13 places and they drifted).
+
+    - ``group``: its ``--help`` section (:data:`GROUPS`);
+    - ``row``: whether it keys a leaderboard row — a setting that changes what a study
+      computes — or not (the seed, names, where things live, how the console talks);
+    - ``before``: for a setting added after studies were already recorded, the value
+      those studies ran with (so an older study and a newer one of the same
+      configuration stay one row); None when it has been logged since the first studies;
+    - ``entry``: whether it is a parameter of the command's MLproject entry point (not:
+      the console's verbosity, the run name and experiment, which ``mlflow run`` owns).
+
+    From these, :func:`entry_map` gives the MLproject parameter maps, the grouped
+    ``--help`` reads ``group``, and ``python -m scarcelab.entrypoints.declared`` writes the
+    query layer's table of ``row``/``before`` (tracking/query/declared.py)."""
+
+    group: str
+    row: bool = True
+    before: str | None = None
+    entry: bool = True
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def option(*flags: str, group: str, row: bool = True, before: str | None = None,
+           entry: bool = True, **kw: Any) -> Callable[[_F], _F]:
+    """``click.option(*flags, **kw)`` with its :class:`Declaration`."""
+    if group not in GROUPS:
+        raise ValueError(f"option {flags}: group {group!r} is not one of {GROUPS}")
+    decl = Declaration(group, row, before, entry)
+    make = click.option(*flags, **kw)
+
+    def apply(fn: _F) -> _F:
+        fn = make(fn)
+        # click keeps a decorated function's options in this attribute until the command
+        # is built; the one just added is last
+        getattr(fn, "__click_params__")[-1].declaration = decl  # noqa: B009
+        return fn
+    return apply
+
+
+def declaration(p: click.Parameter) -> Declaration | None:
+    """The declaration of a parameter made by :func:`option`; None for any other."""
+    return getattr(p, "declaration", None)
+
+
+def param_key(p: click.Parameter) -> str:
+    """The name an option has as an MLproject parameter and a logged param: its long flag
+    (``--set`` -> ``set``; click's own name for it is ``overrides``)."""
+    longs = [o for o in getattr(p, "opts", ()) if o.startswith("--")]
+    return longs[0][2:].replace("-", "_") if longs else str(p.name)
+
+
+def declared_params(*decorators: Callable[[Callable[..., Any]], Any]
+                    ) -> list[click.Parameter]:
+    """The parameters the option decorators put on a command, in --help order."""
+    def fn(**kw: Any) -> None: ...
+    for d in reversed(decorators):
+        fn = d(fn)
+    return list(reversed(getattr(fn, "__click_params__", [])))
+
+
+def entry_map(*decorators: Callable[[Callable[..., Any]], Any]) -> dict[str, str]:
+    """MLproject parameter name -> click parameter name, for the options the decorators
+    declare as entry-point parameters (tests/test_cli.py checks MLproject against it)."""
+    return command_entry_map(declared_params(*decorators))
+
+
+def command_entry_map(params: list[click.Parameter]) -> dict[str, str]:
+    """:func:`entry_map` of a command's parameters (``command.params``)."""
+    out = {}
+    for p in params:
+        d = declaration(p)
+        if d is not None and d.entry:
+            out[param_key(p)] = str(p.name)
+    return out
 
 
 class GroupedCommand(click.Command):
-    """A command whose ``--help`` lists its options in titled groups (:data:`OPTION_GROUPS`)
+    """A command whose ``--help`` lists its options in titled groups (each option's
+    :class:`Declaration`, in the order of :data:`GROUPS`)
     instead of one flat list: a study command has ~40 options, and the one a newcomer
     looks for (the budget, their own images, the device) was lost among them. Written
     here rather than taken from cloup or rich-click: ~20 lines against a new dependency."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        where = {n: g for g, names in OPTION_GROUPS.items() for n in names}
-        groups: dict[str, list[tuple[str, str]]] = {g: [] for g in OPTION_GROUPS}
-        groups["Other options"] = []
+        groups: dict[str, list[tuple[str, str]]] = {g: [] for g in (*GROUPS, OTHER)}
         for p in self.get_params(ctx):
             rec = p.get_help_record(ctx)
             if rec is None:
                 continue
             # click names its help option as it likes: known by its flags
             is_help = bool(set(getattr(p, "opts", ())) & set(ctx.help_option_names))
-            groups["Output" if is_help else where.get(p.name or "", "Other options")].append(
-                rec)
+            d = declaration(p)
+            groups[OUTPUT if is_help else d.group if d is not None else OTHER].append(rec)
         for title, recs in groups.items():
             if recs:
                 with formatter.section(title):

@@ -13,12 +13,14 @@ from typing import Any
 
 import click
 
-from scarcelab.entrypoints._accel import ACCEL_ENTRY, accel_from, accel_options
+from scarcelab.entrypoints._accel import accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
-    DATASET_ENTRY,
-    FOLDS_ENTRY,
-    IDENTITY_ENTRY,
+    BUDGET,
+    DEVICE,
+    DIAGNOSTICS,
+    RUN,
+    WHAT,
     Bool,
     DatasetName,
     Device,
@@ -35,8 +37,10 @@ from scarcelab.entrypoints.options import (
     check_overrides,
     data_options,
     dataset_options,
+    entry_map,
     entry_params,
     identity_options,
+    option,
     verbosity,
     verbosity_options,
 )
@@ -45,18 +49,12 @@ from scarcelab.entrypoints.options import (
 )
 from scarcelab.errors import ScarcelabError
 
-#: MLproject parameter name -> click parameter name, for the three study entry points
-#: (tests/test_cli.py checks them against MLproject, defaults included).
-STUDY_ENTRY = {n: n for n in (
-    "method", "dataset", "data_dir", "arch", "seed", "budget_minutes", "budget_clock",
-    "max_epochs",
-    "patience", "n_labeled", "n_val", "allow_large_val", "search", "batch_size",
-    "unlabeled_batch_size", "max_steps_per_epoch", "max_trials", "device", "val_from",
-    "hparams_from", "transfer_epochs", "positive_class", "class_weights", "probe_solver",
-    "eval_every_steps", "study_name", "schedule_horizon")} | {
-    "set": "overrides", **IDENTITY_ENTRY, **ACCEL_ENTRY, **DATASET_ENTRY}
-#: the supervised / semi / self entry points add the model registry option and --folds
-FAMILY_ENTRY = {**STUDY_ENTRY, "register_model": "register_model", **FOLDS_ENTRY}
+#: the option of the supervised / semi / self commands that registers the selected model
+REGISTER_MODEL = option(
+    "--register-model", group=RUN, row=False, default="none", show_default=True,
+    type=Word(), help="register the selected model in the MLflow model registry under this "
+    "name (a new version each study); auto = scarcelab-<family>-<method>-<dataset>; none = "
+    "do not register")
 
 
 def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breastmnist",
@@ -67,111 +65,120 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
     if fn is None:
         return lambda f: study_options(f, dataset=dataset, family=family, folds=folds)
     opts = [
-        click.option("--method", required=True, type=Registered("method", family),
+        option("--method", group=WHAT, required=True, type=Registered("method", family),
                      help=f"registered {family or ''} method (scarcelab list methods)"
                      .replace("  ", " ")),
-        click.option("--dataset", default=dataset, show_default=True, type=DatasetName(),
+        option("--dataset", group=WHAT, default=dataset, show_default=True, type=DatasetName(),
                      help="a registered dataset or plugin (scarcelab list datasets), or your "
                      "own images: folder:PATH or csv:FILE (docs/own-images.md)"),
-        click.option("--data-dir", default="default", show_default=True, type=Folder(),
+        option("--data-dir", group=WHAT, row=False,
+               default="default", show_default=True, type=Folder(),
                      help="existing folder with <dataset>.npz (default: $SCARCELAB_DATA or "
                      "~/.cache/scarcelab; downloaded there if missing)"),
-        click.option("--arch", default="auto", show_default=True,
+        option("--arch", group=WHAT, default="auto", show_default=True,
                      type=Registered("arch", extra=("auto",)),
                      help="backbone; auto = resnet18 on GPU, small_cnn on CPU"),
-        click.option("--seed", default="0", show_default=True, type=Int(0, _SEED_MAX),
+        option("--seed", group=WHAT, row=False,
+               default="0", show_default=True, type=Int(0, _SEED_MAX),
                      help="seed of the split, the search and training; each seed is one "
                      "sample of the method in the leaderboard"),
-        click.option("--budget-minutes", default="3", show_default=True,
+        option("--budget-minutes", group=BUDGET, default="3", show_default=True,
                      type=Float(0.0, 7 * 24 * 60, lo_open=True),
                      help="budget of the whole command, in minutes of --budget-clock: "
                      "start-up (at most half of it) and the final model logging (an 8 s "
                      "reserve) are inside it; "
                      "semi's C-Score diagnostics are not charged (time/diag_s)"),
-        click.option("--budget-clock", default="wall", show_default=True,
+        option("--budget-clock", group=BUDGET, default="wall", show_default=True,
                      type=Word(("wall", "cpu")),
                      help="what the budget counts: wall time, or this process's CPU time "
                      "(reproducible on a shared CPU machine; not for GPU runs)"),
-        click.option("--class-weights", default="balanced", show_default=True,
+        option("--class-weights", group=WHAT, default="balanced", show_default=True,
                      type=Word(("balanced", "none")),
                      help="the labeled loss: balanced = each class weighted by its inverse "
                      "labeled frequency (and the probe's class_weight=balanced), as "
                      "SSL-vs-SSL trains every method; none = unweighted"),
-        click.option("--max-epochs", default="200", show_default=True, type=Int(1, 10**6),
+        option("--max-epochs", group=BUDGET, default="200", show_default=True, type=Int(1, 10**6),
                      help="epochs of a trial at most; --patience and the budget end it "
                      "sooner"),
-        click.option("--patience", default="20", show_default=True, type=Int(1, 10**6),
+        option("--patience", group=BUDGET, default="20", show_default=True, type=Int(1, 10**6),
                      help="epochs without a better validation score before a trial stops"),
-        click.option("--n-labeled", default="default", show_default=True,
+        option("--n-labeled", group=WHAT, default="default", show_default=True,
                      type=LabelCount(allow_all=True),
                      help="labeled train size, the dataset default, or 'all' (every train "
                      "sample not held out for validation; supervised methods only)"),
-        click.option("--n-val", default="default", show_default=True,
+        option("--n-val", group=WHAT, default="default", show_default=True,
                      type=LabelCount(allow_all=False),
                      help="validation size (>= 1, it selects the model); defaults to "
                      "n_labeled (with 'all': the dataset's default validation size)"),
-        click.option("--allow-large-val", default="false", show_default=True, type=Bool(),
+        option("--allow-large-val", group=WHAT, default="false", show_default=True, type=Bool(),
                      help="accept a validation set larger than the labeled training set "
                      "(refused by default: unrealistic when labels are scarce)"),
-        click.option("--search", default="random", show_default=True,
+        option("--search", group=BUDGET, default="random", show_default=True,
                      type=Word(("random", "none", "fixed")),
                      help="random = budgeted random search; none = transfer (one run on "
                      "train + validation, configuration from --hparams-from); fixed = one "
                      "run of the --hparams-from configuration with validation selection"),
-        click.option("--hparams-from", default="defaults", show_default=True, type=Word(),
+        option("--hparams-from", group=BUDGET, row=False,
+               default="defaults", show_default=True, type=Word(),
                      help="configuration for search=none/fixed: defaults, an MLflow study or "
                      "trial run id, or an experiment name (its best study of this method)"),
-        click.option("--transfer-epochs", default="default", show_default=True,
+        option("--transfer-epochs", group=BUDGET, default="default", show_default=True,
                      type=Int(1, 10**6, default_ok=True),
                      help="epochs of search=none (SSL-vs-SSL App. D.2: 100; 80 for TMED-2)"),
-        click.option("--positive-class", default="default", show_default=True, type=Word(),
+        option("--positive-class", group=WHAT, default="default", show_default=True, type=Word(),
                      help="binary tasks: the class that sensitivity at 95% specificity, the "
                      "partial AUROC and the ROC figure are about (0, 1 or a class name); "
                      "default = the dataset's disease class (BreastMNIST malignant, "
                      "PneumoniaMNIST pneumonia), else 1"),
-        click.option("--val-from", default="auto", show_default=True,
+        option("--val-from", group=WHAT, default="auto", show_default=True,
                      type=Word(("auto", "official", "train")),
                      help="validation set from the dataset's official validation split "
                      "(official), from train (train), or official where it is large enough "
                      "(auto)"),
-        click.option("--batch-size", default="default", show_default=True,
+        option("--batch-size", group=DEVICE, default="default", show_default=True,
                      type=Int(1, 10**6, default_ok=True),
                      help="labeled images per step; default = the method's own"),
-        click.option("--unlabeled-batch-size", default="default", show_default=True,
+        option("--unlabeled-batch-size", group=DEVICE, default="default", show_default=True,
                      type=Int(1, 10**6, default_ok=True),
                      help="unlabeled images per step (semi and self methods); default = "
                      "the method's own"),
-        click.option("--max-steps-per-epoch", default="default", show_default=True,
+        option("--max-steps-per-epoch", group=DEVICE, default="default", show_default=True,
                      type=Int(1, None, default_ok=True),
                      help="cap on the steps of an epoch (one pass over the labeled and "
                      "unlabeled images); default = no cap"),
-        click.option("--max-trials", default="0", show_default=True, type=Int(0, None),
+        option("--max-trials", group=BUDGET, default="0", show_default=True, type=Int(0, None),
                      help="stop after this many trials (0 = until the budget is spent)"),
-        click.option("--device", default="auto", show_default=True, type=Device(),
+        option("--device", group=DEVICE, default="auto", show_default=True, type=Device(),
                      help="where to train; auto = cuda when available, else cpu"),
-        click.option("--study-name", default="auto", show_default=True, type=Word(),
+        option("--study-name", group=BUDGET, row=False,
+               default="auto", show_default=True, type=Word(),
                      help="the Optuna study workers share (with $OPTUNA_STORAGE): auto = "
                      "the one named after this command's settings (workers of the same "
                      "command share its trials and --max-trials; once finished, the command "
                      "run again repeats it); new = a study of this worker's own; any other "
                      "NAME = the study of that name"),
-        click.option("--set", "overrides", default="none", show_default=True,
+        option("--set", "overrides", group=BUDGET, row=False, default="none", show_default=True,
                      type=Overrides(),
                      help="fixed hyperparameters, e.g. 'lambda_u=1,threshold=0.9'"),
-        click.option("--experiment", default="", help="MLflow experiment (ignored under "
+        option("--experiment", group=RUN, row=False, entry=False,
+               default="", help="MLflow experiment (ignored under "
                      "mlflow run, which chooses it)"),
-        click.option("--diag-samples", default="512", show_default=True, type=Int(0, None),
+        option("--diag-samples", group=DIAGNOSTICS, row=False,
+               default="512", show_default=True, type=Int(0, None),
                      help="unlabeled subsample for the per-epoch C-Score diagnostics of "
                      "semi-supervised runs (0 = off)"),
-        click.option("--probe-solver", default="sklearn", show_default=True,
+        option("--probe-solver", group=DIAGNOSTICS, before="sklearn",
+               default="sklearn", show_default=True,
                      type=Word(("sklearn", "torch")),
                      help="self-supervised methods' per-epoch linear probe: scikit-learn "
                      "on the host, or torch (all penalties at once, on the device)"),
-        click.option("--eval-every-steps", default="0", show_default=True, type=Int(0, None),
+        option("--eval-every-steps", group=BUDGET, before="0",
+               default="0", show_default=True, type=Int(0, None),
                      help="evaluate after an epoch only once this many steps are not yet "
                      "evaluated (0 = every epoch; for tiny sets); patience then counts "
                      "evaluations"),
-        click.option("--schedule-horizon", default="budget", show_default=True,
+        option("--schedule-horizon", group=BUDGET, before="epochs",
+               default="budget", show_default=True,
                      type=Word(("budget", "epochs")),
                      help="what the cosine learning rate and the unlabeled-weight ramps "
                      "are planned over: budget = the steps each trial's share of the "
@@ -183,6 +190,11 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
     for opt in reversed(opts):
         fn = opt(fn)
     return identity_options(verbosity_options(dataset_options(fn, folds=folds)))
+
+
+#: MLproject parameter name -> click parameter name of the supervised / semi / self entry
+#: points, from the options' declarations (tests/test_cli.py checks them against MLproject)
+FAMILY_ENTRY = entry_map(study_options(folds=True), REGISTER_MODEL)
 
 
 def check_study(kw: dict[str, Any]) -> dict[str, Any]:
@@ -410,10 +422,7 @@ def _family_command(family: str, default_method: str) -> None:
                   f"{family} --method {default_method} --dataset breastmnist "
                   "--budget-minutes 3")
     @study_options(family=family, folds=True)
-    @click.option("--register-model", default="none", show_default=True, type=Word(),
-                  help="register the selected model in the MLflow model registry under "
-                  "this name (a new version each study); auto = scarcelab-<family>-<method>-"
-                  "<dataset>; none = do not register")
+    @REGISTER_MODEL
     @click.pass_context
     def cmd(ctx: click.Context, **kw: Any) -> None:
         try:

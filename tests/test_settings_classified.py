@@ -7,8 +7,10 @@ until this test, and ``--diag-samples 0`` vs ``512`` did (issue 44's example).""
 
 from __future__ import annotations
 
+import click
 import mlflow
 import pandas as pd
+import pytest
 from click.testing import CliRunner
 
 from scarcelab.tracking.query.frame import (
@@ -81,3 +83,52 @@ def test_diag_samples_does_not_change_what_a_study_trains(store) -> None:  # typ
         assert len(got) == 2 and got.notna().all().all()
         losses[samples] = got.round(7).to_numpy().tolist()
     assert losses["0"] == losses["512"]
+
+
+def test_the_query_layers_table_is_what_the_options_declare() -> None:
+    """One declaration per option (issue 44 item 2): whether a study option keys a row and
+    what older studies ran with are declared with the option (``option(..., row=,
+    before=)``); tracking/query/declared.py, which the query layer reads without importing
+    the command line, must be what those declarations render to."""
+    from scarcelab.entrypoints import _declared
+
+    committed = _declared.TARGET.read_text()
+    assert committed == _declared.render(), (
+        "tracking/query/declared.py is not what the options declare: run "
+        "python -m scarcelab.entrypoints._declared --write")
+    not_row, before = _declared.declared()
+    assert not_row <= NOT_SETTINGS and ADDED_SETTINGS == before
+    assert {"seed", "diag_samples", "set"} <= not_row and before["precision"] == "fp32"
+
+
+def test_every_study_option_is_declared_once_with_its_group() -> None:
+    """No study option is a plain ``click.option`` (it would have no group, row or before),
+    and one name means one thing on every study command."""
+    from scarcelab.entrypoints._declared import STUDY_COMMANDS
+    from scarcelab.entrypoints.cli import main
+    from scarcelab.entrypoints.options import GROUPS, declaration
+
+    for name in STUDY_COMMANDS:
+        for p in main.commands[name].params:  # type: ignore[attr-defined]
+            d = declaration(p)
+            assert d is not None and d.group in GROUPS, (name, p.name)
+
+
+def test_a_changed_declaration_fails_until_the_table_is_written(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from scarcelab.entrypoints import _declared
+    from scarcelab.entrypoints.cli import main
+    from scarcelab.entrypoints.options import declaration
+
+    p = next(p for p in main.commands["semi"].params  # type: ignore[attr-defined]
+             if p.name == "probe_solver")
+    d = declaration(p)
+    assert d is not None
+    monkeypatch.setattr(p, "declaration", type(d)(d.group, row=False))
+    with pytest.raises(click.ClickException, match="declared"):
+        _declared.declared()  # semi now says another thing than supervised
+    for cmd in _declared.STUDY_COMMANDS:
+        q = next(q for q in main.commands[cmd].params  # type: ignore[attr-defined]
+                 if q.name == "probe_solver")
+        monkeypatch.setattr(q, "declaration", type(d)(d.group, row=False))
+    assert _declared.render() != _declared.TARGET.read_text()
+    assert "probe_solver" in _declared.declared()[0]

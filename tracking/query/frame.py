@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from scarcelab import tags as T
+from scarcelab.tracking.query.declared import BEFORE, NOT_ROW
 from scarcelab.tracking.query.store import StoreReader, open_reader
 
 NUMERIC_COLUMNS = ("seed", "trial", "query_size", "repetition", "n_labeled", "n_val",
@@ -380,35 +381,21 @@ def load(experiments: str | Iterable[str], tracking_uri: str | None = None, *,
 
 # -- what a study was run with -----------------------------------------------------------
 
-#: params that do not change what a study computes: the sample (``seed``), where things
-#: live or are named, how the command was spelled (``set`` / ``hparams_from`` are logged
-#: resolved, as ``override.*`` / ``hparams.*`` / ``hparams_source``), what to resume
-NOT_SETTINGS = frozenset({"seed", "storage", "study_name", "data_dir", "register_model",
-                          "tags", "description",  # the run's labels (--tags, --description)
-                          "experiment", "set", "hparams_from", "resume", "quiet", "verbose",
-                          # derived from budget_minutes (the final-phase reserve kept)
-                          "final_reserve_s", "run_name",
-                          # the test set's size follows from the data: the k folds of a
-                          # user's images (tag scarcelab.fold) differ in it by an image
-                          "n_test",
-                          # the C-Score diagnostics' sample: read from a scratch copy of the
-                          # model, outside the budget; 0 and 512 train bit for bit alike
-                          # (tests/test_settings_classified.py), so not a leaderboard row
-                          "diag_samples"})
+#: params that do not change what a study computes: the study options declared
+#: ``row=False`` (the sample ``seed``, where things live or are named, how the command was
+#: spelled — ``set`` / ``hparams_from`` are logged resolved, as ``override.*`` /
+#: ``hparams.*`` / ``hparams_source`` —, the console, the C-Score diagnostics' sample), and
+#: the params no option declares: the storage, tune's resume, the final-phase reserve
+#: (derived from budget_minutes) and the test set's size (it follows from the data: the k
+#: folds of a user's images, tag scarcelab.fold, differ in it by an image)
+NOT_SETTINGS = frozenset({"storage", "resume", "final_reserve_s", "n_test"}) | NOT_ROW
 #: settings logged only since a change, with the value every study recorded before it ran
-#: with: a study without the param gets it, so that an older study and a newer one of the
-#: same configuration stay one row. The precision and kernel settings (issue 40,
-#: scarcelab.accel) change a study's numbers — bf16 and fp32 studies are different rows —
-#: and before them every study ran the CPU's fp32 path with channels-last weights.
-ADDED_SETTINGS = {"precision": "fp32", "channels_last": "weights", "cudnn_benchmark": "off",
-                  "fused_optimizer": "off", "tf32": "off", "compile": "off",
-                  # issue 40: evaluation once per epoch, the probe on sklearn
-                  "eval_every_steps": "0", "probe_solver": "sklearn",
-                  # issue 41 item 4: before it every schedule was planned over max_epochs
-                  "schedule_horizon": "epochs",
-                  # issue 39: a user's images; a named dataset logs these defaults
-                  "image_size": "default", "channels": "auto", "fit": "crop",
-                  "skip_bad_files": "false", "test_fraction": "0.2", "folds": "1"}
+#: with (each option's ``before=``): a study without the param gets it, so that an older
+#: study and a newer one of the same configuration stay one row. E.g. the precision and
+#: kernel settings (issue 40) change a study's numbers — bf16 and fp32 studies are
+#: different rows — and before them every study ran the CPU's fp32 path with channels-last
+#: weights.
+ADDED_SETTINGS: dict[str, str] = dict(BEFORE)
 #: every param a study logged before ADDED_SETTINGS grew (the studies of the results pages
 #: of 2026-12-02, commit d232f3f): a param outside this set, ADDED_SETTINGS and
 #: NOT_SETTINGS is a new option nobody classified, and tests/test_settings_classified.py
