@@ -37,31 +37,41 @@ def stage_splitter(class_name: str) -> Callable[[Callable[[nn.Module], list[nn.M
     return deco
 
 
+def _subs(m: nn.Module, *names: str) -> list[nn.Module]:
+    """Named submodules (dotted paths), typed as modules: attribute access on a module is
+    typed ``Tensor | Module`` by torch, which a type checker cannot pass on as a stage."""
+    return [m.get_submodule(n) for n in names]
+
+
 @stage_splitter("SmallCNN")
 def _small_cnn(b: nn.Module) -> list[nn.Module]:
-    f = list(b.features)  # conv-bn-relu, pool, conv-bn-relu, pool, conv-bn-relu, gap, flatten
+    # conv-bn-relu, pool, conv-bn-relu, pool, conv-bn-relu, gap, flatten
+    f = list(b.get_submodule("features").children())
     return [nn.Sequential(*f[0:3]), nn.Sequential(*f[3:7]), nn.Sequential(*f[7:11])]
 
 
 @stage_splitter("_TorchvisionBackbone")
 def _torchvision_resnet(b: nn.Module) -> list[nn.Module]:
-    n = b.net  # small-image stem: stride 1 until layer2
-    return [nn.Sequential(n.conv1, n.bn1, n.relu), n.layer1, n.layer2, n.layer3, n.layer4]
+    # small-image stem: stride 1 until layer2
+    stem = nn.Sequential(*_subs(b, "net.conv1", "net.bn1", "net.relu"))
+    return [stem, *_subs(b, "net.layer1", "net.layer2", "net.layer3", "net.layer4")]
 
 
 @stage_splitter("_ImageNetStemBackbone")
 def _imagenet_resnet(b: nn.Module) -> list[nn.Module]:
-    n = b.net  # ImageNet stem kept (7x7 stride 2, max-pool): strides 2, 4, 8, 16, 32
-    return [nn.Sequential(n.conv1, n.bn1, n.relu), nn.Sequential(n.maxpool, n.layer1),
-            n.layer2, n.layer3, n.layer4]
+    # ImageNet stem kept (7x7 stride 2, max-pool): strides 2, 4, 8, 16, 32
+    return [nn.Sequential(*_subs(b, "net.conv1", "net.bn1", "net.relu")),
+            nn.Sequential(*_subs(b, "net.maxpool", "net.layer1")),
+            *_subs(b, "net.layer2", "net.layer3", "net.layer4")]
 
 
 @stage_splitter("WideResNet")
 def _wrn(b: nn.Module) -> list[nn.Module]:
-    blocks = list(b.blocks)
+    blocks = list(b.get_submodule("blocks").children())
     n = len(blocks) // 3
-    return [b.conv, nn.Sequential(*blocks[:n]), nn.Sequential(*blocks[n:2 * n]),
-            nn.Sequential(*blocks[2 * n:], b.bn, b.act)]
+    conv, bn, act = _subs(b, "conv", "bn", "act")
+    return [conv, nn.Sequential(*blocks[:n]), nn.Sequential(*blocks[n:2 * n]),
+            nn.Sequential(*blocks[2 * n:], bn, act)]
 
 
 def encoder_stages(backbone: nn.Module) -> nn.ModuleList:

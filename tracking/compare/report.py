@@ -17,7 +17,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -170,8 +170,8 @@ def headline_rows(an: Analysis) -> tuple[list[str], list[list[str]]]:
               "p vs best (Holm)", f"gain over {base} [{ci} CI]", "better on",
               "wall per study", "total wall", "total CPU"]
     rows = []
-    for r in an.table.itertuples(index=False):
-        d = r._asdict()
+    records = cast(list[dict[str, Any]], an.table.to_dict("records"))
+    for d in records:
         if d["verdict"] == "failed":
             rows.append(["–", f"`{d['method']}`", d["family"], "no finished study",
                          "–", "–", "–", "–", "–", "–", _t(d["wall_s_total"]),
@@ -203,42 +203,45 @@ def _cell(x: Any) -> str:
 
 
 def _answer(an: Analysis, grid: Grid, plan: Plan, col: Collected) -> list[str]:
-    t = an.table.set_index("method") if len(an.table) else an.table
+    # method -> its row (typed plainly: a frame's .loc is typed as a frame, a series or
+    # a scalar, and every use below is a scalar)
+    t = cast(dict[str, dict[str, Any]], an.table.set_index("method").to_dict("index")
+             if len(an.table) else {})
     n = len(an.seeds_used)
-    k = len([m for m in t.index if t.loc[m, "verdict"] != "failed"]) if len(t) else 0
+    k = len([m for m in t if t[m]["verdict"] != "failed"]) if t else 0
     ci = f"{round((1 - an.alpha) * 100):g} %"
     out = []
     if an.best is None:
         return [f"- **No answer:** {'; '.join(an.notes) or 'no study finished'}."]
-    b = t.loc[an.best]
+    b = t[an.best]
     out.append(f"- **Best: `{an.best}`** ({b['family']}) — validation-selected test "
                f"balanced accuracy {_f(b[f'{TEST}_mean'])}"
                + (f" ± {_f(b[f'{TEST}_std'])}" if n > 1 else "")
                + f" (mean{' ± sample sd' if n > 1 else ''} over {n} seed{'s' * (n != 1)}).")
-    tied = [m for m in t.index if t.loc[m, "verdict"] == "tied"]
-    worse = [m for m in t.index if t.loc[m, "verdict"] == "worse"]
+    tied = [m for m in t if t[m]["verdict"] == "tied"]
+    worse = [m for m in t if t[m]["verdict"] == "worse"]
     if n >= 2:
         how = (f"paired t-test over the {n} seeds, Holm-adjusted over {k - 1} "
                f"comparison{'s' * (k - 1 != 1)}, α = {an.alpha:g}")
         out.append("- **Tied with it** (not significantly different; " + how + "): "
-                   + (", ".join(f"`{m}` (p = {_p(t.loc[m, 'p_vs_best_holm'])})" for m in tied)
+                   + (", ".join(f"`{m}` (p = {_p(t[m]['p_vs_best_holm'])})" for m in tied)
                       or "none") + ".")
         out.append("- **Significantly worse:** " + (", ".join(
-            f"`{m}` (p = {_p(t.loc[m, 'p_vs_best_holm'])})" for m in worse) or "none") + ".")
+            f"`{m}` (p = {_p(t[m]['p_vs_best_holm'])})" for m in worse) or "none") + ".")
     else:
         out.append(f"- **Tied / worse:** not tested — {n} complete seed (at least 2 are "
                    "needed for a paired test).")
     if an.baseline is not None:
-        r = t.loc[an.baseline]
-        cands = [m for m in t.index if t.loc[m, "family"] != LABELED_ONLY
-                 and t.loc[m, "verdict"] != "failed"]
+        r = t[an.baseline]
+        cands = [m for m in t if t[m]["family"] != LABELED_ONLY
+                 and t[m]["verdict"] != "failed"]
         line = (f"- **Gain over the best labeled-only method, `{an.baseline}` "
                 f"({_f(r[f'{TEST}_mean'])}):** ")
         if not cands:
             line += "no semi- or self-supervised method finished."
         else:
             c = cands[0]  # table order: the best of them
-            g = t.loc[c]
+            g = t[c]
             interval = (f" [{_f(g['gain_low'], sign=True)}, {_f(g['gain_high'], sign=True)}]"
                         f" ({ci} paired t-interval over {n} seeds, better on {g['wins']} "
                         "seeds)") if math.isfinite(g["gain_low"]) else ""
@@ -255,7 +258,7 @@ def _answer(an: Analysis, grid: Grid, plan: Plan, col: Collected) -> list[str]:
         out.append(line)
     if an.winner_run:
         uri = f"runs:/{an.winner_run}/model"
-        nb = int(t.loc[an.best, "studies"])
+        nb = int(t[an.best]["studies"])
         out.append(f"- **Winning model:** `{uri}` — `{an.best}`, seed {an.winner_seed} (the "
                    f"highest validation score of its {nb} stud{'ies' if nb != 1 else 'y'}; "
                    "the test set chose the method, not the model). Load it with "
