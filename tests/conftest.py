@@ -105,7 +105,7 @@ def tiny_bundle():  # type: ignore[no-untyped-def]
     return apply_split(raw, make_split(raw, 30, 30, seed=0))
 
 
-# -- the suites' smoke (tests/test_results_smoke.py) ---------------------------------------
+# -- the suites' smoke (tests/tracking/results/test_results_smoke.py) --------------------
 # Its five sweeps (~50 cell processes) start in the background when the session collects
 # the test, one cell at a time beside the other tests (which leave a core idle most of the
 # time), and the test itself runs last and waits for them (tests/smoke_runner.py).
