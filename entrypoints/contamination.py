@@ -88,7 +88,8 @@ def sweep_key(cfg: StudyConfig, sources: list[str], ratios: list[float], tuning:
     return "sweep-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-#: MLproject parameter name -> click parameter name (tests/test_cli.py checks MLproject).
+#: MLproject parameter name -> click parameter name (tests/entrypoints/test_cli.py checks
+#: MLproject).
 CONTAMINATION_ENTRY = {**STUDY_ENTRY, **{n: n for n in ("ood", "ratios", "ood_dir",
                                                         "diag_samples", "tuning")}}
 

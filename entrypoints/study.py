@@ -46,7 +46,7 @@ from scarcelab.entrypoints.options import (
 from scarcelab.errors import ScarcelabError
 
 #: MLproject parameter name -> click parameter name, for the three study entry points
-#: (tests/test_cli.py checks them against MLproject, defaults included).
+#: (tests/entrypoints/test_cli.py checks them against MLproject, defaults included).
 STUDY_ENTRY = {n: n for n in (
     "method", "dataset", "data_dir", "arch", "seed", "budget_minutes", "budget_clock",
     "max_epochs",

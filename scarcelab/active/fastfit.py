@@ -19,7 +19,8 @@ directly, in the order autograd calls them:
 
 Elementwise kernels give the same float per element wherever it sits in a buffer, and the
 matrix products are the same BLAS calls, so the weights, the optimiser state and every
-validation loss equal the autograd path's bit for bit (``tests/test_al_fastfit.py`` checks
+validation loss equal the autograd path's bit for bit (``tests/core/active/test_al_fastfit.py``
+checks
 weights, state and returned epochs against the generic path over whole fits and a whole
 repetition). What is not covered falls back to the generic path: dropout (masks are drawn
 per layer), other modules or optimisers, non-default optimiser flags, CUDA, or anything

@@ -393,7 +393,8 @@ NOT_SETTINGS = frozenset({"seed", "storage", "study_name", "data_dir", "register
                           "n_test",
                           # the C-Score diagnostics' sample: read from a scratch copy of the
                           # model, outside the budget; 0 and 512 train bit for bit alike
-                          # (tests/test_settings_classified.py), so not a leaderboard row
+                          # (tests/tracking/query/test_settings_classified.py), so not a leaderboard
+                          # row
                           "diag_samples"})
 #: settings logged only since a change, with the value every study recorded before it ran
 #: with: a study without the param gets it, so that an older study and a newer one of the
@@ -411,7 +412,8 @@ ADDED_SETTINGS = {"precision": "fp32", "channels_last": "weights", "cudnn_benchm
                   "skip_bad_files": "false", "test_fraction": "0.2", "folds": "1"}
 #: every param a study logged before ADDED_SETTINGS grew (the studies of the results pages
 #: of 2026-12-02, commit d232f3f): a param outside this set, ADDED_SETTINGS and
-#: NOT_SETTINGS is a new option nobody classified, and tests/test_settings_classified.py
+#: NOT_SETTINGS is a new option nobody classified, and
+#: tests/tracking/query/test_settings_classified.py
 #: fails until it is put in one of the last two
 SETTINGS_BEFORE_ADDED = frozenset({
     "allow_large_val", "arch", "batch_size", "budget_clock", "budget_minutes",
