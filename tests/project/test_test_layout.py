@@ -37,7 +37,8 @@ EXAMPLES = {"test_entmin.py", "test_ratio.py", "test_bars.py", "test_xor_al.py",
             "test_study_counts.py", "test_NAME.py"}
 #: a test file cited by its path from the repository root
 CITED = re.compile(r"\btests/(?:[\w.-]+/)*test_\w+\.py")
-SCANNED = ("*.md", "*.py", "*.yaml", "*.yml", "*.toml", "*.sh", "*.txt", "MLproject")
+SCANNED = ("*.md", "*.py", "*.yaml", "*.yml", "*.toml", "*.sh", "*.txt", "*.cfg", "*.ini",
+           "*Dockerfile", "MLproject")
 SKIPPED = {".venv", "build", ".git", "mlruns", ".scarcelab", "node_modules", "mutants"}
 
 
