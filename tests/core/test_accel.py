@@ -311,8 +311,9 @@ def test_encoding_keys_change_only_off_the_former_path() -> None:
 def test_segment_applies_every_setting(convs, opts, compiled, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Training forwards under autocast with NHWC inputs, validation and test under
     autocast, NHWC weights, fused Adam; the resolved settings logged."""
+    from test_segment_guard import Recorder, _cfg, _synthetic_nuclei
+
     from scarcelab.protocols import segment as seg
-    from tests.core.protocols.test_segment_guard import Recorder, _cfg, _synthetic_nuclei
 
     monkeypatch.setattr(seg, "load_nuclei", _synthetic_nuclei)
     monkeypatch.setitem(seg.SEG_DATASETS._entries, "synthetic_nuclei", _synthetic_nuclei)

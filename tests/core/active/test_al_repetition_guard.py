@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from test_active_loop import TINY
+from test_tune_guard import Recorder
 
 from scarcelab.active import STRATEGIES
 from scarcelab.active.datasets import dataset_config, load_al_dataset
@@ -26,7 +27,6 @@ from scarcelab.active.loop import (
     run_repetition,
 )
 from scarcelab.errors import ConfigError, DataError
-from tests.core.protocols.test_tune_guard import Recorder
 from tests.guard_compare import assert_same_behaviour
 
 

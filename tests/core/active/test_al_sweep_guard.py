@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from test_active_loop import TINY
+from test_tune_guard import Recorder
 
 from scarcelab.accel import NAMES as ACCEL_NAMES
 from scarcelab.active import loop
 from scarcelab.active.loop import ALRunConfig, RepetitionResult, run_al
-from tests.core.protocols.test_tune_guard import Recorder
 
 
 def _fake_run_one(fail: set[int]) -> Any:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn import metrics as skm
+from test_metrics import _brute_partial_area, _brute_sensitivity
 
 from scarcelab.data.bundle import RawDataset
 from scarcelab.errors import ConfigError
@@ -21,7 +22,6 @@ from scarcelab.metrics import (
     partial_auroc,
     sensitivity_at_specificity,
 )
-from tests.core.metrics.test_metrics import _brute_partial_area, _brute_sensitivity
 
 
 def _binary(seed: int = 0, n: int = 200) -> tuple[np.ndarray, np.ndarray]:

@@ -109,10 +109,10 @@ def _study_sweep(tmp: Path) -> tuple[Any, str]:
     trials (the page reads those studies' records from the histories)."""
     import mlflow
     from mlflow.tracking import MlflowClient
+    from test_query import StudySpec, _log_study, _random_trials
 
     from scarcelab import tags as T
     from scarcelab.tracking.sweep.spec import load_spec
-    from tests.tracking.query.test_query import StudySpec, _log_study, _random_trials
 
     uri = f"sqlite:///{tmp / 'studies.db'}"
     spec = load_spec(REPO / "suites" / "ssl_vs_ssl.yaml", smoke=True)
