@@ -13,9 +13,8 @@ under ``$SCARCELAB_USER_FAKE_CELL_PIDS`` and sleep ``$SCARCELAB_USER_FAKE_SLEEP_
 user's own (tracking/sweep/spec.py).
 
 With ``$SCARCELAB_USER_FAKE_CELL_REPORT`` set (tests/tracking/sweep/test_sweep_gpu_share.py) the
-cell writes
-``<that folder>/<run id>.json``: when its process started and ended (wall clock), the share
-it was given (``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
+cell writes ``<that folder>/<run id>.json``: when its process started and ended (wall
+clock), the share it was given (``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
 ``SCARCELAB_GPU_MEMORY_FRACTION``) and, with ``$SCARCELAB_USER_FAKE_BARRIER`` = N, how many
 cells it saw alive at once: it marks itself ready and waits (at most
 ``$SCARCELAB_USER_FAKE_BARRIER_S`` seconds) until N cells are.

@@ -371,9 +371,8 @@ def test_both_settings_are_study_params_and_key_the_study_only_when_set():
 
 def test_cli_options_reach_the_study_config(monkeypatch):
     """``--probe-solver`` / ``--eval-every-steps`` on every study command (MLproject's
-    parameters of the same names: tests/entrypoints/test_cli.py checks the parity); a bad value is
-    one
-    line naming the option."""
+    parameters of the same names: tests/entrypoints/test_cli.py checks the parity); a bad value
+    is one line naming the option."""
     import importlib
 
     from click.testing import CliRunner

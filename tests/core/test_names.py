@@ -33,9 +33,8 @@ def _registries() -> dict[str, object]:
 def test_static_index_holds_exactly_what_the_registry_imports(kind: str) -> None:
     idx = StaticIndex(kind)
     assert idx.complete
-    # other tests register their own datasets (tests/core/protocols/test_transfer.py...): only the
-    # entries
-    # of scarcelab's own files are the index's
+    # other tests register their own datasets (tests/core/protocols/test_transfer.py...): only
+    # the entries of scarcelab's own files are the index's
     reg = _registries()[kind]
     own = [n for n in reg.names()
            if getattr(reg.get(n), "__module__", "scarcelab").startswith("scarcelab")]

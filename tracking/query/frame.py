@@ -393,8 +393,8 @@ NOT_SETTINGS = frozenset({"seed", "storage", "study_name", "data_dir", "register
                           "n_test",
                           # the C-Score diagnostics' sample: read from a scratch copy of the
                           # model, outside the budget; 0 and 512 train bit for bit alike
-                          # (tests/tracking/query/test_settings_classified.py), so not a leaderboard
-                          # row
+                          # (tests/tracking/query/test_settings_classified.py), so not a
+                          # leaderboard row
                           "diag_samples"})
 #: settings logged only since a change, with the value every study recorded before it ran
 #: with: a study without the param gets it, so that an older study and a newer one of the

@@ -27,8 +27,7 @@ Two things stand between a rule and its verdict (issue 41):
 
 The rules run on the paper's own tables too (:func:`paper_data`, ``claims_table: true``
 comparisons of the paper file): tests/tracking/results/test_results_paper_tables.py expects each
-rule
-whose table the file holds to say "reproduced" on them.
+rule whose table the file holds to say "reproduced" on them.
 """
 
 from __future__ import annotations

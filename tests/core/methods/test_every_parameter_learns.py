@@ -39,7 +39,7 @@ SIDE: dict[str, int] = {"mlp": 4, "small_cnn": 8, "wrn16_2": 8, "wrn16_8": 8, "w
                         "resnet18_imagenet": 64, "resnet50_imagenet": 64}
 #: an arch registered later (a plugin, a new file) gets the contract's CIFAR side
 DEFAULT_SIDE = 32
-#: archs whose ``in_channels`` is the flattened input size (tests/core/models/test_models.py
+#: archs whose ``in_channels`` is the flattened input size (tests/core/models/test_models.py's
 #: FLAT_INPUT)
 FLAT_INPUT = {"mlp"}
 #: arch -> {parameter name: why it gets no gradient}; none today: every backbone

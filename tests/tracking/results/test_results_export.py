@@ -4,8 +4,7 @@ what its committed export regenerates, the export is deterministic, and a file t
 an export is one line naming it.
 
 The stores: the page guard's synthetic sweeps (tests/tracking/results/test_results_page_guard.py:
-cells in
-every state, a dead driver's attempt, every entry kind, errors), a sweep of studies whose
+cells in every state, a dead driver's attempt, every entry kind, errors), a sweep of studies whose
 trials log real metric histories (the leaderboard, gains, profile and ranks read them), and
 the committed example, an export of a real ``cdalbench --smoke`` sweep (13 AL cells through
 the sweep driver, tests/data/results_export/README.md says how it was made)."""
@@ -104,9 +103,8 @@ def test_guard_scenarios_give_the_same_page_from_their_export(tmp_path, monkeypa
 
 def _study_sweep(tmp: Path) -> tuple[Any, str]:
     """ssl_vs_ssl's smoke cells, each a study whose trials log val/test/elapsed histories
-    (tests/tracking/query/test_query.py's logger); half keep a study-level best/* series, half only
-    their
-    trials (the page reads those studies' records from the histories)."""
+    (tests/tracking/query/test_query.py's logger); half keep a study-level best/* series, half
+    only their trials (the page reads those studies' records from the histories)."""
     import mlflow
     from mlflow.tracking import MlflowClient
     from test_query import StudySpec, _log_study, _random_trials
