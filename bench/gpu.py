@@ -37,7 +37,7 @@ memory is returned between them), in this order:
 ``syncs``      every registered method's synchronising CUDA calls per step and per epoch
                through the loop (small batches), and the CPU transfer counter's rules
                checked against CUDA's own report: the GPU side of
-               tests/test_step_transfers.py.
+               tests/core/methods/test_step_transfers.py.
 ``compile``    our FixMatch step again with ``--compile reduce-overhead`` (inductor + CUDA
                graphs; compilation in the warm-up): whether compiling pays for a long
                study. Last, so that the deadline cuts it first; not in ``--dry-run``.
@@ -308,7 +308,7 @@ def section_syncs(a: argparse.Namespace) -> dict[str, Any]:
     """Every registered method's syncs per step and per epoch on the real device, at small
     batches (``scarcelab.devsync.cuda_syncs_per_step``: the loop's own ``_steps``), and
     the CPU counter's rules checked against CUDA (``cuda_rule_check``): the GPU side of
-    tests/test_step_transfers.py."""
+    tests/core/methods/test_step_transfers.py."""
     import numpy as np
     import torch
 

@@ -1,5 +1,5 @@
 # The tracking server of docker-compose.yml: the same MLflow and drivers as requirements.txt
-# (tests/test_compose.py checks the pins agree), nothing of scarcelab itself.
+# (tests/tracking/test_compose.py checks the pins agree), nothing of scarcelab itself.
 FROM python:3.11.7-slim
 RUN pip install --no-cache-dir \
         mlflow==3.17.2 \

@@ -33,7 +33,8 @@ from scarcelab.entrypoints.options import (
     verbosity_options,
 )
 
-#: MLproject parameter name -> click parameter name (tests/test_cli.py checks MLproject).
+#: MLproject parameter name -> click parameter name (tests/entrypoints/test_cli.py checks
+#: MLproject).
 AL_ENTRY = {n: n for n in (
     "strategy", "dataset", "data_dir", "query_size", "budget", "seed_set", "repetitions",
     "seed_strategy", "seed_data", "seed_model", "max_candidates", "device", "encoder",

@@ -118,7 +118,7 @@ def main(verbose: bool, quiet: bool) -> None:
 
 
 # the sweep and compare layers (tracking/) read the commands through this table rather than
-# importing this module: tracking sits below the command line (tests/test_layers.py)
+# importing this module: tracking sits below the command line (tests/project/test_layers.py)
 _commands.install(lambda: main.commands)
 
 

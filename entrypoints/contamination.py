@@ -340,5 +340,5 @@ def contamination(ctx: click.Context, **kw: Any) -> None:
 
 
 #: MLproject parameter name -> click parameter name, from the options' declarations
-#: (tests/test_cli.py checks MLproject)
+#: (tests/entrypoints/test_cli.py checks MLproject)
 CONTAMINATION_ENTRY = command_entry_map(contamination.params)

@@ -902,7 +902,8 @@ def declared_params(*decorators: Callable[[Callable[..., Any]], Any]
 
 def entry_map(*decorators: Callable[[Callable[..., Any]], Any]) -> dict[str, str]:
     """MLproject parameter name -> click parameter name, for the options the decorators
-    declare as entry-point parameters (tests/test_cli.py checks MLproject against it)."""
+    declare as entry-point parameters (tests/entrypoints/test_cli.py checks MLproject
+    against it)."""
     return command_entry_map(declared_params(*decorators))
 
 

@@ -193,7 +193,8 @@ def study_options(fn: Callable[..., Any] | None = None, *, dataset: str = "breas
 
 
 #: MLproject parameter name -> click parameter name of the supervised / semi / self entry
-#: points, from the options' declarations (tests/test_cli.py checks them against MLproject)
+#: points, from the options' declarations (tests/entrypoints/test_cli.py checks them
+#: against MLproject)
 FAMILY_ENTRY = entry_map(study_options(folds=True), REGISTER_MODEL)
 
 

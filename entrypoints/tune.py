@@ -87,7 +87,7 @@ def check_tune(kw: dict[str, Any]) -> dict[str, Any]:
               "cosine_ce, tvmf, harmonic, fconv, dsk, scattering, ...); required unless "
               "--resume")
 # the dataset is checked in check_tune (after the range checks of the other options, which
-# tests/test_tune_resume.py relies on), with the same did-you-mean message
+# tests/tracking/test_tune_resume.py relies on), with the same did-you-mean message
 @click.option("--dataset", default="cifair10", show_default=True, type=Word(),
               help="a registered dataset or plugin with a fixed validation split, or your "
               "own images with a val/ set: folder:PATH or csv:FILE (docs/own-images.md)")

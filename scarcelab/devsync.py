@@ -14,7 +14,7 @@ drains the GPU's queue first. Two ways to count them:
   an input, factories given a device — and counts (a) a host tensor entering an op on
   device tensors (what on CUDA is a copy), (b) a device tensor read on the host, (c) the
   ops that read the device internally on CUDA (``nonzero``, ``bincount``, boolean
-  indexing, ``unique``, the cuSOLVER decompositions…). ``tests/test_step_transfers.py``
+  indexing, ``unique``, the cuSOLVER decompositions…). ``tests/core/methods/test_step_transfers.py``
   runs every registered method through the epoch loop under it.
 - :func:`cuda_syncs_per_step` counts what CUDA itself reports
   (``torch.cuda.set_sync_debug_mode("warn")``) on a real GPU, for the GPU bench; on a CPU

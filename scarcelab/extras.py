@@ -17,7 +17,7 @@ from types import ModuleType
 from scarcelab.errors import ConfigError
 
 # import name -> (distribution, extra); pyproject.toml's [project.optional-dependencies]
-# declares the same (tests/test_extras.py checks they agree)
+# declares the same (tests/core/test_extras.py checks they agree)
 EXTRAS: dict[str, tuple[str, str]] = {
     "ray": ("ray", "sweep"),
     "skimage": ("scikit-image", "pathology"),

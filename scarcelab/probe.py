@@ -29,7 +29,7 @@ probabilities). On real features it chooses what scikit-learn's optimum chooses
 (bench/probe_solver.py, docs/performance.md "The probe on the device").
 
 Why here and not in ``scarcelab/protocols/``: the epoch loop (``scarcelab/train.py``)
-refits it, and protocols drive the loop, never the reverse (tests/test_layers.py); the
+refits it, and protocols drive the loop, never the reverse (tests/project/test_layers.py); the
 transfer protocol's linear probe uses it from above, like any protocol uses the loop.
 """
 

@@ -309,7 +309,7 @@ def check_name(kind: str, value: str, family: str | None = None) -> str:
 
     Why in the core: the entry points' option type (``Registered``) and the compare grid
     (``tracking/compare/grid.py``, below the entry points) both check names with it, and
-    the layers below the command line may not import it (tests/test_layers.py)."""
+    the layers below the command line may not import it (tests/project/test_layers.py)."""
     idx = static_index(kind)
     if value.lower() in idx.where:
         got = idx.family(value)

@@ -9,7 +9,7 @@ Wrappers (a tracker that adds tags, shows progress, links runs to a parent) deri
 overrides only what it changes. A wrapper written against :class:`Tracker` directly
 inherits the base class's no-op optional methods and silently drops them — how the
 contamination sweep's child studies once lost their figures and their resume;
-``tests/test_tracker_contract.py`` runs one contract over every Tracker
+``tests/core/test_tracker_contract.py`` runs one contract over every Tracker
 class of the product code and fails on a new one it does not cover.
 """
 
@@ -152,7 +152,7 @@ class DelegatingTracker(Tracker):
     nothing reaches the base class's no-op defaults by accident. Attributes outside the
     interface (``study_run_id``, ``spool_left``, ``attach_study``, …) are looked up on
     ``inner`` too, so code that asks a wrapped tracker for them keeps working however
-    many wrappers there are. ``tests/test_tracker_contract.py`` checks that this class
+    many wrappers there are. ``tests/core/test_tracker_contract.py`` checks that this class
     defines every public method of :class:`Tracker`."""
 
     def __init__(self, inner: Tracker) -> None:

@@ -33,7 +33,7 @@ on success or cut:
 
 Every protocol's trials go through here: the budgeted search (``protocols/search.py``),
 Tune-It's trials and final retrains (``protocols/tune.py``) and the active-learning
-repetitions (``active/loop.py``). tests/test_trial_runner.py checks each path.
+repetitions (``active/loop.py``). tests/core/test_trial_runner.py checks each path.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # and one with its duration when it ends, so a first setup (minutes of quiet pip work)
 # shows where the time goes; the commands themselves stay quiet (pip -q). Kept apart from
 # scripts/setup so tests can run a fake phase without building a venv
-# (tests/test_setup_progress.py).
+# (tests/project/test_setup_progress.py).
 
 # fmt_secs MICROSECONDS -> "0.4s", "12.3s", "3m 05s"
 fmt_secs() {

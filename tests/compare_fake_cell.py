@@ -1,4 +1,4 @@
-"""A stand-in for a study cell, for tests/test_compare_store.py.
+"""A stand-in for a study cell, for tests/tracking/compare/test_compare_store.py.
 
 The sweep driver runs ``<python> -m scarcelab.entrypoints.cli <entry> --method … --seed …``
 with ``MLFLOW_RUN_ID`` set; the test's ``python`` runs this file instead, so a cell costs

@@ -4,6 +4,7 @@ second core to the test runner / tracking server on 2-core CI machines."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,18 @@ if "SCARCELAB_CACHE" not in os.environ:
     os.environ["SCARCELAB_CACHE"] = tempfile.mkdtemp(prefix="scarcelab-test-cache-")
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+
+# The tests mirror the product code in folders (tests/README.md); a test module that reuses
+# another's helpers imports it by its basename (``from test_segment import _synthetic_nuclei``),
+# as when the tests were one flat folder. pytest's default import mode puts a test file's own
+# folder on sys.path only when it collects a file there, so a run of one folder could not find
+# a helper module in another. Every test folder goes on sys.path here (after what is there:
+# basenames are unique, tests/project/test_test_layout.py checks it), so the helper module is
+# the one pytest collects, never a second copy under another name.
+for _folder in sorted({p.parent for p in TESTS.rglob("test_*.py")} - {TESTS}):
+    if "__pycache__" not in _folder.parts and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 SHARED_DATA = Path(os.environ.get("SCARCELAB_SHARED_DATA", REPO.parent / "shared" / "data"))
 MEDMNIST_DIR = SHARED_DATA / "medmnist"
 
@@ -105,7 +118,7 @@ def tiny_bundle():  # type: ignore[no-untyped-def]
     return apply_split(raw, make_split(raw, 30, 30, seed=0))
 
 
-# -- the suites' smoke (tests/test_results_smoke.py) ---------------------------------------
+# -- the suites' smoke (tests/tracking/results/test_results_smoke.py) --------------------
 # Its five sweeps (~50 cell processes) start in the background when the session collects
 # the test, one cell at a time beside the other tests (which leave a core idle most of the
 # time), and the test itself runs last and waits for them (tests/smoke_runner.py).

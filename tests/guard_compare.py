@@ -1,6 +1,6 @@
 """Comparing a guard test's recorded behaviour with what the code does now.
 
-The guards (``tests/test_*_guard.py``) pin a function's whole observable behaviour —
+The guards (``tests/**/test_*_guard.py``) pin a function's whole observable behaviour —
 every call, tag and metric it records — so that a refactoring that changes any of it
 fails. Their numbers come from short training runs, and float32 kernels round
 differently on different CPUs (an AVX2-only AMD EPYC gave ``train/loss`` 1.03176117

@@ -1,6 +1,6 @@
 """The contract every registered method inherits (scikit-activeml's template-test idea).
 
-``tests/test_method_contract.py`` creates one subclass per registered method, so a new
+``tests/core/methods/test_method_contract.py`` creates one subclass per registered method, so a new
 method file is covered without anyone writing a test class for it; per-method files add
 loss checks on hand-computable cases.
 """

@@ -1,5 +1,5 @@
 """Every suite's smoke scale through the real sweep driver into one sqlite store: the
-background half of tests/test_results_smoke.py.
+background half of tests/tracking/results/test_results_smoke.py.
 
     python tests/smoke_runner.py OUT_DIR JOBS
 

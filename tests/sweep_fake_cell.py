@@ -1,4 +1,4 @@
-"""A cheap stand-in for a cell process, for tests/test_sweep_deps.py.
+"""A cheap stand-in for a cell process, for tests/tracking/sweep/test_sweep_deps.py.
 
 The sweep driver starts ``<python> -m scarcelab.entrypoints.cli <entry> --opt value …`` with
 ``MLFLOW_RUN_ID`` set; the test hands the driver a ``python`` that runs this file instead,
@@ -12,9 +12,9 @@ under ``$SCARCELAB_USER_FAKE_CELL_PIDS`` and sleep ``$SCARCELAB_USER_FAKE_SLEEP_
 ``SCARCELAB_USER_`` namespace: a spec's ``env:`` is an allowlist and that prefix is the
 user's own (tracking/sweep/spec.py).
 
-With ``$SCARCELAB_USER_FAKE_CELL_REPORT`` set (tests/test_sweep_gpu_share.py) the cell writes
-``<that folder>/<run id>.json``: when its process started and ended (wall clock), the share
-it was given (``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
+With ``$SCARCELAB_USER_FAKE_CELL_REPORT`` set (tests/tracking/sweep/test_sweep_gpu_share.py) the
+cell writes ``<that folder>/<run id>.json``: when its process started and ended (wall
+clock), the share it was given (``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
 ``SCARCELAB_GPU_MEMORY_FRACTION``) and, with ``$SCARCELAB_USER_FAKE_BARRIER`` = N, how many
 cells it saw alive at once: it marks itself ready and waits (at most
 ``$SCARCELAB_USER_FAKE_BARRIER_S`` seconds) until N cells are.

@@ -8,7 +8,7 @@ lists, an MLflow store, the tracker behind a wrapper) and a way to leave a study
 a killed process leaves it. The same calls then go through every implementation and the
 same things must come out: a wrapper that drops a call (the way the contamination sweep's
 ``TaggingTracker`` once dropped ``log_evaluation`` and ``resume_state``, issue 23 item
-21) fails here. ``tests/test_tracker_contract.py`` holds the subclasses and a scan of the
+21) fails here. ``tests/core/test_tracker_contract.py`` holds the subclasses and a scan of the
 product code that fails when a Tracker class has none.
 
 ``EXERCISED`` names the Tracker methods these tests call; a test checks it equals the

@@ -5,7 +5,7 @@ prints, the names an option takes) and continues a killed cell as its command de
 the compare grid checks each cell's options with the study commands' own types. Those are
 click commands defined in ``entrypoints/``, the layer above ``tracking/`` (DESIGN §1), and
 importing them from here made tracking depend on the command line
-(tests/test_layers.py). So the command line installs its table here when its group is
+(tests/project/test_layers.py). So the command line installs its table here when its group is
 created (``entrypoints/cli.py`` calls :func:`install`), and tracking reads the table
 through :func:`commands` without importing it. Every way a sweep or a compare starts goes
 through that group (``scarcelab sweep``, ``mlflow run . -e sweep``, a sweep cell's

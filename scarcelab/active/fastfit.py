@@ -19,11 +19,12 @@ directly, in the order autograd calls them:
 
 Elementwise kernels give the same float per element wherever it sits in a buffer, and the
 matrix products are the same BLAS calls, so the weights, the optimiser state and every
-validation loss equal the autograd path's bit for bit (``tests/test_al_fastfit.py`` checks
-weights, state and returned epochs against the generic path over whole fits and a whole
-repetition). What is not covered falls back to the generic path: dropout (masks are drawn
-per layer), other modules or optimisers, non-default optimiser flags, CUDA, or anything
-else :func:`eligible` rejects. ``SCARCELAB_AL_FASTFIT=0`` turns it off.
+validation loss equal the autograd path's bit for bit
+(``tests/core/active/test_al_fastfit.py`` checks weights, state and returned epochs against
+the generic path over whole fits and a whole repetition). What is not covered falls back
+to the generic path: dropout (masks are drawn per layer), other modules or optimisers,
+non-default optimiser flags, CUDA, or anything else :func:`eligible` rejects.
+``SCARCELAB_AL_FASTFIT=0`` turns it off.
 
 The optimiser object stays the caller's ``torch.optim`` instance: its state is read into
 flat buffers when a fit starts and written back when it ends, so ``state_dict()``, the

@@ -246,7 +246,7 @@ def predict_tiles(model: torch.nn.Module, images: list[np.ndarray], window: int,
     of one size (a tile no larger than the window is one window, so batching per tile
     alone left CoNSeP's 256 x 256 test patches at one window per forward pass). The
     model is in eval mode, so a window's output does not depend on its batch mates; the
-    maps equal tile-by-tile inference up to float rounding (tests/test_segment.py).
+    maps equal tile-by-tile inference up to float rounding (tests/core/protocols/test_segment.py).
     On this 2-core CPU the batch size made no measurable difference (a forward pass of
     a 256 x 256 window is ~0.2-0.25 s of CPU at batch 1 and 8, docs/performance.md);
     on a GPU one-window forward passes leave it idle (not measured here)."""

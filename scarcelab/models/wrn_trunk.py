@@ -11,7 +11,7 @@ keeps only its settings and registrations.
 Construction order is part of the contract: convolutions are created stem first, then per
 block ``conv1``, ``conv2``, ``shortcut``, and re-initialised in that order, so a seeded
 network has the same weights it had before the two trunks were merged
-(``tests/test_wrn_trunk.py`` holds values recorded from the separate trunks).
+(``tests/core/models/test_wrn_trunk.py`` holds values recorded from the separate trunks).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ dead process finished, pruned or failed are rebuilt in a new Optuna study from t
 values it reported), the trial that was running is run again from its start with its own
 seed, and the search goes on. ASHA's decisions depend only on the values recorded at each
 rung, so the continued study prunes what the uninterrupted one prunes and ends with the
-same best configuration and final retrains (tests/test_tune_resume.py).
+same best configuration and final retrains (tests/tracking/test_tune_resume.py).
 In a shared storage the dead trial is instead failed as crashed and queued to run again in
 its own place (:func:`slot`): same configuration, seed and record number; ASHA's cutoff
 ignores crashed trials.

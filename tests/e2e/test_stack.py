@@ -578,7 +578,7 @@ def test_store_listens_on_loopback_only_on_its_recorded_ports(stack):
     for f in ("identities.json", "security.toml", "weed.options"):
         assert ((stack.root / "store" / f).stat().st_mode & 0o777) == 0o600, f
     # its S3/filer sockets and logs stay in the stack's folder, not /tmp (weed's defaults;
-    # the gRPC sockets have no option: `stop` removes them, tests/test_stack_store.py)
+    # the gRPC sockets have no option: `stop` removes them, tests/tracking/test_stack_store.py)
     tmp = [p.name for p in Path(tempfile.gettempdir()).glob("seaweedfs-*.sock")
            if any(p.name.endswith(f"-{port}.sock") for port in recorded)
            and "-grpc-" not in p.name]

@@ -398,8 +398,9 @@ NOT_SETTINGS = frozenset({"storage", "resume", "final_reserve_s", "n_test"}) | N
 ADDED_SETTINGS: dict[str, str] = dict(BEFORE)
 #: every param a study logged before ADDED_SETTINGS grew (the studies of the results pages
 #: of 2026-12-02, commit d232f3f): a param outside this set, ADDED_SETTINGS and
-#: NOT_SETTINGS is a new option nobody classified, and tests/test_settings_classified.py
-#: fails until it is put in one of the last two
+#: NOT_SETTINGS is a new option nobody classified, and
+#: tests/tracking/query/test_settings_classified.py fails until it is put in one of the
+#: last two
 SETTINGS_BEFORE_ADDED = frozenset({
     "allow_large_val", "arch", "batch_size", "budget_clock", "budget_minutes",
     "class_weights", "data_dir", "dataset", "description", "device", "family",

@@ -9,7 +9,7 @@ also ranks within one time budget (issue 43: a 0.5-minute study is not ranked am
 These were spelled out as ``("dataset", "n_labeled")`` in 17 places of ``views.py``,
 ``render.py``, ``results/page.py`` and the leaderboard command; a key that gained a column
 (issue 44 item 2: a setting that keys a row) would have changed in some of them.
-tests/test_leaderboard_keys.py fails when the literal pair appears outside this module.
+tests/project/test_leaderboard_keys.py fails when the literal pair appears outside this module.
 """
 
 from __future__ import annotations

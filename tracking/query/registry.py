@@ -110,7 +110,7 @@ def static_view_names() -> list[str]:
 
     Why: the CLI validates ``--view`` while parsing, and every command checks its options
     before importing MLflow, pandas or scipy (seconds); the registry's own lookup imports
-    every view module. ``tests/test_query_view_registry.py`` checks both lists agree.
+    every view module. ``tests/tracking/query/test_query_view_registry.py`` checks both lists agree.
     """
     if REGISTRY._loaded:
         return view_names()

@@ -29,7 +29,7 @@ SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 RUN_COLUMNS = ["run_id", "experiment_id", "run_name", "status", "start_time", "end_time"]
 CHUNK = 900  # ids per IN (...) list: below every backend's bound-parameter limit
 #: a second name of ``T.ROLE``, kept ONLY for tracking/query/frame.py's re-export (that file
-#: belongs to another change of issue 44): delete with it (tests/test_tag_literals.py)
+#: belongs to another change of issue 44): delete with it (tests/project/test_tag_literals.py)
 # a role with more runs than this is read with the experiments' whole tables and filtered
 # here: beyond a few chunks, IN (...) lists cost more than one scan
 SCOPED_MAX = 20 * CHUNK

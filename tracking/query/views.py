@@ -658,7 +658,7 @@ def transfer_view(t: Any, refs: Iterable[str]) -> pd.DataFrame:
 
     In the query layer, not in tracking/results/page.py, which shows it: the sweep's
     transfer view (:func:`_transfer_for_sweep`) builds on it, and reading runs never
-    imports the pages that render them (tests/test_layers.py)."""
+    imports the pages that render them (tests/project/test_layers.py)."""
     labels: dict[str, str] = {}
     for text in refs:
         for ref, value in json.loads(text or "{}").values():

@@ -26,8 +26,8 @@ Two things stand between a rule and its verdict (issue 41):
   no arm is significantly above X.
 
 The rules run on the paper's own tables too (:func:`paper_data`, ``claims_table: true``
-comparisons of the paper file): tests/test_results_paper_tables.py expects each rule
-whose table the file holds to say "reproduced" on them.
+comparisons of the paper file): tests/tracking/results/test_results_paper_tables.py expects each
+rule whose table the file holds to say "reproduced" on them.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ histories read); :func:`load_export` gives the same answers back from the file t
 :class:`ExportSource` (a client and a reader that only read it). Both sources feed the one
 page builder (``tracking/results/page.py::build_page``), so an export holds only what the
 page needs and everything it needs: a page that read something else would differ from its
-store's, and ``tests/test_results_export.py`` compares the two.
+store's, and ``tests/tracking/results/test_results_export.py`` compares the two.
 
 The file (``<suite>.json.gz``, or ``.json``; docs/results/README.md has the format): one
 JSON object, keys sorted, gzip without a timestamp, so the same store gives the same bytes.

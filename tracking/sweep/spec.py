@@ -392,9 +392,9 @@ def check_spec_names(sp: SweepSpec) -> None:
     """Raise :class:`SpecError` at the spec's line when a cell's option that takes a name
     (:func:`check_names`) has a value that is none. Run by ``scarcelab sweep`` before it
     prints or runs anything, after :func:`parse_spec` (which checks the spec's structure
-    and option names, and whose recorded outcomes tests/test_sweep_spec_guard.py pins). A
-    running cell is an argument list, not a shell line, and its command checks its values
-    again."""
+    and option names, and whose recorded outcomes tests/tracking/sweep/test_sweep_spec_guard.py
+    pins). A running cell is an argument list, not a shell line, and its command checks its
+    values again."""
     seen: set[tuple[int, str, str]] = set()
     for c in sp.cells:
         for k, v in c.options:
