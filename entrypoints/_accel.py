@@ -35,7 +35,7 @@ _HELP = {
     "tf32": "TF32 in CUDA matmuls and cuDNN convolutions (process-wide); auto = on on CUDA",
     "compile": "torch.compile the network (reduce-overhead: CUDA graphs); auto = off",
 }
-#: what every study ran with before these settings were logged (issue 40): the CPU's fp32
+#: what every study ran with before these settings were logged: the CPU's fp32
 #: path with channels-last convolution weights, no cuDNN benchmark, fused optimiser, TF32
 #: or compilation; bf16 and fp32 studies are different leaderboard rows
 BEFORE = {"precision": "fp32", "channels_last": "weights", "cudnn_benchmark": "off",
