@@ -1,6 +1,6 @@
 """Contamination sweep view, shaped like C-Score's Table A1 (Chen et al., arXiv 2608.20667).
 
-Rows: method × OOD source × ratio. Columns: best accuracy (test balanced accuracy of the
+Rows: method × OOD source × ratio (× seed). Columns: best accuracy (test balanced accuracy of the
 checkpoint best on validation, and that validation score), final and peak CCI, final PLE,
 Sem-Drift, Grad-Align and OOD-FF, each with its relative change against r = 0 of the same
 method (``(x − x₀) / |x₀|``). The diagnostics are those of the study's *best* trial (the
@@ -35,7 +35,7 @@ from scarcelab.redaction import redact
 DIAGNOSTICS = ("cci", "ple", "sem_drift", "grad_align", "ood_ff")
 VALUE_COLUMNS = ["best_test_bacc", "best_val_bacc", "cci_final", "cci_peak", "ple_final",
                  "sem_drift_final", "grad_align_final", "ood_ff_final"]
-KEY_COLUMNS = ["method", "dataset", "source", "kind", "ratio"]
+KEY_COLUMNS = ["method", "dataset", "seed", "source", "kind", "ratio"]
 
 
 def summarise_history(history: dict[str, list[float]]) -> dict[str, float]:
@@ -52,17 +52,23 @@ def summarise_history(history: dict[str, list[float]]) -> dict[str, float]:
 def table_a1(points: pd.DataFrame) -> pd.DataFrame:
     """Table A1 from one row per child study (``KEY_COLUMNS`` + ``VALUE_COLUMNS``).
 
-    The r = 0 row of each method is copied to every source of that method, then every
-    value column gets a ``rel_<column>`` relative change against it.
+    The r = 0 row of each method and seed is copied to every source of that method and
+    seed, then every value column gets a ``rel_<column>`` relative change against the
+    r = 0 row of the *same seed*. Why per seed: a sweep cell is one seed's contamination
+    parent, so a suite run over seeds holds one clean study per seed; each seed's dirty
+    studies share its split and labeled set, and a rule pairs them on it. (Before, only the
+    first clean row was kept, so the r = 0 arm had n = 1 whatever the seeds run.)
+    ``points`` without a ``seed`` column count as one seed.
     """
     cols = KEY_COLUMNS + VALUE_COLUMNS
     rel_cols = [f"rel_{c}" for c in VALUE_COLUMNS]
     if points.empty:
         return pd.DataFrame(columns=cols + rel_cols)
-    df = points[cols].copy()
+    df = points.reindex(columns=cols).copy()
+    df["seed"] = df["seed"].fillna("").astype(str) if "seed" in points else ""
     df["ratio"] = df["ratio"].astype(float)
     rows: list[dict[str, Any]] = []
-    for (method, dataset), g in df.groupby(["method", "dataset"], sort=True):
+    for (method, dataset, seed), g in df.groupby(["method", "dataset", "seed"], sort=True):
         clean = g[g["ratio"] == 0.0]
         base = clean.iloc[0].to_dict() if len(clean) else None
         dirty = g[g["ratio"] > 0.0]
@@ -74,12 +80,15 @@ def table_a1(points: pd.DataFrame) -> pd.DataFrame:
             for rec in recs:
                 for c in VALUE_COLUMNS:
                     rec[f"rel_{c}"] = _relative(rec[c], base[c] if base is not None else None)
-                rec["method"], rec["dataset"] = method, dataset
+                rec["method"], rec["dataset"], rec["seed"] = method, dataset, seed
                 rows.append(rec)
     out = pd.DataFrame(rows, columns=cols + rel_cols)
     for c in VALUE_COLUMNS + rel_cols + ["ratio"]:
         out[c] = pd.to_numeric(out[c], errors="coerce")
-    return out.reset_index(drop=True)
+    seed_order = pd.to_numeric(out["seed"], errors="coerce")
+    out = out.assign(_s=seed_order).sort_values(
+        ["method", "dataset", "source", "ratio", "_s", "seed"], kind="stable")
+    return out.drop(columns="_s").reset_index(drop=True)
 
 
 def _relative(x: Any, x0: Any) -> float:
@@ -94,7 +103,8 @@ def _relative(x: Any, x0: Any) -> float:
 
 
 def plot_vs_ratio(table: pd.DataFrame, path: str | Path) -> Path:
-    """One panel per diagnostic (and best accuracy) against r; a line per method × source."""
+    """One panel per diagnostic (and best accuracy) against r; a line per method × source
+    (the mean over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,8 +120,8 @@ def plot_vs_ratio(table: pd.DataFrame, path: str | Path) -> Path:
         ax.axis("off")
     for ax, (col, title) in zip(flat, panels, strict=False):
         for (method, source), g in table.groupby(["method", "source"], sort=True):
-            g = g.sort_values("ratio")
-            ax.plot(g["ratio"], g[col], marker="o", label=f"{method}/{source}")
+            g = g.groupby("ratio", sort=True)[col].mean()  # the mean over seeds
+            ax.plot(g.index, g.to_numpy(), marker="o", label=f"{method}/{source}")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("OOD ratio r")
     axes[0][0].legend(fontsize=7)
@@ -179,7 +189,8 @@ def load_points(parent_run_id: str | None = None, experiments: str | Iterable[st
         rows.append({
             "method": t.get(T.METHOD), "dataset": t.get(T.DATASET),
             "source": t.get(T.OOD), "kind": t.get(T.OOD_KIND, ""),
-            "ratio": float(t[T.RATIO]), "study_run_id": s.info.run_id,
+            "ratio": float(t[T.RATIO]), "seed": t.get(T.SEED, ""),
+            "study_run_id": s.info.run_id,
             "best_test_bacc": m.get("best/test_balanced_accuracy", math.nan),
             "best_val_bacc": m.get("best/val_balanced_accuracy", math.nan),
             **summarise_history(hist),
@@ -200,11 +211,13 @@ def to_markdown(table: pd.DataFrame) -> str:
     if table.empty:
         return "(no finished contamination studies)"
     lines = []
-    head = ["method", "source", "kind", "r"] + VALUE_COLUMNS
+    seeds = "seed" in table and table["seed"].astype(str).nunique() > 1
+    head = ["method", "source", "kind", "r"] + (["seed"] if seeds else []) + VALUE_COLUMNS
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for _, r in table.iterrows():
         cells = [str(r["method"]), str(r["source"]), str(r["kind"]), f"{r['ratio']:g}"]
+        cells += [str(r["seed"])] if seeds else []
         for c in VALUE_COLUMNS:
             v, rel = r[c], r[f"rel_{c}"]
             cell = "—" if pd.isna(v) else f"{v:.4g}"

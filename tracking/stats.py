@@ -36,8 +36,8 @@ from scipy import stats  # noqa: E402
 
 __all__ = ["BestOrTied", "PairedT", "Sample", "TwoSample", "average_ranks", "best_or_tied",
            "cd_diagram", "cliques", "compare", "friedman_test", "holm", "nemenyi_cd",
-           "nemenyi_pvalues", "paired_t", "tost_welch", "welch_t", "welch_t_from_stats",
-           "wilcoxon_holm"]
+           "nemenyi_pvalues", "paired_t", "tost_paired", "tost_welch", "welch_t",
+           "welch_t_from_stats", "wilcoxon_holm"]
 
 
 def _complete(scores: pd.DataFrame, need_methods: int = 2) -> pd.DataFrame:
@@ -214,6 +214,19 @@ def tost_welch(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
     half = float(stats.t.ppf(1.0 - alpha, df)) * float(np.sqrt(v1 + v2))
     lo, hi = diff - half, diff + half
     return bool(-margin < lo and hi < margin), lo, hi
+
+
+def tost_paired(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
+                margin: float, alpha: float = 0.05) -> tuple[bool, float, float]:
+    """TOST on paired values (x[i] and y[i] share a seed): the ``1 - 2 alpha`` paired-t
+    interval of the mean difference x - y lies inside ``±margin``. Why paired where
+    seeds are shared: a seed's data split moves both arms together, and differencing
+    removes that shared part of the noise (Welch would count it twice). Fewer than 2
+    pairs: (False, nan, nan), as :func:`tost_welch`."""
+    r = paired_t(x, y, alpha=2.0 * alpha)
+    if r.n < 2:
+        return False, np.nan, np.nan
+    return bool(-margin < r.low and r.high < margin), r.low, r.high
 
 
 @dataclass(frozen=True)

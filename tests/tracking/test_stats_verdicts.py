@@ -93,3 +93,17 @@ def test_tost_welch_is_the_90_percent_welch_interval_inside_the_margin() -> None
     assert ok == (-0.03 < ci.low and ci.high < 0.03)
     assert not stats.tost_welch(x, y, 0.02)[0]  # the interval reaches -0.027
     assert stats.tost_welch([0.8], y, 0.03)[0] is False  # one run shows nothing
+
+
+def test_tost_paired_is_the_90_percent_paired_interval_inside_the_margin() -> None:
+    x, y = [0.79, 0.80, 0.81], [0.80, 0.82, 0.81]
+    ok, lo, hi = stats.tost_paired(x, y, 0.03)
+    ci = sps.ttest_rel(x, y).confidence_interval(0.90)
+    assert (lo, hi) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert ok == (-0.03 < ci.low and ci.high < 0.03)
+    assert not stats.tost_paired(x, y, 0.025)[0]  # the interval reaches -0.0269
+    # a shared seed effect (+0.1 on both arms of seed 2) leaves the paired interval alone
+    x2, y2 = [0.79, 0.80, 0.91], [0.80, 0.82, 0.91]
+    assert stats.tost_paired(x2, y2, 0.03)[1] == pytest.approx(lo)
+    assert not stats.tost_welch(x2, y2, 0.03)[0]  # Welch counts it as noise
+    assert stats.tost_paired([0.8], [0.8], 0.03)[0] is False

@@ -48,6 +48,7 @@ from scarcelab.tracking.stats import (
     best_or_tied,
     compare,
     holm,
+    tost_paired,
     tost_welch,
 )
 
@@ -614,22 +615,75 @@ def _masking_text(acc_tol: float = 0.03, diag_change: float = 0.25, min_ratio: f
     top = f"highest ratio r (>= {min_ratio:g}" + (f", <= {max_ratio:g})" if max_ratio
                                                    else ")")
     return (f"at each method x OOD source's {top}, the test balanced accuracy of the "
-            f"best-on-validation checkpoint is within ±{acc_tol:g} of r = 0 (with >= 2 "
-            f"seeds at both: two one-sided Welch tests, the {1 - 2 * alpha:.0%} interval of "
-            "the difference inside the margin; with one, the difference itself) while a "
-            f"diagnostic (CCI, PLE, Sem-Drift, Grad-Align; final epoch) moved by >= "
-            f"{diag_change:.0%} of its r = 0 value; reproduced when that holds for >= "
-            f"{share:.0%} of the pairs")
+            f"best-on-validation checkpoint is within ±{acc_tol:g} of r = 0 (two one-sided "
+            f"tests, the {1 - 2 * alpha:.0%} interval of the difference inside the margin: "
+            "paired t over the seeds both ratios ran when >= 2 are shared, else Welch with "
+            ">= 2 runs at each) while a diagnostic (CCI, PLE, Sem-Drift, Grad-Align; final "
+            f"epoch) moved by >= {diag_change:.0%} of its r = 0 value. A pair is decided "
+            "masked (interval inside the margin, diagnostic moved) or not masked (interval "
+            "wholly outside the margin, or no diagnostic moved); an interval across the "
+            "margin, or one run at a ratio, leaves it undecided. Reproduced when the masked "
+            f"pairs are >= {share:.0%} of all; not reproduced when the undecided ones could "
+            "not lift them there; otherwise not testable at this scale, with the seeds the "
+            "observed spread would need")
 
 
-def _flat(base: np.ndarray, top: np.ndarray, tol: float, alpha: float) -> tuple[bool, str]:
-    """Whether the accuracy change top - base is inside ±tol: the TOST (Welch) interval
-    when both arms have >= 2 values, else the difference of the means."""
-    diff = float(top.mean() - base.mean())
-    if len(base) < 2 or len(top) < 2:
-        return abs(diff) <= tol, f"accuracy {diff:+.4f} (n = {len(base)}/{len(top)}, untested)"
-    ok, lo, hi = tost_welch(top, base, tol, alpha)
-    return ok, f"accuracy {diff:+.4f}, TOST {1 - 2 * alpha:.0%} interval [{lo:+.4f}, {hi:+.4f}]"
+@dataclass(frozen=True)
+class _Flatness:
+    state: str  # "flat" | "changed" | "undecided"
+    text: str
+    seeds_needed: int | None = None  # for "undecided": at the observed mean and spread
+
+
+def _seeds_for(mean: float, unit_sd: float, tol: float, alpha: float) -> int | None:
+    """The smallest n whose one-sided t bound ``|mean| + t_{1-alpha, n-1} unit_sd / sqrt(n)``
+    fits inside ``tol``, if the observed mean and spread held; None when it never does."""
+    if not abs(mean) < tol or not np.isfinite(unit_sd):
+        return None
+    from scipy import stats as sps
+
+    for n in range(2, 1001):
+        if abs(mean) + float(sps.t.ppf(1 - alpha, n - 1)) * unit_sd / math.sqrt(n) < tol:
+            return n
+    return None
+
+
+def _flat(base: pd.DataFrame, top: pd.DataFrame, tol: float, alpha: float) -> _Flatness:
+    """Whether the accuracy change top - base is inside ±tol (TOST). Rows that share a
+    seed are paired (a seed's r = 0 and r > 0 studies share its clean split and labeled
+    set); with fewer than 2 shared seeds, Welch over the runs; with one run, undecided."""
+    acc = "best_test_bacc"
+    b = pd.to_numeric(base[acc], errors="coerce")
+    t = pd.to_numeric(top[acc], errors="coerce")
+    level = f"{1 - 2 * alpha:.0%}"
+
+    def decide(lo: float, hi: float, mean: float, unit_sd: float, text: str) -> _Flatness:
+        if -tol < lo and hi < tol:
+            return _Flatness("flat", text)
+        if lo >= tol or hi <= -tol:
+            return _Flatness("changed", text)
+        return _Flatness("undecided", text, _seeds_for(mean, unit_sd, tol, alpha))
+
+    if "seed" in base and "seed" in top:
+        bs = pd.Series(b.to_numpy(), index=base["seed"].astype(str)).dropna()
+        ts = pd.Series(t.to_numpy(), index=top["seed"].astype(str)).dropna()
+        bs, ts = (s[~s.index.duplicated()] for s in (bs, ts))
+        shared = sorted(set(bs.index) & set(ts.index))
+        if len(shared) >= 2:
+            d = (ts[shared] - bs[shared]).to_numpy()
+            _, lo, hi = tost_paired(ts[shared].to_numpy(), bs[shared].to_numpy(), tol, alpha)
+            return decide(lo, hi, float(d.mean()), float(d.std(ddof=1)),
+                          f"accuracy {d.mean():+.4f}, paired TOST over {len(shared)} seeds, "
+                          f"{level} interval [{lo:+.4f}, {hi:+.4f}]")
+    bv, tv = b.dropna().to_numpy(), t.dropna().to_numpy()
+    diff = float(tv.mean() - bv.mean())
+    if len(bv) < 2 or len(tv) < 2:
+        return _Flatness("undecided", f"accuracy {diff:+.4f} (n = {len(bv)}/{len(tv)}, "
+                         "untested)")
+    _, lo, hi = tost_welch(tv, bv, tol, alpha)
+    unit = math.sqrt(float(bv.var(ddof=1)) + float(tv.var(ddof=1)))  # per seed and arm
+    return decide(lo, hi, diff, unit, f"accuracy {diff:+.4f}, Welch TOST (n = "
+                  f"{len(bv)}/{len(tv)}) {level} interval [{lo:+.4f}, {hi:+.4f}]")
 
 
 @rule("accuracy_masking", _masking_text)
@@ -639,7 +693,7 @@ def _accuracy_masking(data: SuiteData, acc_tol: float = 0.03, diag_change: float
     t = data.table_a1
     if t.empty:
         return _untestable("no finished contamination studies")
-    pairs, masked, listing = 0, 0, []
+    masked, not_masked, undecided, listing, needs = 0, 0, 0, [], []
     for (m, src), g in t.groupby(["method", "source"], sort=True):
         base = g[g["ratio"] == 0.0]
         dirty = g[(g["ratio"] > 0.0) & ((g["ratio"] <= max_ratio) if max_ratio else True)]
@@ -652,23 +706,37 @@ def _accuracy_masking(data: SuiteData, acc_tol: float = 0.03, diag_change: float
         rel = [abs(float(v)) for d in DIAGS if f"rel_{d}" in top
                for v in [pd.to_numeric(top[f"rel_{d}"], errors="coerce").mean()]
                if pd.notna(v)]
-        b = pd.to_numeric(base["best_test_bacc"], errors="coerce").dropna().to_numpy()
-        tv = pd.to_numeric(top["best_test_bacc"], errors="coerce").dropna().to_numpy()
-        if not rel or not len(b) or not len(tv):
+        has_acc = [pd.to_numeric(x["best_test_bacc"], errors="coerce").notna().any()
+                   for x in (base, top)]
+        if not rel or not all(has_acc):
             continue
-        pairs += 1
-        flat, acc_text = _flat(b, tv, acc_tol, alpha)
-        hit = flat and max(rel) >= diag_change
-        masked += hit
-        listing.append(f"{m}/{src} r={r_top:g}: {acc_text}, largest diagnostic change "
-                       f"{max(rel):.0%}" + (" (masked)" if hit else ""))
+        f = _flat(base, top, acc_tol, alpha)
+        moved = max(rel) >= diag_change
+        if moved and f.state == "flat":
+            masked, state = masked + 1, "masked"
+        elif not moved or f.state == "changed":
+            not_masked, state = not_masked + 1, "not masked"
+        else:
+            undecided, state = undecided + 1, "undecided"
+            needs.append(f"{m}/{src}: " + (f"~{f.seeds_needed} seeds" if f.seeds_needed
+                                           else "no seed count (|change| >= margin)"))
+        listing.append(f"{m}/{src} r={r_top:g}: {f.text}, largest diagnostic change "
+                       f"{max(rel):.0%} ({state})")
+    pairs = masked + not_masked + undecided
     if not pairs:
         return _untestable(f"no method x source pair with r = 0, a ratio >= {min_ratio:g}"
                            + (f" and <= {max_ratio:g}" if max_ratio else "")
                            + " and finite diagnostics")
-    ok = masked / pairs >= share
-    return Verdict(REPRODUCED if ok else NOT_REPRODUCED,
-                   f"{masked} of {pairs} pairs masked: " + "; ".join(listing))
+    counts = (f"{masked} of {pairs} pairs masked, {not_masked} not masked, "
+              f"{undecided} undecided: ")
+    if masked / pairs >= share:
+        return Verdict(REPRODUCED, counts + "; ".join(listing))
+    if (masked + undecided) / pairs < share:
+        return Verdict(NOT_REPRODUCED, counts + "; ".join(listing))
+    return Verdict(UNTESTABLE, counts + "; ".join(listing) + ". Not testable at this "
+                   f"scale: the undecided pairs' {1 - 2 * alpha:.0%} intervals cross the "
+                   f"±{acc_tol:g} margin; at the observed spread they would need "
+                   + ", ".join(needs))
 
 
 # -- Kang et al.: transfer ----------------------------------------------------------------

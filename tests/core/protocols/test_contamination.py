@@ -328,6 +328,47 @@ def test_table_a1_relative_changes_and_clean_row_per_source():
     assert math.isnan(s["sem_drift_final"]) and math.isnan(s["ood_ff_peak"])
 
 
+def test_table_a1_keeps_every_seeds_clean_row_and_compares_within_the_seed():
+    """A suite over seeds runs one contamination parent per seed, so the view holds one
+    r = 0 study per seed. The old view kept the first clean row only (n = 1 at r = 0 for
+    any number of seeds) and measured every seed's change against that seed's run."""
+    import scipy.stats as sps
+
+    from scarcelab.tracking.contamination import table_a1, to_markdown
+    from scarcelab.tracking.results import claims as C
+
+    accs = {0: (0.80, 0.79), 1: (0.70, 0.70), 2: (0.90, 0.88)}
+    rows = []
+    for seed, (a0, a3) in accs.items():
+        common = {"method": "fixmatch", "dataset": "d", "seed": str(seed),
+                  "best_val_bacc": 0.5, "cci_peak": 1.0, "ple_final": 0.5,
+                  "sem_drift_final": math.nan, "grad_align_final": 0.2,
+                  "ood_ff_final": math.nan}
+        rows += [{**common, "source": "none", "kind": "none", "ratio": 0.0,
+                  "best_test_bacc": a0, "cci_final": 0.1},
+                 {**common, "source": "mnist", "kind": "far", "ratio": 0.3,
+                  "best_test_bacc": a3, "cci_final": 0.2 + 0.1 * seed}]
+    t = table_a1(pd.DataFrame(rows))
+    clean = t[t["ratio"] == 0.0]
+    assert sorted(clean["seed"]) == ["0", "1", "2"]
+    assert clean["best_test_bacc"].tolist() == [0.80, 0.70, 0.90]
+    dirty = t[t["ratio"] == 0.3].set_index("seed")
+    for seed, (a0, a3) in accs.items():  # each seed against its own r = 0
+        assert dirty.loc[str(seed), "rel_best_test_bacc"] == pytest.approx((a3 - a0) / a0)
+    assert dirty["rel_cci_final"].tolist() == pytest.approx([1.0, 2.0, 3.0])
+    assert "| seed |" in to_markdown(t)
+    data = C.SuiteData()
+    data.table_a1 = t
+    v = C.evaluate({"kind": "accuracy_masking", "acc_tol": 0.03}, data)
+    # the differences -0.01, 0, -0.02 over 3 shared seeds: paired TOST
+    d = np.array([-0.01, 0.0, -0.02])
+    half = sps.t.ppf(0.95, 2) * d.std(ddof=1) / np.sqrt(3)
+    assert "paired TOST over 3 seeds" in v.reason, v
+    assert f"[{d.mean() - half:+.4f}, {d.mean() + half:+.4f}]" in v.reason
+    assert v.status == (C.REPRODUCED if -0.03 < d.mean() - half and d.mean() + half < 0.03
+                        else C.NOT_REPRODUCED)
+
+
 def test_view_reads_a_real_mlflow_sweep(tmp_path, monkeypatch):
     import mlflow
     from mlflow.tracking import MlflowClient

@@ -183,23 +183,56 @@ def test_few_runs_mislead_needs_significance_both_ways_by_brute_force():
 
 def test_accuracy_masking():
     base = {"method": "fixmatch", "dataset": "p", "source": "mnist", "kind": "far"}
-    t = pd.DataFrame([
-        {**base, "ratio": 0.0, "best_test_bacc": 0.80, "rel_cci_final": np.nan},
-        {**base, "ratio": 0.6, "best_test_bacc": 0.79, "rel_cci_final": 0.9},
-        {**base, "source": "breastmnist", "ratio": 0.0, "best_test_bacc": 0.80,
-         "rel_cci_final": np.nan},
-        {**base, "source": "breastmnist", "ratio": 0.6, "best_test_bacc": 0.70,
-         "rel_cci_final": 0.9},
-    ])
+    rows = []
+    for seed, (a0, a6, b6) in enumerate([(0.80, 0.79, 0.70), (0.81, 0.805, 0.71),
+                                         (0.82, 0.815, 0.69)]):
+        for src, acc in (("mnist", a6), ("breastmnist", b6)):
+            rows += [{**base, "source": src, "seed": seed, "ratio": 0.0,
+                      "best_test_bacc": a0, "rel_cci_final": np.nan},
+                     {**base, "source": src, "seed": seed, "ratio": 0.6,
+                      "best_test_bacc": acc, "rel_cci_final": 0.9}]
+    t = pd.DataFrame(rows)
     for d in C.DIAGS[1:]:
         t[f"rel_{d}"] = np.nan
     v = C.evaluate({"kind": "accuracy_masking"}, _data(table_a1=t))
-    # mnist: |-0.01| <= 0.02 and CCI +90 % -> masked; breastmnist: accuracy fell by 0.10
-    assert v.status == C.REPRODUCED and "1 of 2 pairs masked" in v.reason
+    # mnist: -0.01/-0.005/-0.005, interval inside ±0.03 and CCI +90 % -> masked;
+    # breastmnist: accuracy fell by ~0.11, interval wholly below -0.03 -> not masked
+    assert v.status == C.REPRODUCED, v
+    assert "1 of 2 pairs masked, 1 not masked, 0 undecided" in v.reason
     v = C.evaluate({"kind": "accuracy_masking", "share": 0.75}, _data(table_a1=t))
     assert v.status == C.NOT_REPRODUCED
     v = C.evaluate({"kind": "accuracy_masking", "min_ratio": 0.7}, _data(table_a1=t))
     assert v.status == C.UNTESTABLE
+    # a diagnostic that did not move decides "not masked" whatever the accuracy did
+    v = C.evaluate({"kind": "accuracy_masking", "diag_change": 0.95}, _data(table_a1=t))
+    assert v.status == C.NOT_REPRODUCED and "0 of 2 pairs masked, 2 not masked" in v.reason
+
+
+def test_accuracy_masking_is_untestable_when_the_intervals_cross_the_margin():
+    """One seed, or seeds too few for the spread, decide nothing: the verdict is "not
+    testable at this scale" with the seeds the observed spread would need (the old rule
+    called one run's difference flat and the pair masked)."""
+    base = {"method": "fixmatch", "dataset": "p", "source": "mnist", "kind": "far",
+            "rel_cci_final": 0.9}
+    one = pd.DataFrame([{**base, "seed": 0, "ratio": 0.0, "best_test_bacc": 0.80},
+                        {**base, "seed": 0, "ratio": 0.5, "best_test_bacc": 0.795}])
+    for d in C.DIAGS[1:]:
+        one[f"rel_{d}"] = np.nan
+    v = C.evaluate({"kind": "accuracy_masking"}, _data(table_a1=one))
+    assert v.status == C.UNTESTABLE and "(n = 1/1, untested)" in v.reason, v
+    # three seeds with differences -0.04, +0.02, 0.0: the interval crosses -0.03
+    wide = pd.DataFrame([{**base, "seed": s, "ratio": r, "best_test_bacc": a}
+                         for s, (a0, a5) in enumerate([(0.80, 0.76), (0.78, 0.80),
+                                                       (0.82, 0.82)])
+                         for r, a in ((0.0, a0), (0.5, a5))])
+    for d in C.DIAGS[1:]:
+        wide[f"rel_{d}"] = np.nan
+    v = C.evaluate({"kind": "accuracy_masking"}, _data(table_a1=wide))
+    assert v.status == C.UNTESTABLE and "0 not masked, 1 undecided" in v.reason, v
+    d = np.array([-0.04, 0.02, 0.0])
+    need = next(n for n in range(2, 1000) if abs(d.mean()) + sps.t.ppf(0.95, n - 1)
+                * d.std(ddof=1) / np.sqrt(n) < 0.03)
+    assert f"fixmatch/mnist: ~{need} seeds" in v.reason
 
 
 def test_encoder_beats_pairs_the_encoders_over_shared_seeds():
@@ -285,13 +318,22 @@ def test_accuracy_masking_tests_flatness_with_tost_when_seeds_allow():
     for d in C.DIAGS[1:]:
         t[f"rel_{d}"] = np.nan
     x, y = np.array([0.79, 0.80, 0.81]), np.array([0.80, 0.82, 0.81])
+    # the seeds are shared: paired t on the differences (scipy's ttest_rel interval)
+    d = x - y
+    ci = sps.ttest_rel(x, y).confidence_interval(confidence_level=0.90)
+    assert ci.low == pytest.approx(d.mean() - sps.t.ppf(0.95, 2) * d.std(ddof=1) / np.sqrt(3))
+    v = C.evaluate({"kind": "accuracy_masking", "acc_tol": 0.03}, _data(table_a1=t))
+    assert (v.status == C.REPRODUCED) == (-0.03 < ci.low and ci.high < 0.03), v
+    assert f"paired TOST over 3 seeds, 90% interval [{ci.low:+.4f}, {ci.high:+.4f}]" in v.reason
+    # without seeds (or with < 2 shared) the arms are independent: Welch
     v1, v2 = x.var(ddof=1) / 3, y.var(ddof=1) / 3
     df = (v1 + v2) ** 2 / (v1 ** 2 / 2 + v2 ** 2 / 2)
     half = sps.t.ppf(0.95, df) * np.sqrt(v1 + v2)
     lo, hi = x.mean() - y.mean() - half, x.mean() - y.mean() + half
-    v = C.evaluate({"kind": "accuracy_masking", "acc_tol": 0.03}, _data(table_a1=t))
+    v = C.evaluate({"kind": "accuracy_masking", "acc_tol": 0.03},
+                   _data(table_a1=t.drop(columns="seed")))
     assert (v.status == C.REPRODUCED) == (-0.03 < lo and hi < 0.03), v
-    assert f"[{lo:+.4f}, {hi:+.4f}]" in v.reason
+    assert f"Welch TOST (n = 3/3) 90% interval [{lo:+.4f}, {hi:+.4f}]" in v.reason
     # the 0.6 ratio the paper never ran is left out by max_ratio
     t6 = pd.concat([t, t[t["ratio"] == 0.5].assign(ratio=0.6, best_test_bacc=0.5)])
     v = C.evaluate({"kind": "accuracy_masking", "acc_tol": 0.03, "max_ratio": 0.5},
