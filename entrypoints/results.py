@@ -212,7 +212,8 @@ def _from_export(specs: tuple[str, ...], spec_list: str, out: str, smoke: bool, 
         scales = {v.spec.scale for _, v in entries if not isinstance(v, str)}
         one = next(iter(scales)) if len(scales) == 1 and all(
             not isinstance(v, str) for _, v in entries) else None
-        click.echo(f"{write_index_page(entries, out_dir, want or one or 'reference')}: "
-                   f"{len(entries)} suites")
+        index_path = write_index_page(entries, out_dir, want or one or "reference",
+                                      source=f"the exports in {source}")
+        click.echo(f"{index_path}: {len(entries)} suites")
     if failed or not pages:
         raise SystemExit(1)
