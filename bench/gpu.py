@@ -871,9 +871,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pack", type=int, default=None)
     ap.add_argument("--pack-s", type=float, default=None)
     ap.add_argument("--pack-start-s", type=float, default=None)
-    ap.add_argument("--deadline-s", type=float, default=480.0,
-                    help="sections not started by then are skipped")
-    ap.add_argument("--section-timeout-s", type=float, default=300.0)
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="sections not started by then are skipped (default 480; with "
+                    "--dry-run 1800: a loaded 2-core CI machine runs the toy sizes slowly, "
+                    "and no device minutes are at stake)")
+    ap.add_argument("--section-timeout-s", type=float, default=None,
+                    help="default 300 (--dry-run 900)")
     ap.add_argument("--code", default="",
                     help="run the sections against another checkout's scarcelab (e.g. the "
                     "commit before a change: git archive REV | tar -x -C DIR); the bench "
@@ -885,9 +888,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     cpus = os.cpu_count() or 2
     full = {"device": "cuda", "scale": 1.0, "steps": 30, "warmup": 5, "threads": 4,
             "usb_workers": max(1, cpus - 2), "study_s": 45.0, "pack": 8, "pack_s": 15.0,
-            "pack_start_s": 30.0}
-    toy = {"device": "cpu", "scale": 1 / 16, "steps": 2, "warmup": 1, "threads": 1,
-           "usb_workers": 1, "study_s": 6.0, "pack": 2, "pack_s": 2.0, "pack_start_s": 12.0}
+            "pack_start_s": 30.0, "deadline_s": 480.0, "section_timeout_s": 300.0}
+    # one timed step: the dry run checks that every section runs, not how fast (bf16
+    # autocast of a conv net takes ~17 s a step on this CPU)
+    toy = {"device": "cpu", "scale": 1 / 16, "steps": 1, "warmup": 1, "threads": 1,
+           "usb_workers": 1, "study_s": 6.0, "pack": 2, "pack_s": 2.0, "pack_start_s": 12.0,
+           "deadline_s": 1800.0, "section_timeout_s": 900.0}
     for k, v in (toy if a.dry_run else full).items():
         if getattr(a, k) in (None, ""):
             setattr(a, k, v)

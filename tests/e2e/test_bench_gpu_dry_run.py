@@ -49,6 +49,9 @@ def test_dry_run_runs_every_cpu_section(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads((out / "gpu.json").read_text())
     assert r["env"]["device"] == "cpu"
+    broken = {k: v for k, v in r.items() if isinstance(v, dict) and ("failed" in v or (
+        v.get("skipped") == "deadline"))}
+    assert not broken, (broken, p.stdout[-3000:])  # a section that timed out says so here
     for sec, keys in (("model", ("fixmatch_fp32", "fixmatch_bf16_cl", "simclr_fp32")),
                       ("ours", ("fixmatch_cpu", "fixmatch_cuda", "simclr_cpu"))):
         for k in keys:
