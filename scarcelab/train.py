@@ -525,6 +525,7 @@ def make_optimizer(method: Method, total_steps: int | Horizon, fused: bool | Non
     al.'s "Tune It or Don't Use It" protocol (``scarcelab.protocols.tune``)."""
     kind = getattr(method, "optimizer", "adam")
     cls: type[torch.optim.Optimizer] = torch.optim.SGD if kind == "sgd" else torch.optim.Adam
+    kernel: dict[str, Any]  # fused / foreach flags, passed through to the optimizer
     if accel is not None:
         kernel = accel.optimizer_kwargs(cls, next(method.parameters()).device)
     else:  # the former keyword: Adam's only (SGD never took it)
@@ -851,7 +852,8 @@ class _EpochLoop:
         test_proba = getattr(ev, "test_proba", None)  # a plain triple from a stand-in
         t_eval, self.eval_s = time.perf_counter() - te, self.budget.now() - tb
         self.n_evals += 1
-        metrics = _epoch_metrics(win, val_bacc, test_m, self.sched.get_last_lr()[0], t_eval)
+        metrics = _epoch_metrics(win, val_bacc, test_m, float(self.sched.get_last_lr()[0]),
+                                 t_eval)
         if self.fit_budget:  # where the budget-fitted plan stands (1.0: schedules done)
             metrics["train/progress"] = self.horizon.fraction(self.step)
             metrics["train/horizon_steps"] = float(self.horizon.total_steps)

@@ -844,7 +844,7 @@ def _scan(paths: list[str], index: _StatIndex, workers: _Workers, show: bool,
     n = len(paths)
     sha: list[str | None] = [None] * n
     header: list[tuple[str, int, int] | None] = [None] * n
-    bad: dict[int, tuple[str, bool]] = {}
+    bad: dict[int, tuple[str, bool, str | None]] = {}
     known = index.lookup(paths)
     stats: list[tuple[int, int, int, int, int] | None] = [None] * n
     todo: list[tuple[int, str]] = []

@@ -123,6 +123,11 @@ class FeatureQueue(nn.Module):
     and reading never wait on the device.
     """
 
+    feats: torch.Tensor  # a registered buffer
+    labels: torch.Tensor  # a registered buffer
+    ptr: torch.Tensor  # a registered buffer
+    count: torch.Tensor  # a registered buffer
+
     def __init__(self, size: int, dim: int, label_dim: int = 0) -> None:
         super().__init__()
         self.register_buffer("feats", torch.zeros(size, dim))
@@ -279,6 +284,11 @@ class DistributionAlignment(nn.Module):
     aligns with the batch's own mean for the same reason, without storing it.
     """
 
+    target: torch.Tensor  # a registered buffer
+    p_model: torch.Tensor  # a registered buffer
+    history: torch.Tensor  # a registered buffer
+    n_seen: torch.Tensor  # a registered buffer
+
     def __init__(
         self,
         num_classes: int,
@@ -364,6 +374,8 @@ class LearningStatus(nn.Module):
     is assigned every threshold is 0, so early training uses all pseudo-labels — the
     behaviour of the reference implementation.
     """
+
+    selected: torch.Tensor  # a registered buffer
 
     def __init__(self, num_classes: int, n_unlabeled: int = 0) -> None:
         super().__init__()

@@ -43,6 +43,9 @@ def channel_stats(images: np.ndarray, chunk: int = 4096) -> tuple[np.ndarray, np
 class Standardized(nn.Module):
     """``net`` fed with dataset-standardised inputs; exposes ``num_features`` like ``net``."""
 
+    mean: torch.Tensor  # a registered buffer
+    std: torch.Tensor  # a registered buffer
+
     def __init__(self, net: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
         super().__init__()
         self.net = net

@@ -32,6 +32,8 @@ from scarcelab.methods.space import SELFSUP_SPACE, Uniform
 
 @register("dino")
 class DINO(SelfSupMethod):
+    center: torch.Tensor  # a registered buffer
+    center_ready: torch.Tensor  # a registered buffer
     paper = "Caron et al. 2021, DINO, arXiv:2104.14294"
     search_space = {
         **SELFSUP_SPACE,

@@ -43,6 +43,9 @@ from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
 class TruncatedGaussianWeight(nn.Module):
     """SoftMatch's sample weight from running confidence statistics (paper Eq. 7-8)."""
 
+    mu: torch.Tensor  # a registered buffer
+    var: torch.Tensor  # a registered buffer
+
     def __init__(self, num_classes: int, momentum: float, n_sigma: float) -> None:
         super().__init__()
         self.momentum = momentum

@@ -62,6 +62,8 @@ class BlurPool(nn.Module):
     """Anti-aliased down-sampling: reflect-pad by 1, depthwise 3×3 binomial filter
     ``[1, 2, 1]ᵀ[1, 2, 1] / 16``, then stride ``stride`` (gem ``BlurPool(filt_size=3)``)."""
 
+    filt: torch.Tensor  # a registered buffer
+
     def __init__(self, channels: int, stride: int) -> None:
         super().__init__()
         f = torch.tensor([1.0, 2.0, 1.0])

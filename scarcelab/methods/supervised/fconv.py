@@ -34,7 +34,7 @@ class FConvResBlock(nn.Module):
     identity: 2 px per side for two 3×3 convolutions (3 before a strided 1×1
     downsample), 1 px for the bottleneck's single 3×3."""
 
-    def __init__(self, block: nn.Module) -> None:
+    def __init__(self, block: BasicBlock | Bottleneck) -> None:
         super().__init__()
         self.block = block
         self.bottleneck = isinstance(block, Bottleneck)
@@ -50,7 +50,7 @@ class FConvResBlock(nn.Module):
         b = self.block
         out = b.relu(b.bn1(b.conv1(x)))
         out = b.bn2(b.conv2(out))
-        if self.bottleneck:
+        if isinstance(b, Bottleneck):
             out = b.bn3(b.conv3(b.relu(out)))
         xp = F.pad(x, (self.pad,) * 4)
         identity = b.downsample(xp) if b.downsample is not None else xp

@@ -39,6 +39,8 @@ def dct_filters(k: int, l1_norm: bool = True) -> torch.Tensor:
 class Harm2d(nn.Module):
     """A convolution whose filters are combinations of the fixed DCT basis."""
 
+    dct: torch.Tensor  # a registered buffer
+
     def __init__(self, conv: nn.Conv2d) -> None:
         super().__init__()
         k = conv.kernel_size[0]
@@ -63,6 +65,8 @@ class Harm2d(nn.Module):
 
 class HarmBlockBN(nn.Module):
     """First layer: depthwise DCT filtering, BatchNorm (no affine), 1×1 mixing."""
+
+    dct: torch.Tensor  # a registered buffer
 
     def __init__(self, conv: nn.Conv2d) -> None:
         super().__init__()

@@ -80,6 +80,9 @@ def morlet(h: int, w: int, sigma: float, theta: float, xi: float, slant: float) 
 class Scattering2D(nn.Module):
     """Order-2 scattering of (N, C, H, W) images -> (N, C·K, H/2^J, W/2^J), K as above."""
 
+    phi_hat: torch.Tensor  # a registered buffer
+    psi_hat: torch.Tensor  # a registered buffer
+
     def __init__(self, j: int, h: int, w: int, n_angles: int = N_ANGLES) -> None:
         super().__init__()
         if h % (2 ** j) or w % (2 ** j):
