@@ -64,8 +64,8 @@ def table_a1(points: pd.DataFrame) -> pd.DataFrame:
     rel_cols = [f"rel_{c}" for c in VALUE_COLUMNS]
     if points.empty:
         return pd.DataFrame(columns=cols + rel_cols)
-    df = points.reindex(columns=cols).copy()
-    df["seed"] = df["seed"].fillna("").astype(str) if "seed" in points else ""
+    df = points.reindex(columns=cols)  # a missing seed column comes in as NaN: one seed
+    df["seed"] = df["seed"].fillna("").astype(str)
     df["ratio"] = df["ratio"].astype(float)
     rows: list[dict[str, Any]] = []
     for (method, dataset, seed), g in df.groupby(["method", "dataset", "seed"], sort=True):

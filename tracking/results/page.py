@@ -1168,7 +1168,7 @@ def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | P
     as the header says it (the store, or the exports)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    previous, previous_when = _previous_rows(out / "README.md")
+    previous, row_dates = _previous_rows(out / "README.md")
     carried: dict[str, list[str]] = {}  # date the row was computed -> suites
     lines = [f"# Results of the suites ({scale} scale)", ""]
     if scale == "smoke":
@@ -1187,7 +1187,7 @@ def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | P
                     row = row.replace(f"| [{suite}]({suite}.md) |",
                                       f"| [{suite}]({suite}.md) {CARRIED} |", 1)
                 lines.append(row)
-                carried.setdefault(previous_when.get(suite, "an earlier run"), []).append(suite)
+                carried.setdefault(row_dates.get(suite, "an earlier run"), []).append(suite)
             else:
                 lines.append(f"| {suite} | | {entry} | | | | |")
             continue

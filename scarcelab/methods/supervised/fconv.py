@@ -37,11 +37,11 @@ class FConvResBlock(nn.Module):
     def __init__(self, block: BasicBlock | Bottleneck) -> None:
         super().__init__()
         self.block = block
-        self.bottleneck = isinstance(block, Bottleneck)
+        bottleneck = isinstance(block, Bottleneck)
         for conv in (block.conv1, block.conv2):
             if conv.kernel_size == (3, 3):
                 _full(conv)
-        if self.bottleneck:
+        if bottleneck:
             self.pad = 1
         else:
             self.pad = 3 if block.downsample is not None and block.stride > 1 else 2
