@@ -85,6 +85,10 @@ class _OptBool(Bool):
 @click.option("--claims-scale", default="", hidden=True, type=Bool(),
               help="--claims as a true/false value (for mlflow run -P claims=…)")
 @click.option("--dry-run", is_flag=True, help="print the cells and what a run would do")
+@click.option("--only", multiple=True, metavar="KEY=V1,V2",
+              help="run the cells whose option KEY takes one of the values (repeatable: "
+              "all must hold), with the cells they depend on: a design in slices, one "
+              "store each, merged with `scarcelab results --merge` (docs/sweeps.md)")
 @click.option("--max-cells", type=Int(1, None), default=None,
               help="refuse a spec of more cells than this (default 10000), counted before "
               "any cell is built")
@@ -102,7 +106,7 @@ class _OptBool(Bool):
 @identity_options
 def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, full: bool,
               full_scale: bool, smoke: bool, smoke_scale: bool, claims: bool, claims_scale: bool,
-              dry_run: bool,
+              dry_run: bool, only: tuple[str, ...],
               max_cells: int | None, gpus_per_cell: float | str | None,
               gpu_memory_fraction: float | str | None, mps: bool | None, run_name: str,
               tags: dict[str, str], description: str) -> None:
@@ -111,7 +115,13 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
     import os
     import shlex
 
-    from scarcelab.tracking.sweep.spec import MAX_CELLS, SpecError, check_spec_names, load_spec
+    from scarcelab.tracking.sweep.spec import (
+        MAX_CELLS,
+        SpecError,
+        check_spec_names,
+        load_spec,
+        select_cells,
+    )
 
     full, smoke, n_retries = full or full_scale, smoke or smoke_scale, retries
     claims = claims or claims_scale
@@ -120,6 +130,8 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
         sp = load_spec(spec, full=full, smoke=smoke, max_cells=max_cells or MAX_CELLS,
                        scale="claims" if claims else None)
         check_spec_names(sp)  # before anything is printed (issue 42 item 5)
+        if only:
+            sp = dataclasses.replace(sp, cells=select_cells(sp.cells, only))
     except SpecError as e:
         raise click.ClickException(str(e)) from None
     over = {k: v for k, v in (("gpus_per_cell", gpus_per_cell),
@@ -167,6 +179,7 @@ def sweep_cmd(spec: str, address: str, jobs: int | None, retries: int | None, fu
             ["scarcelab", "sweep", rel(spec)] + (["--smoke"] if smoke else []) +
             (["--full"] if full else []) + (["--claims"] if claims else []) +
             (["--jobs", str(jobs)] if jobs else []) +
+            [a for f in only for a in ("--only", f)] +
             (["--address", address] if address else []) +
             (["--retries", str(n_retries)] if n_retries is not None else []) +
             [a for k, v in over.items() for a in (f"--{k.replace('_', '-')}", str(v).lower())])

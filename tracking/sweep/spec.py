@@ -65,7 +65,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,6 +251,43 @@ class SweepSpec:
         if self.gpu_memory_fraction != "auto":
             return float(self.gpu_memory_fraction)
         return float(gpus) if 0.0 < gpus < 1.0 else None
+
+
+def select_cells(cells: Sequence[Cell], only: Sequence[str]) -> list[Cell]:
+    """The slice of a sweep that ``--only KEY=V1,V2`` filters name (every filter must hold),
+    with the cells it depends on: a design longer than one machine's session runs in
+    slices, each into its own store, and the slices' exports are merged into one page
+    (``scarcelab results --merge``; docs/sweeps.md, "A design in slices"). Keeping the
+    spec whole (not a second spec of the slice) keeps the slice's cells the design's own
+    cells, ids included. A filter on an option no cell has, or a value no cell takes, is
+    an error: a typo must not run an empty or a whole sweep."""
+    want: dict[str, set[str]] = {}
+    for f in only:
+        key, eq, values = f.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        vals = {v.strip() for v in values.split(",") if v.strip()}
+        if not eq or not key or not vals:
+            raise SpecError(f"--only {f!r}: write KEY=VALUE[,VALUE...], e.g. --only seed=3,4,5")
+        want.setdefault(key, set()).update(vals)
+    for key, vals in want.items():
+        seen = {v for c in cells for k, v in c.options if k == key}
+        if not seen:
+            names = ", ".join(sorted({k for c in cells for k, _ in c.options}))
+            raise SpecError(f"--only {key}=...: no cell has the option {key!r} (the cells' "
+                            f"options: {names})")
+        if missing := sorted(vals - seen):
+            raise SpecError(f"--only {key}=...: no cell has {key} = {', '.join(missing)} "
+                            f"(its values here: {', '.join(sorted(seen))})")
+    keep = {c.id for c in cells
+            if all(dict(c.options).get(k) in vals for k, vals in want.items())}
+    by_id = {c.id: c for c in cells}
+    todo = list(keep)
+    while todo:  # what the slice depends on comes with it (a finished one is skipped)
+        for _, dep in by_id[todo.pop()].refs:
+            if dep not in keep and dep in by_id:
+                keep.add(dep)
+                todo.append(dep)
+    return [c for c in cells if c.id in keep]
 
 
 def check_gpus(value: Any) -> float | str:
