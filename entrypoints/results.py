@@ -8,6 +8,8 @@
     scarcelab results suites/cdalbench.yaml --export docs/results/exports   # + its export
     scarcelab results --from-export docs/results/exports/cdalbench.json.gz  # no store needed
     scarcelab results --from-export docs/results/exports --index            # every export
+    scarcelab results --merge a.json.gz,b.json.gz --export docs/results/exports/cscore.json.gz
+                                       # slices of one design (sweep --only), one export
 
 An export (tracking/results/export.py, docs/results/README.md) is what the page read from
 the store, as a small gzip'd JSON file in the repository: ``--from-export`` builds the page
@@ -60,13 +62,19 @@ if TYPE_CHECKING:
 @click.option("--from-export", "from_export", default="", help="build the pages from "
               "this export file, or from the <suite>.json.gz files of this folder, instead "
               "of the store (the scale is the export's)")
+@click.option("--merge", "merge", default="", help="exports of the slices of one design "
+              "(`scarcelab sweep SPEC --only KEY=V…`, one store each), comma-separated: "
+              "write their union to --export's file and build its page")
 def results_cmd(specs: tuple[str, ...], spec_list: str, experiment: str, out: str,
                 smoke: bool, full: bool, claims: bool, scale: str | None, index_flag: bool,
                 write_index: bool, suites: str, tracking_uri: str, export_to: str,
-                from_export: str) -> None:
+                from_export: str, merge: str) -> None:
     """Write docs/results/<suite>.md (tables, figures, the paper's numbers beside ours and a
     verdict per headline claim) for each SPEC from the runs of its sweep (or from its
     export: --from-export)."""
+    if merge:
+        _merge(merge, export_to, from_export, specs, spec_list, out)
+        return
     if export_to and from_export:
         raise click.BadParameter("--export writes what the store gave; with --from-export "
                                  "there is no store: give one of them",
@@ -151,6 +159,26 @@ def _report(path: Path, page: SuitePage) -> None:
     click.echo(f"{path}: {page.counts['finished']}/{page.counts['cells']} cells, "
                f"{len(page.figures)} figures; verdicts: " +
                ", ".join(f"{v} {k}" for k, v in n.items()))
+
+
+def _merge(merge: str, export_to: str, from_export: str, specs: tuple[str, ...],
+           spec_list: str, out: str) -> None:
+    """``--merge``: the slices' exports as one (tracking/results/export.py::merge_exports),
+    then its page, as ``--from-export`` builds it."""
+    from scarcelab.tracking.results.export import ExportError, merge_exports, write_export
+
+    if from_export or not export_to.endswith((".json", ".json.gz")):
+        raise click.BadParameter("--merge writes one export: name its file with --export "
+                                 "(….json.gz), and no --from-export", param_hint="'--merge'")
+    files = [f.strip() for f in merge.split(",") if f.strip()]
+    try:
+        doc = merge_exports(files)
+    except ExportError as e:
+        raise click.ClickException(str(e)) from None
+    f = write_export(doc, export_to)
+    click.echo(f"{f}: {len(doc['runs'])} runs of {len(doc['cells'])} cells from "
+               f"{len(files)} exports ({f.stat().st_size:,} bytes)")
+    _from_export(specs, spec_list, out, False, False, None, False, "suites", str(f))
 
 
 def _from_export(specs: tuple[str, ...], spec_list: str, out: str, smoke: bool, full: bool,

@@ -235,7 +235,9 @@ CLI_ONLY = {
               "--smoke": "MLproject passes --smoke-scale true|false",
               "--claims": "MLproject passes --claims-scale true|false",
               "--dry-run": "terminal use", "--jobs": "the pool size of a local run",
-              "--max-cells": "a debugging cap"},
+              "--max-cells": "a debugging cap",
+              "--only": "repeatable (a slice of a design, run by hand in a session); "
+                        "MLproject would pass one fixed filter"},
     "results": {"--full": "MLproject passes --scale", "--smoke": "MLproject passes --scale",
                 "--claims": "MLproject passes --scale",
                 "--index": "MLproject passes --write-index true|false",

@@ -435,6 +435,77 @@ def load_export(path: str | Path) -> ExportSource:
     return _parse(doc, str(p))
 
 
+# -- slices of one design --------------------------------------------------------------------
+def _raw(path: str | Path) -> dict[str, Any]:
+    """An export's JSON object, checked by the reader first (a file the reader refuses is
+    refused here, in the same words)."""
+    load_export(path)
+    raw = Path(path).read_bytes()
+    return json.loads((gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode())
+
+
+def merge_exports(paths: Sequence[str | Path]) -> dict[str, Any]:
+    """One export of a design run in slices (``scarcelab sweep SPEC --only KEY=V...``, each
+    slice into its own store, each exported): the union of the slices' cells, runs and
+    histories, as if one store had held them. Why a merge and not a longer run: a design of
+    several hours outlives the machine session that runs it, and a store does not travel
+    between sessions, while an export does (docs/sweeps.md, "A design in slices").
+
+    Refused, naming the files: slices of another suite, scale, experiment or sweep; a run
+    id in two slices (the same store exported twice); a cell finished in two slices (which
+    run holds its result would be a choice the page does not show: export again without
+    it). Each slice's sweep run is kept, and the page's "How it was run" lists every
+    slice's command and sums their invocations (tracking/results/page.py::_provenance).
+    The runs of each slice's sweep experiment take the first slice's experiment id (each
+    store numbered its own), so the page reads them as one experiment."""
+    if len(paths) < 2:
+        raise ExportError("merging needs two exports or more (the slices of one design)")
+    docs = [(str(p), _raw(p)) for p in paths]
+    first_name, first = docs[0]
+    for name, d in docs[1:]:
+        for k in ("suite", "scale", "experiment", "sweep"):
+            if d[k] != first[k]:
+                raise ExportError(f"{name}: {k} {d[k]!r}, but {first_name} has {first[k]!r}: "
+                                  "only the slices of one sweep merge")
+    main_exp = _main_experiment(first)
+    cells: dict[str, dict[str, Any]] = {}
+    runs: dict[str, dict[str, Any]] = {}
+    hist: dict[str, dict[str, Any]] = {}
+    finished_in: dict[str, str] = {}
+    # the cells in the order of the slice that lists most of them (each slice's export
+    # lists the spec's cells as it was exported), then any the others add
+    for _, d in sorted(docs, key=lambda nd: -len(nd[1]["cells"])):
+        for c in d["cells"]:
+            cells.setdefault(c["id"], c)
+    for name, d in docs:
+        exp = _main_experiment(d)
+        for r in d["runs"]:
+            rid = r["run_id"]
+            if rid in runs:
+                raise ExportError(f"{name}: run {rid} is in another slice too (one store "
+                                  "exported twice?): merge the slices of separate stores")
+            cid = r["tags"].get(T.CELL)
+            if cid and r["status"] == "FINISHED" and r["tags"].get(T.ROLE) != "sweep":
+                if finished_in.get(cid, name) != name:
+                    raise ExportError(
+                        f"{name}: cell {cid} finished in {finished_in[cid]} too: a cell is "
+                        "run by one slice (re-run that slice with --only leaving it out)")
+                finished_in[cid] = name
+            runs[rid] = {**r, "experiment_id": main_exp} if r["experiment_id"] == exp else r
+        hist.update(d["histories"])
+    order = sorted(runs.values(), key=lambda r: (r.get("start_time") or 0, r["run_id"]))
+    return {**{k: first[k] for k in ("schema", "suite", "scale", "experiment", "sweep",
+                                      "spec")},
+            "store": " + ".join(dict.fromkeys(d["store"] for _, d in docs)),
+            "exported": max(d["exported"] for _, d in docs),
+            "cells": list(cells.values()), "runs": order, "histories": hist}
+
+
+def _main_experiment(doc: dict[str, Any]) -> str:
+    """The experiment id the export's client answers for its sweep experiment."""
+    return sorted({r["experiment_id"] for r in doc["runs"]} or {"0"})[0]
+
+
 # -- a store made of the export ------------------------------------------------------------
 _COND = re.compile(r"^\s*(tags\.`([^`]+)`|attributes\.(\w+))\s*(=|!=)\s*'((?:[^'\\]|\\.)*)'\s*$")
 

@@ -197,13 +197,17 @@ class _Cells:
     #: cell id -> the attempt that finished it: the ``finished`` run, or the continuing
     #: attempt that completed that study (where the cell last ran: its machine)
     finisher: dict[str, Any] = field(default_factory=dict)
+    #: every sweep run of the sweep, newest first: one per store, so several when the page
+    #: is that of slices merged from their exports (export.py::merge_exports)
+    sweep_runs: list[Any] = field(default_factory=list)
 
 
 def _read_sweep(client: Any, exp_id: str, spec: SweepSpec) -> _Cells:
 
     runs = client.search_runs([exp_id], f"tags.`{T.SWEEP}` = '{spec.name}'",
                               max_results=50_000, order_by=["attributes.start_time DESC"])
-    sweep = next((r for r in runs if r.data.tags.get(T.ROLE) == "sweep"), None)
+    sweeps = [r for r in runs if r.data.tags.get(T.ROLE) == "sweep"]
+    sweep = sweeps[0] if sweeps else None
     ids = {c.id for c in spec.cells}
     attempts: dict[str, list[Any]] = {}
     for r in runs:
@@ -216,7 +220,7 @@ def _read_sweep(client: Any, exp_id: str, spec: SweepSpec) -> _Cells:
     finisher = {cid: next((r for r in attempts[cid] if r.info.status == "FINISHED"
                            and r.data.tags.get(T.RESUMES) == run.info.run_id), run)
                 for cid, run in finished.items()}
-    return _Cells(sweep, attempts, finished, finisher)
+    return _Cells(sweep, attempts, finished, finisher, sweeps)
 
 
 def _descendants(runs: pd.DataFrame, roots: set[str]) -> pd.Series:
@@ -914,7 +918,7 @@ def _cell_states(spec: SweepSpec, cells: _Cells) -> tuple[dict[str, int], list[s
     # while the sweep runs, a cell whose last attempt is RUNNING is running or queued (the
     # driver opens every cell's run when it queues it), not failed; once the sweep has
     # ended such a run was left by a dead process and counts as failed
-    live = sweep is not None and sweep.info.status == "RUNNING"
+    live = any(r.info.status == "RUNNING" for r in cells.sweep_runs or [sweep] if r is not None)
     running = {cid for cid, rs in cells.attempts.items() if cid not in finished and live
                and rs and rs[0].info.status in ("RUNNING", "SCHEDULED")}
     n_failed = sum(1 for cid in cells.attempts if cid not in finished and cid not in running)
@@ -970,20 +974,34 @@ def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str
         inv_wall = [m.value for m in src.client.get_metric_history(sweep.info.run_id,
                                                                    INVOCATION_WALL)]
     flag = src.flag
+    command = f"`{stags.get(T.SWEEP_COMMAND) or 'scarcelab sweep ' + rel(spec_path) + flag}`"
+    invocations = stags.get(T.SWEEP_INVOCATIONS, "?")
+    slices = sorted(src.cells.sweep_runs, key=lambda r: r.info.start_time or 0)
+    if len(slices) > 1:  # slices of one design, merged from their exports
+        inv_wall = [m.value for r in slices for m in src.client.get_metric_history(
+            r.info.run_id, INVOCATION_WALL)]
+        command = f"{len(slices)} slices, merged from their exports: " + "; ".join(
+            f"`{r.data.tags.get(T.SWEEP_COMMAND, '?')}`" for r in slices)
+        counted = [r.data.tags.get(T.SWEEP_INVOCATIONS, "") for r in slices]
+        invocations = str(sum(int(v) for v in counted)) if all(
+            v.isdigit() for v in counted) else "?"
     return {
-        "command": f"`{stags.get(T.SWEEP_COMMAND) or 'scarcelab sweep ' + rel(spec_path) + flag}`",
+        "command": command,
         "scale": f"{scale} ({counts['cells']} cells: {counts['finished']} finished, "
                  + (f"{counts['running']} running or queued (the sweep is still going), "
                     if counts["running"] else "")
                  + f"{counts['failed']} failed, {counts['not_run']} not run)",
-        "experiment": f"`{src.experiment}` (sweep run `{sweep.info.run_id if sweep else '—'}`)",
+        "experiment": f"`{src.experiment}` (sweep run"
+                      + (f"s {', '.join(f'`{r.info.run_id}`' for r in slices)})"
+                         if len(slices) > 1 else
+                         f" `{sweep.info.run_id if sweep else '—'}`)"),
         "tracking store": f"`{_safe_uri(src.uri)}`",
         "git commit": ", ".join(f"`{k[:12]}{'+dirty' if k.endswith('+dirty') else ''}` "
                                 f"({v} cell{'s' * (v != 1)})"
                                 for k, v in commits.most_common()) or "—",
         "machine": "; ".join(_machine_text(m, n) for m, n in machines.most_common()) or "—",
         "wall time": f"{_fmt_s(cost.wall)} (the union of the {cost.attempts} cell attempts' "
-                     f"run intervals; {stags.get(T.SWEEP_INVOCATIONS, '?')} driver invocation(s)"
+                     f"run intervals; {invocations} driver invocation(s)"
                      + (f", whose logged walls sum to {_fmt_s(sum(inv_wall))}" if inv_wall
                         else "") + ")",
         "CPU time": f"{_fmt_s(cost.cpu)} (user + system of every cell attempt's process tree"

@@ -101,7 +101,8 @@ def test_guard_scenarios_give_the_same_page_from_their_export(tmp_path, monkeypa
     assert max(rt.sizes) < 20_000
 
 
-def _study_sweep(tmp: Path) -> tuple[Any, str]:
+def _study_sweep(tmp: Path, keep: Any = None, db: str = "studies.db",
+                 t0: int = 0) -> tuple[Any, str]:
     """ssl_vs_ssl's smoke cells, each a study whose trials log val/test/elapsed histories
     (tests/tracking/query/test_query.py's logger); half keep a study-level best/* series, half
     only their trials (the page reads those studies' records from the histories)."""
@@ -112,7 +113,7 @@ def _study_sweep(tmp: Path) -> tuple[Any, str]:
     from scarcelab import tags as T
     from scarcelab.tracking.sweep.spec import load_spec
 
-    uri = f"sqlite:///{tmp / 'studies.db'}"
+    uri = f"sqlite:///{tmp / db}"
     spec = load_spec(REPO / "suites" / "ssl_vs_ssl.yaml", smoke=True)
     cells = [c for c in spec.cells if c.entry in ("supervised", "semi")]
     picked: dict[str, Any] = {}
@@ -123,11 +124,16 @@ def _study_sweep(tmp: Path) -> tuple[Any, str]:
             picked[f"{c.entry}:{o['method']}:{c.id}"] = c
     spec = dataclasses.replace(spec, cells=list(picked.values()))
     c = MlflowClient(tracking_uri=uri)
+    for k in range(0 if keep is None else 1 + t0 // 10):  # each store numbers its own
+        c.create_experiment(f"another{k}")
     exp = c.create_experiment(spec.experiment)
-    sweep = c.create_run(exp, start_time=X_T0, tags={T.SWEEP: spec.name,
-                                                     "scarcelab.role": "sweep"})
-    rng = np.random.default_rng(0)
+    sweep = c.create_run(exp, start_time=X_T0 + t0, tags={
+        T.SWEEP: spec.name, "scarcelab.role": "sweep", T.SWEEP_INVOCATIONS: "1",
+        T.SWEEP_COMMAND: f"scarcelab sweep s.yaml --only {db}"})
     for i, cell in enumerate(spec.cells):
+        if keep is not None and not keep(i):
+            continue
+        rng = np.random.default_rng(i)  # each cell's numbers whichever store holds it
         o = dict(cell.options)
         s = StudySpec(spec.experiment, o["dataset"], o["method"], cell.entry,
                       int(o.get("seed", 0)), trials=_random_trials(rng, "sup"),
@@ -136,7 +142,7 @@ def _study_sweep(tmp: Path) -> tuple[Any, str]:
         c.set_tag(sid, T.SWEEP, spec.name)
         c.set_tag(sid, T.CELL, cell.id)
         c.set_tag(sid, "mlflow.parentRunId", sweep.info.run_id)
-    c.set_terminated(sweep.info.run_id, "FINISHED", end_time=X_T0 + 100_000)
+    c.set_terminated(sweep.info.run_id, "FINISHED", end_time=X_T0 + t0 + 100_000)
     mlflow.set_tracking_uri(uri)
     return spec, uri
 
@@ -177,6 +183,54 @@ def test_a_sweep_of_studies_with_histories_gives_the_same_page_from_its_export(t
                            source=bad, generated=G)
     with pytest.raises(AssertionError):
         assert_same_page(direct, changed)
+
+
+def test_slices_of_a_design_merged_give_the_page_of_one_store(tmp_path):
+    """A design run in slices (sweep --only), each into its own store and exported, merged
+    (export.py::merge_exports): its page says what the page of one store holding every cell
+    says (tables, verdicts, counts), and its "How it was run" names both slices; two
+    exports of one store, or a cell finished in both, are refused."""
+    import mlflow
+
+    prev = mlflow.get_tracking_uri()
+    path = REPO / "suites" / "ssl_vs_ssl.yaml"
+    try:
+        spec, _ = _study_sweep(tmp_path)
+        whole = P.build_page(path, "smoke", spec=spec, generated=G)
+        files = []
+        for k, keep in enumerate((lambda i: i % 2 == 0, lambda i: i % 2 == 1)):
+            _study_sweep(tmp_path, keep=keep, db=f"slice{k}.db", t0=10 * k)
+            _, doc = X.export_page(path, "smoke", spec=spec, generated=G)
+            files.append(X.write_export(doc, tmp_path / f"slice{k}.json.gz"))
+            part = P.build_page(path, "smoke", spec=spec, generated=G)
+            assert part.counts["finished"] < whole.counts["finished"]
+    finally:
+        mlflow.set_tracking_uri(prev)
+    merged = X.write_export(X.merge_exports(files), tmp_path / "merged.json.gz")
+    src = X.load_export(merged)
+    assert len({r.info.experiment_id for r in src.runs}) == 1
+    back = P.build_page(path, "smoke", spec=spec, source=src, generated=G)
+    a, b = _fields(whole), _fields(back)
+    for k in ("counts", "missing", "rows_per_method", "verdicts", "sections", "comparisons"):
+        assert a[k] == b[k], k
+    prov = back.provenance
+    assert prov["command"].startswith("2 slices, merged from their exports: ")
+    assert "--only slice0.db" in prov["command"] and "--only slice1.db" in prov["command"]
+    assert "2 driver invocation(s)" in prov["wall time"] and "sweep runs" in prov["experiment"]
+    assert "slice0.db + " in src.store and "slice1.db" in src.store
+    with pytest.raises(X.ExportError, match="in another slice too"):
+        X.merge_exports([files[0], files[0]])
+    doc = json.loads(gzip.decompress(files[1].read_bytes()))
+    cell_run = next(r for r in json.loads(gzip.decompress(files[0].read_bytes()))["runs"]
+                    if r["tags"].get("scarcelab.cell"))
+    doc["runs"].append({**cell_run, "run_id": "f" * 32})  # the same cell, finished again
+    twice = X.write_export(doc, tmp_path / "twice.json.gz")
+    with pytest.raises(X.ExportError, match="finished in .* too"):
+        X.merge_exports([files[0], twice])
+    other = json.loads(gzip.decompress(files[1].read_bytes()))
+    other["scale"] = "claims"
+    with pytest.raises(X.ExportError, match="scale 'claims'"):
+        X.merge_exports([files[0], X.write_export(other, tmp_path / "o.json.gz")])
 
 
 def _numbers(text: str) -> list[str]:

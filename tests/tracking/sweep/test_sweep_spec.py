@@ -256,3 +256,35 @@ def test_cdalbench_claims_scale_is_the_design_its_header_states():
     r = CliRunner().invoke(main, ["sweep", str(p), "--claims", "--dry-run"])
     assert r.exit_code == 0, r.output
     assert "44 cells -> experiment 'cdalbench-claims' (claims scale" in r.output
+
+
+def test_only_selects_a_slice_with_the_cells_it_depends_on(tmp_path):
+    """``sweep --only`` (tracking/sweep/spec.py::select_cells): every filter must hold, a
+    dependent brings the cell it depends on, the slice's cells are the design's own cells
+    (same ids), and a filter that names no option or no value is an error, not an empty
+    or a whole sweep."""
+    from scarcelab.tracking.sweep.spec import select_cells
+
+    sp = parse_spec(DEPS, "g.yaml")
+    probes = [c for c in sp.cells if c.entry == "probe" and dict(c.options)["seed"] == "1"]
+    got = select_cells(sp.cells, ["seed=1", "encoder=@pretrain"])
+    pre1 = next(c for c in sp.cells if c.entry == "self" and dict(c.options)["seed"] == "1")
+    want = [c for c in probes if c.refs] + [pre1]
+    assert {c.id for c in got} == {c.id for c in want} and len(got) == len(want) >= 2
+    assert [c.id for c in got] == [c.id for c in sp.cells if c.id in {w.id for w in want}]
+    assert select_cells(sp.cells, ["seed=0,1"]) == sp.cells  # both seeds: every cell
+    for bad, words in (("sed=1", "no cell has the option 'sed'"),
+                       ("seed=7", "no cell has seed = 7 (its values here: 0, 1)"),
+                       ("seed", "write KEY=VALUE")):
+        with pytest.raises(SpecError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            select_cells(sp.cells, [bad])
+    p = tmp_path / "g.yaml"
+    p.write_text(GRID)
+    res = CliRunner().invoke(main, ["sweep", str(p), "--dry-run", "--only",
+                                    "method=fixmatch", "--only", "dataset=breastmnist"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert all("--method fixmatch --dataset breastmnist" in ln for ln in lines[1:])
+    assert lines[0].startswith(f"sweep mini: {len(lines) - 1} cells") and len(lines) > 1
+    res = CliRunner().invoke(main, ["sweep", str(p), "--dry-run", "--only", "method=x"])
+    assert res.exit_code != 0 and "no cell has method = x" in res.output
