@@ -132,3 +132,38 @@ def test_a_changed_declaration_fails_until_the_table_is_written(monkeypatch) -> 
         monkeypatch.setattr(q, "declaration", type(d)(d.group, row=False))
     assert _declared.render() != _declared.TARGET.read_text()
     assert "probe_solver" in _declared.declared()[0]
+
+
+def test_mlproject_study_entry_points_are_generated_from_the_declarations(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """MLproject's study entry points are what the commands' declarations render
+    (entrypoints/_declared.py::render_project), and an option added to a study command
+    reaches its entry point by `--write` alone: one declaration, no hand-written
+    parameter (issue 44 item 2)."""
+    import yaml
+
+    from scarcelab.entrypoints import _declared
+    from scarcelab.entrypoints.cli import main
+    from scarcelab.entrypoints.options import WHAT, option
+
+    text = _declared.PROJECT.read_text()
+    assert text == _declared.render_project(text), (
+        "MLproject's study entry points are not what the options declare: run "
+        "python -m scarcelab.entrypoints._declared --write")
+    eps = yaml.safe_load(text)["entry_points"]
+    assert {"supervised", "semi", "self", "contamination"} <= set(eps)
+    assert eps["semi"]["parameters"]["method"]["default"] == "fixmatch"
+    # a new declared option of semi: the rendered entry point has it, the others do not
+    fn = option("--new-knob", group=WHAT, default="7", help="x")(lambda **kw: None)
+    new = fn.__click_params__[-1]
+    monkeypatch.setattr(main.commands["semi"], "params",  # type: ignore[attr-defined]
+                        [*main.commands["semi"].params, new])  # type: ignore[attr-defined]
+    got = yaml.safe_load(_declared.render_project(text))["entry_points"]
+    assert got["semi"]["parameters"]["new_knob"] == {"type": "string", "default": "7"}
+    assert "--new-knob {new_knob}" in got["semi"]["command"]
+    assert "new_knob" not in got["self"]["parameters"]
+    # the other entry points merge the precision block the first one anchors
+    assert got["al"]["parameters"]["precision"] == eps["supervised"]["parameters"]["precision"]
+    # an option the command requires needs its MLproject default declared
+    monkeypatch.setattr(_declared, "PROJECT_DEFAULTS", {})
+    with pytest.raises(click.ClickException, match="PROJECT_DEFAULTS"):
+        _declared.render_project(text)
