@@ -885,6 +885,19 @@ def _verdicts(paper: PaperFile, data: C.SuiteData) -> list[Verdict]:
     return verdicts
 
 
+def _mark_interim(verdicts: list[Verdict], counts: dict[str, int]) -> None:
+    """A verdict computed while cells of the design have not finished (a design run in
+    slices, a sweep still going, failed cells) says so: it is computed on the cells that
+    finished, and a test looked at before its planned n is reached errs more often than
+    its level (docs/results/exports/README.md, "A design in slices")."""
+    done, total = counts["finished"], counts["cells"]
+    if done >= total:
+        return
+    for v in verdicts:
+        v.reason += (f" (interim: {done} of the design's {total} cells have finished; "
+                     "the rest may change this verdict)")
+
+
 @dataclass
 class _Cost:
     """What the sweep's cell attempts cost, every attempt counted (failed ones too): the
@@ -1056,6 +1069,7 @@ def _build(src: _Sweep, spec_path: str | Path, scale: str, generated: str | None
     commits = Counter(r.data.tags.get(MLFLOW_GIT_COMMIT, "unknown")
                       for r in finished.values())
     counts, missing = _cell_states(src.spec, src.cells)
+    _mark_interim(verdicts, counts)
     prov = _provenance(src, spec_path, scale, counts, cost, commits)
     sweep = src.cells.sweep_run
     page = SuitePage(suite=src.suite, spec=src.spec, paper=src.paper,

@@ -204,12 +204,18 @@ def test_slices_of_a_design_merged_give_the_page_of_one_store(tmp_path):
             files.append(X.write_export(doc, tmp_path / f"slice{k}.json.gz"))
             part = P.build_page(path, "smoke", spec=spec, generated=G)
             assert part.counts["finished"] < whole.counts["finished"]
+            # a slice's verdicts are interim: computed before the design has run
+            assert part.verdicts and all(
+                f"(interim: {part.counts['finished']} of the design's "
+                f"{part.counts['cells']} cells have finished;" in v.reason
+                for v in part.verdicts)
     finally:
         mlflow.set_tracking_uri(prev)
     merged = X.write_export(X.merge_exports(files), tmp_path / "merged.json.gz")
     src = X.load_export(merged)
     assert len({r.info.experiment_id for r in src.runs}) == 1
     back = P.build_page(path, "smoke", spec=spec, source=src, generated=G)
+    assert not any("interim" in v.reason for v in whole.verdicts + back.verdicts)
     a, b = _fields(whole), _fields(back)
     for k in ("counts", "missing", "rows_per_method", "verdicts", "sections", "comparisons"):
         assert a[k] == b[k], k
