@@ -603,6 +603,13 @@ def parse_spec(text: str, path: str = "<spec>", full: bool = False,
     if not isinstance(grids, list) or not grids:
         raise loc.error(gnode or node, "'grids' must be a non-empty list of grids")
     over_key, over, smoke_exp, res = _scale_block(loc, data, scale)
+    if scale == "claims" and "claims" not in data and not any(
+            isinstance(g, dict) and "claims" in g for g in grids):
+        # without a design the "claims" run would be the reference grid under another
+        # experiment's name, and its page a claims page of a run sized for nothing
+        raise loc.error(node, "no `claims:` block: this suite has no design sized to test "
+                        "its paper's claims here (its header says why); run the reference "
+                        "scale, or --full on a GPU")
     retries = int(_number(loc, data, "retries", 1, 0))
     env = _checked_env(loc, data)
     expanded = _Grids(loc, gnode, over_key, over, max_cells)
