@@ -1224,7 +1224,8 @@ def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | P
                 lines.append(f"| {suite} | | {entry} | | | | |")
             continue
         p = entry
-        heads = "; ".join(f"{v.id}: **{v.status}**" for v in p.verdicts)
+        interim = " (interim)" if p.counts["finished"] < p.counts["cells"] else ""
+        heads = "; ".join(f"{v.id}: **{v.status}**{interim}" for v in p.verdicts)
         commit = ", ".join(f"`{c[:12]}`" for c in p.commits) or "—"
         lines.append(f"| [{suite}]({suite}.md) | {p.paper.title} | {heads} "
                      f"({_summary(p.verdicts)}) | {_fmt_s(p.wall_s)} | {_fmt_s(p.cpu_s)} | "

@@ -469,6 +469,13 @@ def test_an_index_row_of_another_scale_says_its_scale(tmp_path):
     assert rows["[b](b.md)"].endswith("| 3/4 finished (claims scale) |")
     assert rows["[a](a.md)"].endswith("| 3/4 finished |")
     assert text.startswith("# Results of the suites (reference scale)")
+    # 3 of 4 cells: the verdict is interim, and the row says so (a finished design not)
+    assert "claim1: **reproduced** (interim)" in rows["[a](a.md)"]
+    done = _index_page("c", 60, "reproduced")
+    done.counts = {"finished": 4, "cells": 4}
+    row = next(ln for ln in P.write_index([("c", done)], tmp_path).read_text().splitlines()
+               if ln.startswith("| [c]"))
+    assert "claim1: **reproduced** (" in row and "interim" not in row
 
 
 def test_the_index_keeps_the_row_of_a_suite_whose_sweep_this_store_lacks(tmp_path):
