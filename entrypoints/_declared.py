@@ -104,6 +104,11 @@ def _entry(name: str, anchored: bool) -> list[str]:
     params, flags, group, accel_done = [], [], None, False
     # in --help's order: by group, then as declared
     decls = [(p, d) for p in cmd.params if (d := declaration(p)) is not None and d.entry]
+
+    def line(indent: str, p: click.Parameter) -> str:
+        return (f"{indent}{param_key(p)}: {{type: string, default: "
+                f"{json.dumps(str(_default(name, p)))}}}")
+
     for p, d in sorted(decls, key=lambda pd: GROUPS.index(pd[1].group)):
         key = param_key(p)
         flags.append(f"      --{key.replace('_', '-')} {{{key}}}")
@@ -113,9 +118,8 @@ def _entry(name: str, anchored: bool) -> list[str]:
                               "docs/performance.md), auto = per device")
                 if anchored:
                     params.append("      <<: &accel")
-                    params += [f"        {k}: {{type: string, default: "
-                               f"{json.dumps(str(_default(name, q)))}}}"
-                               for k, q in _accel_params(cmd)]
+                    params += [line("        ", q) for q, _ in decls
+                               if param_key(q) in ACCEL_ENTRY]
                 else:
                     params.append("      <<: *accel")
                 accel_done, group = True, None
@@ -123,17 +127,9 @@ def _entry(name: str, anchored: bool) -> list[str]:
         if d.group != group:
             params.append(f"      # {d.group}")
             group = d.group
-        params.append(f"      {key}: {{type: string, default: "
-                      f"{json.dumps(str(_default(name, p)))}}}")
+        params.append(line("      ", p))
     return [f"  {name}:", "    parameters:", *params, "    command: >-",
             f"      python -m scarcelab.entrypoints.cli {name}", *flags]
-
-
-def _accel_params(cmd: click.Command) -> list[tuple[str, click.Parameter]]:
-    from scarcelab.entrypoints._accel import ACCEL_ENTRY
-    from scarcelab.entrypoints.options import param_key
-
-    return [(param_key(p), p) for p in cmd.params if param_key(p) in ACCEL_ENTRY]
 
 
 def _default(entry: str, p: click.Parameter) -> object:
