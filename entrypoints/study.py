@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from scarcelab.accel import NAMES as ACCEL_NAMES
 from scarcelab.entrypoints._accel import accel_from, accel_options
 from scarcelab.entrypoints.cli import main
 from scarcelab.entrypoints.options import (
@@ -37,6 +38,7 @@ from scarcelab.entrypoints.options import (
     check_overrides,
     data_options,
     dataset_options,
+    declared_params,
     entry_map,
     entry_params,
     identity_options,
@@ -216,8 +218,29 @@ def check_study(kw: dict[str, Any]) -> dict[str, Any]:
     return overrides
 
 
+#: the study options that reach ``StudyConfig`` other than as the field of their own name
+#: (each turned into its value(s) by :func:`study_config`), and those that go elsewhere
+#: (the run's identity, the tracker, the console: ``entrypoints/study.py::_run``)
+CONVERTED = ("overrides", "positive_class", "study_name", "hparams_from", *ACCEL_NAMES)
+NOT_CONFIG = ("experiment", "register_model", "run_name", "tags", "description", "quiet",
+              "verbose")
+
+
+def study_options_names() -> frozenset[str]:
+    """The click names of every option a study command declares."""
+    return frozenset(str(p.name) for p in declared_params(study_options(folds=True),
+                                                          REGISTER_MODEL))
+
+
 def study_config(family: str, kw: dict[str, Any]) -> Any:
-    """The ``StudyConfig`` for parsed ``study_options`` (shared by every study command)."""
+    """The ``StudyConfig`` for parsed ``study_options`` (shared by every study command).
+
+    An option whose click name is a ``StudyConfig`` field is handed over as it parsed, with
+    no line of its own here: adding a study option is its declaration and the core's field
+    (issue 44 item 2; tests/entrypoints/test_options_reach_config.py fails for an option
+    that reaches nothing). Only :data:`CONVERTED` options are turned into something else."""
+    from dataclasses import fields
+
     from scarcelab.protocols.search import StudyConfig
 
     if "data_options" not in kw:
@@ -232,28 +255,16 @@ def study_config(family: str, kw: dict[str, Any]) -> Any:
         # the help offers `defaults` for search=fixed: the method's literature defaults
         # (an empty given configuration; the core refuses fixed with none given at all)
         hparams = {}
+    # a command's own options (contamination's --ood...) stay out, whatever their names
+    handed = ({f.name for f in fields(StudyConfig)} - set(CONVERTED)) & (
+        study_options_names() | {"data_options"})
+    given = {k: v for k, v in kw.items() if k in handed}
+    positive = kw.get("positive_class")
     return StudyConfig(
-        method=kw["method"], dataset=kw["dataset"], family=family,
-        data_dir=kw["data_dir"], arch=kw["arch"], seed=kw["seed"],
-        budget_minutes=kw["budget_minutes"], budget_clock=kw.get("budget_clock") or "wall",
-        max_epochs=kw["max_epochs"],
-        patience=kw["patience"], n_labeled=kw["n_labeled"], n_val=kw["n_val"],
-        allow_large_val=kw["allow_large_val"], search=kw["search"],
-        batch_size=kw["batch_size"], unlabeled_batch_size=kw["unlabeled_batch_size"],
-        max_steps_per_epoch=kw["max_steps_per_epoch"], max_trials=kw["max_trials"],
-        device=kw["device"], overrides=overrides, diag_samples=kw["diag_samples"],
-        val_from=kw.get("val_from") or "auto", hparams=hparams, hparams_source=hparams_source,
-        transfer_epochs=kw.get("transfer_epochs"),
-        class_weights=kw.get("class_weights") or "balanced",
-        probe_solver=kw.get("probe_solver") or "sklearn",
-        eval_every_steps=kw.get("eval_every_steps") or 0,
-        schedule_horizon=kw.get("schedule_horizon") or "budget",
-        positive_class=None if kw.get("positive_class") in (None, "", "default")
-        else kw["positive_class"],
-        accel=accel_from(kw),
-        data_options=kw["data_options"],
-        **_study_identity(kw.get("study_name") or "auto"),
-    )
+        **given, family=family, overrides=overrides, hparams=hparams,
+        hparams_source=hparams_source,
+        positive_class=None if positive in (None, "", "default") else positive,
+        accel=accel_from(kw), **_study_identity(kw.get("study_name") or "auto"))
 
 
 def _study_identity(name: str) -> dict[str, Any]:

@@ -147,3 +147,36 @@ def test_an_own_image_option_changes_the_data_options(name: str, tmp_path: Path)
     got = _config(["--method", "fixmatch", "--dataset", ds, flag, OWN[name]])
     assert got["data_options"] != base["data_options"], (
         f"{flag} {OWN[name]} left data_options as they were")
+
+
+def test_a_new_option_named_after_a_field_reaches_it_with_no_hand_over_line(monkeypatch):
+    """Adding a study option is its declaration and the core's field (docs/extending.md,
+    "Adding a training-wide setting"): ``study_config`` hands over every declared option
+    whose name is a ``StudyConfig`` field. Here ``sweep_point`` (a field no command
+    declares) stands for a new option: once declared, its parsed value reaches the config
+    without a line naming it; before it is declared, a key of that name is ignored (a
+    command's own options never leak into the study's)."""
+    from scarcelab.entrypoints import study
+    from scarcelab.entrypoints.cli import main
+
+    kw = dict(main.commands["semi"].make_context("semi", ["--method", "fixmatch"]).params)
+    for k in ELSEWHERE:
+        kw.pop(k, None)
+    assert study.study_config("semi", {**kw, "sweep_point": "p"}).sweep_point == ""
+    declared = study.study_options_names()
+    monkeypatch.setattr(study, "study_options_names", lambda: declared | {"sweep_point"})
+    assert study.study_config("semi", {**kw, "sweep_point": "p"}).sweep_point == "p"
+
+
+def test_every_study_option_has_a_field_or_a_named_conversion() -> None:
+    from dataclasses import fields
+
+    from scarcelab.entrypoints import study
+    from scarcelab.entrypoints.options import DATASET_ENTRY, FOLDS_ENTRY
+    from scarcelab.protocols.search import StudyConfig
+
+    placed = ({f.name for f in fields(StudyConfig)} | set(study.CONVERTED)
+              | set(study.NOT_CONFIG) | set(DATASET_ENTRY) | set(FOLDS_ENTRY))
+    assert not study.study_options_names() - placed, (
+        "declare a StudyConfig field of the option's name, or convert it in study_config")
+    assert set(study.NOT_CONFIG) <= set(ELSEWHERE)
