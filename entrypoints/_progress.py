@@ -502,8 +502,9 @@ def summary_lines(tracker: Any, what: str, wall_s: float, extra: list[str]) -> l
         from mlflow.tracking import MlflowClient
 
         c = MlflowClient()
-        exp_id = c.get_run(run_id).info.experiment_id
-        exp = c.get_experiment(exp_id).name
+        if run_id is not None:  # a tracker without a study run: nothing to look up
+            exp_id = c.get_run(run_id).info.experiment_id
+            exp = c.get_experiment(exp_id).name
     except Exception:  # noqa: BLE001 - a summary must not fail a finished study
         pass
     from scarcelab.redaction import redact

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -56,7 +56,8 @@ def _hidden(v: Any) -> tuple[int, ...]:
         parts = [str(p) for p in v]
     else:
         parts = [p for p in text.split("x") if p]
-    widths = tuple(Int(1, 1_000_000).parse(p) for p in parts)
+    width = Int(1, 1_000_000)  # without default_ok, parse never gives None
+    widths = tuple(cast(int, width.parse(p)) for p in parts)
     if not widths:
         raise ValueError("expected layer widths like 24x12, or none")
     return widths

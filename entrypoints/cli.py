@@ -29,14 +29,15 @@ class _LazyGroup(click.Group):
     ``commands``, ``get_command`` or ``list_commands`` does.
     """
 
-    @property  # type: ignore[override]
+    @property
     def commands(self) -> dict[str, click.Command]:
         if not getattr(self, "_loading", False):
             _load_commands()
         return self._commands
 
+    # click declares ``commands`` a plain attribute; a property with a setter stands in for it
     @commands.setter
-    def commands(self, value: dict[str, click.Command]) -> None:
+    def commands(self, value: dict[str, click.Command]) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
         self._commands = value
 
     def invoke(self, ctx: click.Context) -> object:

@@ -147,7 +147,8 @@ def _open_parent(client: Any, cfg: StudyConfig, exp_id: str, key: str,
     if killed and not parent_id:
         parent_id = killed
     elif not parent_id:
-        parent_id = client.create_run(exp_id, run_name=name).info.run_id
+        new_id: str = client.create_run(exp_id, run_name=name).info.run_id
+        parent_id = new_id
     done: dict[str, FinishedChild] = {}
     if killed:
         done = finished_children(client, killed)

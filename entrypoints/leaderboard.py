@@ -34,14 +34,15 @@ class ViewChoice(click.Choice):
     def __init__(self) -> None:
         super().__init__(())
 
-    @property  # type: ignore[override]
+    @property
     def choices(self) -> tuple[str, ...]:
         from scarcelab.tracking.query.registry import static_view_names
 
         return tuple(static_view_names())
 
+    # click declares ``choices`` a plain attribute; a property with a setter stands in for it
     @choices.setter
-    def choices(self, value: object) -> None:
+    def choices(self, value: object) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
         pass  # always the registry's
 
 

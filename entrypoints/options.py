@@ -199,8 +199,11 @@ class Registered(Word):
         super().__init__()
         self.kind, self.family, self.extra = kind, family, extra
 
-    #: a name from a closed set: a sweep checks it when it reads a spec (tracking/commands.py)
-    names_only = True
+    @property
+    def names_only(self) -> bool:
+        """A name from a closed set: a sweep checks it when it reads a spec
+        (tracking/commands.py)."""
+        return True
 
     def parse(self, value: str) -> str:
         from scarcelab.registry import check_name

@@ -7,6 +7,7 @@ encoder's features transfer to a dense pathology task (docs/pathology.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -144,12 +145,14 @@ def segment(**kw: Any) -> None:
                               Display(level), budget_s=cfg.budget_minutes * 60.0,
                               label="segment")
     apply_identity(tracker, kw)
-    factory = None
+    factory: Callable[[str | None], Any] | None = None
     if cfg.encoder.startswith(("runs:/", "models:/")):
         from scarcelab.tracking.encoders import resolve_encoder
 
-        def factory(arch: str | None) -> Any:  # the same resolver as `probe`: no unpickling
+        def from_run(arch: str | None) -> Any:  # the same resolver as `probe`: no unpickling
             return resolve_encoder(cfg.encoder, arch, 3, seed=cfg.seed, norm=cfg.encoder_norm)
+
+        factory = from_run
     try:
         res = run_segment(cfg, tracker, backbone_factory=factory)
     except ScarcelabError as e:

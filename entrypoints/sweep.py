@@ -50,8 +50,10 @@ class _Share(_Typed):
         return check(number)
 
 
-class _OptBool(Bool):
-    """``true`` / ``false``, or ``default`` (the spec's value: None)."""
+class _OptBool(_Typed):
+    """``true`` / ``false`` (as :class:`Bool`), or ``default`` (the spec's value: None)."""
+
+    name = Bool.name
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return "true|false|default"
@@ -59,7 +61,7 @@ class _OptBool(Bool):
     def parse(self, value: str) -> bool | None:
         if value.lower() == "default":
             return None
-        return super().parse(value)
+        return Bool().parse(value)
 
 
 @main.command(name="sweep", short_help="Run a benchmark grid (YAML spec) on Ray.")

@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from scarcelab.errors import ConfigError
 
@@ -62,7 +62,7 @@ class Registry(Generic[T]):
         if not callable(obj):
             raise ConfigError(f"{self.kind} plugin {key!r} ({ep.value}) is not callable; "
                               "its entry point must name a loader function")
-        self._entries[key] = obj
+        self._entries[key] = cast(T, obj)  # a plugin is a loader, what this registry holds
         self._plugins.add(key)
         return True
 

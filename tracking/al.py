@@ -12,8 +12,10 @@ blocks (:func:`cd_blocks`). The significance statistics live in ``tracking.stats
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import pandas as pd
 
@@ -117,8 +119,10 @@ def rank_table(runs: pd.DataFrame, notes: list[str] | None = None) -> pd.DataFra
 def _why_no_overall(runs: pd.DataFrame, overall: pd.DataFrame) -> str:
     """Why no strategy can be ranked over all problems, naming what each problem has."""
     have = runs.groupby(["dataset", "query_size"])["strategy"].unique()
+    # grouped by two columns: each label is a (dataset, query size) pair
+    problems = cast("Iterable[tuple[tuple[object, object], Any]]", have.items())
     listing = "; ".join(f"{d} q={q}: {', '.join(sorted(map(str, s)))}"
-                        for (d, q), s in have.items())
+                        for (d, q), s in problems)
     if overall.shape[1] == 0:
         return ("no overall ranks, no Friedman test, no CD diagram: no strategy was run on "
                 f"every (dataset, query size) problem ({listing}); run the strategies to "

@@ -266,6 +266,7 @@ def finished_children(client: MlflowClient, parent_run_id: str) -> dict[str, Any
     only their numbers."""
     import tempfile
 
+    from mlflow.artifacts import download_artifacts
     from mlflow.exceptions import MlflowException
 
     from scarcelab.protocols.contamination import TUNING_POINT, FinishedChild
@@ -287,7 +288,7 @@ def finished_children(client: MlflowClient, parent_run_id: str) -> dict[str, Any
         if point == TUNING_POINT:
             with tempfile.TemporaryDirectory() as tmp:
                 try:
-                    path = mlflow.artifacts.download_artifacts(
+                    path = download_artifacts(
                         run_id=r.info.run_id, artifact_path="checkpoints/best.pt", dst_path=tmp)
                     ckpt = load_checkpoint(path, t.get(T.CHECKPOINT_SHA256))
                 except (UnsafeArtifact, OSError, MlflowException):

@@ -73,10 +73,10 @@ def source_run(spec: str) -> tuple[str, str]:
 def _download(uri: str, dst: str) -> Path | None:
     """``uri`` (``runs:/<id>/<path>``: a run artifact, or in MLflow 3 also a model logged
     under that name) into ``dst``; None when there is no such artifact."""
-    import mlflow
+    from mlflow.artifacts import download_artifacts
 
     try:
-        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=dst))
+        return Path(download_artifacts(artifact_uri=uri, dst_path=dst))
     except Exception:  # noqa: BLE001 - absent artifact: the caller tries the next layout
         return None
 

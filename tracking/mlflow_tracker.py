@@ -49,6 +49,7 @@ import torch
 from mlflow.data.http_dataset_source import HTTPDatasetSource
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import (
     MLFLOW_DATASET_CONTEXT,
@@ -224,9 +225,10 @@ def model_requirements() -> list[str]:
     nothing of the model needs."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from mlflow.pytorch import get_default_pip_requirements
     from packaging.version import Version
 
-    out = list(mlflow.pytorch.get_default_pip_requirements())  # torch, cloudpickle
+    out = list(get_default_pip_requirements())  # torch, cloudpickle
     have = {r.split("==")[0].lower() for r in out}
     for dist in ("numpy", "pandas"):
         if dist not in have:
@@ -241,11 +243,12 @@ def _log_pt2(module: nn.Module, example: torch.Tensor, run_id: str, experiment_i
              metadata: dict[str, Any] | None, tags: dict[str, str] | None) -> None:
     # the logged-model entity is created in the *current* experiment, and `runs:/<id>/model`
     # is looked up in the run's experiment: make them the same
+    from mlflow.pytorch import log_model
+
     mlflow.set_experiment(experiment_id=experiment_id)
-    mlflow.pytorch.log_model(module, name="model", serialization_format="pt2",
-                             input_example=example.numpy(), run_id=run_id,
-                             metadata=metadata, tags=tags,
-                             pip_requirements=model_requirements())
+    log_model(module, name="model", serialization_format="pt2",
+              input_example=example.numpy(), run_id=run_id, metadata=metadata, tags=tags,
+              pip_requirements=model_requirements())
 
 
 def _log_classifier(network: Path, spec: InputSpec, run_id: str, experiment_id: str,
@@ -284,7 +287,7 @@ def _experiment_id(name: str | None) -> str:
             return str(exp.experiment_id)
         try:
             return str(client.create_experiment(name, tags=experiment_kind.creation_tags()))
-        except mlflow.exceptions.MlflowException as e:
+        except MlflowException as e:
             # Two workers starting together both saw no experiment; the second create loses
             # the race. The experiment now exists: use it.
             exp = client.get_experiment_by_name(name)
@@ -524,9 +527,11 @@ class MlflowTracker(RunViews, Tracker):
         """The dead study's best checkpoint — only if its digest is the one it recorded
         (``scarcelab.checkpoint_sha256``), and read with ``weights_only=True``. A file that
         fails either check is refused loudly and the study continues without it."""
+        from mlflow.artifacts import download_artifacts
+
         rid = run.info.run_id
         try:
-            path = mlflow.artifacts.download_artifacts(
+            path = download_artifacts(
                 run_id=rid, artifact_path="checkpoints/best.pt", dst_path=self._tmp.name)
         except Exception as e:  # noqa: BLE001 - no checkpoint yet is a normal case
             log.info("no checkpoint to restore from run %s (%s)", rid, e)
@@ -646,7 +651,8 @@ class MlflowTracker(RunViews, Tracker):
         else:
             exp = _experiment_id(self.experiment)
             run = _retry(self.client.create_run, exp, tags=resolve_tags({}), run_name=name)
-        self.study_run_id = run.info.run_id
+        study_run_id: str = run.info.run_id
+        self.study_run_id = study_run_id
         self._experiment_id = run.info.experiment_id
         # Default, a sweep's or a user-made experiment: open on the runs in MLflow 3's UI
         experiment_kind.mark_classic(self.client, self._experiment_id)

@@ -173,6 +173,7 @@ def search_figures(trials: Sequence[Any]) -> dict[str, Figure]:
                 ax = fn(study)
                 fig = (ax if isinstance(ax, Figure) else
                        np.ravel(ax)[0].figure if isinstance(ax, np.ndarray) else ax.figure)
+                assert isinstance(fig, Figure)  # optuna draws on a figure of its own
                 fig.set_size_inches(8, 4.5)
                 if name == "param_importances":
                     _importance_caveat(fig, len(done))

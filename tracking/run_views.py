@@ -96,7 +96,9 @@ class RunViews:
                 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
                 every = float(os.environ.get("SCARCELAB_SYSTEM_METRICS_INTERVAL_S", "10"))
-                mon = SystemMetricsMonitor(run_id, sampling_interval=every,
+                # mlflow is unannotated here: the type is inferred from the int default,
+                # but its docstring and its wait() take seconds as a float
+                mon = SystemMetricsMonitor(run_id, sampling_interval=every,  # pyright: ignore[reportArgumentType]
                                            samples_before_logging=1, resume_logging=True)
                 mon.start()
                 st["monitor"] = mon

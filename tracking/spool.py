@@ -215,16 +215,22 @@ def read_journal(path: Path) -> tuple[list[dict[str, Any]], str | None]:
             continue
         if i == len(lines) - 1:  # no newline: the write did not complete
             return out, f"torn record at line {i + 1} (no end of line)"
-        try:
-            rec = json.loads(line)
-            ok = rec["seq"] == len(out) and rec["sum"] == _digest(rec["seq"], rec["id"],
-                                                                  rec["op"])
-        except (ValueError, KeyError, TypeError):
-            ok = False
-        if not ok:
+        rec = _valid_record(line, len(out))
+        if rec is None:
             return out, f"corrupt record at line {i + 1}"
         out.append(rec)
     return out, None
+
+
+def _valid_record(line: bytes, seq: int) -> dict[str, Any] | None:
+    """The record on ``line`` when it parses, its checksum matches and its sequence number
+    is ``seq``; else None."""
+    try:
+        rec = json.loads(line)
+        ok = rec["seq"] == seq and rec["sum"] == _digest(rec["seq"], rec["id"], rec["op"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return rec if ok else None
 
 
 # -- records held in memory only (a full disk) --------------------------------------------------

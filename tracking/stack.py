@@ -38,6 +38,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -298,7 +299,8 @@ class Stack:
         self._save()
         return True
 
-    def _as_postgres(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    def _as_postgres(self, argv: Sequence[str | os.PathLike[str]], check: bool = True
+                     ) -> subprocess.CompletedProcess:
         cmd = [str(a) for a in argv]
         if os.geteuid() == 0:
             cmd = ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(cmd)]
@@ -462,7 +464,7 @@ class Stack:
         taken = {self.state.pg_port, self.state.mlflow_port, self.state.s3_port}
         for name in STORE_PORTS:
             p = ports.get(name)
-            need = [p, p + GRPC_OFFSET] if (p and name == "admin") else [p]
+            need: list[int | None] = [p, p + GRPC_OFFSET] if (p and name == "admin") else [p]
 
             def free(need: list[int | None] = need) -> bool:
                 return all(q and q < 65536 and self._port_free(host, q) for q in need)
@@ -480,6 +482,7 @@ class Stack:
                                      f"(the stack's data in {self.s3_dir} is tied to it)")
                 p = self._pick_port(host, admin=name == "admin", avoid=taken)
                 ports[name] = p
+            assert p is not None  # ok only with a port: kept, or else picked
             taken.add(p)
             if name == "admin":
                 taken.add(p + GRPC_OFFSET)
@@ -765,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     [--auth]``."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="scripts/stack", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="scripts/stack", description=(__doc__ or "").split("\n")[0])
     p.add_argument("action", choices=["start", "stop", "status", "env", "restart-server"])
     p.add_argument("--root", default=None, help="state folder (default $SCARCELAB_STACK_DIR "
                    "or .scarcelab/stack)")

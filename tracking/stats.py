@@ -22,7 +22,7 @@ import itertools
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import matplotlib
 
@@ -340,7 +340,8 @@ def wilcoxon_holm(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
         if np.all(x == y):
             p = 1.0
         else:
-            p = float(stats.wilcoxon(x, y).pvalue)
+            # a WilcoxonResult; scipy's decorated signature loses the type of what it returns
+            p = float(cast(Any, stats.wilcoxon(x, y)).pvalue)
         rows.append((a, b, p))
     out = pd.DataFrame(rows, columns=["a", "b", "p_value"])
     out["p_holm"] = holm(out["p_value"].to_numpy()) if len(out) else []

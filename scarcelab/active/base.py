@@ -23,14 +23,17 @@ class ModelView(Protocol):
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
         """(N, C) class probabilities, evaluation mode."""
+        ...
 
     def embed(self, x: np.ndarray) -> np.ndarray:
         """(N, E) penultimate activations (the input itself for a linear classifier)."""
+        ...
 
     def mc_predict_proba(self, x: np.ndarray, passes: int, generator: torch.Generator,
                          p: float | None = None) -> np.ndarray:
         """(passes, N, C) probabilities with dropout active, masks drawn from ``generator``;
         ``p`` overrides the dropout rate for these passes."""
+        ...
 
 
 @dataclass

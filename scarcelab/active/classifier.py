@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -110,7 +110,7 @@ class ImageALNet(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.backbone = create_model(arch, in_channels=in_channels)
-            self.head = nn.Linear(self.backbone.num_features, num_classes)
+            self.head = nn.Linear(cast(int, self.backbone.num_features), num_classes)
         self.drop = SeededDropout(dropout)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -213,7 +213,7 @@ def _autocast(accel: Accel | None, device: torch.device) -> Any:
     return accel.autocast(device) if accel is not None else nullcontext()
 
 
-def _optimizer(cfg: FitConfig, params: list[nn.Parameter], accel: Accel | None = None
+def _optimizer(cfg: FitConfig, params: Sequence[torch.Tensor], accel: Accel | None = None
                ) -> torch.optim.Optimizer:
     name = cfg.optimizer.lower()
     table = {"nadam": torch.optim.NAdam, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,

@@ -66,8 +66,9 @@ class EncoderConfig:
             raise ConfigError(f"unknown encoder setting(s) {sorted(unknown)} (set as "
                               f"encoder.<name>=…); valid: {sorted(names)}")
         types = {"epochs": int, "batch_size": int, "seed": int, "lr": float}
-        return cls(**{k: (types[k](v) if k in types and v is not None else v)
-                      for k, v in d.items()})
+        kwargs: dict[str, Any] = {k: (types[k](v) if k in types and v is not None else v)
+                                  for k, v in d.items()}
+        return cls(**kwargs)
 
     def resolved_arch(self, device: torch.device) -> str:
         if self.arch != "auto":
@@ -115,7 +116,9 @@ class DiskEncodingCache:
         fix = f"delete {npz} and {meta} (a cache of encodings) to have them computed again"
         # cached files may come from a store: read without pickles, sizes checked first
         arrays = load_npz(npz, ("x_train", "y_train", "x_test", "y_test"), fix=fix)
-        return Encoded(**arrays, meta=read_json(meta, fix=fix)), f"disk:{npz}"
+        return Encoded(x_train=arrays["x_train"], y_train=arrays["y_train"],
+                       x_test=arrays["x_test"], y_test=arrays["y_test"],
+                       meta=read_json(meta, fix=fix)), f"disk:{npz}"
 
     def put(self, key: str, enc: Encoded) -> str:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -193,6 +196,7 @@ def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
     opt, sched = make_optimizer(method, total, accel=acc)
     x = torch.as_tensor(images).to(device)
     t0, step, last = time.perf_counter(), 0, float("nan")
+    loss: torch.Tensor | None = None
     for epoch in range(cfg.epochs):
         perm = torch.randperm(n, generator=gen)
         for s in range(spe):
@@ -203,6 +207,7 @@ def train_encoder(images: np.ndarray, num_classes: int, cfg: EncoderConfig,
             progress = Progress(step=step, total_steps=total, epoch=epoch)
             loss = optimizer_step(method, opt, sched, batch, progress, acc)["loss"]
             step += 1
+        assert loss is not None  # spe >= 1: every epoch takes at least one step
         last = float(loss.detach())
     stats = {"encoder_train_s": time.perf_counter() - t0, "encoder_steps": float(step),
              "encoder_final_loss": last}

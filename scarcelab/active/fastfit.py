@@ -210,6 +210,7 @@ def _nadam_step(flat: _Flat, group: dict) -> None:
     bias_correction_sqrt = (1 - beta2 ** s) ** 0.5
     mu = beta1 * (1.0 - 0.5 * (0.96 ** (s * md)))
     mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((s + 1) * md)))
+    assert flat.mu_product is not None  # NAdam's state always holds one
     flat.mu_product.mul_(mu)
     mp = flat.mu_product.item()
     denom.div_(bias_correction_sqrt)

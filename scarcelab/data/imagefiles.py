@@ -302,7 +302,8 @@ def _first(value: Any) -> float:
 def _check_decodable(path: str | os.PathLike[str], ds: Any) -> None:
     """A compressed transfer syntax without an installed decoder: say which syntax and what
     to install, before any pixel is touched."""
-    from pydicom.pixels import get_decoder
+    # pydicom documents these names in pydicom.pixels but does not mark the re-exports
+    from pydicom.pixels import get_decoder  # pyright: ignore[reportPrivateImportUsage]
 
     ts = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
     if ts is None or not getattr(ts, "is_compressed", False):
@@ -361,7 +362,8 @@ def _decoder_gap(path: str | os.PathLike[str], ds: Any, e: BaseException
     ts = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
     if ts is None or not getattr(ts, "is_compressed", False):
         return None
-    from pydicom.pixels import get_decoder
+    # pydicom documents these names in pydicom.pixels but does not mark the re-exports
+    from pydicom.pixels import get_decoder  # pyright: ignore[reportPrivateImportUsage]
 
     try:
         missing = list(get_decoder(ts).missing_dependencies)
@@ -404,10 +406,11 @@ def _decode_dicom(path: str | os.PathLike[str], data: bytes) -> np.ndarray:
     from pydicom import pixels
 
     try:
-        arr = pixels.pixel_array(ds, index=0)  # first frame; YBR colour -> RGB
+        # first frame; YBR colour -> RGB. pydicom.pixels' public names are unmarked re-exports
+        arr = pixels.pixel_array(ds, index=0)  # pyright: ignore[reportPrivateImportUsage]
         photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper()
         if photometric == "PALETTE COLOR":
-            rgb = pixels.apply_color_lut(arr, ds)
+            rgb = pixels.apply_color_lut(arr, ds)  # pyright: ignore[reportPrivateImportUsage]
             rgb = (rgb >> 8).astype(np.uint8) if rgb.dtype.itemsize > 1 else rgb
             return np.ascontiguousarray(rgb.astype(np.uint8).transpose(2, 0, 1))
         if arr.ndim == 3:  # colour: VOI does not apply (PS3.3 C.11.2)
@@ -429,7 +432,8 @@ def _decode_dicom(path: str | os.PathLike[str], data: bytes) -> np.ndarray:
 def _dicom_gray(arr: np.ndarray, ds: Any) -> np.ndarray:
     from pydicom import pixels
 
-    x = pixels.apply_modality_lut(arr, ds)
+    # pydicom documents these names in pydicom.pixels but does not mark the re-exports
+    x = pixels.apply_modality_lut(arr, ds)  # pyright: ignore[reportPrivateImportUsage]
     center, width = ds.get("WindowCenter"), ds.get("WindowWidth")
     if center is not None and width is not None and center != "" and width != "":
         c, w = _first(center), _first(width)
@@ -437,7 +441,7 @@ def _dicom_gray(arr: np.ndarray, ds: Any) -> np.ndarray:
             return voi_window(x, c, w, str(ds.get("VOILUTFunction", "LINEAR") or "LINEAR"))
     if "VOILUTSequence" in ds and len(ds.VOILUTSequence):
         bits = int(ds.VOILUTSequence[0].LUTDescriptor[2])
-        y = pixels.apply_voi_lut(x, ds, index=0, prefer_lut=True)
+        y = pixels.apply_voi_lut(x, ds, index=0, prefer_lut=True)  # pyright: ignore[reportPrivateImportUsage]
         top = float(2 ** bits - 1)
         return np.rint(np.clip(y, 0, top) * (255.0 / top)).astype(np.uint8)
     return _scale_to_uint8(x)

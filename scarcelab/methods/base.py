@@ -19,6 +19,7 @@ from torch import nn
 from scarcelab.errors import ConfigError
 from scarcelab.methods._parts import soft_cross_entropy
 from scarcelab.methods.space import Distribution
+from scarcelab.models import num_features
 from scarcelab.schedule import Horizon
 
 
@@ -119,7 +120,9 @@ class Method(nn.Module, metaclass=ABCMeta):
     search_space: ClassVar[dict[str, Distribution]] = {}
     defaults: ClassVar[dict[str, Any]] = {}
     batch_sizes: ClassVar[dict[str, int]] = {"labeled": 64, "unlabeled": 0}
-    labeled_views: ClassVar[tuple[str, ...]] = ("weak",)
+    # not a ClassVar: a method may pick its labeled views per instance from its
+    # hyperparameters (DS3L's ``labeled_consistency``)
+    labeled_views: tuple[str, ...] = ("weak",)
     views: ClassVar[tuple[str, ...]] = ()
     linear_probe: ClassVar[bool] = False
     has_pseudo_labels: ClassVar[bool] = False
@@ -147,7 +150,7 @@ class Method(nn.Module, metaclass=ABCMeta):
         # (unweighted); set by the trainer from the labeled set (TrainConfig.class_weights)
         self.class_weights: torch.Tensor | None = None
         if not self.linear_probe:
-            self.head = nn.Linear(backbone.num_features, num_classes)
+            self.head = nn.Linear(num_features(backbone), num_classes)
 
     @classmethod
     def check_hparams(cls, hp: dict[str, Any]) -> None:

@@ -6,6 +6,8 @@ methods, so one backbone serves supervised, semi- and self-supervised training a
 
 from __future__ import annotations
 
+from typing import cast
+
 from torch import nn
 
 from scarcelab.registry import PACKAGES, Registry
@@ -22,8 +24,14 @@ def create_model(name: str, in_channels: int = 3, **kwargs: object) -> nn.Module
     return model
 
 
+def num_features(backbone: nn.Module) -> int:
+    """``backbone.num_features``, the width of its features (every backbone exposes it as an
+    int; :func:`create_model` checks that), typed as the int it is."""
+    return cast(int, backbone.num_features)
+
+
 def list_models() -> list[str]:
     return MODELS.names()
 
 
-__all__ = ["MODELS", "create_model", "list_models", "register_model"]
+__all__ = ["MODELS", "create_model", "list_models", "num_features", "register_model"]

@@ -51,5 +51,5 @@ def for_export(model: M) -> M:
     with ``small_cnn``). The exported graph is the same either way; the contiguous copy is
     what the archive stores without guessing.
     """
-    return model.to("cpu", memory_format=torch.contiguous_format).eval()
+    return model.to("cpu").to(memory_format=torch.contiguous_format).eval()
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,8 @@ def read_weights(path: str | os.PathLike[str]) -> Any:
                         f"{str(e)[:200]})") from e
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        holders = [(type(n.rsplit(".", 1)[-1], (Opaque,), {"_name": n}), n) for n in names]
+        holders: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
+            (type(n.rsplit(".", 1)[-1], (Opaque,), {"_name": n}), n) for n in names]
         with torch.serialization.safe_globals(holders):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - refused globals, or not a weights file
@@ -148,8 +150,9 @@ def resnet_arch_of(state: dict[str, torch.Tensor], where: str) -> str:
                             if k.startswith(f"layer{i}.") and k.split(".")[1].isdigit()),
                            default=-1) for i in range(1, 5))
     bottleneck = "layer1.0.conv3.weight" in state
-    name = {((3, 4, 6, 3), True): "resnet50", ((2, 2, 2, 2), False): "resnet18"}.get(
-        (depths, bottleneck))
+    known: dict[tuple[tuple[int, ...], bool], str] = {((3, 4, 6, 3), True): "resnet50",
+                                                      ((2, 2, 2, 2), False): "resnet18"}
+    name = known.get((depths, bottleneck))
     if name is None:
         raise ConfigError(f"{where}: a torchvision/timm ResNet with blocks {depths} "
                           f"({'bottleneck' if bottleneck else 'basic'}); scarcelab has "
@@ -260,6 +263,8 @@ def fold_input_norm(net: nn.Module, mean: tuple[float, ...], std: tuple[float, .
     if not isinstance(conv, nn.Conv2d) or not isinstance(bn, nn.BatchNorm2d):
         raise ConfigError(f"{where}: encoder_norm folds into a ResNet stem (conv1 + bn1); "
                           "this encoder has none, pass encoder_norm=none")
+    running_mean = bn.running_mean  # a ResNet stem's BatchNorm tracks running statistics
+    assert running_mean is not None
     if len(mean) != conv.in_channels:
         raise ConfigError(f"{where}: encoder_norm has {len(mean)} channels, the encoder's "
                           f"stem takes {conv.in_channels}")
@@ -268,7 +273,7 @@ def fold_input_norm(net: nn.Module, mean: tuple[float, ...], std: tuple[float, .
     a, b = NORM_STD / s, (NORM_MEAN - m) / s
     shift = (conv.weight * b[None, :, None, None]).sum((1, 2, 3))
     conv.weight.mul_(a[None, :, None, None])
-    bn.running_mean.sub_(shift)
+    running_mean.sub_(shift)
 
 
 def load_backbone(state: dict[str, torch.Tensor], meta: dict[str, Any], arch: str | None,

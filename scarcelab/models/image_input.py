@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -99,7 +99,8 @@ class InputSpec:
                              f"{tuple(example.shape)}")
         c, h, w = (int(s) for s in example.shape[1:])
         return cls(transform=training_transform(getattr(model, "transform", None), c),
-                   channels=c, size=(h, w), class_names=[str(n) for n in model.class_names])
+                   channels=c, size=(h, w),
+                   class_names=[str(n) for n in cast("list[str]", model.class_names)])
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "transform": dict(self.transform),

@@ -26,6 +26,7 @@ inside the foreground. A foreground blob that received no marker is left out, as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -114,6 +115,12 @@ def ellipse(size: int) -> np.ndarray:
     return out
 
 
+def _label(mask: Any) -> np.ndarray:
+    """Connected components of ``mask`` (anything ``ndimage.label`` takes; without
+    ``output`` it returns ``(labels, count)``)."""
+    return cast("tuple[np.ndarray, int]", ndimage.label(mask))[0]
+
+
 def _drop_small(lab: np.ndarray, min_size: int) -> np.ndarray:
     """Labels with fewer than ``min_size`` pixels set to 0 (HoVer-Net misc/utils.py)."""
     if min_size <= 1 or not lab.any():
@@ -138,7 +145,7 @@ class PostProcess:
     def __call__(self, fg_prob: np.ndarray, hv: np.ndarray) -> np.ndarray:
         watershed = need("skimage.segmentation", "segment (watershed)").watershed
 
-        blb = _drop_small(ndimage.label(fg_prob >= self.fg_threshold)[0], self.min_size) > 0
+        blb = _drop_small(_label(fg_prob >= self.fg_threshold), self.min_size) > 0
         if not blb.any():
             return np.zeros(blb.shape, np.int32)
         dh = 1.0 - _minmax(sobel(_minmax(hv[0].astype(np.float64)), 1, self.sobel_size))
@@ -153,7 +160,7 @@ class PostProcess:
             se = ellipse(self.open_size)
             marker = ndimage.binary_dilation(
                 ndimage.binary_erosion(marker, se, border_value=1), se, border_value=0)
-        mlab = _drop_small(ndimage.label(marker)[0], self.min_marker)
+        mlab = _drop_small(_label(marker), self.min_marker)
         return watershed(dist, mlab, mask=blb).astype(np.int32)
 
 

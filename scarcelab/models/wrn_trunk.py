@@ -17,6 +17,7 @@ network has the same weights it had before the two trunks were merged
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import nn
@@ -57,6 +58,8 @@ class PreActBlock(nn.Module):
 
 #: (cin, cout, stride, first block of the network) -> block
 BlockFactory = Callable[[int, int, int, bool], nn.Module]
+#: the activation the convolutions' Kaiming initialisation is computed for
+InitNonlinearity = Literal["relu", "leaky_relu"]
 
 
 class WideResNetTrunk(nn.Module):
@@ -68,8 +71,8 @@ class WideResNetTrunk(nn.Module):
     """
 
     def __init__(self, in_channels: int, depth: int, widen: int, *, block: BlockFactory,
-                 bn_momentum: float, act: Callable[[], nn.Module], init_nonlinearity: str
-                 ) -> None:
+                 bn_momentum: float, act: Callable[[], nn.Module],
+                 init_nonlinearity: InitNonlinearity) -> None:
         super().__init__()
         if (depth - 4) % 6:
             raise ValueError(f"WideResNet depth must be 6n+4, got {depth}")

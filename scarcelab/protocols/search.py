@@ -735,6 +735,7 @@ class _Search:
         study's answer is on the records of the workers that ran the trials); it ends
         with the study's counts and best validation score, and says so."""
         best = self.store.study.best_trial
+        assert best.value is not None  # best_trial is a completed trial: it has a value
         msg = (f"every one of the {self.cfg.max_trials} trials of study {self.store.name} "
                "was taken by other workers: this worker trained none (the study's model is "
                "on their records)")

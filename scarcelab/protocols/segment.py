@@ -48,7 +48,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -244,7 +244,7 @@ def hovernet_loss(out: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str
     if "tp" in batch:
         terms["tp"] = (w["tp_ce"] * F.cross_entropy(out[:, 4:], batch["tp"])
                        + w["tp_dice"] * _soft_dice(out[:, 4:], batch["tp"]))
-    terms["loss"] = sum(terms.values())
+    terms["loss"] = cast(torch.Tensor, sum(terms.values()))  # non-empty: never the 0 start
     return terms
 
 
@@ -329,7 +329,7 @@ def rescale(tile: NucleiTile, s: float) -> NucleiTile:
     from PIL import Image
 
     h, w = (max(1, round(d * s)) for d in tile.inst.shape)
-    img = np.asarray(Image.fromarray(tile.image).resize((w, h), Image.BILINEAR))
+    img = np.asarray(Image.fromarray(tile.image).resize((w, h), Image.Resampling.BILINEAR))
     return NucleiTile(tile.name, img, resize_labels(tile.inst, (h, w)), tile.types,
                       tile.group)
 
@@ -711,8 +711,9 @@ class _Run:
         for tile, pred in list(zip(test, preds, strict=True))[:cfg.n_overlays]:
             name = overlay_name(cfg.dataset, tile.name)
             tracker.log_image(overlay(tile, pred, tile.name), name)
-            if hasattr(tracker, "note_artifact"):
-                tracker.note_artifact(name)
+            note_artifact = getattr(tracker, "note_artifact", None)
+            if note_artifact is not None:
+                note_artifact(name)
         tracker.log_checkpoint({"state_dict": best.state, "epoch": best.epoch,
                                 "arch": arch, "n_types": self.model.n_types,
                                 "edge_threshold": edge}, name="best.pt")

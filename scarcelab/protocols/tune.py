@@ -61,10 +61,10 @@ import logging
 import math
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import optuna
@@ -485,7 +485,9 @@ def prepare(raw: RawDataset, whole: dict[str, np.ndarray] | None = None
 
 def build_method(method_cls: type[Method], arch: str, raw: RawDataset, mean: np.ndarray,
                  std: np.ndarray, hp: dict[str, Any]) -> Method:
-    backbone = Standardized(create_model(arch, in_channels=raw.channels), mean, std)
+    # Standardized reads mean and std with np.asarray: an array is the sequence it takes
+    backbone = Standardized(create_model(arch, in_channels=raw.channels),
+                            cast("Sequence[float]", mean), cast("Sequence[float]", std))
     return method_cls(backbone, raw.num_classes, hp)
 
 
@@ -591,6 +593,7 @@ def _load(cfg: TuneConfig, s: TuneSettings
 
 
 def _dataset_info(raw: RawDataset) -> DatasetInfo:
+    assert raw.val_y is not None  # prepare() refuses a dataset without a validation split
     digest = f"{raw.md5 or raw.source}:{len(raw.train_y)}:{len(raw.val_y)}:{len(raw.test_y)}"
     return DatasetInfo(name=raw.name, source=raw.source or raw.name,
                        digest=hashlib.sha256(digest.encode()).hexdigest()[:16])
@@ -714,6 +717,7 @@ def _study_record(cfg: TuneConfig, s: TuneSettings, method_cls: type[Method], ra
     """The study's tags, its resolved configuration (``config.json``) and its params. The
     data's ``notes`` (e.g. ``test_set``: a stand-in for the official test set) become tags
     of the study and of every trial and retrain, so a table built from them says so."""
+    assert raw.val_y is not None  # prepare() refuses a dataset without a validation split
     notes = {"test_set": "official", **raw.notes}
     tags = {T.ROLE: "study", T.PROTOCOL: "tune",
             T.FAMILY: "supervised", T.METHOD: method_cls.registered_name,

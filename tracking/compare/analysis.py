@@ -118,13 +118,14 @@ def analyse(per_seed: pd.DataFrame, families: dict[str, str], alpha: float = 0.0
     p_best = {m: np.nan for m in present}
     if an.best is not None and n >= 2:
         for m in order[1:]:
-            p_best[m] = stats.paired_t(complete[an.best], complete[m], alpha).p
+            p_best[m] = stats.paired_t(complete[an.best].to_numpy(),
+                                       complete[m].to_numpy(), alpha).p
     others = order[1:]
     adj = dict(zip(others, stats.holm([p_best[m] for m in others]), strict=True)) \
         if others else {}
     rows = []
     for rank, m in enumerate(order, 1):
-        g = stats.paired_t(complete[m], complete[an.baseline], alpha) \
+        g = stats.paired_t(complete[m].to_numpy(), complete[an.baseline].to_numpy(), alpha) \
             if an.baseline is not None else None
         if m == an.best:
             verdict = "best"

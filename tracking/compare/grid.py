@@ -293,15 +293,15 @@ def load_grid(path: str | Path) -> Grid:
         node, data = _load(str(p), text)
     except SpecError as e:
         raise GridError(str(e)) from None
+    if node is None or not isinstance(data, dict):  # an empty file composes to no node
+        raise GridError(f"{p}:1: a grid is a mapping with dataset, methods, seeds "
+                        "(scarcelab compare --write-grid FILE writes one)")
     loc = _Located(str(p), node)
 
     def at(key: str, sub: Any = None) -> str:
         n = loc.child(node, key) if sub is None else sub
         return f"{p}:{_line(n)}: {key}"
 
-    if not isinstance(data, dict):
-        raise GridError(f"{p}:1: a grid is a mapping with dataset, methods, seeds "
-                        "(scarcelab compare --write-grid FILE writes one)")
     for k in data:
         if k not in GRID_KEYS:
             raise GridError(f"{p}:{_line(loc.key_node(node, k))}: unknown key {k!r}; valid: "

@@ -29,7 +29,9 @@ _EXPORTS = {
                             "significance", "study_scores", "transfer")},
 }
 
-__all__ = sorted(_EXPORTS)
+# built from _EXPORTS (the names __getattr__ imports on first use): pyright follows only
+# a literal __all__, and no name here is bound until first use anyway
+__all__ = sorted(_EXPORTS)  # pyright: ignore[reportUnsupportedDunderAll]
 
 
 def __getattr__(name: str) -> Any:

@@ -131,7 +131,8 @@ def static_view_names() -> list[str]:
             arg = node.args[0]
             if fname == "view" and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 pos = [k.value.value for k in node.keywords
-                       if k.arg == "order" and isinstance(k.value, ast.Constant)]
+                       if k.arg == "order" and isinstance(k.value, ast.Constant)
+                       and isinstance(k.value.value, int | float)]
                 order[arg.value.lower()] = float(pos[0]) if pos else 100.0
     for name, v in REGISTRY._entries.items():  # registered from code outside these files
         order.setdefault(name, float(v.order))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlsplit, urlunsplit
 
 import matplotlib
@@ -82,7 +83,7 @@ def people_frame(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
             vals = num.dropna()
             whole = pd.api.types.is_integer_dtype(col) or (
                 not set(c.replace(" ", "_").split("_")) & set(_SCORE_WORDS)
-                and vals.map(lambda v: float(v).is_integer()).all()
+                and vals.map(lambda v: float(cast("float", v)).is_integer()).all()
                 and bool((vals.abs() > 1).any()))  # 0 and 1 alone: more likely scores
             out[c] = ["" if pd.isna(v) else (f"{int(v)}" if whole else _num(v, digits))
                       for v in num]
@@ -100,8 +101,8 @@ def to_table(df: pd.DataFrame, digits: int = 3) -> str:
         return "(no rows)"
     p = people_frame(df, digits)
     right = {c for c in p.columns
-             if p[c].map(lambda v: v == "" or v.replace(PM, "").replace(" ", "")
-                         .replace(".", "").replace("-", "").isdigit()).all()}
+             if p[c].map(lambda v: v == "" or cast("str", v).replace(PM, "")
+                         .replace(" ", "").replace(".", "").replace("-", "").isdigit()).all()}
     widths = {c: max(len(c), *(len(v) for v in p[c])) for c in p.columns}
 
     def line(cells: dict[str, str]) -> str:
@@ -156,7 +157,8 @@ def row_labels(part: pd.DataFrame) -> pd.Series:
                     for c in differ]
             if str(r.get("setting", "") or "") not in ("", "nan"):
                 bits.append(str(r["setting"]))
-            out[i] = f"{r['method']} ({', '.join(bits)})"
+            # pandas-stubs allow only int | str Series labels; i is a label of out's own index
+            out[i] = f"{r['method']} ({', '.join(bits)})"  # pyright: ignore[reportCallIssue, reportArgumentType]
     return out
 
 

@@ -16,14 +16,17 @@ depends on which reader produced it (the tests check both agree).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pandas as pd
 
 from scarcelab import tags as T
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 RUN_COLUMNS = ["run_id", "experiment_id", "run_name", "status", "start_time", "end_time"]
@@ -63,6 +66,7 @@ class StoreReader(Protocol):
                   steps: Sequence[int] | None = None) -> pd.DataFrame:
         """Long frame ``run_id, key, step, value`` (NaN for NaN), in logging order within
         each (run, key); ``steps`` keeps only those steps."""
+        ...
 
 
 def _missing(name: str, uri: str) -> ValueError:
@@ -93,7 +97,7 @@ class SqlReader:
         self.engine = sa.create_engine(uri, **kwargs)
         self._runs: dict[tuple[tuple[str, ...], str | None], pd.DataFrame] = {}
 
-    def _read(self, sql: str, numeric: dict[str, object] | None = None,
+    def _read(self, sql: str, numeric: Mapping[str, DTypeLike] | None = None,
               **params: object) -> pd.DataFrame:
         """Run one read; ``numeric`` names the columns to convert (column -> dtype)."""
         stmt = self._sa.text(sql)
@@ -151,7 +155,7 @@ class SqlReader:
         return df.reindex(columns=RUN_COLUMNS)
 
     def _scoped(self, sql: str, experiment_ids: Sequence[str], role: str | None,
-                numeric: dict[str, object] | None = None) -> pd.DataFrame:
+                numeric: Mapping[str, DTypeLike] | None = None) -> pd.DataFrame:
         """``sql`` (aliases: ``t`` for the keyed table, ``r`` for runs) for every active run
         of the experiments, or for the runs of one role: by their ids (index lookups) when
         the role has few runs, else the whole read filtered here."""

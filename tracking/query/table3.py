@@ -23,7 +23,7 @@ has every column of the table.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -31,6 +31,9 @@ from scipy import stats as sps
 
 from scarcelab.tracking.query.frame import Tracked
 from scarcelab.tracking.query.registry import view
+
+if TYPE_CHECKING:
+    from scarcelab.tracking.query.views import TTestFields
 
 SCORE = "metrics.test/balanced_accuracy"
 ALTERNATIVES = {"less": "one-sided", "two-sided": "two-sided"}
@@ -106,8 +109,9 @@ def table3(scores: pd.DataFrame, alpha: float = 0.05, alternative: str = "less",
         for m, (v, kept, n_st) in cells.items():
             p = np.nan
             if m != best and len(v) >= 2 and len(vb) >= 2:
-                p = float(sps.ttest_ind(v, vb, equal_var=False,
-                                        alternative=alternative).pvalue)
+                res = cast("TTestFields", sps.ttest_ind(v, vb, equal_var=False,
+                                                        alternative=alternative))
+                p = float(res.pvalue)
             rows.append((m, str(part["dataset"].iloc[0]), col, v.mean(),
                          v.std(ddof=1) if len(v) > 1 else np.nan, len(v), n_st, kept,
                          m == best, p, m == best or (bool(np.isfinite(p)) and p >= alpha),
@@ -136,9 +140,10 @@ def render_table3(long: pd.DataFrame, percent: bool = True) -> str:
             if r is None:
                 parts.append("")
                 continue
-            means.append(r.mean)
-            std = "" if not np.isfinite(r.std) else f" ± {k * r.std:.2f}"
-            txt = f"{k * r.mean:.2f}{std}"
+            mean, sd = cast("float", r.mean), cast("float", r.std)
+            means.append(mean)
+            std = "" if not np.isfinite(sd) else f" ± {k * sd:.2f}"
+            txt = f"{k * mean:.2f}{std}"
             parts.append(f"**{txt}**" if r.best else (f"*{txt}*" if r.tied_with_best else txt))
         avg = f"{k * float(np.mean(means)):.2f}" if len(means) == len(columns) else ""
         lines.append(f"| {m} | " + " | ".join(parts) + f" | {avg} |")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,14 @@ LABELED_ONLY = ("sup", "mixup", "supcon")
 SHOWN = ("n_val", "arch", "budget_minutes", "search")
 #: per-study columns that say which variant a study is and whether it is a sample
 VARIANT_COLUMNS = ["config", "setting", "variant", "kept", "duplicate_of"]
+
+
+class TTestFields(Protocol):
+    """The fields read from scipy's ``TtestResult``: scipy builds that class at run time
+    (``_make_tuple_bunch``), so a type checker cannot see them."""
+
+    statistic: float
+    pvalue: float
 
 
 def _as_set(x: Any) -> set[Any] | None:
@@ -120,7 +128,7 @@ def _variants(t: Tracked, sel: pd.DataFrame) -> pd.DataFrame:
     varies: dict[tuple, list[str]] = {}
     keyed = keys.reset_index(drop=True).assign(config=config)
     n_cfg = keyed.groupby(["family", "method", *BLOCK], dropna=False)["config"].nunique()
-    several = {k[:2] for k, v in n_cfg.items() if v > 1}
+    several = {cast("tuple", k)[:2] for k, v in n_cfg.items() if v > 1}  # keys: tuples
     for m in several:
         rows = ((keyed["family"] == m[0]) | (keyed["family"].isna() & pd.isna(m[0]))) & (
             (keyed["method"] == m[1]) | (keyed["method"].isna() & pd.isna(m[1])))
@@ -297,7 +305,8 @@ def mixed_budgets(df: pd.DataFrame) -> list[str]:
         vals = sorted(set(part.dropna()))
         if len(vals) + int(part.isna().any()) > 1:
             ds, nl = (key if isinstance(key, tuple) else (key,)) + (np.nan,) * (2 - len(keys))
-            where = f"{ds}" + (f" (n={int(nl)})" if pd.notna(nl) else "")
+            n_lab = cast("float", nl)  # n_labeled: a count, or NaN where unset
+            where = f"{ds}" + (f" (n={int(n_lab)})" if pd.notna(n_lab) else "")
             names = [f"{v:g}" for v in vals] + (["unset"] if part.isna().any() else [])
             out.append(f"{where}: {', '.join(names)} min")
     return out
@@ -333,7 +342,8 @@ def gains(t: Tracked, labeled_only: Sequence[str] = LABELED_ONLY, metric: str = 
             warnings.warn(f"gains: no labeled-only method ({', '.join(labeled_only)}) on "
                           f"{block}; left out", stacklevel=2)
             continue
-        best = base.loc[base[col].idxmax()]
+        # pandas-stubs take only some label types in .loc[]; idxmax gives a label of base
+        best = base.loc[base[col].idxmax()]  # pyright: ignore[reportCallIssue, reportArgumentType]
         reference[block] = (best["variant"], float(best[col]))
         table[block] = part.set_index("variant")[col] - float(best[col])
     out = pd.DataFrame(table)
@@ -385,7 +395,7 @@ def significance(t: Tracked, metric: str = TEST, alpha: float = 0.05, source: st
         for m, v in vals.items():
             tstat = p = np.nan
             if m != best and len(v) >= 2 and len(vals[best]) >= 2:
-                res = sps.ttest_ind(v, vals[best], equal_var=False)
+                res = cast("TTestFields", sps.ttest_ind(v, vals[best], equal_var=False))
                 tstat, p = float(res.statistic), float(res.pvalue)
             rows.append((ds, nl, bm, m, v.mean() if len(v) else np.nan,
                          v.std(ddof=1) if len(v) > 1 else np.nan, len(v), best, tstat, p,
@@ -439,7 +449,7 @@ def profile(t: Tracked, grid: Sequence[float] | None = None, n_points: int = 60,
                 ok = idx >= 0
                 test[i, ok] = r[metric].to_numpy()[idx[ok]]
                 val[i, ok] = r[VAL].to_numpy()[idx[ok]]
-            complete = ~np.isnan(val).any(axis=0)
+            complete = cast("np.ndarray", ~np.isnan(val).any(axis=0))  # val is 2-D
 
             def agg(a: np.ndarray, fn: Any, complete: np.ndarray = complete) -> np.ndarray:
                 res = np.full(a.shape[1], np.nan)
@@ -522,7 +532,8 @@ def al_block_scores(t: Tracked, metric: str = "al/auc", **filters: Any) -> pd.Da
     scores = al_scores(t, metric, per_repetition=True, **filters)
     if scores.empty:
         return scores
-    long = scores.stack().dropna().rename("auc").reset_index()
+    # one column level (the strategies): stack gives a Series
+    long = cast("pd.Series", scores.stack()).dropna().rename("auc").reset_index()
     for key in BLOCK:  # runs without the tag form one block level
         if key not in long:
             long[key] = 0
@@ -619,7 +630,7 @@ def transfer(t: Tracked, seg_metrics: Sequence[str] = ("seg/pq", "seg/mpq"),
     for _, r in runs.iterrows():
         ds = r.get("dataset", "")
         arch = r.get("arch")
-        frac = pd.to_numeric(r.get("label_fraction"), errors="coerce")
+        frac = pd.to_numeric(r.get("label_fraction", np.nan), errors="coerce")
         key = [r["encoder"], "" if pd.isna(arch) else str(arch), "",
                1.0 if pd.isna(frac) else float(frac)]
         protocol = r.get("protocol")

@@ -36,7 +36,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -183,7 +183,7 @@ def check_scale(needs: dict[str, Any], data: SuiteData) -> list[str]:
         else:
             cnt = r.groupby(["dataset", "method"]).size()
             if cnt.min() < needs["retrains"]:
-                (ds, m) = cnt.idxmin()
+                (ds, m) = cast("tuple[Any, Any]", cnt.idxmin())  # grouped by two keys
                 out.append(f"{int(cnt.min())} of >= {needs['retrains']} retrains ({m} on {ds})")
     if "networks" in needs:
         nets = set(sc["network"].dropna().astype(str)) if "network" in sc else set()
@@ -245,7 +245,7 @@ def _arms(frame: pd.DataFrame, by: list[str], arm: str, value: str,
         return out
     summary = f"{value}_mean" in frame
     for g, part in frame.groupby(by, sort=True):
-        g = g if not isinstance(g, tuple) or len(g) > 1 else g[0]
+        g = g[0] if isinstance(g, tuple) and len(g) == 1 else g
         arms = {}
         for m, rows in part.groupby(arm, sort=True):
             if summary:
@@ -759,15 +759,20 @@ def _encoder_beats(data: SuiteData, better: str = "@pretrain", worse: str = "ran
     if missing:
         return _untestable(f"no transfer row for {', '.join(missing)}")
     cells, absent = [], []
+
+    def cell(encoder: str, c: Any) -> float:
+        """One transfer cell (one row per encoder): a score, NaN where not measured."""
+        return cast("float", rows.loc[encoder, c])
+
     for pat in columns:
         cols = [c for c in rows.columns if pat in str(c)
-                and pd.notna(rows.loc[better, c]) and pd.notna(rows.loc[worse, c])]
+                and pd.notna(cell(better, c)) and pd.notna(cell(worse, c))]
         if not cols:
             absent.append(pat)
         cells += cols
     if absent:
         return _untestable(f"no column with both encoders for: {', '.join(absent)}")
-    means = "; ".join(f"{c}: {float(rows.loc[better, c]):.4f} vs {float(rows.loc[worse, c]):.4f}"
+    means = "; ".join(f"{c}: {float(cell(better, c)):.4f} vs {float(cell(worse, c)):.4f}"
                       for c in cells)
     tr = data.transfer_runs
     if tr.empty:

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -237,11 +237,13 @@ class _RecordingReader:
             def ms(v: Any) -> int | None:
                 return None if v is None or pd.isna(v) else int(v)
 
-            out.append(Run(RunInfo(r.run_id, str(r.experiment_id), r.run_name, r.status,
-                                   ms(r.start_time), ms(r.end_time)),
-                           RunData(kv.get("tags", {}).get(r.run_id, {}),
-                                   kv.get("params", {}).get(r.run_id, {}),
-                                   kv.get("metrics", {}).get(r.run_id, {}))))
+            # the runs frame's text columns (RUN_COLUMNS): ids, names and statuses
+            rid, status = cast("str", r.run_id), cast("str", r.status)
+            out.append(Run(RunInfo(rid, str(r.experiment_id), cast("str | None", r.run_name),
+                                   status, ms(r.start_time), ms(r.end_time)),
+                           RunData(kv.get("tags", {}).get(rid, {}),
+                                   kv.get("params", {}).get(rid, {}),
+                                   kv.get("metrics", {}).get(rid, {}))))
         return out
 
 

@@ -544,6 +544,7 @@ class Driver:
                      else "")
                   + f"(experiment {self.spec.experiment!r}, sweep run {sweep_run})")
         status = "FINISHED"
+        interrupted = True  # until the schedule returns
         try:
             if todo:
                 self._schedule(exp, sweep_run, todo, result,
@@ -551,7 +552,6 @@ class Driver:
                                resume)
         except BaseException:
             status = "FAILED"
-            interrupted = True
             raise
         else:
             interrupted = False
@@ -766,6 +766,7 @@ class Driver:
     def _sweep_refs(self) -> list[str]:
         """The REFS tags of this sweep's cells (what each ``@reference`` resolved to)."""
         exp = self.client.get_experiment_by_name(self.spec.experiment)
+        assert exp is not None  # the experiment of the sweep run being reported
         return [r.data.tags.get(T.SWEEP_REFS, "") for r in self.client.search_runs(
             [exp.experiment_id], f"tags.`{T.SWEEP}` = '{self.spec.name}'",
             max_results=50_000)]

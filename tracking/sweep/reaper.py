@@ -128,7 +128,8 @@ def orphaned_agents() -> list[int]:
                     not _cmdline(pid).startswith(b"ray::"):
                 continue
             with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(v.partition(b"=")[::2] for v in f.read().split(b"\0") if v)
+                env = {k: val for k, _, val in (v.partition(b"=")
+                                                 for v in f.read().split(b"\0") if v)}
         except OSError:
             continue
         raylet = env.get(b"RAY_RAYLET_PID", b"")

@@ -328,9 +328,9 @@ def _scalar(value: Any) -> str:
 class _Located:
     """The composed YAML tree beside the loaded data, to point errors at lines."""
 
-    def __init__(self, path: str, node: yaml.Node) -> None:
+    def __init__(self, path: str, node: yaml.Node | None) -> None:
         self.path = path
-        self.node = node
+        self.node = node  # None: an empty document (refused by the first check)
 
     def child(self, node: yaml.Node | None, key: str) -> yaml.Node | None:
         if isinstance(node, yaml.MappingNode):

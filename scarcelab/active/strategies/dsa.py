@@ -49,8 +49,8 @@ class SurpriseAdequacy(Strategy):
     def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
         xc = state.x[state.candidates]
         pred = state.model.predict_proba(xc).argmax(1)
-        s = self.scores(state.model.embed(xc), pred, state.model.embed(state.x[state.labeled]),
-                        state.y_labeled)
+        s = type(self).scores(state.model.embed(xc), pred,
+                              state.model.embed(state.x[state.labeled]), state.y_labeled)
         return top_q(s, q, state.candidates)
 
 

@@ -44,7 +44,8 @@ class TypiClust(Strategy):
         emb = state.model.embed(np.concatenate([state.x[state.labeled],
                                                 state.x[state.candidates]]))
         k = int(min(n_lab + q, self.max_clusters, len(emb)))
-        km = KMeans(n_clusters=k, n_init=1, max_iter=100,
+        # sklearn is unannotated: n_init's type is inferred from its "auto" default (str)
+        km = KMeans(n_clusters=k, n_init=1, max_iter=100,  # pyright: ignore[reportArgumentType]
                     random_state=int(rng.integers(2**31 - 1)))
         assign = km.fit_predict(emb.astype(np.float64))
         sizes = np.bincount(assign, minlength=k)
@@ -58,7 +59,7 @@ class TypiClust(Strategy):
             ok = free & (sizes >= self.min_cluster_size)
             if not ok.any():
                 ok = free
-            cl = min(np.flatnonzero(ok), key=lambda c: (covered[c], -sizes[c], c))
+            cl = int(min(np.flatnonzero(ok), key=lambda c: (covered[c], -sizes[c], c)))
             members = np.flatnonzero(assign == cl)
             if cl not in typ_cache:
                 typ_cache[cl] = typicality(emb[members], self.knn)

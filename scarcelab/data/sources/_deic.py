@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -276,7 +277,8 @@ def load_deic_whole(src: DEICSource, data_dir: str | os.PathLike[str] | None
         arrays[f"{s}_x"] = np.stack(xs)
         arrays[f"{s}_hw"] = np.asarray(hws, dtype=np.int64)
         arrays[f"{s}_y"] = np.asarray([lab for _, lab in items], dtype=np.int64)
-    np.savez(cache, **arrays)
+    # the keys are array names (never savez's allow_pickle keyword)
+    np.savez(cache, **cast("dict[str, Any]", arrays))
     return arrays
 
 

@@ -20,6 +20,7 @@ from scarcelab.methods import Batch, Losses, Progress, SelfSupMethod, register
 from scarcelab.methods._parts import ProjectionHead
 from scarcelab.methods._ssl import embedding_std
 from scarcelab.methods.space import SELFSUP_SPACE
+from scarcelab.models import num_features
 
 
 @register("barlowtwins")
@@ -32,7 +33,7 @@ class BarlowTwins(SelfSupMethod):
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
         p = int(self.hp["proj_dim"])
-        self.projector = ProjectionHead(backbone.num_features, p, p, layers=3)
+        self.projector = ProjectionHead(num_features(backbone), p, p, layers=3)
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         v1, v2 = batch.u

@@ -25,6 +25,7 @@ from scarcelab.methods._ssl import (
     prediction_head,
 )
 from scarcelab.methods.space import SELFSUP_SPACE, Uniform
+from scarcelab.models import num_features
 
 
 @register("byol")
@@ -39,7 +40,7 @@ class BYOL(SelfSupMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        d, p = backbone.num_features, int(self.hp["proj_dim"])
+        d, p = num_features(backbone), int(self.hp["proj_dim"])
         self.projector = ProjectionHead(d, 2 * d, p)
         self.predictor = prediction_head(p, 2 * d)
         self.target_backbone = momentum_copy(self.backbone)

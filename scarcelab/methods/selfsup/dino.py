@@ -28,6 +28,7 @@ from scarcelab.methods._ssl import (
     momentum_update,
 )
 from scarcelab.methods.space import SELFSUP_SPACE, Uniform
+from scarcelab.models import num_features
 
 
 @register("dino")
@@ -47,7 +48,7 @@ class DINO(SelfSupMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        d, b, k = backbone.num_features, int(self.hp["bottleneck_dim"]), int(self.hp["out_dim"])
+        d, b, k = num_features(backbone), int(self.hp["bottleneck_dim"]), int(self.hp["out_dim"])
         self.head_mlp = ProjectionHead(d, 2 * d, b, layers=3)
         self.head_last = CosinePrototypes(b, k)
         self.teacher_backbone = momentum_copy(self.backbone)

@@ -24,6 +24,7 @@ from scarcelab.methods import Batch, DataInfo, Losses, Progress, SelfSupMethod, 
 from scarcelab.methods._parts import FeatureQueue, ProjectionHead
 from scarcelab.methods._ssl import embedding_std, momentum_copy, momentum_update
 from scarcelab.methods.space import SELFSUP_SPACE, Uniform
+from scarcelab.models import num_features
 
 
 @register("moco")
@@ -40,7 +41,7 @@ class MoCo(SelfSupMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        d, p = backbone.num_features, int(self.hp["proj_dim"])
+        d, p = num_features(backbone), int(self.hp["proj_dim"])
         self.projector = ProjectionHead(d, d, p)
         self.key_backbone = momentum_copy(self.backbone)
         self.key_projector = momentum_copy(self.projector)

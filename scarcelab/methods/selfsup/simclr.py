@@ -16,6 +16,7 @@ from scarcelab.losses import nt_xent
 from scarcelab.methods import Batch, Losses, Progress, SelfSupMethod, register
 from scarcelab.methods._parts import ProjectionHead
 from scarcelab.methods.space import SELFSUP_SPACE, Uniform
+from scarcelab.models import num_features
 
 
 @register("simclr")
@@ -30,7 +31,7 @@ class SimCLR(SelfSupMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        d = backbone.num_features
+        d = num_features(backbone)
         self.projector = ProjectionHead(d, d, int(self.hp["proj_dim"]))
 
     def step(self, batch: Batch, progress: Progress) -> Losses:

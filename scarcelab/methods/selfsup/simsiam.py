@@ -20,6 +20,7 @@ from scarcelab.methods import Batch, Losses, Progress, SelfSupMethod, register
 from scarcelab.methods._parts import ProjectionHead
 from scarcelab.methods._ssl import embedding_std, prediction_head
 from scarcelab.methods.space import SELFSUP_SPACE
+from scarcelab.models import num_features
 
 
 @register("simsiam")
@@ -31,7 +32,7 @@ class SimSiam(SelfSupMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        d = backbone.num_features
+        d = num_features(backbone)
         self.projector = nn.Sequential(ProjectionHead(d, d, d), nn.BatchNorm1d(d))
         self.predictor = prediction_head(d, max(1, d // 4))
 

@@ -22,6 +22,7 @@ from scarcelab.methods import Batch, Losses, Progress, SelfSupMethod, register
 from scarcelab.methods._parts import ProjectionHead
 from scarcelab.methods._ssl import CosinePrototypes, embedding_std, sinkhorn_knopp
 from scarcelab.methods.space import SELFSUP_SPACE, Uniform, int_pow10
+from scarcelab.models import num_features
 
 
 @register("swav")
@@ -39,7 +40,7 @@ class SwAV(SelfSupMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        d, p = backbone.num_features, int(self.hp["proj_dim"])
+        d, p = num_features(backbone), int(self.hp["proj_dim"])
         self.projector = ProjectionHead(d, d, p)
         self.prototypes = CosinePrototypes(p, int(self.hp["n_prototypes"]))
 

@@ -45,6 +45,7 @@ from scarcelab.methods._parts import (
     soft_cross_entropy,
 )
 from scarcelab.methods.space import CLASSIFIER_DEFAULTS, CLASSIFIER_SPACE, pow10
+from scarcelab.models import num_features
 
 
 @register("comatch")
@@ -73,7 +74,7 @@ class CoMatch(SemiMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        d = backbone.num_features
+        d = num_features(backbone)
         dim = int(self.hp["proj_dim"])
         self.projector = ProjectionHead(d, d, dim)
         self.memory = FeatureQueue(int(self.hp["memory_size"]), dim, label_dim=num_classes)

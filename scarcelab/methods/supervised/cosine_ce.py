@@ -20,6 +20,7 @@ from scarcelab.losses.cosine_ce import cosine_ce_loss
 from scarcelab.methods import Batch, Losses, Progress, register
 from scarcelab.methods.space import LogUniform
 from scarcelab.methods.supervised._deic import COMMON_DEFAULTS, COMMON_SPACE, DEICMethod
+from scarcelab.models import num_features
 
 
 class CosineCEHead(nn.Module):
@@ -50,7 +51,7 @@ class CosineCE(DEICMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        self.head = CosineCEHead(backbone.num_features, num_classes)
+        self.head = CosineCEHead(num_features(backbone), num_classes)
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         emb = self.head.embedding(self.backbone(batch.x[0]))

@@ -11,7 +11,7 @@ max-pool becomes 2×2 stride 2 without padding (gem ``make_fconv_stem``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +57,12 @@ class FConvResBlock(nn.Module):
         return b.relu(out + identity)
 
 
+class _FullConvBlock(Protocol):
+    """A block that converts itself (``supports_full_conv``; ``WideBlock``)."""
+
+    def set_full_conv(self) -> None: ...
+
+
 def full_convolution(backbone: nn.Module) -> int:
     """Convert ``backbone`` in place; returns the number of convolutions changed.
 
@@ -76,7 +82,7 @@ def full_convolution(backbone: nn.Module) -> int:
     handled: set[int] = set()
     for name, m in list(backbone.named_modules()):
         if getattr(m, "supports_full_conv", False):
-            m.set_full_conv()
+            cast(_FullConvBlock, m).set_full_conv()
             handled.update(id(c) for c in m.modules())
             n += sum(1 for c in m.modules() if isinstance(c, nn.Conv2d) and c.kernel_size != (1, 1))
         elif isinstance(m, (BasicBlock, Bottleneck)):

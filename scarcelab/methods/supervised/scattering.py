@@ -31,7 +31,7 @@ at 224 px) — our range.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,7 @@ from scarcelab.methods.space import Choice
 from scarcelab.methods.supervised._deic import COMMON_DEFAULTS, COMMON_SPACE, DEICMethod
 from scarcelab.methods.supervised.harmonic import _replace
 from scarcelab.models.wrn_deic import WideResNetDEIC
+from scarcelab.models.wrn_trunk import PreActBlock
 
 N_ANGLES = 8
 MIN_SIDE = 4  # smallest map side a network without a gem hybrid layout gets (small_cnn)
@@ -170,7 +171,7 @@ def _hybrid_wrn(net: WideResNetDEIC, j: int) -> None:
     replaces ``block1`` and projects to ``block2``'s input width, and the first blocks of
     ``block2`` and ``block3`` lose their stride (``conv1`` and ``convShortcut``)."""
     n = net.n_per_stage
-    later = list(net.blocks)[n:]
+    later = cast("list[PreActBlock]", list(net.blocks)[n:])  # WideBlocks, all of them
     cin = net.conv.in_channels
     width = later[0].conv1.in_channels
     for b in (later[0], later[n]):
@@ -178,9 +179,9 @@ def _hybrid_wrn(net: WideResNetDEIC, j: int) -> None:
         if b.shortcut is not None:
             b.shortcut.stride = (1, 1)
         b.stride = 1
-    net.conv = nn.Sequential(ScatteringFront(j, min_side=1),
-                             projection(cin * n_coefficients(j), width, bias=False,
-                                        momentum=0.1))
+    _replace(net, "conv", nn.Sequential(ScatteringFront(j, min_side=1),
+                                        projection(cin * n_coefficients(j), width, bias=False,
+                                                   momentum=0.1)))
     net.blocks = nn.Sequential(*later)
 
 
@@ -192,13 +193,17 @@ def _hybrid_resnet(net: ResNet, j: int) -> None:
     3×3 ``conv2`` and its ``downsample`` convolution; a basic block gets a stride-1 ``conv1``
     at its output width and no ``downsample``."""
     cin = net.conv1.in_channels
-    net.conv1, net.bn1, net.relu, net.maxpool = (nn.Identity(), nn.Identity(), nn.Identity(),
-                                                 nn.Identity())
+    for name in ("conv1", "bn1", "relu", "maxpool"):
+        _replace(net, name, nn.Identity())
     first = net.layer3[0]
     if isinstance(first, Bottleneck):
         width = first.conv1.in_channels
         first.conv2.stride = (1, 1)
-        first.downsample[0].stride = (1, 1)
+        down = first.downsample  # (conv 1×1, BN): a strided stage's first block has one
+        assert isinstance(down, nn.Sequential)
+        down_conv = down[0]
+        assert isinstance(down_conv, nn.Conv2d)
+        down_conv.stride = (1, 1)
     elif isinstance(first, BasicBlock):
         width = first.conv1.out_channels
         first.conv1 = nn.Conv2d(width, width, 3, 1, 1, bias=False)
@@ -206,7 +211,7 @@ def _hybrid_resnet(net: ResNet, j: int) -> None:
     else:
         raise ValueError(f"scattering: unsupported ResNet block {type(first).__name__}")
     first.stride = 1
-    net.layer1 = ScatteringFront(j, min_side=1)
+    _replace(net, "layer1", ScatteringFront(j, min_side=1))
     net.layer2 = projection(cin * n_coefficients(j), width, bias=True, momentum=0.9)
 
 

@@ -19,6 +19,7 @@ from torch import nn
 from scarcelab.methods import Batch, Losses, Progress, SupervisedMethod, register
 from scarcelab.methods._parts import ProjectionHead
 from scarcelab.methods.space import Uniform, pow10
+from scarcelab.models import num_features
 
 
 def supcon_loss(z: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -57,7 +58,7 @@ class SupCon(SupervisedMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        d = backbone.num_features
+        d = num_features(backbone)
         self.projector = ProjectionHead(d, d, int(self.hp["proj_dim"]))
 
     def step(self, batch: Batch, progress: Progress) -> Losses:

@@ -23,6 +23,7 @@ from torch import nn
 from scarcelab.methods import Batch, Losses, Progress, register
 from scarcelab.methods.space import Uniform
 from scarcelab.methods.supervised._deic import COMMON_DEFAULTS, COMMON_SPACE, DEICMethod
+from scarcelab.models import num_features
 
 
 def tvmf_similarity(cosine: torch.Tensor, kappa: float) -> torch.Tensor:
@@ -59,7 +60,7 @@ class TvMF(DEICMethod):
 
     def __init__(self, backbone: nn.Module, num_classes: int, hp: dict[str, Any]) -> None:
         super().__init__(backbone, num_classes, hp)
-        self.head = TvMFHead(backbone.num_features, num_classes, float(self.hp["kappa"]))
+        self.head = TvMFHead(num_features(backbone), num_classes, float(self.hp["kappa"]))
 
     def step(self, batch: Batch, progress: Progress) -> Losses:
         sim = self.logits(batch.x[0])
