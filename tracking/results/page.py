@@ -973,6 +973,13 @@ def _machine_text(machine: tuple[str, str, str, str, str], n: int) -> str:
     return f"{cores} cores, {cpu_model}, {ram} GB RAM, GPU: {gpu} (host {host}; {cells})"
 
 
+def _short_commit(commit: str) -> str:
+    """A run's git commit as the page and the index print it: 12 hex digits, keeping the
+    ``+dirty`` mark, so that cells run from a modified tree at a commit stay apart from
+    those run from the commit itself (without the mark the index listed one commit twice)."""
+    return commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
 def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str, int],
                 cost: _Cost, commits: Counter[str]) -> dict[str, str]:
     """The page's "How it was run" table, every value read from the store."""
@@ -1009,7 +1016,7 @@ def _provenance(src: _Sweep, spec_path: str | Path, scale: str, counts: dict[str
                          if len(slices) > 1 else
                          f" `{sweep.info.run_id if sweep else '—'}`)"),
         "tracking store": f"`{_safe_uri(src.uri)}`",
-        "git commit": ", ".join(f"`{k[:12]}{'+dirty' if k.endswith('+dirty') else ''}` "
+        "git commit": ", ".join(f"`{_short_commit(k)}` "
                                 f"({v} cell{'s' * (v != 1)})"
                                 for k, v in commits.most_common()) or "—",
         "machine": "; ".join(_machine_text(m, n) for m, n in machines.most_common()) or "—",
@@ -1226,7 +1233,7 @@ def write_index(entries: Sequence[tuple[str, SuitePage | str]], out_dir: str | P
         p = entry
         interim = " (interim)" if p.counts["finished"] < p.counts["cells"] else ""
         heads = "; ".join(f"{v.id}: **{v.status}**{interim}" for v in p.verdicts)
-        commit = ", ".join(f"`{c[:12]}`" for c in p.commits) or "—"
+        commit = ", ".join(f"`{_short_commit(c)}`" for c in p.commits) or "—"
         lines.append(f"| [{suite}]({suite}.md) | {p.paper.title} | {heads} "
                      f"({_summary(p.verdicts)}) | {_fmt_s(p.wall_s)} | {_fmt_s(p.cpu_s)} | "
                      f"{commit} | {p.counts['finished']}/{p.counts['cells']} finished"

@@ -478,6 +478,16 @@ def test_an_index_row_of_another_scale_says_its_scale(tmp_path):
     assert "claim1: **reproduced** (" in row and "interim" not in row
 
 
+def test_an_index_row_keeps_the_dirty_mark_of_its_commits(tmp_path):
+    """Two slices run at one commit, one from a modified tree: the page lists
+    `c+dirty` and `c`; the index row printed both as `c`, one commit twice."""
+    page = _index_page("a", 60, "reproduced")
+    page.commits = ["0123456789abcdef+dirty", "0123456789abcdef"]
+    row = next(ln for ln in P.write_index([("a", page)], tmp_path).read_text().splitlines()
+               if ln.startswith("| [a]"))
+    assert "| `0123456789ab+dirty`, `0123456789ab` |" in row
+
+
 def test_the_index_keeps_the_row_of_a_suite_whose_sweep_this_store_lacks(tmp_path):
     # suites run on different machines into different stores: an index written from a
     # store with only suite b must not lose suite a's row (its page is still there)
