@@ -15,8 +15,10 @@ threaded, because the AL classifiers are tiny MLPs.
 
 A variant is ``name=key=value,...``: ALConfig overrides (as ``--set`` takes them) plus
 ``early_stop_on=test`` (the flag of ``scarcelab al --early-stop-on test``: CDALBench's
-earlier test-set stopping, a leak). ``--only-q`` restricts a variant to one query size
-(``name@5=...``). The default protocol is the experiment ``<prefix>-default``.
+earlier test-set stopping, a leak), ``strategy.<name>=<value>`` (a strategy setting, as
+``scarcelab al --set strategy.<name>=`` takes it) and ``max_candidates=N`` (candidates
+drawn per query, ``scarcelab al --max-candidates``). ``--only-q`` restricts a variant to one
+query size (``name@5=...``). The default protocol is the experiment ``<prefix>-default``.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+if TYPE_CHECKING:
+    from scarcelab.active.loop import ALRunConfig
 
 #: CDALBench's AUCs (mean +- std over their 50 runs) for the problems scarcelab has, from
 #: their repository's ``results/auc_qs1.csv`` and ``results/auc_qs5.csv`` (commit 9180529c of
@@ -69,20 +74,33 @@ def _variant(text: str) -> tuple[str, int | None, dict[str, Any]]:
     return name, int(q) if q else None, over
 
 
-def _cell(store: str, experiment: str, ds: str, q: int, strategy: str, over: dict[str, Any],
-          reps: int) -> str:
-    import torch
+def run_config(ds: str, q: int, strategy: str, over: dict[str, Any], reps: int
+               ) -> ALRunConfig:
+    """A variant's settings as ``scarcelab al`` would take them, split into the dataset
+    overrides, the strategy's settings and the candidate count."""
+    from scarcelab.active.loop import ALRunConfig
 
-    from scarcelab.active.loop import ALRunConfig, run_al, sweep_summary
-    from scarcelab.tracking.mlflow_tracker import MlflowTracker
-
-    torch.set_num_threads(1)
     over = dict(over)
     if over.pop("early_stop_on", "val") == "test":  # as `scarcelab al --early-stop-on test`
         over.setdefault("stop_on", "test")
         over.setdefault("val_fraction", 0.0)
-    rc = ALRunConfig(strategy=strategy, dataset=ds, query_size=q, repetitions=reps,
-                     overrides=over)
+    params = {k.removeprefix("strategy."): over.pop(k)
+              for k in [k for k in over if k.startswith("strategy.")]}
+    cands = over.pop("max_candidates", None)
+    return ALRunConfig(strategy=strategy, dataset=ds, query_size=q, repetitions=reps,
+                       overrides=over, strategy_params=params,
+                       max_candidates=None if cands is None else int(cands))
+
+
+def _cell(store: str, experiment: str, ds: str, q: int, strategy: str, over: dict[str, Any],
+          reps: int) -> str:
+    import torch
+
+    from scarcelab.active.loop import run_al, sweep_summary
+    from scarcelab.tracking.mlflow_tracker import MlflowTracker
+
+    torch.set_num_threads(1)
+    rc = run_config(ds, q, strategy, over, reps)
     t0 = time.process_time()
     res = run_al(rc, MlflowTracker(experiment=experiment, tracking_uri=store))
     return f"[{experiment}] {sweep_summary(res)} ({time.process_time() - t0:.0f} CPU s)"

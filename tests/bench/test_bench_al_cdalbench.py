@@ -51,3 +51,19 @@ def test_repetitions_with_a_collapsed_fit_are_marked() -> None:
     row = next(ln for ln in b.render(df, "x").splitlines() if ln.startswith("| splice q=1"))
     # default: mean(0, 0.8) = 0.4 < 0.5, unmarked; hi_lr: (290 + 3 + 1) / 3 = 98
     assert "| 0.780 ± 0.010 (3) | 0.680 ± 0.113 (3) ⊘98 |" in row
+
+
+def test_variant_settings_reach_the_strategy_and_the_candidate_count() -> None:
+    """The USPS variants (docs/active.md): ``strategy.space=raw`` and ``max_candidates=20``
+    become the strategy's setting and the candidate count, not dataset overrides."""
+    from scarcelab.active.loop import make_strategy
+
+    b = _bench()
+    name, _, over = b._variant("cdal=strategy.space=raw,max_candidates=20,budget=60")
+    rc = b.run_config("usps", 1, "typiclust", over, 5)
+    assert (rc.strategy_params, rc.max_candidates, rc.overrides) == (
+        {"space": "raw"}, 20, {"budget": 60})
+    strat = make_strategy(rc.strategy, rc.strategy_params, rc.max_candidates)
+    assert (strat.space, strat.max_candidates) == ("raw", 20)
+    test = b.run_config("splice", 1, "random", {"early_stop_on": "test"}, 1)
+    assert test.overrides == {"stop_on": "test", "val_fraction": 0.0}

@@ -6,6 +6,12 @@ ones: cluster the embeddings of labeled and candidate points into |L| + q cluste
 first among ties, ignoring clusters smaller than ``min_cluster_size``) and query its most
 typical candidate, typicality being the inverse mean distance to the ``knn`` nearest
 neighbours inside the cluster.
+
+``space`` says where the clusters live: ``embedding`` (default, the paper's: a learned
+representation, here the classifier's penultimate activations) or ``raw`` (the inputs
+themselves, flattened: what CDALBench's ``agents/typiclust.py`` clusters, with no
+encoder). The raw option exists to measure whether that difference explains CDALBench's
+USPS rows (docs/active.md, "USPS: core-set and TypiClust above the paper").
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ class TypiClust(Strategy):
     max_clusters: int = 500
     min_cluster_size: int = 5
     knn: int = 20
+    space: str = "embedding"
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        if self.space not in ("embedding", "raw"):
+            raise ValueError(f"typiclust: space={self.space!r} is not 'embedding' or 'raw' "
+                             "(scarcelab al --set strategy.space=raw)")
 
     def select(self, state: QueryState, q: int, rng: np.random.Generator) -> np.ndarray:
         # Imported here, not at the top: the registry imports every strategy file to look
@@ -41,8 +54,8 @@ class TypiClust(Strategy):
         from sklearn.cluster import KMeans
 
         n_lab = len(state.labeled)
-        emb = state.model.embed(np.concatenate([state.x[state.labeled],
-                                                state.x[state.candidates]]))
+        pts = np.concatenate([state.x[state.labeled], state.x[state.candidates]])
+        emb = pts.reshape(len(pts), -1) if self.space == "raw" else state.model.embed(pts)
         k = int(min(n_lab + q, self.max_clusters, len(emb)))
         # sklearn is unannotated: n_init's type is inferred from its "auto" default (str)
         km = KMeans(n_clusters=k, n_init=1, max_iter=100,  # pyright: ignore[reportArgumentType]

@@ -360,3 +360,31 @@ def test_coregcn_weights_start_symmetric_around_zero(monkeypatch):
         assert w.abs().max() <= bound
         assert (w < 0).float().mean() == pytest.approx(0.5, abs=0.15)
         assert float(w.mean()) == pytest.approx(0.0, abs=0.2 * bound)
+
+
+class _NoEmbedding(NumpyModel):
+    def embed(self, x: np.ndarray) -> np.ndarray:
+        raise AssertionError("space='raw' must cluster the inputs, not the embeddings")
+
+
+def test_typiclust_raw_space_clusters_the_inputs_without_the_model() -> None:
+    """``space='raw'`` is CDALBench's TypiClust (k-means on the inputs): on inputs with
+    three blobs it covers the two unlabeled ones and never asks the classifier to embed."""
+    r = np.random.default_rng(0)
+    centers = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    x = np.concatenate([c + r.normal(scale=0.5, size=(30, 2)) for c in centers])
+    blob = np.repeat(np.arange(3), 30)
+    st = make_state(n=90, identity=True)
+    st.x = x.astype(np.float32)
+    st.model = _NoEmbedding(2, 3, identity=True)
+    st.labeled, st.y_labeled = np.array([0, 1]), np.array([0, 0])
+    st.candidates = np.setdiff1d(np.arange(90), st.labeled)
+    picked = make_strategy("typiclust", {"space": "raw"}).query(st, 2, np.random.default_rng(0))
+    assert set(blob[picked]) == {1, 2}
+    with pytest.raises(AssertionError, match="raw"):
+        make_strategy("typiclust").query(st, 2, np.random.default_rng(0))
+
+
+def test_typiclust_unknown_space_names_the_setting() -> None:
+    with pytest.raises(ValueError, match=r"space='pixels'.*strategy\.space=raw"):
+        make_strategy("typiclust", {"space": "pixels"})
