@@ -604,3 +604,46 @@ def test_scattering_wrn_hybrid_accepts_1x1_maps_and_blocks_report_stride_1():
     assert [b.stride for b in net.blocks] == [1] * len(net.blocks)
     x = torch.randn(2, 3, 8, 8)
     assert _final_pooling_input(method, net.bn, x) == (2, 128, 1, 1)
+
+
+def test_scattering_eval_memo_returns_the_transform_and_keeps_it_safe():
+    """Evaluation batches on a CPU are transformed once per process (the tune study's
+    repeated validation and test passes): a hit equals a fresh transform, is a copy that
+    cannot alter the stored coefficients, and a different batch, J or training mode is
+    never served from it."""
+    from scarcelab.methods.supervised.scattering import MEMO, ScatteringFront
+
+    MEMO.clear()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, 2, 8, 8, generator=g), torch.randn(3, 2, 8, 8, generator=g)
+    front = ScatteringFront(1, min_side=1).eval()
+    want = Scattering2D(1, 8, 8)(x)
+    first = front(x)
+    assert (MEMO.hits, MEMO.misses) == (0, 1)
+    first.add_(1.0)  # a caller writing into its result
+    again = ScatteringFront(1, min_side=1).eval()(x.clone())  # another model, same J
+    assert (MEMO.hits, MEMO.misses) == (1, 1)
+    assert torch.equal(again, want)
+    front(y)  # another batch
+    ScatteringFront(2, min_side=1).eval()(x)  # another J
+    assert (MEMO.hits, MEMO.misses) == (1, 3)
+    front.train()(x)  # training batches are augmented afresh: never memoised
+    assert (MEMO.hits, MEMO.misses) == (1, 3)
+    MEMO.clear()
+
+
+def test_scattering_eval_memo_evicts_the_least_recently_used_by_bytes():
+    from scarcelab.methods.supervised.scattering import _Memo
+
+    memo = _Memo(max_bytes=1600)  # four tensors of 100 float32 (400 bytes each)
+    for k in "abcd":
+        memo.put((k,), torch.full((100,), float(ord(k))))
+    assert memo.bytes == 1600
+    assert memo.get(("a",)) is not None  # a becomes the most recently used
+    memo.put(("e",), torch.zeros(100))  # over budget: the least recently used (b) goes
+    assert memo.get(("b",)) is None
+    kept = [memo.get((k,)) for k in "acd"]
+    assert [None if t is None else t[0].item() for t in kept] == [ord(k) for k in "acd"]
+    assert memo.bytes == 1600
+    memo.put(("big",), torch.zeros(101))  # over a quarter of the budget: not kept
+    assert memo.get(("big",)) is None and memo.bytes == 1600
