@@ -6,7 +6,8 @@ whether the logits agree bit for bit (they must: a hit returns the same coeffici
 
     OMP_NUM_THREADS=1 nice -n 10 python bench/scattering_memo.py --images 1000 --models 3
 
-Images: the first ``--images`` of ciFAIR-10's test set (../shared/data), else 32×32 noise.
+Images: the first ``--images`` of ciFAIR-10's test set (../shared/data), else the 32×32
+noise of bench/tune_steps.py's fallback (200 images).
 """
 
 from __future__ import annotations
@@ -20,30 +21,15 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tune_steps import load  # noqa: E402  (bench/tune_steps.py: the same data and fallback)
 
 from scarcelab.data.bundle import RawDataset  # noqa: E402
 from scarcelab.methods import get_method  # noqa: E402
 from scarcelab.methods.supervised.scattering import MEMO  # noqa: E402
-from scarcelab.protocols.tune import build_method, prepare  # noqa: E402
+from scarcelab.protocols.tune import build_method  # noqa: E402
 from scarcelab.train import forward_device  # noqa: E402
-
-
-def load(n: int) -> tuple[RawDataset, np.ndarray, np.ndarray, np.ndarray, str]:
-    from scarcelab.data import load_raw
-
-    try:
-        raw = load_raw("cifair10")
-        source = "cifair10 test images"
-    except Exception as e:  # noqa: BLE001 - a clone without ../shared/data
-        rng = np.random.default_rng(0)
-        x = rng.integers(0, 255, (max(n, 200) + 200, 3, 32, 32), dtype=np.uint8)
-        y = np.arange(len(x)) % 10
-        raw = RawDataset(name="noise", train_x=x[:100], train_y=y[:100], val_x=x[100:200],
-                         val_y=y[100:200], test_x=x[200:], test_y=y[200:], num_classes=10,
-                         class_names=[str(i) for i in range(10)], source="synthetic noise")
-        source = f"synthetic noise 32x32 ({e})"
-    _, _, mean, std = prepare(raw)
-    return raw, raw.test_x[:n], mean, std, source
 
 
 def passes(raw: RawDataset, x: np.ndarray, mean: np.ndarray, std: np.ndarray, j: int,
@@ -68,7 +54,8 @@ def main() -> None:
     ap.add_argument("--models", type=int, default=3)
     ap.add_argument("--J", type=int, default=3)
     a = ap.parse_args()
-    raw, x, mean, std, source = load(a.images)
+    raw, _, mean, std, source = load()
+    x = raw.test_x[:a.images]
     budget = MEMO.max_bytes
     print(f"data: {source}, {len(x)} images; J = {a.J}; {a.models} fresh models; "
           f"torch threads {torch.get_num_threads()}")
