@@ -115,17 +115,25 @@ def test_bald_zero_when_passes_agree_and_positive_when_not() -> None:
     assert bald_scores(split)[0] == pytest.approx(np.log(2), abs=1e-4)
 
 
-def test_typiclust_covers_uncovered_clusters_with_typical_points() -> None:
+CENTERS = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+
+
+def _three_blobs(model: NumpyModel) -> tuple[QueryState, np.ndarray, np.ndarray]:
+    """(state, inputs, blob of each input): 30 points around each of ``CENTERS``, the two
+    labeled points both in blob 0."""
     r = np.random.default_rng(0)
-    centers = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
-    x = np.concatenate([c + r.normal(scale=0.5, size=(30, 2)) for c in centers])
-    blob = np.repeat(np.arange(3), 30)
+    x = np.concatenate([c + r.normal(scale=0.5, size=(30, 2)) for c in CENTERS])
     st = make_state(n=90, identity=True)
     st.x = x.astype(np.float32)
-    st.model = NumpyModel(2, 3, identity=True)
-    st.labeled = np.array([0, 1])  # both in blob 0
-    st.y_labeled = np.array([0, 0])
+    st.model = model
+    st.labeled, st.y_labeled = np.array([0, 1]), np.array([0, 0])
     st.candidates = np.setdiff1d(np.arange(90), st.labeled)
+    return st, x, np.repeat(np.arange(3), 30)
+
+
+def test_typiclust_covers_uncovered_clusters_with_typical_points() -> None:
+    st, x, blob = _three_blobs(NumpyModel(2, 3, identity=True))
+    centers = CENTERS
     picked = make_strategy("typiclust").query(st, 2, np.random.default_rng(0))
     assert set(blob[picked]) == {1, 2}
     for p in picked:  # typical = close to its blob's centre
@@ -370,15 +378,7 @@ class _NoEmbedding(NumpyModel):
 def test_typiclust_raw_space_clusters_the_inputs_without_the_model() -> None:
     """``space='raw'`` is CDALBench's TypiClust (k-means on the inputs): on inputs with
     three blobs it covers the two unlabeled ones and never asks the classifier to embed."""
-    r = np.random.default_rng(0)
-    centers = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
-    x = np.concatenate([c + r.normal(scale=0.5, size=(30, 2)) for c in centers])
-    blob = np.repeat(np.arange(3), 30)
-    st = make_state(n=90, identity=True)
-    st.x = x.astype(np.float32)
-    st.model = _NoEmbedding(2, 3, identity=True)
-    st.labeled, st.y_labeled = np.array([0, 1]), np.array([0, 0])
-    st.candidates = np.setdiff1d(np.arange(90), st.labeled)
+    st, _, blob = _three_blobs(_NoEmbedding(2, 3, identity=True))
     picked = make_strategy("typiclust", {"space": "raw"}).query(st, 2, np.random.default_rng(0))
     assert set(blob[picked]) == {1, 2}
     with pytest.raises(AssertionError, match="raw"):
